@@ -1,0 +1,59 @@
+# trainfleet: the two commands of the README, and the set-up they need.
+#   make demo   venv + lab packages, a 3-node lab, the main job twice (the 2nd changes nothing)
+#   make test   venv + lab packages, then the whole suite (unit, fixture and lab tests)
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+LAB_NODES ?= 3
+# Debian packages the controller needs to run the lab (never installed into a running lab:
+# the host's / is the lab's lower layer).
+HOST_PACKAGES := iproute2 openssh-server openssh-client tini
+# Debian packages lab tests install inside nodes, pre-downloaded into the host's apt cache
+# because nodes have no network.
+NODE_PACKAGES := pdsh
+
+.PHONY: venv host-deps demo test unit lab-down clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[test]'
+	touch $@
+
+host-deps: $(VENV)/.host-deps
+
+$(VENV)/.host-deps: Makefile
+	@mkdir -p $(VENV)
+	@if [ "$$(id -u)" != 0 ]; then echo "the lab needs root: run make as root"; exit 1; fi
+	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only $(NODE_PACKAGES) >/dev/null
+	touch $@
+
+demo: venv host-deps
+	@$(PY) -m lab status --quiet || $(PY) -m lab up $(LAB_NODES)
+	$(VENV)/bin/pyinfra -y inventories/lab.py deploy/cluster.py
+	@echo "--> Second run: a converged cluster must report no change"
+	$(VENV)/bin/pyinfra -y inventories/lab.py deploy/cluster.py
+	@echo
+	@echo "The lab is still up. Look inside:  $(PY) -m lab ssh node2 -- cat /etc/hosts"
+	@echo "                    Tear it down:  $(PY) -m lab down"
+
+test: venv host-deps
+	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab
+	$(PY) -m pytest -q
+
+unit: venv
+	$(PY) -m pytest -q -m 'not lab'
+
+lab-down: venv
+	$(PY) -m lab down
+
+clean: lab-down
+	rm -rf $(VENV)

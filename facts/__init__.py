@@ -1,0 +1,1 @@
+"""trainfleet's pyinfra facts, one module per concern, one remote command each."""

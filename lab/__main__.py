@@ -1,0 +1,69 @@
+"""``python -m lab up N | down | status | ssh NODE [-- CMD...]``"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lab.cluster import Lab, LabError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab", description="the local namespace lab cluster")
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start N nodes (node1..nodeN at 198.18.0.11...)")
+    up.add_argument("count", type=int)
+    sub.add_parser("down", help="stop every node and remove every trace of the lab")
+    status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")
+    status.add_argument("--json", action="store_true")
+    status.add_argument("--quiet", "-q", action="store_true")
+    ssh = sub.add_parser("ssh", help="run a shell or command on a node over SSH")
+    ssh.add_argument("node")
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    lab = Lab()
+
+    try:
+        if args.command == "up":
+            lab.up(args.count)
+            print(f"lab: inventory: inventories/lab.py (spec {lab.spec})")
+            return 0
+        if args.command == "down":
+            return 1 if lab.down() else 0
+        if args.command == "status":
+            rows = lab.status()
+            ok = bool(rows) and all(r["ssh"] for r in rows)
+            if args.json:
+                print(json.dumps({"up": ok, "nodes": rows}))
+            elif not args.quiet:
+                if not rows:
+                    print("lab: not up (`python -m lab up 3`)")
+                for r in rows:
+                    state = "up" if r["ssh"] else ("no sshd" if r["process"] else "down")
+                    print(f"{r['name']:8} {r['address']:15} {state}")
+            return 0 if ok else 1
+        if args.command == "ssh":
+            return _ssh(lab, args.node, args.cmd)
+    except LabError as exc:
+        print(f"lab: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+def _ssh(lab: Lab, name: str, cmd: list[str]) -> int:
+    nodes = {n.name: n for n in lab.nodes()}
+    if name not in nodes:
+        raise LabError(f"no node {name!r} in the lab (nodes: {', '.join(nodes) or 'none; the lab is down'})")
+    if cmd[:1] == ["--"]:
+        cmd = cmd[1:]
+    argv = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+            f"root@{nodes[name].address}", *cmd]
+    os.execvp("ssh", argv)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""trainfleet's pyinfra operations, one module per capability."""

@@ -1,0 +1,83 @@
+"""Names: each node's hostname, and every node's address in every node's /etc/hosts."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from facts.hosts import HOSTS_PURPOSE, EtcHosts, HostnameState
+from operations.remote import fail_command, replace_block_command, write_file_command
+from operations.render import render_lines
+from trainfleet.blocks import markers
+from trainfleet.etc_hosts import stale_lines
+
+
+@operation()
+def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
+    """
+    Set the node's hostname, running and persistent.
+
+    + hostname: the short name the node must have
+    + hostname_file: the file that keeps it across reboots
+
+    Writes the file atomically and sets the kernel's name with ``hostname``; this is
+    what ``hostnamectl set-hostname`` does, without needing systemd-hostnamed.
+
+    **Example:**
+
+    .. code:: python
+
+        hosts.hostname(name="Hostname is gpu-a01", hostname="gpu-a01")
+    """
+    state = host.get_fact(HostnameState, path=hostname_file)
+    if state["running"] == hostname and state["static"] == hostname:
+        host.noop(f"hostname is {hostname}")
+        return
+    if state["static"] != hostname:
+        yield write_file_command(hostname_file, f"{hostname}\n")
+    if state["running"] != hostname:
+        yield StringCommand("hostname", QuoteString(hostname))
+
+
+@operation()
+def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", present: bool = True):
+    """
+    Keep one managed block in /etc/hosts with every cluster node's address and names.
+
+    + entries: ``(address, [names...])`` per node, e.g. from ``Cluster.hosts_entries()``
+    + path: the hosts file
+    + present: ``False`` removes the block
+
+    Lines outside the block are never changed. A line outside it that maps a cluster
+    name to another address is reported as a warning (it may shadow the block).
+
+    **Example:**
+
+    .. code:: python
+
+        hosts.hosts_block(
+            name="Cluster hosts in /etc/hosts",
+            entries=[("192.0.2.11", ["gpu-a01.cluster.example.com", "gpu-a01"])],
+        )
+    """
+    current = host.get_fact(EtcHosts, path=path)
+    if current["broken"]:
+        yield fail_command(f"{path}: trainfleet's markers are damaged ({current['broken']}); "
+                           "fix them by hand, nothing was changed")
+        return
+    expected = {name.lower(): address for address, names in entries for name in names}
+    for stale in stale_lines(current["outside"], expected) if present else []:
+        logger.warning(f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)")
+
+    begin, end = markers(HOSTS_PURPOSE)
+    wanted = render_lines("hosts/hosts_block.j2", entries=entries)
+    if not present:
+        if current["block"] is None:
+            host.noop(f"{path} has no cluster hosts block")
+            return
+        yield replace_block_command(path, begin, end, [], present=False)
+        return
+    if current["block"] == wanted:
+        host.noop(f"{path} lists the {len(entries)} cluster nodes")
+        return
+    yield replace_block_command(path, begin, end, wanted)

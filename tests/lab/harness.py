@@ -1,0 +1,111 @@
+"""Driving the lab and pyinfra from tests: real nodes, real SSH, pyinfra's own --json results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lab.cluster import Lab
+
+REPO = Path(__file__).resolve().parents[2]
+PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
+LAB_INVENTORY = str(REPO / "inventories/lab.py")
+
+
+@dataclass
+class Run:
+    """One pyinfra run: exit status, output, and the parsed --json report."""
+
+    argv: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    report: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def operations(self) -> list[dict[str, Any]]:
+        return (self.report.get("results") or {}).get("operations", [])
+
+    def changed(self) -> dict[str, list[str]]:
+        """Operation name -> hosts it changed."""
+        return {op["name"]: op["success"] for op in self.operations if op["success"]}
+
+    def errors(self) -> dict[str, list[str]]:
+        return {op["name"]: op["error"] for op in self.operations if op["error"]}
+
+    def planned_changes(self) -> dict[str, list[str]]:
+        """With --dry: operation name -> hosts pyinfra would change."""
+        return {op["name"]: op["hosts_with_change"] for op in self.report.get("plan", []) if op["hosts_with_change"]}
+
+    def describe(self) -> str:
+        return f"$ {' '.join(self.argv)}\nexit {self.returncode}\n{self.stderr[-4000:]}"
+
+
+def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300) -> Run:
+    argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), inventory, *deploys]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    report: dict[str, Any] = {}
+    start = proc.stdout.find("{")
+    if start >= 0:
+        try:
+            report = json.loads(proc.stdout[start:])
+        except json.JSONDecodeError:
+            pass
+    return Run(argv, proc.returncode, proc.stdout, proc.stderr, report)
+
+
+def deploy_twice(inventory: str, deploy: str) -> tuple[Run, Run]:
+    """Run a deploy, then again: the second run must change nothing (the idempotency property)."""
+    first = pyinfra(inventory, deploy)
+    assert first.returncode == 0, first.describe()
+    second = pyinfra(inventory, deploy)
+    assert second.returncode == 0, second.describe()
+    assert second.changed() == {}, f"re-run changed {second.changed()}\n{second.describe()}"
+    assert second.operations, "the re-run reported no operations at all"
+    return first, second
+
+
+class LabController:
+    """The test session's own lab: created and torn down by the tests."""
+
+    def __init__(self) -> None:
+        self.lab = Lab()
+
+    def fresh(self, count: int) -> None:
+        self.lab.down(log=lambda *_: None)
+        self.lab.up(count, log=lambda *_: None)
+
+    def down(self) -> dict[str, list[str]]:
+        return self.lab.down(log=lambda *_: None)
+
+    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None) -> str:
+        """Run ``command`` on ``node`` the way a user would (``python -m lab ssh``); return stdout."""
+        result = subprocess.run([sys.executable, "-m", "lab", "ssh", node, "--", command],
+                                capture_output=True, text=True, cwd=REPO, timeout=60,
+                                input=input if input is not None else "")
+        if check:
+            assert result.returncode == 0, f"{node}: {command}: {result.stderr}"
+        return result.stdout
+
+    def spec_inventory(self, tmp_path: Path, keep: list[str] | None = None, **sections: dict) -> str:
+        """An inventory for a variant of the lab's spec: only the ``keep`` nodes, sections merged."""
+        spec = yaml.safe_load(self.lab.spec.read_text())
+        if keep is not None:
+            spec["nodes"] = [n for n in spec["nodes"] if n["name"] in keep]
+        for name, values in sections.items():
+            spec.setdefault(name, {}).update(values)
+        spec_file = tmp_path / "variant.yml"
+        spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+        inventory = tmp_path / "variant.py"
+        inventory.write_text(textwrap.dedent(f"""\
+            from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
+            nodes = pyinfra_hosts(load_cluster_or_exit({str(spec_file)!r}))
+            """))
+        return str(inventory)

@@ -1,0 +1,79 @@
+"""Hostnames and /etc/hosts on real nodes over real SSH, each deploy run twice."""
+
+from __future__ import annotations
+
+from tests.lab.harness import LAB_INVENTORY, deploy_twice, pyinfra
+
+DEPLOY = "deploy/cluster.py"
+BEGIN = "# BEGIN trainfleet managed block: cluster hosts (do not edit)"
+END = "# END trainfleet managed block: cluster hosts"
+NODES = {"node1": "198.18.0.11", "node2": "198.18.0.12", "node3": "198.18.0.13"}
+USER_LINES = "192.0.2.7 fileserver # the user's own entry\n198.18.0.99 node3\n"
+
+
+def expected_block(nodes: dict[str, str]) -> list[str]:
+    return [f"{addr:<15} {name}.lab.trainfleet.test {name}" for name, addr in nodes.items()]
+
+
+def split(text: str) -> tuple[list[str], list[str]]:
+    lines = text.splitlines()
+    start, stop = lines.index(BEGIN), lines.index(END)
+    return lines[start + 1:stop], lines[:start] + lines[stop + 1:]
+
+
+def test_every_node_gets_its_name_and_every_peer_and_a_rerun_changes_nothing(lab3):
+    lab3.ssh("node2", "cat >> /etc/hosts", input=USER_LINES)
+    before = {node: lab3.ssh(node, "cat /etc/hosts") for node in NODES}
+    assert lab3.ssh("node1", "hostname").strip() == "ip-198-18-0-11"
+
+    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+
+    assert sorted(first.changed()["Hostname is the node's spec name"]) == sorted(NODES)
+    assert sorted(first.changed()["Cluster hosts block in /etc/hosts"]) == sorted(NODES)
+    for node in NODES:
+        assert lab3.ssh(node, "hostname").strip() == node
+        assert lab3.ssh(node, "cat /etc/hostname") == f"{node}\n"
+        block, outside = split(lab3.ssh(node, "cat /etc/hosts"))
+        assert block == expected_block(NODES)
+        assert outside == before[node].splitlines(), f"{node}: lines outside the block changed"
+        # The resolver now answers with the cluster's addresses, by short name and FQDN.
+        assert lab3.ssh(node, "getent hosts node3").split()[0] == "198.18.0.13" or node == "node2"
+        assert lab3.ssh(node, "getent hosts node1.lab.trainfleet.test").split()[0] == "198.18.0.11"
+    # node2's stale line comes before the block and shadows it: reported, not silently kept.
+    assert "[node2]" in first.stderr and "maps node3 to 198.18.0.99, but the cluster says 198.18.0.13" in first.stderr
+    assert lab3.ssh("node2", "getent hosts node3").split()[0] == "198.18.0.99"
+
+
+def test_a_node_removed_from_the_spec_is_removed_from_every_block(lab3, tmp_path):
+    deploy_twice(LAB_INVENTORY, DEPLOY)
+    two_nodes = lab3.spec_inventory(tmp_path, keep=["node1", "node2"])
+
+    first, _ = deploy_twice(two_nodes, DEPLOY)
+
+    assert sorted(first.changed()["Cluster hosts block in /etc/hosts"]) == ["node1", "node2"]
+    for node in ("node1", "node2"):
+        block, _ = split(lab3.ssh(node, "cat /etc/hosts"))
+        assert block == expected_block({"node1": NODES["node1"], "node2": NODES["node2"]})
+
+
+def test_damaged_markers_fail_that_node_only_and_leave_its_file_alone(lab3):
+    lab3.ssh("node3", "cat >> /etc/hosts", input=f"{BEGIN}\n198.18.0.50 old-entry\n")
+    before = lab3.ssh("node3", "cat /etc/hosts")
+
+    run = pyinfra(LAB_INVENTORY, DEPLOY)
+
+    assert run.returncode != 0, run.describe()
+    assert run.errors() == {"Cluster hosts block in /etc/hosts": ["node3"]}
+    assert "markers are damaged" in run.stderr and "[node3]" in run.stderr
+    assert lab3.ssh("node3", "cat /etc/hosts") == before
+    for node in ("node1", "node2"):
+        block, _ = split(lab3.ssh(node, "cat /etc/hosts"))
+        assert block == expected_block(NODES)
+
+
+def test_a_dry_run_on_a_converged_cluster_plans_no_change(lab3):
+    deploy_twice(LAB_INVENTORY, DEPLOY)
+    run = pyinfra(LAB_INVENTORY, DEPLOY, dry=True)
+    assert run.returncode == 0, run.describe()
+    assert run.report["plan"], "the dry run planned no operations at all"
+    assert run.planned_changes() == {}

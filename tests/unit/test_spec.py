@@ -1,0 +1,164 @@
+"""The spec is validated before any host is touched: one clear line per problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from trainfleet import Cluster, SpecError, parse_spec
+from trainfleet.schema import reference_markdown
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+cluster:
+  domain: cluster.example.com
+nodes:
+  - name: gpu-a01
+    address: 192.0.2.11
+    gpus: 8
+  - name: gpu-a02
+    address: 192.0.2.12
+    gpus: 8
+"""
+
+
+def problems(text: str) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(textwrap.dedent(text), "bad.yml")
+    return info.value.problems
+
+
+def test_a_good_spec_gets_every_default():
+    spec = parse_spec(GOOD, "inventories/prod.yml")
+    assert spec["cluster"]["name"] == "prod"
+    assert spec["cluster"]["mesh_users"] == ["root"]
+    assert spec["cluster"]["master_port"] == 29500
+    assert spec["ssh"] == {"user": "root", "port": 22, "key": None, "known_hosts": None}
+    assert spec["nccl"]["socket_ifname"] == "auto"
+    assert spec["stack"]["cuda"] is None
+
+
+def test_the_example_prod_spec_is_valid():
+    cluster = Cluster.load(REPO / "inventories/prod.yml")
+    assert [n.name for n in cluster.nodes] == ["gpu-a01", "gpu-a02"]
+    assert cluster.total_gpus == 16
+    assert all(n.address.startswith("192.0.2.") for n in cluster.nodes)  # documentation range
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("nodes: []\n", "bad.yml:1: nodes: is empty"),
+        ("cluster: {}\n", "bad.yml:1: (top level): missing required key 'nodes'"),
+        ("nodes:\n", "bad.yml:1: nodes: no nodes"),
+        ("nodes: gpu-a01\n", "nodes: must be a list of nodes, got string"),
+        ("- 1\n- 2\n", "the spec must be a mapping"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: a\n    address: 192.0.2.2\n",
+         "bad.yml:4: nodes[1].name: duplicate name 'a' (also nodes[0])"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: A\n    address: 192.0.2.2\n",
+         "nodes[1].name: duplicate name 'A'"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: b\n    address: 192.0.2.1\n",
+         "bad.yml:5: nodes[1].address: duplicate address '192.0.2.1' (also nodes[0])"),
+        ("nodes:\n  - name: gpu_01\n    address: 192.0.2.1\n", "nodes[0].name: 'gpu_01' is not a valid hostname"),
+        ("nodes:\n  - name: -gpu\n    address: 192.0.2.1\n", "nodes[0].name: '-gpu' is not a valid hostname"),
+        ("nodes:\n  - name: " + "a" * 64 + "\n    address: 192.0.2.1\n", "is not a valid hostname"),
+        ("nodes:\n  - name: gpu.example.com\n    address: 192.0.2.1\n", "must be a short name without dots"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.300\n", "nodes[0].address: '192.0.2.300' is not an IPv4 or IPv6 address"),
+        ("nodes:\n  - name: a\n", "bad.yml:2: nodes[0]: missing required key 'address'"),
+        ("nodes:\n  - address: 192.0.2.1\n", "nodes[0]: missing required key 'name'"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: -1\n", "bad.yml:4: nodes[0].gpus: must be 0 or more, got -1"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: eight\n", "nodes[0].gpus: must be a integer, got string 'eight'"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: true\n", "nodes[0].gpus: must be a integer, got boolean"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpu: 8\n", "bad.yml:4: nodes[0].gpu: unknown key; did you mean 'gpus'?"),
+        ("clustr: {}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:1: clustr: unknown key; did you mean 'cluster'?"),
+        ("cluster:\n  domian: x.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.domian: unknown key; did you mean 'domain'?"),
+        ("cluster:\n  domain: bad_domain.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.domain: 'bad_domain.org' is not a valid hostname"),
+        ("cluster:\n  master_port: 70000\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.master_port: 70000 is not a TCP port"),
+        ("cluster:\n  mesh_users: root\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.mesh_users: must be a list, got string"),
+        ("cluster:\n  mesh_users: [root, 3]\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.mesh_users: every item must be a string, got 3"),
+        ("stack:\n  cuda: 12\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.cuda: must be a string or null, got integer 12"),
+        ("stack:\n  cuda: '12.x'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: stack.cuda: '12.x' is not a valid version (expected the form '12.4')"),
+        ("stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch: 'latest' is not a valid version"),
+        ("stack:\n  nccl: '2.21'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.nccl: '2.21' is not a valid version (expected the form '2.21.5-1')"),
+        ("stack:\n  torch_cuda: 'cuda124'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch_cuda: 'cuda124' is not a valid version"),
+        ("stack:\n  gcc: '11.2'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.gcc: '11.2' is not a valid version"),
+        ("nccl:\n  ib: maybe\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.ib: 'maybe' must be 'auto' or 'disable'"),
+        ("nccl:\n  env: {FOO: 1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.env: 'FOO' is not an NCCL_"),
+        ("nccl:\n  socket_ifname: 'eth0 eth1'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.socket_ifname: 'eth0 eth1' is not 'auto'"),
+        ("ssh:\n  port: 0\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "ssh.port: 0 is not a TCP port"),
+        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    ssh: {prot: 22}\n", "nodes[0].ssh.prot: unknown key; did you mean 'port'?"),
+        ("nodes: [\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_spec_is_rejected_with_file_line_and_key(text, expected):
+    found = problems(text)
+    assert any(expected in p for p in found), found
+    assert all(p.startswith("bad.yml") for p in found)
+
+
+def test_every_problem_is_reported_at_once():
+    found = problems("""\
+        clustr: {}
+        nodes:
+          - name: a
+            address: nowhere
+            gpus: -2
+          - name: a
+            address: 192.0.2.5
+        """)
+    assert len(found) == 4, found
+    assert [p.split(": ")[1] for p in found] == ["clustr", "nodes[0].address", "nodes[0].gpus", "nodes[1].name"]
+
+
+def test_per_node_overrides_apply_only_to_that_node():
+    cluster = Cluster.parse(textwrap.dedent("""\
+        ssh: {user: admin, port: 2222}
+        nccl: {socket_ifname: '=ens1'}
+        nodes:
+          - {name: a, address: 192.0.2.1, ssh: {port: 22}, nccl: {socket_ifname: '=ens9'}}
+          - {name: b, address: 192.0.2.2}
+        """))
+    a, b = cluster.nodes
+    assert a.ssh == {"user": "admin", "port": 22, "key": None, "known_hosts": None}
+    assert b.ssh["port"] == 2222
+    assert a.nccl["socket_ifname"] == "=ens9" and b.nccl["socket_ifname"] == "=ens1"
+    assert a.nccl["ib"] == "auto"
+
+
+def test_ranks_master_and_names_derive_from_order():
+    cluster = Cluster.parse(GOOD)
+    assert [n.rank for n in cluster.nodes] == [0, 1]
+    assert cluster.master.name == "gpu-a01"
+    assert cluster.hosts_entries()[1] == ("192.0.2.12", ["gpu-a02.cluster.example.com", "gpu-a02"])
+    assert cluster.address_of_name()["gpu-a02.cluster.example.com"] == "192.0.2.12"
+    assert [p.name for p in cluster.peers("gpu-a01")] == ["gpu-a02"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "trainfleet", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_check_command_exits_2_with_one_line_per_problem(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("nodes:\n  - {name: a, address: 192.0.2.1, gpus: -1}\n  - {name: a, address: 192.0.2.1}\n")
+    result = run_cli("check", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, lines
+    assert all(line.startswith(f"{bad}:") for line in lines)
+
+
+def test_check_command_accepts_the_example_and_prints_json():
+    result = run_cli("check", "--json", "inventories/prod.yml")
+    assert result.returncode == 0, result.stderr
+    assert '"master": "gpu-a01"' in result.stdout
+
+
+def test_readme_spec_reference_matches_the_schema():
+    readme = (REPO / "README.md").read_text()
+    assert reference_markdown().strip() in readme, "README's spec reference is stale: paste `python -m trainfleet schema`"

@@ -1,0 +1,67 @@
+"""Turn a validated cluster into a pyinfra inventory (hosts and their data)."""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from trainfleet.model import Cluster, Node
+from trainfleet.spec import EXIT_BAD_SPEC, SpecError
+
+HostT = tuple[str, dict[str, Any]]
+
+
+def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
+    """pyinfra connection settings and trainfleet's view for one node."""
+    ssh = node.ssh
+    data: dict[str, Any] = {
+        "ssh_hostname": node.address,
+        "ssh_user": ssh["user"],
+        "ssh_port": ssh["port"],
+        # Host keys are always verified; unknown hosts are refused, never added.
+        "ssh_strict_host_key_checking": "yes",
+        # Plain data only (pyinfra prints it as JSON); deploys get the model via this_node().
+        "trainfleet_spec": str(Path(cluster.source).resolve()),
+        "trainfleet_node": node.name,
+        "trainfleet_rank": node.rank,
+        "trainfleet_gpus": node.gpus,
+    }
+    if ssh["key"]:
+        data["ssh_key"] = str(Path(ssh["key"]).expanduser())
+    if ssh["known_hosts"]:
+        data["ssh_known_hosts_file"] = str(Path(ssh["known_hosts"]).expanduser())
+    return data
+
+
+def pyinfra_hosts(cluster: Cluster) -> list[HostT]:
+    return [(node.name, host_data(cluster, node)) for node in cluster.nodes]
+
+
+def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
+    """Load the spec for an inventory module; on bad input print every problem and exit 2.
+
+    This runs while pyinfra loads the inventory, before any host is connected to.
+    """
+    try:
+        return Cluster.load(spec_path)
+    except SpecError as exc:
+        for problem in exc.problems:
+            print(f"trainfleet: {problem}", file=sys.stderr)
+        print(f"trainfleet: {len(exc.problems)} problem(s) in the spec; no host was contacted.", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_SPEC) from None
+
+
+def this_node() -> tuple[Cluster, Node]:
+    """The cluster and the node pyinfra is currently deploying to (inside a deploy file)."""
+    from pyinfra import host
+
+    cluster = _cluster_at(host.data.trainfleet_spec)
+    return cluster, cluster.node(host.data.trainfleet_node)
+
+
+@lru_cache(maxsize=None)
+def _cluster_at(spec_path: str) -> Cluster:
+    # Validated once already by the inventory; loaded once per run for all hosts.
+    return Cluster.load(spec_path)

@@ -1,0 +1,109 @@
+"""The derived view of a validated spec: nodes with ranks, peers, names and addresses.
+
+Everything cross-node (every peer's address, ranks, the master) is computed here,
+from the spec alone, so operations never share state through a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainfleet.spec import load_spec, parse_spec
+
+
+@dataclass(frozen=True)
+class Node:
+    """One server of the cluster, as the spec declares it."""
+
+    name: str
+    address: str
+    rank: int
+    gpus: int
+    ssh: dict[str, Any]
+    nccl: dict[str, Any]
+    domain: str | None = None
+
+    @property
+    def fqdn(self) -> str | None:
+        return f"{self.name}.{self.domain}" if self.domain else None
+
+    @property
+    def names(self) -> list[str]:
+        """Every name the node answers to, FQDN first (the /etc/hosts convention)."""
+        return [self.fqdn, self.name] if self.fqdn else [self.name]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A validated cluster: the spec's settings and its nodes in rank order."""
+
+    name: str
+    domain: str | None
+    mesh_users: list[str]
+    master_port: int
+    stack: dict[str, Any]
+    nccl: dict[str, Any]
+    nodes: list[Node] = field(default_factory=list)
+    source: str = "<spec>"
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], source: str = "<spec>") -> "Cluster":
+        domain = spec["cluster"]["domain"]
+        nodes = [
+            Node(
+                name=raw["name"],
+                address=raw["address"],
+                rank=rank,
+                gpus=raw["gpus"],
+                ssh={**spec["ssh"], **raw["ssh"]},
+                nccl={**spec["nccl"], **raw["nccl"]},
+                domain=domain,
+            )
+            for rank, raw in enumerate(spec["nodes"])
+        ]
+        return cls(
+            name=spec["cluster"]["name"],
+            domain=domain,
+            mesh_users=list(spec["cluster"]["mesh_users"]),
+            master_port=spec["cluster"]["master_port"],
+            stack=dict(spec["stack"]),
+            nccl=dict(spec["nccl"]),
+            nodes=nodes,
+            source=source,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Cluster":
+        return cls.from_spec(load_spec(path), str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "<spec>") -> "Cluster":
+        return cls.from_spec(parse_spec(text, source), source)
+
+    @property
+    def master(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(node.gpus for node in self.nodes)
+
+    def node(self, name: str) -> Node:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(f"{name!r} is not a node of cluster {self.name!r}")
+
+    def peers(self, name: str) -> list[Node]:
+        return [node for node in self.nodes if node.name != name]
+
+    def hosts_entries(self) -> list[tuple[str, list[str]]]:
+        """(address, names) for every node: the content of each node's /etc/hosts block."""
+        return [(node.address, node.names) for node in self.nodes]
+
+    def address_of_name(self) -> dict[str, str]:
+        """Every cluster name (short and FQDN) -> the address it must resolve to."""
+        return {name: node.address for node in self.nodes for name in node.names}
+

@@ -1,0 +1,198 @@
+"""Load and validate a cluster spec (YAML) before any host is touched.
+
+Every problem becomes one line ``FILE:LINE: KEY: what is wrong``; all of them are
+reported at once, and callers exit with status 2 (see ``SpecError``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainfleet.schema import NODE, SPEC, Key, Section, type_name
+
+EXIT_BAD_SPEC = 2
+
+PathT = tuple[str | int, ...]
+
+
+class SpecError(Exception):
+    """The spec is invalid; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+@dataclass
+class _Ctx:
+    file: str
+    lines: dict[PathT, int]
+    problems: list[str]
+
+    def add(self, path: PathT, message: str) -> None:
+        line = self._line_of(path)
+        where = f"{self.file}:{line}" if line else self.file
+        self.problems.append(f"{where}: {dotted(path) or '(top level)'}: {message}")
+
+    def _line_of(self, path: PathT) -> int | None:
+        while path not in self.lines and path:
+            path = path[:-1]
+        return self.lines.get(path)
+
+
+def dotted(path: PathT) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
+
+
+def _line_map(node: yaml.Node, path: PathT = (), out: dict[PathT, int] | None = None) -> dict[PathT, int]:
+    """Map each key path of a composed YAML document to its 1-based line."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                sub = path + (key_node.value,)
+                out[sub] = key_node.start_mark.line + 1
+                _line_map(value_node, sub, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, path + (i,), out)
+    return out
+
+
+def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
+    # YAML's `true` is a bool, which Python also counts as an int: never accept it as one.
+    if isinstance(value, bool):
+        return expected is bool or (isinstance(expected, tuple) and bool in expected)
+    return isinstance(value, expected)
+
+
+def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> dict[str, Any]:
+    """Return the section with defaults filled in; record problems in ctx."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        ctx.add(path, f"must be a mapping, got {type_name(type(data))}")
+        return _defaults(section)
+    result: dict[str, Any] = {}
+    for key in data:
+        if key not in section.keys and not (section is SPEC and key == "nodes"):
+            allowed = list(section.keys) + (["nodes"] if section is SPEC else [])
+            near = difflib.get_close_matches(str(key), allowed, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(allowed)}"
+            ctx.add(path + (str(key),), f"unknown key{hint}")
+    for name, key in section.keys.items():
+        sub = path + (name,)
+        if isinstance(key, Section):
+            result[name] = _validate_section(key, data.get(name), sub, ctx)
+        elif name not in data:
+            if key.required:
+                ctx.add(path, f"missing required key {name!r}")
+            result[name] = _copy(key.default)
+        else:
+            result[name] = _validate_value(key, data[name], sub, ctx)
+    return result
+
+
+def _validate_value(key: Key, value: Any, path: PathT, ctx: _Ctx) -> Any:
+    if not _type_ok(value, key.type):
+        ctx.add(path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {value!r}")
+        return _copy(key.default)
+    if key.items is not None:
+        bad = [v for v in value if not _type_ok(v, key.items)]
+        if bad:
+            ctx.add(path, f"every item must be a {type_name(key.items)}, got {bad[0]!r}")
+            return _copy(key.default)
+    if value is not None and key.check is not None:
+        problem = key.check(value)
+        if problem:
+            ctx.add(path, problem)
+    return value
+
+
+def _defaults(section: Section) -> dict[str, Any]:
+    return {
+        name: _defaults(key) if isinstance(key, Section) else _copy(key.default)
+        for name, key in section.keys.items()
+    }
+
+
+def _copy(value: Any) -> Any:
+    return type(value)(value) if isinstance(value, (list, dict)) else value
+
+
+def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
+    if "nodes" not in data:
+        ctx.add((), "missing required key 'nodes' (the list of servers)")
+        return []
+    raw = data["nodes"]
+    if raw is None:
+        ctx.add(("nodes",), "no nodes: the spec needs at least one entry under 'nodes'")
+        return []
+    if not isinstance(raw, list):
+        ctx.add(("nodes",), f"must be a list of nodes, got {type_name(type(raw))}")
+        return []
+    if not raw:
+        ctx.add(("nodes",), "is empty: the spec needs at least one node")
+        return []
+    nodes = [_validate_section(NODE, item, ("nodes", i), ctx) for i, item in enumerate(raw)]
+    # Per-node sections are overrides: keep only what the node sets, so the
+    # cluster-wide values apply to the rest.
+    for node, item in zip(nodes, raw):
+        for sub in ("ssh", "nccl"):
+            given = item.get(sub) if isinstance(item, dict) else None
+            node[sub] = {k: v for k, v in node[sub].items() if isinstance(given, dict) and k in given}
+    for attr in ("name", "address"):
+        seen: dict[str, int] = {}
+        for i, node in enumerate(nodes):
+            value = node.get(attr)
+            if not isinstance(value, str):
+                continue
+            norm = value.lower() if attr == "name" else value
+            if norm in seen:
+                ctx.add(("nodes", i, attr), f"duplicate {attr} {value!r} (also nodes[{seen[norm]}])")
+            else:
+                seen[norm] = i
+    return nodes
+
+
+def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
+    """Validate spec text; return the spec with every default filled in, or raise SpecError."""
+    try:
+        document = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{file}:{mark.line + 1}" if mark else file
+        raise SpecError([f"{where}: (top level): not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+    ctx = _Ctx(file=file, lines=_line_map(document) if document else {}, problems=[])
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        ctx.add((), f"the spec must be a mapping with a 'nodes' list, got {type_name(type(data))}")
+        raise SpecError(ctx.problems)
+    spec = _validate_section(SPEC, data, (), ctx)
+    spec["nodes"] = _validate_nodes(data, ctx)
+    if ctx.problems:
+        raise SpecError(ctx.problems)
+    if spec["cluster"]["name"] is None:
+        spec["cluster"]["name"] = Path(file).stem
+    return spec
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """Read and validate the spec file at ``path``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError([f"{path}: cannot read the spec: {exc.strerror}"]) from None
+    return parse_spec(text, str(path))
