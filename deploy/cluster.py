@@ -4,11 +4,27 @@ Each line is one capability; its operation lives in operations/<capability>.py,
 its facts in facts/<capability>.py, its templates in templates/<capability>/.
 """
 
-from operations import hosts
+from operations import hosts, launchers, pdsh, ssh_mesh
+from trainfleet import mesh
 from trainfleet.inventory import this_node
+from trainfleet.keystore import KeyStore
 
 cluster, node = this_node()
+keys = KeyStore(cluster.name)
 
 # Names: every node knows itself and every peer by name.
 hosts.hostname(name="Hostname is the node's spec name", hostname=node.name)
 hosts.hosts_block(name="Cluster hosts block in /etc/hosts", entries=cluster.hosts_entries())
+
+# SSH mesh: every node reaches every node as each mesh user, host keys verified.
+ssh_mesh.known_hosts(name="Every node's host keys in /etc/ssh/ssh_known_hosts",
+                     entries=mesh.known_hosts_lines(cluster, ssh_mesh.cluster_host_keys(cluster)))
+for user in cluster.mesh_users:
+    ssh_mesh.mesh_user(name=f"SSH mesh for {user}", user=user, identity=mesh.identity(user, node, keys),
+                       authorized=mesh.authorized_lines(cluster, user, keys), peers=cluster.nodes)
+
+# pdsh: `pdsh -a` runs on every node, over ssh.
+pdsh.pdsh(name="pdsh over ssh to every node", nodes=[n.name for n in cluster.nodes])
+
+# Launchers: DeepSpeed, OpenMPI, accelerate, torchrun and ColossalAI, all from the spec.
+launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(cluster, node))

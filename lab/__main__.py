@@ -1,4 +1,4 @@
-"""``python -m lab up N | down | status | ssh NODE [-- CMD...]``"""
+"""``python -m lab up N | down | status | stop NODE | start NODE | ssh NODE [-- CMD...]``"""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")
     status.add_argument("--json", action="store_true")
     status.add_argument("--quiet", "-q", action="store_true")
+    for verb, text in (("stop", "power a node off (its disk and network stay)"), ("start", "boot a stopped node")):
+        sub.add_parser(verb, help=text).add_argument("node")
     ssh = sub.add_parser("ssh", help="run a shell or command on a node over SSH")
     ssh.add_argument("node")
     ssh.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
                     state = "up" if r["ssh"] else ("no sshd" if r["process"] else "down")
                     print(f"{r['name']:8} {r['address']:15} {state}")
             return 0 if ok else 1
+        if args.command in ("stop", "start"):
+            getattr(lab, args.command)(args.node)
+            print(f"lab: {args.node} {'stopped' if args.command == 'stop' else 'started'}")
+            return 0
         if args.command == "ssh":
             return _ssh(lab, args.node, args.cmd)
     except LabError as exc:
@@ -53,14 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ssh(lab: Lab, name: str, cmd: list[str]) -> int:
-    nodes = {n.name: n for n in lab.nodes()}
-    if name not in nodes:
-        raise LabError(f"no node {name!r} in the lab (nodes: {', '.join(nodes) or 'none; the lab is down'})")
+    node = lab.node(name)
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
     argv = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            f"root@{nodes[name].address}", *cmd]
+            f"root@{node.address}", *cmd]
     os.execvp("ssh", argv)
     return 1  # not reached
 

@@ -206,6 +206,11 @@ class Lab:
         authorized = root_ssh / "authorized_keys"
         authorized.write_text(operator_key)
         os.chmod(authorized, 0o600)
+        # Lab nodes are throwaway: dpkg need not fsync, and man-db need not reindex (3x faster).
+        dpkg_cfg = _mkdirs_like_host(upper, "etc/dpkg/dpkg.cfg.d")
+        (dpkg_cfg / "trainfleet-lab").write_text("force-unsafe-io\n")
+        if Path("/var/lib/man-db/auto-update").exists():
+            _whiteout(_mkdirs_like_host(upper, "var/lib/man-db") / "auto-update")
 
     def _boot(self, node: LabNode) -> int:
         log = open(node.dir / "node.log", "ab")
@@ -253,6 +258,32 @@ class Lab:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"nodes": [asdict(n) for n in nodes]}, indent=1))
         tmp.replace(self.state_file)
+
+    # -- one node ----------------------------------------------------------------------------
+
+    def stop(self, name: str) -> None:
+        """Power a node off: its processes end; its network and disk stay for ``start``."""
+        node = self.node(name)
+        pids = set(self._netns_pids(node.netns))
+        for pid in pids:
+            _kill(pid)
+        _wait_gone(pids | {node.pid}, timeout=10.0)
+
+    def start(self, name: str) -> None:
+        """Boot a stopped node again, with the disk (upper layer) it had."""
+        nodes = self.nodes()
+        node = next(n for n in nodes if n.name == self.node(name).name)
+        if self._netns_pids(node.netns):
+            raise LabError(f"{name} is running")
+        node.pid = self._boot(node)
+        self._save(nodes)
+        self._wait_for_ssh([node])
+
+    def node(self, name: str) -> LabNode:
+        for node in self.nodes():
+            if node.name == name:
+                return node
+        raise LabError(f"no node {name!r} in the lab (nodes: {', '.join(n.name for n in self.nodes()) or 'none'})")
 
     # -- down ------------------------------------------------------------------------------
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.hosts import HOSTS_PURPOSE, EtcHosts, HostnameState
-from operations.remote import fail_command, replace_block_command, write_file_command
+from facts.hosts import HOSTS_PURPOSE, HostnameState
+from facts.managed_block import ManagedBlock
+from operations.managed_block import block_change
+from operations.remote import write_file_command
 from operations.render import render_lines
-from trainfleet.blocks import markers
 from trainfleet.etc_hosts import stale_lines
 
 
@@ -60,24 +61,14 @@ def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", 
             entries=[("192.0.2.11", ["gpu-a01.cluster.example.com", "gpu-a01"])],
         )
     """
-    current = host.get_fact(EtcHosts, path=path)
-    if current["broken"]:
-        yield fail_command(f"{path}: trainfleet's markers are damaged ({current['broken']}); "
-                           "fix them by hand, nothing was changed")
-        return
+    current = host.get_fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE)
     expected = {name.lower(): address for address, names in entries for name in names}
     for stale in stale_lines(current["outside"], expected) if present else []:
         logger.warning(f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)")
 
-    begin, end = markers(HOSTS_PURPOSE)
-    wanted = render_lines("hosts/hosts_block.j2", entries=entries)
-    if not present:
-        if current["block"] is None:
-            host.noop(f"{path} has no cluster hosts block")
-            return
-        yield replace_block_command(path, begin, end, [], present=False)
+    wanted = render_lines("hosts/hosts_block.j2", entries=entries) if present else None
+    change = block_change(path, HOSTS_PURPOSE, current, wanted)
+    if change is None:
+        host.noop(f"{path} lists the {len(entries)} cluster nodes" if present else f"{path} has no cluster hosts block")
         return
-    if current["block"] == wanted:
-        host.noop(f"{path} lists the {len(entries)} cluster nodes")
-        return
-    yield replace_block_command(path, begin, end, wanted)
+    yield change

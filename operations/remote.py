@@ -19,12 +19,14 @@ if [ -e "$f" ]; then
   if command -v chcon >/dev/null 2>&1; then chcon --reference="$f" "$t" 2>/dev/null || true; fi
 else
   chmod "$2" "$t"
+  if [ -n "$3" ]; then chown "$3" "$t"; fi
 fi
 mv -f "$t" "$f"
 """
 
 _REPLACE_BLOCK = r"""set -e
 f=$1
+d=$(dirname "$f"); [ -d "$d" ] || mkdir -p -m 755 "$d"
 t=$(mktemp "$f.trainfleet.XXXXXX")
 trap 'rm -f "$t"' EXIT
 if [ -e "$f" ]; then src=$f; else src=/dev/null; fi
@@ -40,6 +42,7 @@ END { if (!done && keep) printf "%s", blk }
 
 _WRITE_FILE = r"""set -e
 f=$1
+d=$(dirname "$f"); [ -d "$d" ] || mkdir -p -m 755 "$d"
 t=$(mktemp "$f.trainfleet.XXXXXX")
 trap 'rm -f "$t"' EXIT
 printf '%s' "$TF_CONTENT" > "$t"
@@ -56,18 +59,22 @@ def _sh(script: str, env: dict[str, str], *args: str) -> StringCommand:
 
 
 def replace_block_command(
-    path: str, begin: str, end: str, lines: list[str], present: bool = True, mode: str = "644"
+    path: str, begin: str, end: str, lines: list[str], present: bool = True,
+    mode: str = "644", owner: str | None = None,
 ) -> StringCommand:
     """Put ``lines`` between the markers in ``path`` (appending the block if absent),
-    or with ``present=False`` remove the block. A new file gets ``mode``."""
+    or with ``present=False`` remove the block. A new file gets ``mode`` and ``owner``."""
     block = "".join(f"{line}\n" for line in [begin, *lines, end])
     env = {"TF_BEGIN": begin, "TF_END": end, "TF_BLOCK": block, "TF_KEEP": "1" if present else "0"}
-    return _sh(_REPLACE_BLOCK, env, path, mode)
+    return _sh(_REPLACE_BLOCK, env, path, mode, owner or "")
 
 
-def write_file_command(path: str, content: str, mode: str = "644") -> StringCommand:
-    """Write ``content`` to ``path`` atomically; an existing file keeps its mode and owner."""
-    return _sh(_WRITE_FILE, {"TF_CONTENT": content}, path, mode)
+def write_file_command(path: str, content: str, mode: str = "644", owner: str | None = None) -> StringCommand:
+    """Write ``content`` to ``path`` atomically; an existing file keeps its mode and owner.
+
+    Not for secrets: the content is an argument of the remote command. Keys are uploaded.
+    """
+    return _sh(_WRITE_FILE, {"TF_CONTENT": content}, path, mode, owner or "")
 
 
 def fail_command(message: str) -> StringCommand:

@@ -1,4 +1,9 @@
-"""``python -m trainfleet check SPEC...`` validates specs offline; ``schema`` prints the reference."""
+"""``python -m trainfleet``: offline tools of the controller.
+
+- ``check SPEC...``: validate specs without contacting any host
+- ``schema``: print the spec reference
+- ``keys list|rotate|revoke SPEC [NODE...]``: the SSH mesh keys in the key store
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import argparse
 import json
 import sys
 
+from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -18,11 +24,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("specs", nargs="+")
     check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
     sub.add_parser("schema", help="print the spec reference (markdown)")
+    keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
+    keys.add_argument("action", choices=["list", "rotate", "revoke"],
+                      help="list: public keys; rotate: new keys (takes a revoked node back); "
+                           "revoke: take nodes out of every authorized_keys")
+    keys.add_argument("spec")
+    keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
+    keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
     args = parser.parse_args(argv)
 
     if args.command == "schema":
         print(reference_markdown())
         return 0
+    if args.command == "keys":
+        return _keys(args)
 
     status = 0
     for path in args.specs:
@@ -46,6 +61,35 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master {cluster.master.name}")
     return status
+
+
+def _keys(args: argparse.Namespace) -> int:
+    try:
+        cluster = Cluster.load(args.spec)
+    except SpecError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return EXIT_BAD_SPEC
+    names = [n.name for n in cluster.nodes]
+    unknown = [n for n in args.nodes if n not in names]
+    if unknown:
+        print(f"not nodes of {cluster.name}: {', '.join(unknown)} (nodes: {', '.join(names)})", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    if args.action == "revoke" and not args.nodes:
+        print("revoke needs the nodes to revoke", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    store = KeyStore(cluster.name)
+    for user in args.user or cluster.mesh_users:
+        for node in args.nodes or names:
+            if args.action == "list":
+                state = "revoked" if store.is_revoked(user, node) else store.keypair(user, node).public
+                print(f"{user}@{node}: {state}")
+            elif args.action == "rotate":
+                store.rotate(user, node)
+                print(f"{user}@{node}: new key; run the deploy to put it in place")
+            else:
+                store.revoke(user, node)
+                print(f"{user}@{node}: revoked; run the deploy to remove it from every node")
+    return 0
 
 
 if __name__ == "__main__":

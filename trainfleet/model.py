@@ -30,6 +30,11 @@ class Node:
         return f"{self.name}.{self.domain}" if self.domain else None
 
     @property
+    def slots(self) -> int:
+        """Processes the node runs: one per GPU, one on a CPU-only node (gloo)."""
+        return self.gpus if self.gpus > 0 else 1
+
+    @property
     def names(self) -> list[str]:
         """Every name the node answers to, FQDN first (the /etc/hosts convention)."""
         return [self.fqdn, self.name] if self.fqdn else [self.name]
@@ -89,6 +94,15 @@ class Cluster:
     @property
     def total_gpus(self) -> int:
         return sum(node.gpus for node in self.nodes)
+
+    @property
+    def total_slots(self) -> int:
+        """Processes of the whole job (world size)."""
+        return sum(node.slots for node in self.nodes)
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.total_gpus > 0
 
     def node(self, name: str) -> Node:
         for node in self.nodes:

@@ -21,7 +21,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def lab() -> LabController:
+def lab(tmp_path_factory) -> LabController:
+    # The session's own key store, so tests never touch the developer's .trainfleet/.
+    os.environ["TRAINFLEET_HOME"] = str(tmp_path_factory.mktemp("trainfleet-home"))
     controller = LabController()
     if controller.lab.is_up():
         pytest.fail("a lab is already up: the tests bring up their own (`python -m lab down` first)")

@@ -61,6 +61,15 @@ def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300
     return Run(argv, proc.returncode, proc.stdout, proc.stderr, report)
 
 
+def fact(inventory: str, fact_name: str, *args: str) -> dict[str, Any]:
+    """``pyinfra INVENTORY fact NAME ARGS --json``: {host: value}."""
+    proc = subprocess.run([PYINFRA, "--json", inventory, "fact", fact_name, *args],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (values,) = json.loads(proc.stdout).values()
+    return values
+
+
 def deploy_twice(inventory: str, deploy: str) -> tuple[Run, Run]:
     """Run a deploy, then again: the second run must change nothing (the idempotency property)."""
     first = pyinfra(inventory, deploy)
@@ -86,13 +95,32 @@ class LabController:
         return self.lab.down(log=lambda *_: None)
 
     def ssh(self, node: str, command: str, check: bool = True, input: str | None = None) -> str:
-        """Run ``command`` on ``node`` the way a user would (``python -m lab ssh``); return stdout."""
-        result = subprocess.run([sys.executable, "-m", "lab", "ssh", node, "--", command],
-                                capture_output=True, text=True, cwd=REPO, timeout=60,
+        """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return stdout."""
+        address = self.lab.node(node).address
+        argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                f"root@{address}", command]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
                                 input=input if input is not None else "")
         if check:
             assert result.returncode == 0, f"{node}: {command}: {result.stderr}"
         return result.stdout
+
+    def read(self, node: str, paths: list[str]) -> dict[str, str | None]:
+        """Several files of a node in one SSH round trip: {path: content, or None if missing}."""
+        sep = "--8<-- trainfleet test --8<--"
+        script = "; ".join(f"echo '{sep} {p}'; cat '{p}' 2>/dev/null || echo '{sep} missing'" for p in paths)
+        out: dict[str, str | None] = {}
+        current = None
+        for line in self.ssh(node, script).splitlines(keepends=True):
+            if line.startswith(sep + " missing"):
+                out[current] = None
+            elif line.startswith(sep):
+                current = line[len(sep) + 1:].strip()
+                out[current] = ""
+            else:
+                out[current] += line
+        return out
 
     def spec_inventory(self, tmp_path: Path, keep: list[str] | None = None, **sections: dict) -> str:
         """An inventory for a variant of the lab's spec: only the ``keep`` nodes, sections merged."""

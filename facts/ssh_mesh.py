@@ -1,0 +1,190 @@
+"""Facts of the SSH mesh: host keys, a mesh user's SSH files, and the proof that the mesh works."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from facts.managed_block import MISSING, BlockState, block_state
+from trainfleet.defaults import MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT
+
+AUTHORIZED_PURPOSE = "ssh mesh keys"
+CONFIG_PURPOSE = "ssh mesh hosts"
+KNOWN_HOSTS_PURPOSE = "ssh mesh host keys"
+_SECTION = "--trainfleet-section--"
+
+
+class SshHostKeys(FactBase[list[str]]):
+    """
+    The node's SSH host public keys as ``type base64`` (comments dropped), sorted.
+
+    .. code:: python
+
+        ["ecdsa-sha2-nistp256 AAAAE2Vj...", "ssh-ed25519 AAAAC3Nz..."]
+    """
+
+    def command(self) -> str:
+        return "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({" ".join(line.split()[:2]) for line in output if len(line.split()) >= 2})
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+
+class FileMeta(TypedDict):
+    mode: str
+    owner: str
+    sha256: str | None
+
+
+class SshUserT(TypedDict):
+    exists: bool
+    home: str | None
+    group: str | None
+    ssh_dir: FileMeta | None
+    identity: FileMeta | None
+    identity_pub: FileMeta | None
+    authorized: BlockState
+    config: BlockState
+
+
+# One remote command: everything about one user's SSH files.
+_USER_SCRIPT = r"""
+u=$1; key=$2; sep=$3; missing=$4
+entry=$(getent passwd "$u") || { echo "nouser"; exit 0; }
+home=$(echo "$entry" | cut -d: -f6); gid=$(echo "$entry" | cut -d: -f4)
+echo "home $home"; echo "group $(getent group "$gid" | cut -d: -f1)"
+meta() { if [ -e "$1" ]; then printf '%s %s %s\n' "$2" "$(stat -c '%a %U' "$1")" "$( [ -f "$1" ] && sha256sum < "$1" | cut -d' ' -f1 || echo -)"; else echo "$2 missing"; fi; }
+meta "$home/.ssh" ssh_dir
+meta "$home/.ssh/$key" identity
+meta "$home/.ssh/$key.pub" identity_pub
+for f in authorized_keys config; do
+  echo "$sep $f"
+  cat "$home/.ssh/$f" 2>/dev/null || echo "$missing"
+done
+"""
+
+
+class SshMeshUser(FactBase[SshUserT]):
+    """
+    One mesh user's SSH state on the node, in one command: home, ``~/.ssh`` and the
+    cluster key's mode/owner/sha256, and the managed blocks of ``authorized_keys``
+    and ``config`` (private key contents are never read back, only their hash).
+
+    + user: the mesh user
+
+    .. code:: python
+
+        {
+            "exists": True, "home": "/root", "group": "root",
+            "ssh_dir": {"mode": "700", "owner": "root", "sha256": None},
+            "identity": {"mode": "600", "owner": "root", "sha256": "9f86d08..."},
+            "identity_pub": {"mode": "644", "owner": "root", "sha256": "2c26b46..."},
+            "authorized": {"exists": True, "block": ["ssh-ed25519 AAAA... trainfleet:prod:root@gpu-a01"], ...},
+            "config": {"exists": False, "block": None, "outside": [], "broken": None},
+        }
+    """
+
+    def command(self, user: str) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(_USER_SCRIPT), "trainfleet", QuoteString(user),
+                             MESH_KEY_NAME, _SECTION, MISSING)
+
+    def process(self, output: list[str]) -> SshUserT:
+        if output[:1] == ["nouser"]:
+            empty = block_state(None, AUTHORIZED_PURPOSE)
+            return {"exists": False, "home": None, "group": None, "ssh_dir": None, "identity": None,
+                    "identity_pub": None, "authorized": empty, "config": empty}
+        head: dict[str, str] = {}
+        sections: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in output:
+            if line.startswith(_SECTION + " "):
+                current = sections.setdefault(line.split(" ", 1)[1], [])
+            elif current is not None:
+                current.append(line)
+            else:
+                key, _, value = line.partition(" ")
+                head[key] = value
+
+        def meta(key: str) -> FileMeta | None:
+            fields = head.get(key, "missing").split()
+            if fields == ["missing"]:
+                return None
+            return {"mode": fields[0], "owner": fields[1], "sha256": None if fields[2] == "-" else fields[2]}
+
+        def block(name: str, purpose: str) -> BlockState:
+            lines = sections.get(name, [])
+            return block_state(None if lines == [MISSING] else lines, purpose)
+
+        return {
+            "exists": True, "home": head.get("home"), "group": head.get("group") or None,
+            "ssh_dir": meta("ssh_dir"), "identity": meta("identity"), "identity_pub": meta("identity_pub"),
+            "authorized": block("authorized_keys", AUTHORIZED_PURPOSE),
+            "config": block("config", CONFIG_PURPOSE),
+        }
+
+
+# Probe every peer as the mesh user: BatchMode (no password prompt), host keys checked
+# strictly, a bounded number at once, each starting at a different peer so no node is
+# hit by every other node at the same moment.
+_PROBE_SCRIPT = r"""
+parallel=$1; timeout_s=$2; shift 2
+probe() {
+  out=$(timeout "$timeout_s" ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes \
+        -o ConnectTimeout="$timeout_s" "$1" true 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ]; then echo "ok $1"; else echo "fail $1 rc=$rc $(echo "$out" | tr '\n' ' ' | cut -c1-200)"; fi
+}
+i=0
+for peer in "$@"; do
+  probe "$peer" &
+  i=$((i + 1))
+  if [ $((i % parallel)) -eq 0 ]; then wait; fi
+done
+wait
+"""
+
+
+class SshMeshProof(FactBase[dict[str, str]]):
+    """
+    Proof of the mesh from this node: ``ssh`` to every peer by name, as the mesh user,
+    with host keys verified and no prompts. Returns ``{peer: "ok" | reason}``.
+
+    + user: the mesh user to probe as
+    + peers: peer names in the order to probe them (a list, or comma-separated on the CLI:
+      ``pyinfra INVENTORY fact facts.ssh_mesh.SshMeshProof user=root peers=gpu-a01,gpu-a02``)
+
+    .. code:: python
+
+        {"gpu-a02": "ok", "gpu-a03": "rc=255 Host key verification failed."}
+    """
+
+    def command(self, user: str, peers: list[str] | str) -> StringCommand:
+        if isinstance(peers, str):
+            peers = [p for p in peers.split(",") if p]
+        probe = StringCommand("sh", "-c", QuoteString(_PROBE_SCRIPT), "trainfleet",
+                              str(MESH_PROBE_PARALLEL), str(MESH_PROBE_TIMEOUT),
+                              *(QuoteString(p) for p in peers))
+        self.peers = list(peers)
+        if user == "root":
+            return probe
+        return StringCommand("su", "-s", "/bin/sh", QuoteString(user), "-c", QuoteString(probe.get_raw_value()))
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        results = {peer: "no answer" for peer in getattr(self, "peers", [])}
+        for line in output:
+            status, _, rest = line.partition(" ")
+            peer, _, reason = rest.partition(" ")
+            if status == "ok":
+                results[peer] = "ok"
+            elif status == "fail":
+                results[peer] = reason.strip() or "failed"
+        return results
+
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}

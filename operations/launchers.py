@@ -1,0 +1,67 @@
+"""Launcher configs: every launcher's files on every node, derived from the one spec."""
+
+from __future__ import annotations
+
+import hashlib
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from facts.launchers import LauncherFiles
+from operations.remote import write_file_command
+from operations.render import render_lines
+from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
+from trainfleet.model import Cluster, Node
+
+# file name -> (template, mode)
+LAUNCHER_FILES = {
+    "hostfile": ("launchers/hostfile.j2", "644"),
+    "colossalai_hostfile": ("launchers/colossalai_hostfile.j2", "644"),
+    "accelerate.yaml": ("launchers/accelerate.yaml.j2", "644"),
+    "torchrun.sh": ("launchers/torchrun.sh.j2", "755"),
+    "mpirun.sh": ("launchers/mpirun.sh.j2", "755"),
+    "colossalai.sh": ("launchers/colossalai.sh.j2", "755"),
+    "README": ("launchers/README.j2", "644"),
+}
+
+
+def render_launchers(cluster: Cluster, node: Node, forward: list[str] | None = None) -> dict[str, tuple[str, str]]:
+    """Every launcher file for ``node``: name -> (content, mode).
+
+    + forward: variables ``mpirun -x`` passes on to every rank
+    """
+    context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
+               "forward": forward or []}
+    return {name: ("\n".join(render_lines(template, **context)) + "\n", mode)
+            for name, (template, mode) in LAUNCHER_FILES.items()}
+
+
+@operation()
+def launcher_files(files: dict[str, tuple[str, str]], directory: str = LAUNCH_DIR):
+    """
+    Keep the launcher directory's files exactly as rendered; other files there are left alone.
+
+    + files: file name -> (content, mode), e.g. from ``render_launchers``
+    + directory: where the files live
+
+    **Example:**
+
+    .. code:: python
+
+        launchers.launcher_files(name="Launcher configs", files=render_launchers(cluster, node))
+    """
+    current = host.get_fact(LauncherFiles, directory=directory)
+    commands = []
+    for name, (content, mode) in sorted(files.items()):
+        path = f"{directory}/{name}"
+        have = current.get(name)
+        if have is None or have["sha256"] != hashlib.sha256(content.encode()).hexdigest():
+            commands.append(write_file_command(path, content, mode=mode))
+            if have is not None and have["mode"] != mode:
+                commands.append(StringCommand("chmod", mode, QuoteString(path)))
+        elif have["mode"] != mode:
+            commands.append(StringCommand("chmod", mode, QuoteString(path)))
+    if not commands:
+        host.noop(f"{len(files)} launcher files in {directory} are up to date")
+        return
+    yield from commands

@@ -1,0 +1,152 @@
+"""SSH mesh: every node reaches every node as each mesh user, with host keys verified."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+from pathlib import Path
+
+import paramiko
+from pyinfra import host, logger
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.context import ctx_state
+
+from facts.managed_block import ManagedBlock
+from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshUser
+from operations.gather import gather_fact
+from operations.managed_block import block_change
+from operations.remote import fail_command, write_file_command
+from operations.render import render_lines
+from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
+from trainfleet.keystore import KeyPair
+from trainfleet.model import Cluster
+
+_host_keys_by_run: dict[int, dict[str, list[str]]] = {}
+
+
+def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
+    """Every node's SSH host keys, gathered once per run from all reachable nodes in parallel.
+
+    A node that cannot be reached this run keeps its entry: its keys come from the
+    controller's known_hosts, which pyinfra itself verified it against before.
+    """
+    state = ctx_state.get()  # the run's State itself, not the context proxy
+    key = id(state)
+    if key not in _host_keys_by_run:
+        gathered = {name: keys for name, keys in gather_fact(state, SshHostKeys).items() if keys}
+        for node in cluster.nodes:
+            if node.name not in gathered:
+                gathered[node.name] = _controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
+                logger.warning(f"[{node.name}] not reachable: its host keys come from the controller's "
+                               f"known_hosts ({len(gathered[node.name])} found)")
+        _host_keys_by_run[key] = gathered
+    return _host_keys_by_run[key]
+
+
+def _controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
+    path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
+    if not path.exists():
+        return []
+    entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
+    return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+@operation()
+def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS):
+    """
+    Keep every cluster node's host keys in the system-wide known_hosts (a managed block).
+
+    + entries: known_hosts lines, e.g. from ``trainfleet.mesh.known_hosts_lines``
+    + path: the system known_hosts file
+
+    **Example:**
+
+    .. code:: python
+
+        ssh_mesh.known_hosts(
+            name="Every node's host keys",
+            entries=["gpu-a01,gpu-a01.cluster.example.com,192.0.2.11 ssh-ed25519 AAAAC3Nz..."],
+        )
+    """
+    current = host.get_fact(ManagedBlock, path=path, purpose=KNOWN_HOSTS_PURPOSE)
+    change = block_change(path, KNOWN_HOSTS_PURPOSE, current, entries)
+    if change is None:
+        host.noop(f"{path} holds {len(entries)} cluster host keys")
+        return
+    yield change
+
+
+@operation()
+def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers: list):
+    """
+    Make ``user`` a member of the SSH mesh on this node.
+
+    + user: the mesh user (must exist)
+    + identity: the node's cluster key for this user (``~/.ssh/id_trainfleet``); None removes it
+    + authorized: public keys of every node, kept in a managed block of ``authorized_keys``
+    + peers: the cluster's nodes, written as ``Host`` entries in a managed block of ``~/.ssh/config``
+
+    Keys and entries the user had before are never touched. ``~/.ssh`` is kept 0700 and the
+    private key 0600, owned by the user; the key is uploaded, never put on a command line.
+
+    **Example:**
+
+    .. code:: python
+
+        ssh_mesh.mesh_user(name="SSH mesh for root", user="root", identity=keypair,
+                           authorized=[...], peers=cluster.nodes)
+    """
+    current = host.get_fact(SshMeshUser, user=user)
+    if not current["exists"]:
+        yield fail_command(f"mesh user {user!r} does not exist on this node")
+        return
+    commands = list(_mesh_user_changes(user, current, identity, authorized, peers))
+    if not commands:
+        host.noop(f"{user} is in the mesh with {len(authorized)} keys and {len(peers)} hosts")
+        return
+    yield from commands
+
+
+def _mesh_user_changes(user, current, identity, authorized, peers):
+    ssh_dir = f"{current['home']}/.ssh"
+    owner = f"{user}:{current['group']}"
+    if current["ssh_dir"] is None:
+        yield StringCommand("install", "-d", "-m", "700", "-o", QuoteString(user), "-g",
+                            QuoteString(current["group"]), QuoteString(ssh_dir))
+    elif current["ssh_dir"]["mode"] != "700" or current["ssh_dir"]["owner"] != user:
+        yield StringCommand("chmod", "700", QuoteString(ssh_dir), "&&", "chown", QuoteString(owner), QuoteString(ssh_dir))
+
+    key_path = f"{ssh_dir}/{MESH_KEY_NAME}"
+    if identity is None:
+        if current["identity"] or current["identity_pub"]:
+            yield StringCommand("rm", "-f", QuoteString(key_path), QuoteString(key_path + ".pub"))
+    else:
+        yield from _identity_changes(identity, current, key_path, user, owner)
+
+    config = render_lines("ssh_mesh/ssh_config.j2", nodes=peers, user=user, key_name=MESH_KEY_NAME)
+    for name, purpose, block, lines in (
+        ("authorized_keys", AUTHORIZED_PURPOSE, current["authorized"], authorized),
+        ("config", CONFIG_PURPOSE, current["config"], config),
+    ):
+        change = block_change(f"{ssh_dir}/{name}", purpose, block, lines, mode="600", owner=owner)
+        if change is not None:
+            yield change
+
+
+def _identity_changes(identity: KeyPair, current, key_path: str, user: str, owner: str):
+    private = current["identity"]
+    if private is None or private["sha256"] != _sha256(identity.private) or private["mode"] != "600" \
+            or private["owner"] != user:
+        # Uploaded into ~/.ssh (0700) under a temp name, locked down, then renamed into place.
+        temp = key_path + ".trainfleet-new"
+        yield FileUploadCommand(StringIO(identity.private), temp)
+        yield StringCommand("chmod", "600", QuoteString(temp), "&&", "chown", QuoteString(owner), QuoteString(temp),
+                            "&&", "mv", "-f", QuoteString(temp), QuoteString(key_path))
+    public = current["identity_pub"]
+    if public is None or public["sha256"] != _sha256(identity.public + "\n"):
+        yield write_file_command(key_path + ".pub", identity.public + "\n", mode="644", owner=owner)
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+

@@ -1,0 +1,366 @@
+"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL packages (held), gcc, torch venv.
+
+Each operation reads the StackVersions fact once and yields only what must change.
+Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names and commands.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from pyinfra import host
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+
+from facts.pdsh import OsFamilyT
+from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
+from operations.remote import fail_command, write_file_command
+from trainfleet.defaults import VENV_DIR
+
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
+RPM_GPG_KEY = "D42D0685.pub"  # NVIDIA's RPM repo key since the 2022 rotation
+TORCH_INDEX = "https://download.pytorch.org/whl"
+APT = "DEBIAN_FRONTEND=noninteractive apt-get"
+
+# Download the keyring .deb (curl or wget) and install it; keep a list file we already wrote.
+_KEYRING = r"""t=$(mktemp); trap 'rm -f "$t"' EXIT
+{ curl -fsSL -o "$t" "$1" || wget -q -O "$t" "$1"; } || { echo "trainfleet: cannot download $1" >&2; exit 1; }
+DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$t"
+"""
+
+# Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>.
+_NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
+_VERSIONLOCK = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
+
+Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
+
+
+def _fact() -> StackVersionsT:
+    # The same arguments as torch_venv's default, so a deploy gathers the fact once per node.
+    return host.get_fact(StackVersions, venv=VENV_DIR)
+
+
+def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
+    """The exact packages for the spec's ``stack`` section on an OS ``family`` (debian | rhel).
+
+    ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}`` on debian gives
+    ``{"cuda-toolkit-12-4": None, "libcudnn9-cuda-12": "9.1.0.70-1",
+    "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}``. A cuda of
+    ``12.4.1`` pins ``cuda-toolkit-12-4=12.4.1-1``. A value with a ``-`` release is taken as is.
+    Raises ValueError when cuDNN or NCCL is pinned without the CUDA version they are built for.
+    """
+    cuda, cudnn, nccl = stack.get("cuda"), stack.get("cudnn"), stack.get("nccl")
+    pins: Pins = {}
+    cuda_parts = cuda.split(".") if cuda else []
+    if (cudnn or nccl) and len(cuda_parts) < 2:
+        raise ValueError("cudnn and nccl packages are built per CUDA version: "
+                         "pin stack.cuda too, e.g. 12.4")
+    if cuda:
+        name = f"cuda-toolkit-{cuda_parts[0]}-{cuda_parts[1]}"
+        pins[name] = None if len(cuda_parts) == 2 else _release(cuda, "-1")
+    if cudnn:
+        major = cudnn.split(".")[0]
+        if int(major) >= 9:
+            pins[f"libcudnn{major}-cuda-{cuda_parts[0]}"] = _release(cudnn, "-1")
+        else:  # cuDNN 8 carries the CUDA it was built for in the version
+            pins[f"libcudnn{major}"] = _release(cudnn, f"-1+cuda{cuda_parts[0]}.{cuda_parts[1]}")
+    if nccl:
+        build = f"+cuda{cuda_parts[0]}.{cuda_parts[1]}"  # the CUDA the NCCL package was built for
+        version = nccl if "+" in nccl else _release(nccl, "-1") + build
+        for name in _NCCL[family]:
+            pins[name] = version
+    return pins
+
+
+def _release(version: str, suffix: str) -> str:
+    return version if "-" in version else version + suffix
+
+
+def _rpm_ensure(manager: str, package: str) -> list[str]:
+    """Shell words: install ``package`` unless rpm already has it."""
+    return ["(", "rpm", "-q", package, ">/dev/null", "2>&1", "||", manager, "install", "-y", package, ")"]
+
+
+def _or_fail(message: str) -> list[str | QuoteString]:
+    """Shell words: when the command before fails, fail with ``message`` on stderr."""
+    return ["||", "{", "echo", QuoteString(f"trainfleet: {message}"), ">&2;", "exit", "1;", "}"]
+
+
+def _unsupported(os_: OsFamilyT, what: str) -> StringCommand:
+    return fail_command(f"{what}: unsupported OS {os_['id']!r} (Debian/Ubuntu and RHEL-family are)")
+
+
+# ---- (a) CUDA repository ------------------------------------------------------------------
+
+def cuda_distro(os_: OsFamilyT) -> str | None:
+    """NVIDIA's repo directory for an OS: ubuntu2204, debian12, rhel9, rhel7, fedora39."""
+    major = os_["version"].split(".")[0]
+    if os_["id"] == "ubuntu":
+        return "ubuntu" + os_["version"].replace(".", "")
+    if os_["id"] == "debian":
+        return "debian" + major
+    if os_["id"] == "fedora":
+        return "fedora" + major
+    if os_["family"] == "rhel" and major:
+        return "rhel" + major
+    return None
+
+
+def apt_source(base: str) -> str:
+    return f"deb [signed-by={CUDA_KEYRING}] {base}/ /\n"
+
+
+def yum_repo(distro: str, arch: str, base: str) -> str:
+    return (f"[cuda-{distro}-{arch}]\nname=cuda-{distro}-{arch}\nbaseurl={base}\n"
+            f"enabled=1\ngpgcheck=1\ngpgkey={base}/{RPM_GPG_KEY}\n")
+
+
+@operation()
+def cuda_repo(mirror: str = NVIDIA_REPOS, distro: str | None = None, arch: str = "x86_64"):
+    """
+    Configure NVIDIA's CUDA package repository (apt: keyring package + sources list; RHEL: .repo file).
+
+    + mirror: the repos root, ``<mirror>/<distro>/<arch>/`` is the repo, e.g.
+      ``"https://mirror.example.com/nvidia/cuda/repos"`` (default: developer.download.nvidia.com)
+    + distro: NVIDIA's name for the OS, e.g. ``"ubuntu2204"`` or ``"rhel9"``; default from /etc/os-release
+    + arch: ``"x86_64"`` or ``"sbsa"`` (Arm servers)
+
+    The apt list is ``/etc/apt/sources.list.d/cuda-<distro>-<arch>.list``, the file the
+    ``cuda-keyring`` package itself writes, so the official URL converges with no change.
+
+    **Example:**
+
+    .. code:: python
+
+        stack.cuda_repo(name="CUDA repository", mirror="https://mirror.example.com/nvidia/cuda/repos")
+    """
+    current = _fact()
+    os_ = current["os"]
+    distro = distro or cuda_distro(os_)
+    if os_["package_manager"] is None:
+        yield _unsupported(os_, "cuda_repo")
+        return
+    if distro is None:
+        yield fail_command(f"cuda_repo: no NVIDIA repo name for {os_['id']} {os_['version']}: "
+                           "pass distro=, e.g. 'ubuntu2204'")
+        return
+    base = f"{mirror.rstrip('/')}/{distro}/{arch}"
+    commands: list[StringCommand] = []
+    if os_["family"] == "debian":
+        path = f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
+        if not current["keyring"]:
+            commands.append(StringCommand("sh", "-c", QuoteString(_KEYRING), "trainfleet",
+                                          QuoteString(f"{base}/{KEYRING_DEB}")))
+        if current["repos"].get(path) != apt_source(base):
+            commands.append(write_file_command(path, apt_source(base)))
+        if commands:
+            commands.append(StringCommand(APT, "update", "-q"))
+    else:
+        path = f"/etc/yum.repos.d/cuda-{distro}.repo"
+        if current["repos"].get(path) != yum_repo(distro, arch, base):
+            commands.append(write_file_command(path, yum_repo(distro, arch, base)))
+    if not commands:
+        host.noop(f"CUDA repository {base} is configured")
+        return
+    yield from commands
+
+
+# ---- (b) exact packages, held -------------------------------------------------------------
+
+def _spec(family: str, name: str, version: str | None) -> QuoteString:
+    if version is None:
+        return QuoteString(name)
+    return QuoteString(f"{name}={version}" if family == "debian" else f"{name}-{version}")
+
+
+@operation()
+def packages(pins: Mapping[str, str | None], allow_change: bool = False):
+    """
+    Install the CUDA toolkit, cuDNN and NCCL at exactly the spec's versions, and hold them
+    (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add`` on RHEL-family).
+
+    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn`` and ``nccl`` are used, a null
+      one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
+      (package names and versions: see ``package_pins``)
+    + allow_change: ``True`` lets a node that has a DIFFERENT version installed be moved to
+      the pin (held packages are released and re-held). Without it such a node fails with a
+      message naming each package, and nothing on it changes.
+
+    **Example:**
+
+    .. code:: python
+
+        stack.packages(name="CUDA, cuDNN, NCCL pinned", pins=cluster.stack)
+    """
+    current = _fact()
+    os_ = current["os"]
+    family, manager = os_["family"], os_["package_manager"]
+    if manager is None:
+        yield _unsupported(os_, "packages")
+        return
+    try:
+        wanted = package_pins(pins, family)
+    except ValueError as exc:
+        yield fail_command(f"packages: {exc}")
+        return
+    installed, held = current["packages"], set(current["held"])
+    install, changes = [], []
+    for name, version in wanted.items():
+        have = installed.get(name)
+        if have is None:
+            install.append(name)
+        elif version is not None and have != version:
+            changes.append(f"{name} is {have} here, the pin is {version}")
+            install.append(name)
+    if changes and not allow_change:
+        yield fail_command("packages: not changing installed versions (pass allow_change=True to "
+                           "replace): " + "; ".join(changes))
+        return
+    hold = [name for name in wanted if name not in held or name in install]
+    if not hold:
+        host.noop(f"pinned and held: {', '.join(wanted) or 'nothing to pin'}")
+        return
+    specs = [_spec(family, name, wanted[name]) for name in install]
+    if family == "debian":
+        if install:
+            flags = ["--allow-downgrades", "--allow-change-held-packages"] if changes else []
+            yield StringCommand(APT, "update", "-q", "&&",
+                                APT, "install", "-y", "-q", *flags, *specs)
+        yield StringCommand("apt-mark", "hold", *(QuoteString(name) for name in hold))
+        return
+    plugin = _VERSIONLOCK[manager]
+    relock = [QuoteString(name) for name in install if name in held]
+    if relock:
+        yield StringCommand(manager, "versionlock", "delete", *relock)
+    if install:
+        # rpm -q proves the exact versions landed (EL7's yum install does not downgrade)
+        yield StringCommand(manager, "install", "-y", *specs, "&&", "rpm", "-q", *specs, ">/dev/null",
+                            *_or_fail("packages: not at the pinned versions"))
+    yield StringCommand(*_rpm_ensure(manager, plugin), "&&", manager, "versionlock", "add",
+                        *(_spec(family, name, wanted[name]) for name in hold))
+
+
+# ---- (c) gcc ------------------------------------------------------------------------------
+
+def toolset_name(os_: OsFamilyT, major: int) -> str:
+    """``devtoolset-N`` on EL7 (Software Collections), ``gcc-toolset-N`` on EL8/9."""
+    return f"devtoolset-{major}" if os_["package_manager"] == "yum" else f"gcc-toolset-{major}"
+
+
+def gcc_profile(toolset: str) -> str:
+    enable = f"/opt/rh/{toolset}/enable"
+    return (f"# Written by trainfleet: login shells use {toolset}'s gcc.\n"
+            f"if [ -r {enable} ]; then . {enable}; fi\n")
+
+
+def toolset_install(os_: OsFamilyT, toolset: str) -> StringCommand:
+    """Install a gcc toolset; CentOS 7 first enables Software Collections (centos-release-scl)."""
+    parts = [f"{toolset}-gcc", f"{toolset}-gcc-c++"]
+    manager = os_["package_manager"]
+    if manager == "yum":
+        parts.append(f"{toolset}-binutils")
+        if os_["id"] == "centos":
+            return StringCommand(*_rpm_ensure("yum", "centos-release-scl"), "&&",
+                                 "yum", "install", "-y", *(QuoteString(p) for p in parts))
+    return StringCommand(str(manager), "install", "-y", *(QuoteString(p) for p in parts))
+
+
+@operation()
+def gcc(major: str | int):
+    """
+    Make gcc ``major`` the compiler: Debian/Ubuntu ``gcc-N`` selected with update-alternatives;
+    RHEL 8/9 ``gcc-toolset-N``, CentOS/RHEL 7 ``devtoolset-N``, each enabled for login shells
+    from ``/etc/profile.d/trainfleet-gcc.sh``. A system gcc of that major needs nothing.
+
+    + major: the GCC major version, e.g. ``"11"`` (the spec's ``stack.gcc``)
+
+    **Example:**
+
+    .. code:: python
+
+        stack.gcc(name="gcc 11", major=cluster.stack["gcc"])
+    """
+    if not re.fullmatch(r"\d{1,2}", str(major)):
+        raise OperationValueError(f"gcc: {major!r} is not a GCC major version (e.g. '11')")
+    n = int(major)
+    current = _fact()
+    os_ = current["os"]
+    system = (current["system_gcc"] or {}).get("major")  # not PATH: a sourced toolset would mask it
+    if os_["family"] == "debian":
+        if system == n:
+            host.noop(f"gcc {n} is /usr/bin/gcc")
+            return
+        yield StringCommand(APT, "install", "-y", "-q", f"gcc-{n}", f"g++-{n}")
+        yield StringCommand("update-alternatives", "--install", "/usr/bin/gcc", "gcc",
+                            f"/usr/bin/gcc-{n}", str(n * 10),
+                            "--slave", "/usr/bin/g++", "g++", f"/usr/bin/g++-{n}")
+        yield StringCommand("update-alternatives", "--set", "gcc", f"/usr/bin/gcc-{n}")
+        return
+    if os_["family"] != "rhel":
+        yield _unsupported(os_, "gcc")
+        return
+    if system == n:  # the distribution's own gcc: no toolset, no profile
+        if current["gcc_profile"] is None:
+            host.noop(f"gcc {n} is the system gcc")
+            return
+        yield StringCommand("rm", "-f", GCC_PROFILE)
+        return
+    toolset = toolset_name(os_, n)
+    commands = []
+    if (current["toolsets"].get(toolset) or {}).get("major") != n:
+        commands.append(toolset_install(os_, toolset))
+    if current["gcc_profile"] != gcc_profile(toolset):
+        commands.append(write_file_command(GCC_PROFILE, gcc_profile(toolset)))
+    if not commands:
+        host.noop(f"gcc {n} from {toolset} is enabled for login shells")
+        return
+    yield from commands
+
+
+# ---- (d) torch venv -----------------------------------------------------------------------
+
+def torch_requirement(torch_version: str, variant: str) -> str:
+    """``torch==2.4.1+cu124``: the exact build ``torch.__version__`` reports."""
+    return f"torch=={torch_version if '+' in torch_version else f'{torch_version}+{variant}'}"
+
+
+@operation()
+def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | None = None,
+               wheelhouse: str | None = None, python: str = "python3"):
+    """
+    Create the node venv and install exactly ``torch==<version>+<variant>`` in it.
+
+    + venv: the venv directory, e.g. ``"/opt/trainfleet/venv"`` (``trainfleet.defaults.VENV_DIR``)
+    + torch_version: e.g. ``"2.4.1"`` (``"2.4.1+cu124"`` is taken as is)
+    + variant: the CUDA variant of the wheel index, e.g. ``"cu124"`` or ``"cpu"``
+    + index_url: a mirror of the variant's index; default ``https://download.pytorch.org/whl/<variant>``
+    + wheelhouse: for air-gapped clusters, a directory on the node holding the wheels, e.g.
+      ``"/srv/wheels"``: installs with ``--no-index --find-links``. Excludes ``index_url``.
+    + python: the interpreter that creates the venv, e.g. ``"python3.11"``
+
+    Nothing happens when the venv's torch already reports exactly that version.
+
+    **Example:**
+
+    .. code:: python
+
+        stack.torch_venv(name="torch venv", venv=VENV_DIR, torch_version="2.4.1", variant="cu124")
+    """
+    if index_url and wheelhouse:
+        raise OperationValueError("torch_venv: give index_url or wheelhouse, not both")
+    requirement = torch_requirement(torch_version, variant)
+    current = host.get_fact(StackVersions, venv=venv)
+    have = (current["torch"] or {}).get("version")
+    if current["venv"] and have == requirement.split("==", 1)[1]:
+        host.noop(f"torch {have} is installed in {venv}")
+        return
+    if not current["venv"]:
+        yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv),
+                            *_or_fail(f"torch_venv: {python} -m venv failed (is python3-venv installed?)"))
+    if wheelhouse:
+        source = ["--no-index", "--find-links", QuoteString(wheelhouse)]
+    else:
+        source = ["--index-url", QuoteString(index_url or f"{TORCH_INDEX}/{variant}")]
+    yield StringCommand(QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input",
+                        QuoteString(requirement), *source)

@@ -1,0 +1,59 @@
+"""StackVersions: one command per node, parsed from realistic captured outputs (tests/fixtures/stack/facts)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pyinfra_testing.facts import make_fact_tests
+
+from facts.stack import StackVersions, gcc_info, lock_name
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack" / "facts"
+
+TestStackVersions = make_fact_tests("facts", "stack.StackVersions", FIXTURES)
+
+
+def test_versionlock_entries_name_their_package():
+    assert lock_name("libnccl-devel-0:2.21.5-1+cuda12.4.*") == "libnccl-devel"  # dnf
+    assert lock_name("0:libnccl-2.21.5-1+cuda12.4.*") == "libnccl"  # yum (EL7)
+    assert lock_name("cuda-toolkit-12-4-0:12.4.1-1.*") == "cuda-toolkit-12-4"
+
+
+def test_gcc_first_lines():
+    assert gcc_info("gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0")["major"] == 11
+    assert gcc_info("gcc (GCC) 11.2.1 20220127 (Red Hat 11.2.1-9)")["version"] == "11.2.1"
+    assert gcc_info("") is None
+
+
+def test_removed_packages_and_stray_lines_are_not_installed():
+    fact = StackVersions().process([
+        "id ubuntu", "like debian", "version 22.04",
+        "deb deinstall ok config-files libnccl2 2.18.3-1+cuda12.2",
+        "deb install ok installed libnccl-dev 2.21.5-1+cuda12.4",
+        "torch 2.4.1+cpu", "torch_cuda None", "torch_gpu False",
+    ])
+    assert fact["packages"] == {"libnccl-dev": "2.21.5-1+cuda12.4"}
+    assert fact["held"] == []
+    assert fact["venv"] is False  # no "venv yes" line: torch lines alone do not make a venv
+    assert fact["torch"] == {"version": "2.4.1+cpu", "cuda": None, "gpu": False, "cudnn": None, "nccl": None}
+
+
+@pytest.mark.parametrize("bare", [False, True])
+def test_the_command_exits_zero_and_parses_with_tools_missing(bare, tmp_path):
+    """Run the real script here (read-only probes): with no venv, and with nothing on PATH but sh."""
+    path = os.environ.get("PATH", "")
+    if bare:
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "sh").symlink_to("/bin/sh")
+        path = str(tmp_path / "bin")
+    command = StackVersions().command(venv=str(tmp_path / "no-venv")).get_raw_value()
+    result = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60,
+                            env={"PATH": path})
+    assert result.returncode == 0, result.stderr
+    fact = StackVersions().process(result.stdout.splitlines())
+    assert fact["venv"] is False and fact["torch"] is None
+    assert fact["os"]["id"]  # os-release needs no tool
