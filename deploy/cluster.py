@@ -4,8 +4,9 @@ Each line is one capability; its operation lives in operations/<capability>.py,
 its facts in facts/<capability>.py, its templates in templates/<capability>/.
 """
 
-from operations import hosts, launchers, pdsh, ssh_mesh
+from operations import hosts, launchers, nccl_env, pdsh, ssh_mesh
 from trainfleet import mesh
+from trainfleet.nccl import uniform_variables
 from trainfleet.inventory import this_node
 from trainfleet.keystore import KeyStore
 
@@ -26,5 +27,12 @@ for user in cluster.mesh_users:
 # pdsh: `pdsh -a` runs on every node, over ssh.
 pdsh.pdsh(name="pdsh over ssh to every node", nodes=[n.name for n in cluster.nodes])
 
+# NCCL network environment: from each node's own network, where every rank sees it.
+derived = nccl_env.cluster_nccl_env(cluster)
+nccl_env.nccl_env(name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
+                  env=derived[node.name].env, problems=derived[node.name].problems)
+
 # Launchers: DeepSpeed, OpenMPI, accelerate, torchrun and ColossalAI, all from the spec.
-launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(cluster, node))
+uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
+launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(
+    cluster, node, forward={k: v for k, v in derived[node.name].env.items() if k in uniform}))

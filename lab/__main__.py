@@ -15,6 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start N nodes (node1..nodeN at 198.18.0.11...)")
     up.add_argument("count", type=int)
+    up.add_argument("--single-nic", action="store_true",
+                    help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot reach)")
     sub.add_parser("down", help="stop every node and remove every trace of the lab")
     status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")
     status.add_argument("--json", action="store_true")
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            lab.up(args.count)
+            lab.up(args.count, decoy=not args.single_nic)
             print(f"lab: inventory: inventories/lab.py (spec {lab.spec})")
             return 0
         if args.command == "down":

@@ -31,6 +31,10 @@ MAX_NODES = 32
 BOOT_SCRIPT = Path(__file__).with_name("boot.sh")
 REQUIRED_COMMANDS = ("ip", "unshare", "chroot", "ssh-keygen", "ssh", "/usr/sbin/sshd", "/usr/bin/tini")
 SSH_WAIT_SECONDS = 30.0
+# Each node's decoy NIC: eno1 at 198.18.0.(128 + host)/25, a subnet that is a dead end on
+# every node (its route points at the node's own dead-end veth), so peers cannot reach it.
+DECOY_NIC = "eno1"
+DECOY_OFFSET = 128
 
 
 class LabError(Exception):
@@ -128,7 +132,7 @@ class Lab:
 
     # -- up --------------------------------------------------------------------------------
 
-    def up(self, count: int, log=print) -> list[LabNode]:
+    def up(self, count: int, log=print, decoy: bool = True) -> list[LabNode]:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (namespaces, mounts, veth)")
         if not 1 <= count <= MAX_NODES:
@@ -142,7 +146,7 @@ class Lab:
             raise LabError(f"a lab is already up ({n} nodes); `python -m lab down` first")
         started = time.monotonic()
         try:
-            nodes = self._up(count, log)
+            nodes = self._up(count, decoy)
         except BaseException:
             log("lab: up failed; tearing down what was started")
             self.down(log=lambda *_: None)
@@ -151,7 +155,7 @@ class Lab:
             f"({', '.join(f'{n.name}={n.address}' for n in nodes)})")
         return nodes
 
-    def _up(self, count: int, log) -> list[LabNode]:
+    def _up(self, count: int, decoy: bool) -> list[LabNode]:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=False)
         nodes = [node_for(i) for i in range(1, count + 1)]
         self._save(nodes)  # saved first: a failed `up` can always be torn down
@@ -162,7 +166,7 @@ class Lab:
         Path(f"/proc/sys/net/ipv6/conf/{BRIDGE}/disable_ipv6").write_text("1\n")
         operator_key = (self.state_dir / "id_ed25519.pub").read_text()
         for node in nodes:
-            self._network(node)
+            self._network(node, decoy)
             self._prepare_layer(node, operator_key)
             node.pid = self._boot(node)
             self._save(nodes)
@@ -171,9 +175,18 @@ class Lab:
         self._write_spec(nodes)
         return nodes
 
-    def _network(self, node: LabNode) -> None:
+    def _network(self, node: LabNode, decoy: bool) -> None:
         veth = PREFIX + node.name
         _run("ip", "netns", "add", node.netns)
+        if decoy:
+            # A second NIC on a subnet no peer can reach, created first so it comes first in
+            # every listing: the naive "first interface that is not lo" choice picks it.
+            index = int(node.address.rsplit(".", 1)[1])
+            # A veth whose peer stays down inside the node: a NIC that leads nowhere
+            # (this kernel may lack the dummy driver).
+            _run("ip", "-n", node.netns, "link", "add", DECOY_NIC, "type", "veth", "peer", "name", DECOY_NIC + "-void")
+            _run("ip", "-n", node.netns, "addr", "add", f"{SUBNET}.{index + DECOY_OFFSET}/25", "dev", DECOY_NIC)
+            _run("ip", "-n", node.netns, "link", "set", DECOY_NIC, "up")
         _run("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", node.netns)
         _run("ip", "link", "set", veth, "master", BRIDGE, "up")
         # No IPv6 and no default route: nothing a node sends can leave the lab.

@@ -22,17 +22,23 @@ LAUNCHER_FILES = {
     "mpirun.sh": ("launchers/mpirun.sh.j2", "755"),
     "colossalai.sh": ("launchers/colossalai.sh.j2", "755"),
     "README": ("launchers/README.j2", "644"),
+    # Read by DeepSpeed's runner from the directory it is started in. Its parser accepts no
+    # blank or comment lines, so the template writes KEY=VALUE lines only.
+    ".deepspeed_env": ("launchers/deepspeed_env.j2", "644"),
 }
 
 
-def render_launchers(cluster: Cluster, node: Node, forward: list[str] | None = None) -> dict[str, tuple[str, str]]:
+def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
     """Every launcher file for ``node``: name -> (content, mode).
 
-    + forward: variables ``mpirun -x`` passes on to every rank
+    + forward: variables with the same value on every node, which launchers may pass on to
+      every rank (``mpirun -x``, ``.deepspeed_env``); per-node values (interface names) are
+      left to each node's own environment
     """
+    forward = forward or {}
     context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
-               "forward": forward or []}
-    return {name: ("\n".join(render_lines(template, **context)) + "\n", mode)
+               "forward": sorted(forward), "forward_env": dict(sorted(forward.items()))}
+    return {name: ("".join(f"{line}\n" for line in render_lines(template, **context)), mode)
             for name, (template, mode) in LAUNCHER_FILES.items()}
 
 

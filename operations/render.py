@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,16 @@ _env = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
+
+
+# Shell-quote a value for `export K=...`.
+_env.filters["shell_quote"] = shlex.quote
+# pam_env's /etc/environment: KEY=VALUE, a value with spaces in double quotes.
+_env.filters["pam_env_quote"] = lambda v: f'"{v}"' if any(c.isspace() for c in str(v)) else str(v)
+
+
+def render(template: str, **context: Any) -> str:
+    return _env.get_template(template).render(**context)
 
 
 def render_lines(template: str, **context: Any) -> list[str]:

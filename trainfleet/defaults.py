@@ -19,3 +19,8 @@ PDSH_PROFILE = "/etc/profile.d/trainfleet-pdsh.sh"  # PDSH_RCMD_TYPE=ssh where n
 # Launchers
 LAUNCH_DIR = "/etc/trainfleet/launch"
 VENV_DIR = "/opt/trainfleet/venv"  # the pinned PyTorch environment on every node
+
+# NCCL network environment: written where every kind of process sees it
+NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells
+NCCL_ENVIRONMENT = "/etc/environment"  # non-login ssh sessions (pam_env): pdsh, mpirun, DeepSpeed
+NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NCCL_* only)

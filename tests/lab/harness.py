@@ -87,9 +87,9 @@ class LabController:
     def __init__(self) -> None:
         self.lab = Lab()
 
-    def fresh(self, count: int) -> None:
+    def fresh(self, count: int, decoy: bool = True) -> None:
         self.lab.down(log=lambda *_: None)
-        self.lab.up(count, log=lambda *_: None)
+        self.lab.up(count, log=lambda *_: None, decoy=decoy)
 
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
@@ -122,11 +122,15 @@ class LabController:
                 out[current] += line
         return out
 
-    def spec_inventory(self, tmp_path: Path, keep: list[str] | None = None, **sections: dict) -> str:
-        """An inventory for a variant of the lab's spec: only the ``keep`` nodes, sections merged."""
+    def spec_inventory(self, tmp_path: Path, keep: list[str] | None = None,
+                       node_settings: dict[str, dict] | None = None, **sections: dict) -> str:
+        """An inventory for a variant of the lab's spec: only the ``keep`` nodes, per-node
+        settings and top-level sections merged in."""
         spec = yaml.safe_load(self.lab.spec.read_text())
         if keep is not None:
             spec["nodes"] = [n for n in spec["nodes"] if n["name"] in keep]
+        for node in spec["nodes"]:
+            node.update((node_settings or {}).get(node["name"], {}))
         for name, values in sections.items():
             spec.setdefault(name, {}).update(values)
         spec_file = tmp_path / "variant.yml"

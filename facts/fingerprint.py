@@ -1,0 +1,125 @@
+"""The node fingerprint: every fact convergence depends on, in one remote command.
+
+It composes the capability facts (each keeps its own command and parser): their
+commands run one after another in a single shell, each section marked, and each
+section's output goes to that fact's own ``process``. One round trip per node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra.api import FactBase, StringCommand
+
+from facts.hosts import HOSTS_PURPOSE, HostnameState
+from facts.launchers import LauncherFiles
+from facts.managed_block import ManagedBlock
+from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
+from facts.pdsh import PdshState
+from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
+from facts.stack import StackVersions
+from trainfleet.defaults import LAUNCH_DIR, SYSTEM_KNOWN_HOSTS, VENV_DIR
+
+_MARK = "--trainfleet-fingerprint--"
+
+# Identity and hardware: what makes this machine this machine. GPU lines come from
+# nvidia-smi's CSV query (absent on CPU nodes).
+_IDENTITY = r"""
+echo "boot_id $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
+echo "machine_id $(cat /etc/machine-id 2>/dev/null)"
+echo "kernel $(uname -r)"
+echo "os $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown}")"
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /'
+fi
+true
+"""
+
+
+class Identity(FactBase[dict[str, Any]]):
+    """
+    The machine's identity: boot_id, machine-id, kernel, OS, and its GPUs (model, driver).
+
+    .. code:: python
+
+        {"boot_id": "4b1c...", "machine_id": "a317...", "kernel": "6.8.0-45-generic",
+         "os": "Ubuntu 22.04.4 LTS", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.90.07"}]}
+    """
+
+    def command(self) -> str:
+        return _IDENTITY
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        data: dict[str, Any] = {"gpus": []}
+        for line in output:
+            key, _, value = line.partition(" ")
+            if key == "gpu":
+                name, _, driver = value.rpartition(",")
+                data["gpus"].append({"name": name.strip(), "driver": driver.strip()})
+            else:
+                data[key] = value.strip()
+        return data
+
+
+def sections(users: list[str], peers: list[str]) -> dict[str, tuple[type[FactBase], dict[str, Any]]]:
+    """Section name -> (fact, its arguments): everything a converged node is checked on."""
+    parts: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
+        "identity": (Identity, {}),
+        "hostname": (HostnameState, {}),
+        "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
+        "host_keys": (SshHostKeys, {}),
+        "known_hosts": (ManagedBlock, {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE}),
+        "pdsh": (PdshState, {}),
+        "network": (NcclNetwork, {}),
+        "nccl_files": (NcclEnvFiles, {}),
+        "nccl_seen": (NcclEnvSeen, {}),
+        "launchers": (LauncherFiles, {"directory": LAUNCH_DIR}),
+        "stack": (StackVersions, {"venv": VENV_DIR}),
+    }
+    for user in users:
+        parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
+        parts[f"mesh_proof:{user}"] = (SshMeshProof, {"user": user, "peers": list(peers)})
+    return parts
+
+
+class NodeFingerprint(FactBase[dict[str, Any]]):
+    """
+    Everything convergence depends on, in one remote command: identity and hardware, the
+    names, the SSH mesh (files and a live probe of every peer), pdsh, the network and the
+    NCCL variables as non-login and login shells see them, the launcher files, the stack.
+
+    + users: the mesh users
+    + peers: every node's name (the mesh probe's targets)
+
+    .. code:: python
+
+        {"identity": {...}, "hostname": {"running": "gpu-a01", "static": "gpu-a01"},
+         "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
+    """
+
+    def command(self, users: list[str], peers: list[str]) -> StringCommand:
+        self._facts: dict[str, FactBase] = {}
+        pieces: list[Any] = []
+        for name, (fact_cls, kwargs) in sections(users, peers).items():
+            fact = fact_cls()
+            self._facts[name] = fact
+            command = fact.command(**kwargs)
+            if isinstance(command, str):
+                command = StringCommand(command)
+            pieces += ["echo", f"'{_MARK} {name}';", "(", command, ")", "2>/dev/null;"]
+        return StringCommand(*pieces, "true")
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        raw: dict[str, list[str]] = {}
+        current: list[str] | None = None
+        for line in output:
+            if line.startswith(_MARK + " "):
+                current = raw.setdefault(line.split(" ", 1)[1], [])
+            elif current is not None:
+                current.append(line)
+        result: dict[str, Any] = {}
+        for name, fact in self._facts.items():
+            lines = raw.get(name, [])
+            # pyinfra gives an empty output the fact's default, not process([]); so do we.
+            result[name] = fact.process(lines) if lines else fact.default()
+        return result

@@ -1,0 +1,83 @@
+"""NCCL network environment: derived per node, written where every process sees it."""
+
+from __future__ import annotations
+
+from pyinfra import host, logger
+from pyinfra.api import operation
+from pyinfra.context import ctx_state
+
+from facts.nccl_env import NcclEnvFiles, NcclNetwork
+from operations.gather import gather_fact
+from operations.managed_block import block_change
+from operations.remote import fail_command, write_file_command
+from operations.render import render, render_lines
+from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
+from trainfleet.model import Cluster
+from trainfleet.nccl import ENV_PURPOSE, Derived, derive, gid_disagreement
+
+_derived_by_run: dict[int, dict[str, Derived]] = {}
+
+
+def cluster_nccl_env(cluster: Cluster) -> dict[str, Derived]:
+    """Every reachable node's derived environment, from one NcclNetwork fact per node per run.
+
+    Cross-node rules are checked here: RoCE nodes must agree on the GID index, and
+    differing interface names are pointed out (launchers forward one node's value).
+    """
+    state = ctx_state.get()
+    if id(state) not in _derived_by_run:
+        networks = gather_fact(state, NcclNetwork)
+        derived = {node.name: derive(node.address, node.nccl, networks[node.name]["interfaces"],
+                                     networks[node.name]["ib_ports"])
+                   for node in cluster.nodes if networks.get(node.name) is not None}
+        disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
+        if disagreement:
+            for d in derived.values():
+                if d.gid_index is not None:
+                    d.problems.append(disagreement)
+        names = {d.interface for d in derived.values() if d.interface}
+        if len(names) > 1:
+            logger.warning(f"cluster interfaces differ between nodes ({', '.join(sorted(names))}): each node gets "
+                           "its own, but DeepSpeed's and ColossalAI's runners forward the launching node's "
+                           "NCCL_SOCKET_IFNAME to every node")
+        _derived_by_run[id(state)] = derived
+    return _derived_by_run[id(state)]
+
+
+@operation()
+def nccl_env(env: dict[str, str], problems: list[str] | None = None):
+    """
+    Write the node's NCCL environment where every kind of process sees it.
+
+    + env: the variables, e.g. from ``cluster_nccl_env(cluster)[node].env``
+    + problems: reasons the environment could not be derived; the node fails with them
+      and no file is written
+
+    - ``/etc/profile.d/trainfleet-nccl.sh``: login shells (the whole file is trainfleet's)
+    - ``/etc/environment`` (managed block): non-login ssh sessions through pam_env, i.e. the
+      ranks pdsh, mpirun and DeepSpeed's runner start
+    - ``/etc/nccl.conf`` (managed block, NCCL_* only): every NCCL process, whatever its shell
+
+    **Example:**
+
+    .. code:: python
+
+        nccl_env.nccl_env(name="NCCL environment", env={"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_IB_DISABLE": "1"})
+    """
+    if problems:
+        yield fail_command("NCCL environment not written: " + "; ".join(problems))
+        return
+    current = host.get_fact(NcclEnvFiles)
+    commands = []
+    profile = render("nccl_env/profile.sh.j2", env=env)
+    if current["profile"] != profile:
+        commands.append(write_file_command(NCCL_PROFILE, profile))
+    for path, block, template in ((NCCL_ENVIRONMENT, current["environment"], "nccl_env/environment.j2"),
+                                  (NCCL_CONF, current["nccl_conf"], "nccl_env/nccl.conf.j2")):
+        change = block_change(path, ENV_PURPOSE, block, render_lines(template, env=env))
+        if change is not None:
+            commands.append(change)
+    if not commands:
+        host.noop(f"{len(env)} NCCL variables are in place")
+        return
+    yield from commands

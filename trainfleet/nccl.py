@@ -1,0 +1,139 @@
+"""Deriving each node's NCCL network environment from what its network offers.
+
+Plain functions over the NcclNetwork fact's data, testable without any host:
+- the socket interface is the one that holds the node's cluster address (never a
+  guess by name or order, which is how NCCL ends up on an unreachable second NIC);
+- InfiniBand/RoCE comes from sysfs: active ports become NCCL_IB_HCA, RoCE v2 picks
+  NCCL_IB_GID_INDEX, no active port disables IB;
+- spec values override derived ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+ENV_PURPOSE = "nccl environment"
+NEVER = ("lo", "docker", "virbr", "veth", "cni", "flannel", "cali")  # never the cluster interface
+
+
+class Interface(TypedDict):
+    name: str
+    addresses: list[str]
+    bridge: bool
+
+
+class Gid(TypedDict):
+    index: int
+    type: str  # "IB/RoCE_v1" | "RoCE_v2" (spaces as underscores)
+    gid: str
+    ndev: str | None
+
+
+class IbPort(TypedDict):
+    device: str
+    port: int
+    link_layer: str  # "InfiniBand" | "Ethernet" (RoCE)
+    state: str  # "4:ACTIVE", "1:DOWN", ...
+    gids: list[Gid]
+
+
+@dataclass
+class Derived:
+    """A node's environment, and what stood in the way of deriving it."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    interface: str | None = None
+    gid_index: int | None = None
+
+
+def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | None, str | None]:
+    """(name, None) of the interface holding ``address``, or (None, why not)."""
+    holders = [i["name"] for i in interfaces if address in i["addresses"]]
+    if not holders:
+        have = ", ".join(f"{i['name']}={'/'.join(i['addresses'])}" for i in interfaces if i["addresses"]) or "none"
+        return None, f"no interface holds the cluster address {address} (interfaces: {have})"
+    name = holders[0]
+    if name.startswith(NEVER):
+        return None, f"the cluster address {address} is on {name}, which NCCL must never use"
+    return name, None
+
+
+def _ipv4_mapped(gid: str) -> bool:
+    return gid.replace(":", "").lower().startswith("00000000000000000000ffff")
+
+
+def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[str]]:
+    """NCCL_IB_* for the node's active ports: (env, RoCE v2 GID index, problems)."""
+    active = [p for p in ports if "ACTIVE" in p["state"].upper()]
+    if not active:
+        return {"NCCL_IB_DISABLE": "1"}, None, []
+    env = {"NCCL_IB_HCA": "=" + ",".join(f"{p['device']}:{p['port']}" for p in active)}
+    roce = [p for p in active if p["link_layer"] == "Ethernet"]
+    if not roce:
+        return env, None, []
+    indices = set()
+    problems = []
+    for port in roce:
+        v2 = sorted(g["index"] for g in port["gids"] if g["type"] == "RoCE_v2" and _ipv4_mapped(g["gid"]))
+        if v2:
+            indices.add(v2[0])
+        else:
+            problems.append(f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 address")
+    if len(indices) > 1:
+        problems.append(f"RoCE ports disagree on the RoCE v2 GID index ({sorted(indices)})")
+    if len(indices) == 1:
+        (index,) = indices
+        env["NCCL_IB_GID_INDEX"] = str(index)
+        return env, index, problems
+    return env, None, problems
+
+
+def derive(address: str, settings: dict[str, Any], interfaces: list[Interface], ports: list[IbPort]) -> Derived:
+    """The node's NCCL/Gloo environment from its facts and its spec ``nccl`` settings."""
+    result = Derived()
+    existing = {i["name"] for i in interfaces}
+    ifname = settings["socket_ifname"]
+    if ifname == "auto":
+        name, problem = cluster_interface(interfaces, address)
+        if problem:
+            result.problems.append(problem)
+        else:
+            result.interface = name
+            result.env["NCCL_SOCKET_IFNAME"] = f"={name}"  # '=': exactly eth0, not eth0.100
+            result.env["GLOO_SOCKET_IFNAME"] = name  # Gloo takes exact names only
+    else:
+        names = [n for n in ifname.lstrip("^=").split(",") if n]
+        if not ifname.startswith("^"):
+            missing = [n for n in names if n not in existing]
+            if missing:
+                result.problems.append(f"nccl.socket_ifname names {', '.join(missing)}, which this node does not "
+                                       f"have (it has {', '.join(sorted(existing))})")
+            result.env["GLOO_SOCKET_IFNAME"] = ",".join(names)
+        result.env["NCCL_SOCKET_IFNAME"] = ifname
+        result.interface = names[0] if names and not ifname.startswith("^") else None
+    if settings["ib"] == "disable":
+        result.env["NCCL_IB_DISABLE"] = "1"
+    else:
+        ib_env, result.gid_index, problems = ib_settings(ports)
+        result.env.update(ib_env)
+        result.problems += problems
+    result.env.update({key: str(value) for key, value in settings["env"].items()})
+    return result
+
+
+def gid_disagreement(gid_by_node: dict[str, int | None]) -> str | None:
+    """RoCE nodes must agree on NCCL_IB_GID_INDEX: launchers forward one node's value to all."""
+    values = {node: index for node, index in gid_by_node.items() if index is not None}
+    if len(set(values.values())) > 1:
+        return "NCCL_IB_GID_INDEX differs between nodes: " + ", ".join(f"{n}={i}" for n, i in sorted(values.items()))
+    return None
+
+
+def uniform_variables(env_by_node: dict[str, dict[str, str]]) -> list[str]:
+    """Variables with the same value on every node: safe for a launcher to forward (mpirun -x)."""
+    envs = list(env_by_node.values())
+    if not envs:
+        return []
+    return sorted(k for k in envs[0] if all(e.get(k) == envs[0][k] for e in envs))
