@@ -28,6 +28,10 @@ mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
 mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 mount -t tmpfs -o mode=755 tmpfs "$root/run"
 mkdir -m 755 "$root/run/sshd"
+# Every boot of a real machine has its own boot_id; nodes share the host's kernel, so each
+# boot of a node gets its own, laid over the kernel's.
+cat /proc/sys/kernel/random/uuid > "$root/run/boot_id"
+mount --bind -o ro "$root/run/boot_id" "$root/proc/sys/kernel/random/boot_id"
 mount -t tmpfs -o mode=700 tmpfs "$root$hide"
 
 hostname "$(cat "$root/etc/hostname")"

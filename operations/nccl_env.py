@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pyinfra import host, logger
 from pyinfra.api import operation
-from pyinfra.context import ctx_state
 
 from facts.nccl_env import NcclEnvFiles, NcclNetwork
-from operations.gather import gather_fact
+from operations.gather import gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from operations.render import render, render_lines
@@ -15,17 +14,13 @@ from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster
 from trainfleet.nccl import ENV_PURPOSE, Derived, derive, gid_disagreement
 
-_derived_by_run: dict[int, dict[str, Derived]] = {}
-
-
 def cluster_nccl_env(cluster: Cluster) -> dict[str, Derived]:
     """Every reachable node's derived environment, from one NcclNetwork fact per node per run.
 
     Cross-node rules are checked here: RoCE nodes must agree on the GID index, and
     differing interface names are pointed out (launchers forward one node's value).
     """
-    state = ctx_state.get()
-    if id(state) not in _derived_by_run:
+    def compute(state) -> dict[str, Derived]:
         networks = gather_fact(state, NcclNetwork)
         derived = {node.name: derive(node.address, node.nccl, networks[node.name]["interfaces"],
                                      networks[node.name]["ib_ports"])
@@ -40,8 +35,9 @@ def cluster_nccl_env(cluster: Cluster) -> dict[str, Derived]:
             logger.warning(f"cluster interfaces differ between nodes ({', '.join(sorted(names))}): each node gets "
                            "its own, but DeepSpeed's and ColossalAI's runners forward the launching node's "
                            "NCCL_SOCKET_IFNAME to every node")
-        _derived_by_run[id(state)] = derived
-    return _derived_by_run[id(state)]
+        return derived
+
+    return once_per_run("nccl environment", compute)
 
 
 @operation()

@@ -9,11 +9,10 @@ from pathlib import Path
 import paramiko
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
-from pyinfra.context import ctx_state
 
 from facts.managed_block import ManagedBlock
 from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshUser
-from operations.gather import gather_fact
+from operations.gather import gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from operations.render import render_lines
@@ -21,26 +20,22 @@ from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair
 from trainfleet.model import Cluster
 
-_host_keys_by_run: dict[int, dict[str, list[str]]] = {}
-
-
 def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
     """Every node's SSH host keys, gathered once per run from all reachable nodes in parallel.
 
     A node that cannot be reached this run keeps its entry: its keys come from the
     controller's known_hosts, which pyinfra itself verified it against before.
     """
-    state = ctx_state.get()  # the run's State itself, not the context proxy
-    key = id(state)
-    if key not in _host_keys_by_run:
+    def compute(state) -> dict[str, list[str]]:
         gathered = {name: keys for name, keys in gather_fact(state, SshHostKeys).items() if keys}
         for node in cluster.nodes:
             if node.name not in gathered:
                 gathered[node.name] = _controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
                 logger.warning(f"[{node.name}] not reachable: its host keys come from the controller's "
                                f"known_hosts ({len(gathered[node.name])} found)")
-        _host_keys_by_run[key] = gathered
-    return _host_keys_by_run[key]
+        return gathered
+
+    return once_per_run("ssh host keys", compute)
 
 
 def _controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:

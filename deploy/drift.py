@@ -1,0 +1,16 @@
+"""Drift detection, read-only: ``pyinfra inventories/prod.py deploy/drift.py``.
+
+One fingerprint per node (one remote command each), compared against the spec, against
+the other nodes (majority vote) and for uniqueness (hostname, boot_id, machine-id). A table
+of what differs goes to stderr, the JSON report to .trainfleet/reports/drift-<cluster>.json
+(TRAINFLEET_DRIFT_JSON=- also prints it to stdout). A node that drifted, or cannot be read,
+fails: the run exits non-zero. Nothing on any node is changed.
+"""
+
+from operations import drift
+from trainfleet.inventory import this_node
+
+cluster, node = this_node()
+
+report = drift.cluster_report(cluster)
+drift.no_drift(name="Node matches the spec and its peers", findings=[str(f) for f in report.findings_for(node.name)])

@@ -1,0 +1,119 @@
+"""Drift runs on a converged 3-node lab: read-only, and each injected drift is named by node
+and property, then cleared by re-running deploy/cluster.py."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from operations.drift import report_path
+from tests.lab.harness import LAB_INVENTORY, deploy_twice, pyinfra
+
+CLUSTER = "deploy/cluster.py"
+DRIFT = "deploy/drift.py"
+NODES = ["node1", "node2", "node3"]
+# Everything trainfleet manages, checksummed to prove a drift run changes nothing.
+MANAGED = ("sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /root/.ssh/* /etc/environment "
+           "/etc/nccl.conf /etc/profile.d/trainfleet-nccl.sh /etc/genders /etc/trainfleet/launch/* "
+           "/etc/trainfleet/launch/.deepspeed_env; hostname")
+
+
+@pytest.fixture(scope="module")
+def converged(lab):
+    lab.fresh(3)
+    deploy_twice(LAB_INVENTORY, CLUSTER)
+    return SimpleNamespace(lab=lab)
+
+
+def drift_run():
+    run = pyinfra(LAB_INVENTORY, DRIFT)
+    report = json.loads(report_path("lab").read_text())
+    return run, report
+
+
+def findings(report) -> set[tuple[str, str]]:
+    return {(f["node"], f["property"]) for f in report["findings"]}
+
+
+def test_a_drift_run_on_a_converged_cluster_passes_and_changes_nothing(converged):
+    before = {n: converged.lab.ssh(n, MANAGED) for n in NODES}
+
+    run, report = drift_run()
+
+    assert run.returncode == 0, run.describe()
+    assert report["drift"] is False and report["findings"] == []
+    assert run.changed() == {} and run.errors() == {}
+    assert "no drift: 3 nodes match the spec and each other" in run.stderr
+    assert {n: converged.lab.ssh(n, MANAGED) for n in NODES} == before
+    dry = pyinfra(LAB_INVENTORY, CLUSTER, dry=True)
+    assert dry.returncode == 0 and dry.planned_changes() == {}
+
+
+def assert_detected_then_cleared(lab, expected: set[tuple[str, str]]):
+    run, report = drift_run()
+    assert run.returncode != 0, run.describe()
+    assert expected <= findings(report), report["findings"]
+    assert run.changed() == {}  # read-only, even when it finds drift
+    failed = {n for hosts in run.errors().values() for n in hosts}
+    assert failed == {node for node, _ in findings(report)} - {n for n in NODES if not report["nodes"][n]["reachable"]}
+    deploy_twice(LAB_INVENTORY, CLUSTER)
+    run, report = drift_run()
+    assert run.returncode == 0 and not report["drift"], report["findings"]
+
+
+def test_a_hand_edited_hosts_block_is_named(converged):
+    converged.lab.ssh("node2", "sed -i 's/^198.18.0.13 /198.18.0.99 /' /etc/hosts")
+    assert_detected_then_cleared(converged.lab, {("node2", "hosts block")})
+
+
+def test_a_removed_nccl_variable_is_named(converged):
+    converged.lab.ssh("node3", "sed -i '/^NCCL_IB_DISABLE=/d' /etc/environment")
+    run, report = drift_run()
+    (finding,) = [f for f in report["findings"] if f["property"] == "NCCL env (non-login ssh)"]
+    assert finding["node"] == "node3" and "NCCL_IB_DISABLE=1" in finding["expected"]
+    assert "NCCL_IB_DISABLE" not in finding["observed"]
+    assert_detected_then_cleared(converged.lab, {("node3", "NCCL env (non-login ssh)"), ("node3", "NCCL env files")})
+
+
+def test_a_duplicate_hostname_is_named_on_both_nodes(converged):
+    converged.lab.ssh("node3", "hostname node1 && echo node1 > /etc/hostname")
+    assert_detected_then_cleared(converged.lab, {("node1", "hostname"), ("node3", "hostname"),
+                                                 ("node3", "hostname (persistent)")})
+
+
+def test_a_copied_machine_id_is_named_on_both_nodes(converged):
+    lab = converged.lab
+    original = lab.ssh("node2", "cat /etc/machine-id")
+    lab.ssh("node2", "cat > /etc/machine-id", input=lab.ssh("node1", "cat /etc/machine-id"))
+    run, report = drift_run()
+    assert run.returncode != 0
+    assert {("node1", "machine-id"), ("node2", "machine-id")} <= findings(report)
+    # machine-ids are not the deploy's to rewrite (journald and D-Bus key on them): the fix
+    # is the operator's, as on a cloned image (systemd-machine-id-setup).
+    lab.ssh("node2", "cat > /etc/machine-id", input=original)
+    assert drift_run()[0].returncode == 0
+
+
+def test_a_removed_authorized_key_is_named_where_it_was_removed_and_where_it_breaks(converged):
+    converged.lab.ssh("node1", "sed -i '/trainfleet:lab:root@node3$/d' /root/.ssh/authorized_keys")
+    run, report = drift_run()
+    mesh = [f for f in report["findings"] if f["property"] == "ssh mesh (root)"]
+    assert [f["node"] for f in mesh] == ["node3"] and "node1" in mesh[0]["observed"]
+    assert_detected_then_cleared(converged.lab, {("node1", "authorized_keys (root)"), ("node3", "ssh mesh (root)")})
+
+
+def test_a_node_down_is_named_unreachable(converged):
+    lab = converged.lab
+    lab.lab.stop("node2")
+    try:
+        run, report = drift_run()
+        assert run.returncode != 0
+        assert ("node2", "reachable") in findings(report)
+        assert report["nodes"]["node2"]["reachable"] is False
+        assert "[node2] Could not connect" in run.stderr
+    finally:
+        lab.lab.start("node2")
+    run, report = drift_run()
+    assert run.returncode == 0 and not report["drift"], report["findings"]
