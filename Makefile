@@ -8,10 +8,15 @@ PY := $(VENV)/bin/python
 LAB_NODES ?= 3
 # Debian packages the controller needs to run the lab (never installed into a running lab:
 # the host's / is the lab's lower layer).
-HOST_PACKAGES := iproute2 openssh-server openssh-client tini
+HOST_PACKAGES := iproute2 openssh-server openssh-client tini python3-venv
 # Debian packages lab tests install inside nodes, pre-downloaded into the host's apt cache
 # because nodes have no network.
 NODE_PACKAGES := pdsh
+# PyTorch and its dependencies for the nodes' venvs, as an air-gapped cluster gets them:
+# a wheelhouse (nodes read it through the host's / below them). torch 2.13.0 is the CPU
+# build this kind of machine serves from its own disk.
+WHEELHOUSE := /var/cache/trainfleet/wheelhouse
+NODE_TORCH := torch==2.13.0
 
 .PHONY: venv host-deps demo test unit lab-down clean
 
@@ -25,7 +30,7 @@ $(VENV)/.installed: pyproject.toml
 
 host-deps: $(VENV)/.host-deps
 
-$(VENV)/.host-deps: Makefile
+$(VENV)/.host-deps: Makefile $(VENV)/.installed
 	@mkdir -p $(VENV)
 	@if [ "$$(id -u)" != 0 ]; then echo "the lab needs root: run make as root"; exit 1; fi
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -34,6 +39,7 @@ $(VENV)/.host-deps: Makefile
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	@apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only $(NODE_PACKAGES) >/dev/null
+	@mkdir -p $(WHEELHOUSE) && $(VENV)/bin/pip download --quiet --dest $(WHEELHOUSE) '$(NODE_TORCH)'
 	touch $@
 
 demo: venv host-deps

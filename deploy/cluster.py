@@ -4,11 +4,11 @@ Each line is one capability; its operation lives in operations/<capability>.py,
 its facts in facts/<capability>.py, its templates in templates/<capability>/.
 """
 
-from operations import hosts, launchers, nccl_env, pdsh, ssh_mesh
+from operations import hosts, launchers, nccl_env, pdsh, ssh_mesh, stack
 from trainfleet import mesh
-from trainfleet.nccl import uniform_variables
 from trainfleet.inventory import this_node
 from trainfleet.keystore import KeyStore
+from trainfleet.nccl import uniform_variables
 
 cluster, node = this_node()
 keys = KeyStore(cluster.name)
@@ -26,6 +26,9 @@ for user in cluster.mesh_users:
 
 # pdsh: `pdsh -a` runs on every node, over ssh.
 pdsh.pdsh(name="pdsh over ssh to every node", nodes=[n.name for n in cluster.nodes])
+
+# Software stack: CUDA, cuDNN, NCCL, GCC and PyTorch exactly at the spec's pins, held.
+stack.software(name="Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)", pins=cluster.stack)
 
 # NCCL network environment: from each node's own network, where every rank sees it.
 derived = nccl_env.cluster_nccl_env(cluster)

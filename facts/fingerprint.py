@@ -13,7 +13,7 @@ from pyinfra.api import FactBase, StringCommand
 
 from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.launchers import LauncherFiles
-from facts.managed_block import ManagedBlock
+from facts.managed_block import ManagedBlock, split_sections
 from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
 from facts.pdsh import PdshState
 from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
@@ -110,16 +110,10 @@ class NodeFingerprint(FactBase[dict[str, Any]]):
         return StringCommand(*pieces, "true")
 
     def process(self, output: list[str]) -> dict[str, Any]:
-        raw: dict[str, list[str]] = {}
-        current: list[str] | None = None
-        for line in output:
-            if line.startswith(_MARK + " "):
-                current = raw.setdefault(line.split(" ", 1)[1], [])
-            elif current is not None:
-                current.append(line)
+        _, raw = split_sections(output, _MARK)
         result: dict[str, Any] = {}
         for name, fact in self._facts.items():
-            lines = raw.get(name, [])
+            lines = raw.get(name) or []
             # pyinfra gives an empty output the fact's default, not process([]); so do we.
             result[name] = fact.process(lines) if lines else fact.default()
         return result

@@ -9,6 +9,21 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from trainfleet.blocks import BrokenBlock, markers, split_block
 
 MISSING = "--trainfleet-missing--"
+SECTION = "--trainfleet-section--"
+
+
+def split_sections(output: list[str], marker: str = SECTION) -> tuple[list[str], dict[str, list[str] | None]]:
+    """The one parser of sectioned fact output: (lines before the first ``marker NAME`` line,
+    {NAME: its lines, or None where the section is just MISSING (no such file)})."""
+    head: list[str] = []
+    sections: dict[str, list[str] | None] = {}
+    current = head
+    for line in output:
+        if line.startswith(marker + " "):
+            current = sections.setdefault(line.split(" ", 1)[1], [])
+        else:
+            current.append(line)
+    return head, {name: None if lines == [MISSING] else lines for name, lines in sections.items()}
 
 
 class BlockState(TypedDict):

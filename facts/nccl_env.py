@@ -7,11 +7,9 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block import MISSING, BlockState, block_state
+from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
-from trainfleet.nccl import ENV_PURPOSE, Interface, IbPort
-
-_SECTION = "--trainfleet-section--"
+from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
 
 # Interfaces with their addresses, bridges, and every InfiniBand/RoCE port with its GID
 # table, from sysfs under $1 (a fixture tree in tests, /sys on nodes).
@@ -104,27 +102,16 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_FILES_SCRIPT), "trainfleet", _SECTION, MISSING,
+        return StringCommand("sh", "-c", QuoteString(_FILES_SCRIPT), "trainfleet", SECTION, MISSING,
                              NCCL_PROFILE, NCCL_ENVIRONMENT, NCCL_CONF)
 
     def process(self, output: list[str]) -> NcclEnvFilesT:
-        files: dict[str, list[str]] = {}
-        current: list[str] = []
-        for line in output:
-            if line.startswith(_SECTION + " "):
-                current = files.setdefault(line.split(" ", 1)[1], [])
-            else:
-                current.append(line)
-
-        def lines(path: str) -> list[str] | None:
-            got = files.get(path)
-            return None if got in (None, [MISSING]) else got
-
-        profile = lines(NCCL_PROFILE)
+        _, files = split_sections(output)
+        profile = files.get(NCCL_PROFILE)
         return {
             "profile": None if profile is None else "\n".join(profile) + "\n",
-            "environment": block_state(lines(NCCL_ENVIRONMENT), ENV_PURPOSE),
-            "nccl_conf": block_state(lines(NCCL_CONF), ENV_PURPOSE),
+            "environment": block_state(files.get(NCCL_ENVIRONMENT), ENV_PURPOSE),
+            "nccl_conf": block_state(files.get(NCCL_CONF), ENV_PURPOSE),
         }
 
 

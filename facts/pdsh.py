@@ -6,11 +6,10 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block import MISSING, BlockState, block_state
+from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 
 PDSH_PURPOSE = "pdsh nodes"
-_SECTION = "--trainfleet-section--"
 
 _SCRIPT = r"""
 sep=$1 missing=$2
@@ -66,24 +65,12 @@ class PdshState(FactBase[PdshStateT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", _SECTION, MISSING,
+        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", SECTION, MISSING,
                              PDSH_RCMD_DEFAULT, PDSH_PROFILE, PDSH_GENDERS, PDSH_MACHINES)
 
     def process(self, output: list[str]) -> PdshStateT:
-        head: dict[str, str] = {}
-        files: dict[str, list[str] | None] = {}
-        current: list[str] | None = None
-        for line in output:
-            if line.startswith(_SECTION + " "):
-                current = files.setdefault(line.split(" ", 1)[1], [])
-            elif current is not None:
-                current.append(line)
-            else:
-                key, _, value = line.partition(" ")
-                head[key] = value.strip()
-        for name, lines in files.items():
-            if lines == [MISSING]:
-                files[name] = None
+        lines_before, files = split_sections(output)
+        head = {key: value.strip() for key, _, value in (line.partition(" ") for line in lines_before)}
 
         def text(path: str) -> str | None:
             lines = files.get(path)

@@ -6,13 +6,12 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block import MISSING, BlockState, block_state
+from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
 from trainfleet.defaults import MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT
 
 AUTHORIZED_PURPOSE = "ssh mesh keys"
 CONFIG_PURPOSE = "ssh mesh hosts"
 KNOWN_HOSTS_PURPOSE = "ssh mesh host keys"
-_SECTION = "--trainfleet-section--"
 
 
 class SshHostKeys(FactBase[list[str]]):
@@ -91,24 +90,15 @@ class SshMeshUser(FactBase[SshUserT]):
 
     def command(self, user: str) -> StringCommand:
         return StringCommand("sh", "-c", QuoteString(_USER_SCRIPT), "trainfleet", QuoteString(user),
-                             MESH_KEY_NAME, _SECTION, MISSING)
+                             MESH_KEY_NAME, SECTION, MISSING)
 
     def process(self, output: list[str]) -> SshUserT:
         if output[:1] == ["nouser"]:
             empty = block_state(None, AUTHORIZED_PURPOSE)
             return {"exists": False, "home": None, "group": None, "ssh_dir": None, "identity": None,
                     "identity_pub": None, "authorized": empty, "config": empty}
-        head: dict[str, str] = {}
-        sections: dict[str, list[str]] = {}
-        current: list[str] | None = None
-        for line in output:
-            if line.startswith(_SECTION + " "):
-                current = sections.setdefault(line.split(" ", 1)[1], [])
-            elif current is not None:
-                current.append(line)
-            else:
-                key, _, value = line.partition(" ")
-                head[key] = value
+        lines_before, sections = split_sections(output)
+        head = {key: value for key, _, value in (line.partition(" ") for line in lines_before)}
 
         def meta(key: str) -> FileMeta | None:
             fields = head.get(key, "missing").split()
@@ -117,8 +107,7 @@ class SshMeshUser(FactBase[SshUserT]):
             return {"mode": fields[0], "owner": fields[1], "sha256": None if fields[2] == "-" else fields[2]}
 
         def block(name: str, purpose: str) -> BlockState:
-            lines = sections.get(name, [])
-            return block_state(None if lines == [MISSING] else lines, purpose)
+            return block_state(sections.get(name), purpose)
 
         return {
             "exists": True, "home": head.get("home"), "group": head.get("group") or None,
@@ -133,6 +122,12 @@ class SshMeshUser(FactBase[SshUserT]):
 # hit by every other node at the same moment.
 _PROBE_SCRIPT = r"""
 parallel=$1; timeout_s=$2; shift 2
+# Start after this node in the list, so the N nodes do not all hit the same peer first.
+me=$(hostname); n=0; i=0
+for peer in "$@"; do i=$((i + 1)); [ "$peer" = "$me" ] && n=$i; done
+i=0
+for peer in "$@"; do i=$((i + 1)); [ $i -le $n ] && set -- "$@" "$peer"; done
+shift $n
 probe() {
   out=$(timeout "$timeout_s" ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes \
         -o ConnectTimeout="$timeout_s" "$1" true 2>&1)

@@ -7,11 +7,12 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
+from facts.managed_block import SECTION, split_sections
 from facts.pdsh import OsFamilyT, os_family
 
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
-_SECTION = "--trainfleet-section--"
+_SECTION = SECTION
 
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
 _SCRIPT = r"""
@@ -169,15 +170,9 @@ class StackVersions(FactBase[StackVersionsT]):
         locks: list[str] = []
         toolsets: dict[str, GccT] = {}
         torch: dict[str, str] = {}
-        files: dict[str, list[str]] = {}
-        current: list[str] | None = None
-        for line in output:
-            if line.startswith(_SECTION + " "):
-                current = files.setdefault(line.split(" ", 1)[1], [])
-                continue
-            if current is not None:  # file sections come last
-                current.append(line)
-                continue
+        lines_before, sections = split_sections(output, _SECTION)  # file sections come last
+        files = {path: lines or [] for path, lines in sections.items()}
+        for line in lines_before:
             tag, _, rest = line.partition(" ")
             if tag == "deb":  # "deb hold ok installed libnccl2 2.21.5-1+cuda12.4"
                 want, _ok, status, name, version = (rest.split() + [""] * 5)[:5]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +20,15 @@ from operations.gather import gather_fact, once_per_run
 from operations.launchers import LAUNCHER_FILES, render_launchers
 from operations.remote import fail_command
 from operations.render import render, render_lines
+from operations.report import publish
+from operations.report import report_path as report_file
+from operations.ssh_mesh import controller_known_keys
 from operations.stack import package_pins, torch_requirement
 from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME
 from trainfleet.drift import ABSENT, Report, compare, digest
 from trainfleet.etc_hosts import stale_lines
-from trainfleet.keystore import KeyStore, store_root
+from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive, uniform_variables
 
@@ -144,11 +146,14 @@ def _report(state, cluster: Cluster) -> Report:
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
     unreachable = {n.name: "could not connect or read its facts" for n in cluster.nodes if n.name not in reachable}
     host_keys = {name: fp["host_keys"] for name, fp in reachable.items()}
+    for node in cluster.nodes:  # as the deploy does: a down node's keys from the controller's known_hosts
+        if node.name not in host_keys:
+            host_keys[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
     derived = {n.name: derive(n.address, n.nccl, reachable[n.name]["network"]["interfaces"],
                               reachable[n.name]["network"]["ib_ports"]) for n in cluster.nodes if n.name in reachable}
     observed = {name: observe(fp, cluster.mesh_users) for name, fp in reachable.items()}
     for name, fp in reachable.items():
-        stale = stale_lines(fp["hosts"]["outside"], cluster.address_of_name())
+        stale = stale_lines(fp["hosts"]["outside"], {k.lower(): v for k, v in cluster.address_of_name().items()})
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
     expected = {}
     for node in cluster.nodes:
@@ -163,22 +168,13 @@ def _report(state, cluster: Cluster) -> Report:
 
 
 def report_path(cluster: str) -> Path:
-    return store_root().parent / "reports" / f"drift-{cluster}.json"
+    return report_file("drift", cluster)
 
 
-def _publish(report: Report) -> None:
-    print(f"\n--> Drift report for {report.cluster}:", file=sys.stderr)
-    print(report.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1"), file=sys.stderr)
-    for finding in report.findings:
-        print(f"    [{finding.node}] {finding}", file=sys.stderr)
-    path = report_path(report.cluster)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(report.dumps() + "\n")
-    tmp.replace(path)
-    print(f"    JSON report: {path}\n", file=sys.stderr)
-    if os.environ.get("TRAINFLEET_DRIFT_JSON") == "-":
-        print(report.dumps())
+def _publish(result: Report) -> None:
+    publish(f"Drift report for {result.cluster}", result.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1"),
+            [f"[{f.node}] {f}" for f in result.findings], result.dumps(), report_path(result.cluster),
+            "TRAINFLEET_DRIFT_JSON")
 
 
 @operation()

@@ -14,6 +14,7 @@ from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster
 from trainfleet.nccl import ENV_PURPOSE, Derived, derive, gid_disagreement
 
+
 def cluster_nccl_env(cluster: Cluster) -> dict[str, Derived]:
     """Every reachable node's derived environment, from one NcclNetwork fact per node per run.
 

@@ -13,7 +13,9 @@ from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
 
 INSTALL = {
-    "apt": "DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh",
+    # A fresh image may have empty package lists: update once when the install cannot find it.
+    "apt": ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh || "
+            "{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh; }"),
     # pdsh and its ssh module come from EPEL. Rocky/Alma/CentOS ship epel-release in their
     # extras; on RHEL proper enable EPEL first (the epel-release RPM from the Fedora project).
     "dnf": ("(rpm -q epel-release >/dev/null 2>&1 || dnf install -y epel-release) && "

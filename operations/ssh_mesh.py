@@ -20,6 +20,7 @@ from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair
 from trainfleet.model import Cluster
 
+
 def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
     """Every node's SSH host keys, gathered once per run from all reachable nodes in parallel.
 
@@ -30,7 +31,7 @@ def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
         gathered = {name: keys for name, keys in gather_fact(state, SshHostKeys).items() if keys}
         for node in cluster.nodes:
             if node.name not in gathered:
-                gathered[node.name] = _controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
+                gathered[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
                 logger.warning(f"[{node.name}] not reachable: its host keys come from the controller's "
                                f"known_hosts ({len(gathered[node.name])} found)")
         return gathered
@@ -38,7 +39,7 @@ def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
     return once_per_run("ssh host keys", compute)
 
 
-def _controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
+def controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
     path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
     if not path.exists():
         return []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
@@ -36,9 +37,15 @@ _VERSIONLOCK = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-vers
 Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
 
 
-def _fact() -> StackVersionsT:
-    # The same arguments as torch_venv's default, so a deploy gathers the fact once per node.
-    return host.get_fact(StackVersions, venv=VENV_DIR)
+# The fact ``software`` read for a host, lent to the operations it composes: pyinfra does
+# not cache facts, and StackVersions imports torch on the node (seconds), so once is enough.
+_prefetched: dict[str, StackVersionsT] = {}
+
+
+def _fact(venv: str = VENV_DIR) -> StackVersionsT:
+    if host.name in _prefetched:
+        return _prefetched[host.name]
+    return host.get_fact(StackVersions, venv=venv)
 
 
 def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
@@ -327,7 +334,7 @@ def torch_requirement(torch_version: str, variant: str) -> str:
 
 @operation()
 def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | None = None,
-               wheelhouse: str | None = None, python: str = "python3"):
+               wheelhouse: str | None = None, python: str = "python3", allow_change: bool = False):
     """
     Create the node venv and install exactly ``torch==<version>+<variant>`` in it.
 
@@ -350,10 +357,14 @@ def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | Non
     if index_url and wheelhouse:
         raise OperationValueError("torch_venv: give index_url or wheelhouse, not both")
     requirement = torch_requirement(torch_version, variant)
-    current = host.get_fact(StackVersions, venv=venv)
+    current = _fact(venv)
     have = (current["torch"] or {}).get("version")
     if current["venv"] and have == requirement.split("==", 1)[1]:
         host.noop(f"torch {have} is installed in {venv}")
+        return
+    if have and not allow_change:
+        yield fail_command(f"torch_venv: {venv} has torch {have}, the pin is {requirement.split('==', 1)[1]}; "
+                           "not replacing it (set stack.allow_change to replace)")
         return
     if not current["venv"]:
         yield StringCommand(QuoteString(python), "-m", "venv", QuoteString(venv),
@@ -364,3 +375,44 @@ def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | Non
         source = ["--index-url", QuoteString(index_url or f"{TORCH_INDEX}/{variant}")]
     yield StringCommand(QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input",
                         QuoteString(requirement), *source)
+
+
+# ---- the whole stack, reading the fact once ----------------------------------------------
+
+@operation()
+def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
+    """
+    The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL packages (exact, held), gcc
+    and the torch venv, each only where the spec pins it, from ONE StackVersions fact.
+
+    + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
+      ``cuda_repo``, ``allow_change``)
+    + venv: the node venv
+
+    **Example:**
+
+    .. code:: python
+
+        stack.software(name="Pinned software stack", pins=cluster.stack)
+    """
+    if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "gcc", "torch")):
+        host.noop("no stack component is pinned")
+        return
+    _prefetched[host.name] = host.get_fact(StackVersions, venv=venv)
+    commands = []
+    try:
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl")):
+            commands += cuda_repo._inner(mirror=pins.get("cuda_repo") or NVIDIA_REPOS)
+            commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
+        if pins.get("gcc"):
+            commands += gcc._inner(major=pins["gcc"])
+        if pins.get("torch"):
+            commands += torch_venv._inner(venv=venv, torch_version=pins["torch"], variant=pins.get("torch_cuda") or "cpu",
+                                          index_url=pins.get("torch_index"), wheelhouse=pins.get("wheelhouse"),
+                                          allow_change=bool(pins.get("allow_change")))
+    finally:
+        _prefetched.pop(host.name, None)
+    if not commands:
+        host.noop("the pinned stack is in place")
+        return
+    yield from commands

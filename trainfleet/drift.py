@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Properties every node must share (majority vote names the odd node) ...
-IDENTICAL_PREFIXES = ("os", "kernel", "gpu driver", "cuda", "cudnn", "nccl", "torch", "gcc", "hosts block",
-                      "known_hosts block", "authorized_keys", "pdsh nodes")
+IDENTICAL_PREFIXES = ("os", "kernel", "gpu driver", "cuda", "cudnn", "nccl", "torch", "gcc", "package ",
+                      "hosts block", "known_hosts block", "authorized_keys", "pdsh nodes")
 # ... and properties no two nodes may share.
 UNIQUE = ("hostname", "boot_id", "machine-id")
 ABSENT = "absent"

@@ -105,7 +105,7 @@ class Section:
 SSH = Section(
     doc="How the controller (and the SSH mesh) reaches a node. Per node, override any key.",
     keys={
-        "user": Key(str, "root", "User pyinfra connects as."),
+        "user": Key(str, "root", "User pyinfra connects as (root: trainfleet writes /etc; sudo is not supported yet)."),
         "port": Key(int, 22, "sshd port of the node.", check=port_problem),
         "key": Key((str, type(None)), None, "Private key the controller uses (path); null: ssh-agent / default keys."),
         "known_hosts": Key(
@@ -131,11 +131,16 @@ STACK = Section(
     doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly these.",
     keys={
         "cuda": Key((str, type(None)), None, "CUDA toolkit version.", check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"), example="12.4"),
-        "cudnn": Key((str, type(None)), None, "cuDNN version.", check=pattern(r"\d+(\.\d+){1,3}", "9.1.0.70"), example="9.1.0.70"),
-        "nccl": Key((str, type(None)), None, "NCCL version (libnccl2).", check=pattern(r"\d+\.\d+\.\d+(-\d+)?", "2.21.5-1"), example="2.21.5-1"),
+        "cudnn": Key((str, type(None)), None, "cuDNN version.", check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"), example="9.1.0.70"),
+        "nccl": Key((str, type(None)), None, "NCCL version (libnccl2).", check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"), example="2.21.5-1"),
         "torch": Key((str, type(None)), None, "PyTorch version in the node venv.", check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"), example="2.4.1"),
         "torch_cuda": Key((str, type(None)), None, "PyTorch CUDA variant (wheel index).", check=pattern(r"cu\d{3,4}|cpu", "cu124"), example="cu124"),
         "gcc": Key((str, type(None)), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"), example="11"),
+        "wheelhouse": Key((str, type(None)), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
+                          check=lambda v: None if v.startswith("/") else f"{v!r} must be an absolute path on the nodes"),
+        "torch_index": Key((str, type(None)), None, "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>."),
+        "cuda_repo": Key((str, type(None)), None, "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com."),
+        "allow_change": Key(bool, False, "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged."),
     },
 )
 

@@ -164,6 +164,24 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
     return nodes
 
 
+def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
+    """Rules between keys, checked before any host is touched."""
+    stack = spec["stack"]
+    if stack["wheelhouse"] and stack["torch_index"]:
+        ctx.add(("stack", "torch_index"), "give stack.wheelhouse or stack.torch_index, not both")
+    for key in ("cudnn", "nccl"):
+        if stack[key] and not stack["cuda"] and "+cuda" not in stack[key]:
+            ctx.add(("stack", key), f"pinning {key} needs stack.cuda (its packages are built per CUDA version)")
+    if stack["torch"] and not stack["torch_cuda"] and "+" not in stack["torch"]:
+        ctx.add(("stack", "torch"), "pinning torch needs stack.torch_cuda (e.g. cu124, or cpu)")
+    users = [("ssh",)] + [("nodes", i, "ssh") for i, n in enumerate(spec["nodes"]) if "user" in n.get("ssh", {})]
+    for path in users:
+        section = spec["ssh"] if path == ("ssh",) else spec["nodes"][path[1]]["ssh"]
+        if section.get("user", "root") != "root":
+            ctx.add(path + ("user",), f"{section['user']!r}: trainfleet connects as root for now "
+                                      "(it writes /etc; sudo is not supported yet)")
+
+
 def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
     """Validate spec text; return the spec with every default filled in, or raise SpecError."""
     try:
@@ -181,6 +199,7 @@ def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
         raise SpecError(ctx.problems)
     spec = _validate_section(SPEC, data, (), ctx)
     spec["nodes"] = _validate_nodes(data, ctx)
+    _cross_checks(spec, ctx)
     if ctx.problems:
         raise SpecError(ctx.problems)
     if spec["cluster"]["name"] is None:

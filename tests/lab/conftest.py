@@ -37,3 +37,20 @@ def lab3(lab: LabController) -> LabController:
     """A freshly booted 3-node lab, as new servers would come: no trainfleet state at all."""
     lab.fresh(3)
     return lab
+
+
+@pytest.fixture()
+def torch_lab(lab: LabController, tmp_path_factory) -> tuple[LabController, str]:
+    """A 3-node lab converged with torch pinned in every node's venv (from the wheelhouse),
+    shared by the tests that need it (installing torch takes minutes)."""
+    from tests.lab.harness import TORCH_STACK, deploy_twice
+
+    inventory = str(tmp_path_factory.getbasetemp() / "torch" / "variant.py")
+    if lab.prepared != "torch":
+        lab.fresh(3)
+        workdir = tmp_path_factory.getbasetemp() / "torch"
+        workdir.mkdir(exist_ok=True)
+        inventory = lab.spec_inventory(workdir, stack=TORCH_STACK)
+        lab.torch_first_run, _ = deploy_twice(inventory, "deploy/cluster.py")
+        lab.prepared = "torch"
+    return lab, inventory

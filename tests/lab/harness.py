@@ -17,6 +17,8 @@ from lab.cluster import Lab
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 LAB_INVENTORY = str(REPO / "inventories/lab.py")
+WHEELHOUSE = "/var/cache/trainfleet/wheelhouse"  # filled by `make host-deps`
+TORCH_STACK = {"torch": "2.13.0", "torch_cuda": "cpu", "wheelhouse": WHEELHOUSE}
 
 
 @dataclass
@@ -86,10 +88,12 @@ class LabController:
 
     def __init__(self) -> None:
         self.lab = Lab()
+        self.prepared: str | None = None  # what the current lab was prepared for, if shared
 
     def fresh(self, count: int, decoy: bool = True) -> None:
         self.lab.down(log=lambda *_: None)
         self.lab.up(count, log=lambda *_: None, decoy=decoy)
+        self.prepared = None
 
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)

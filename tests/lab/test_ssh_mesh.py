@@ -7,7 +7,6 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
-
 from types import SimpleNamespace
 
 import pytest

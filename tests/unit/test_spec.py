@@ -117,14 +117,14 @@ def test_every_problem_is_reported_at_once():
 
 def test_per_node_overrides_apply_only_to_that_node():
     cluster = Cluster.parse(textwrap.dedent("""\
-        ssh: {user: admin, port: 2222}
+        ssh: {key: /keys/admin, port: 2222}
         nccl: {socket_ifname: '=ens1'}
         nodes:
           - {name: a, address: 192.0.2.1, ssh: {port: 22}, nccl: {socket_ifname: '=ens9'}}
           - {name: b, address: 192.0.2.2}
         """))
     a, b = cluster.nodes
-    assert a.ssh == {"user": "admin", "port": 22, "key": None, "known_hosts": None}
+    assert a.ssh == {"user": "root", "port": 22, "key": "/keys/admin", "known_hosts": None}
     assert b.ssh["port"] == 2222
     assert a.nccl["socket_ifname"] == "=ens9" and b.nccl["socket_ifname"] == "=ens1"
     assert a.nccl["ib"] == "auto"
@@ -162,3 +162,22 @@ def test_check_command_accepts_the_example_and_prints_json():
 def test_readme_spec_reference_matches_the_schema():
     readme = (REPO / "README.md").read_text()
     assert reference_markdown().strip() in readme, "README's spec reference is stale: paste `python -m trainfleet schema`"
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("stack: {torch: '2.4.1', torch_cuda: cu124, wheelhouse: /srv/wh, torch_index: 'https://m/whl'}\n",
+     "stack.torch_index: give stack.wheelhouse or stack.torch_index, not both"),
+    ("stack: {nccl: '2.21.5-1'}\n", "stack.nccl: pinning nccl needs stack.cuda"),
+    ("stack: {torch: '2.4.1'}\n", "stack.torch: pinning torch needs stack.torch_cuda"),
+    ("stack: {wheelhouse: wh}\n", "stack.wheelhouse: 'wh' must be an absolute path on the nodes"),
+    ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu': trainfleet connects as root for now"),
+])
+def test_rules_between_keys_are_checked_before_any_host(text, expected):
+    found = problems(text + "nodes:\n  - {name: a, address: 192.0.2.1}\n")
+    assert any(expected in p for p in found), found
+
+
+def test_full_package_versions_are_valid_pins():
+    spec = parse_spec("stack: {cuda: '12.4', nccl: '2.21.5-1+cuda12.4', cudnn: '9.1.0.70-1'}\n"
+                      "nodes:\n  - {name: a, address: 192.0.2.1}\n")
+    assert spec["stack"]["nccl"] == "2.21.5-1+cuda12.4"

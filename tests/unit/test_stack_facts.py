@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from pyinfra_testing.facts import make_fact_tests
 
 from facts.stack import StackVersions, gcc_info, lock_name

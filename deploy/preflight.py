@@ -1,0 +1,22 @@
+"""Preflight: ``pyinfra inventories/prod.py deploy/preflight.py`` proves the cluster can train.
+
+Stages, each bounded in time, all nodes at once:
+1. hygiene: master port free, names resolve alike everywhere, slots = GPUs = visible
+   devices, the derived NCCL/Gloo variables in the non-login environment ranks get;
+2. reachability: every node connects to every peer on its cluster address, and to the
+   master's rendezvous port (temporary listeners);
+3. a real torch.distributed collective (nccl on GPUs, gloo otherwise): all_reduce of a known
+   tensor checked for the right sum, all_gather of every rank's versions compared;
+4. when 3 fails: 2-rank collectives of the master with each node name the one at fault.
+A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json.
+A node with a problem fails the run. Nothing is changed, nothing is left running.
+"""
+
+from operations import preflight
+from trainfleet.inventory import this_node
+
+cluster, node = this_node()
+
+report = preflight.cluster_preflight(cluster)
+preflight.verdict(name="This node can train with the others",
+                  problems=[str(p) for p in report.problems_for(node.name)])

@@ -1,0 +1,159 @@
+"""Preflight verdicts: plain functions over what each stage saw on each node.
+
+Every stage's raw results are dicts keyed by node; the functions here turn them into
+problems that name the node (or the link) and the cause. No host is touched here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from trainfleet.model import Cluster
+
+
+@dataclass(frozen=True)
+class Problem:
+    stage: str  # hygiene | reachability | collective | isolation | unreachable
+    node: str
+    cause: str
+
+    def __str__(self) -> str:
+        return f"{self.stage}: {self.cause}"
+
+
+@dataclass
+class PreflightReport:
+    cluster: str
+    nodes: list[str]
+    problems: list[Problem] = field(default_factory=list)
+    stages: dict[str, str] = field(default_factory=dict)  # stage -> "ok" | "failed" | "skipped"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def problems_for(self, node: str) -> list[Problem]:
+        return [p for p in self.problems if p.node == node]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "ok": self.ok, "stages": self.stages,
+                "problems": [asdict(p) for p in self.problems], "details": self.details}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2)
+
+    def table(self) -> str:
+        rows = [["stage", *self.nodes]]
+        for stage, outcome in self.stages.items():
+            cells = [stage]
+            for node in self.nodes:
+                mine = [p for p in self.problems if p.node == node and p.stage == stage]
+                cells.append("skipped" if outcome == "skipped" else ("FAIL" if mine else "ok"))
+            rows.append(cells)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected_env: dict[str, dict[str, str]],
+                     launch_slots: dict[str, int]) -> list[Problem]:
+    """Stage 1: the master port is free; names resolve alike everywhere; slots = GPUs = visible
+    devices; the non-login environment holds the derived NCCL/Gloo variables."""
+    problems: list[Problem] = []
+    master = cluster.master.name
+    holder = seen.get(master, {}).get("port_holder")
+    if holder:
+        problems.append(Problem("hygiene", master, f"master port {cluster.master_port} is already in use ({holder})"))
+    addresses = cluster.address_of_name()
+    for node, data in seen.items():
+        for name, got in sorted(data.get("resolves", {}).items()):
+            want = addresses.get(name)
+            if want and got != want:
+                problems.append(Problem("hygiene", node, f"{name} resolves to {got or 'nothing'}, not {want}"))
+        spec = cluster.node(node)
+        visible = data.get("visible_gpus")
+        slots = launch_slots.get(node)
+        if slots is not None and slots != spec.slots:
+            problems.append(Problem("hygiene", node, f"hostfile gives {slots} slots, the spec {spec.slots} "
+                                                     f"({spec.gpus} GPUs)"))
+        if spec.gpus and visible is None:
+            problems.append(Problem("hygiene", node, f"the spec gives it {spec.gpus} GPUs but nvidia-smi is missing "
+                                                     "(no driver?)"))
+        elif spec.gpus and visible is not None and visible < spec.gpus:
+            problems.append(Problem("hygiene", node, f"only {visible} GPUs visible (CUDA_VISIBLE_DEVICES="
+                                                     f"{data.get('cuda_visible_devices') or 'unset'}), "
+                                                     f"the spec needs {spec.gpus}"))
+        env = data.get("env", {})
+        for key, value in expected_env.get(node, {}).items():
+            if not key.startswith(("NCCL_", "GLOO_")):  # what the ranks' network setup depends on
+                continue
+            if env.get(key) != value:
+                problems.append(Problem("hygiene", node, f"{key} is {env.get(key, 'missing')!r} in the non-login "
+                                                         f"environment ranks get, expected {value!r}"))
+    return problems
+
+
+def reachability_problems(cluster: Cluster, matrix: dict[str, dict[str, str]]) -> list[Problem]:
+    """Stage 2: every node reaches every peer's listener on its cluster address, and the
+    master's rendezvous port. ``matrix[src][target] = "ok" | reason``."""
+    problems = []
+    for src, row in matrix.items():
+        for target, result in sorted(row.items()):
+            if result != "ok":
+                problems.append(Problem("reachability", src, f"cannot reach {target}: {result}"))
+    return problems
+
+
+def collective_problems(cluster: Cluster, steps: dict[str, list[dict[str, Any]]]) -> list[Problem]:
+    """Stage 3: every rank got through all_reduce (right sum) and all_gather (same versions)."""
+    problems: list[Problem] = []
+    names = [n.name for n in cluster.nodes]
+    last = {node: (steps.get(node) or [{"step": "no output"}])[-1] for node in names}
+    rendezvous = next((s for node in names for s in steps.get(node, []) if s.get("stage") == "rendezvous"), None)
+    if rendezvous:
+        missing = [names[r] for r in rendezvous["missing"]]
+        for node in missing:
+            problems.append(Problem("collective", node, f"never joined the rendezvous at {cluster.master.name}:"
+                                                        f"{cluster.master_port} (joined: "
+                                                        f"{', '.join(names[r] for r in rendezvous['joined']) or 'none'})"))
+        return problems
+    for node in names:
+        step = last[node]
+        if step.get("step") == "error":
+            problems.append(Problem("collective", node, f"{step.get('stage')} failed: {step.get('error')}"))
+        elif step.get("step") != "done":
+            problems.append(Problem("collective", node, f"stopped after {step.get('step')!r} (timed out)"))
+    for node in names:
+        for step in steps.get(node, []):
+            if step.get("step") == "all_reduce" and not step.get("ok"):
+                problems.append(Problem("collective", node, f"all_reduce gave {step['got']}, expected {step['expected']}"))
+    gathered = next((s["versions"] for node in names for s in steps.get(node, []) if s.get("step") == "all_gather"), None)
+    if gathered:
+        problems += version_problems(names, gathered)
+    return problems
+
+
+def version_problems(names: list[str], versions: list[dict[str, Any]]) -> list[Problem]:
+    """The odd node out of the versions every rank reported (majority wins)."""
+    problems = []
+    for key in ("torch", "cuda", "nccl"):
+        values = [v.get(key) for v in versions]
+        if len(set(values)) < 2:
+            continue
+        majority = max(set(values), key=values.count)
+        for node, value in zip(names, values):
+            if value != majority:
+                problems.append(Problem("collective", node, f"{key} {value} differs from the other ranks' {majority}"))
+    return problems
+
+
+def isolate(cluster: Cluster, pair_ok: dict[str, bool]) -> list[Problem]:
+    """Stage 4: with the master and one node at a time, the nodes that fail are at fault; if
+    every pair fails, the master is."""
+    failing = [node for node, ok in pair_ok.items() if not ok]
+    if failing and len(failing) == len(pair_ok) and len(pair_ok) > 1:
+        return [Problem("isolation", cluster.master.name, "every pair with the master fails: the master is at fault")]
+    return [Problem("isolation", node, f"a 2-rank collective between {cluster.master.name} and {node} fails: "
+                                       f"the link to {node} (or {node} itself) is at fault") for node in failing]
