@@ -67,8 +67,8 @@ def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", 
         logger.warning(f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)")
 
     wanted = render_lines("hosts/hosts_block.j2", entries=entries) if present else None
-    change = block_change(path, HOSTS_PURPOSE, current, wanted)
-    if change is None:
+    changes = block_change(path, HOSTS_PURPOSE, current, wanted)
+    if not changes:
         host.noop(f"{path} lists the {len(entries)} cluster nodes" if present else f"{path} has no cluster hosts block")
         return
-    yield change
+    yield from changes

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import operation
+from pyinfra.api.command import PyinfraCommand
 
 from facts.managed_block import BlockState, ManagedBlock
 from operations.remote import fail_command, replace_block_command
@@ -12,21 +13,21 @@ from trainfleet.blocks import markers
 
 def block_change(
     path: str, purpose: str, current: BlockState, lines: list[str] | None,
-    mode: str = "644", owner: str | None = None,
-) -> StringCommand | None:
-    """The command that makes ``path``'s block hold ``lines`` (None: no block), or None if it does.
+    mode: str = "644", owner: str | None = None, top: bool = False,
+) -> list[PyinfraCommand]:
+    """The commands that make ``path``'s block hold ``lines`` (None: no block); [] if it does.
 
     Damaged markers give a failing command: this host fails, the file is left alone.
     """
     if current["broken"]:
-        return fail_command(f"{path}: trainfleet's markers are damaged ({current['broken']}); "
-                            "fix them by hand, nothing was changed")
+        return [fail_command(f"{path}: trainfleet's markers are damaged ({current['broken']}); "
+                             "fix them by hand, nothing was changed")]
     begin, end = markers(purpose)
     if lines is None:
-        return replace_block_command(path, begin, end, [], present=False) if current["block"] is not None else None
+        return replace_block_command(path, begin, end, [], present=False) if current["block"] is not None else []
     if current["block"] == lines:
-        return None
-    return replace_block_command(path, begin, end, lines, mode=mode, owner=owner)
+        return []
+    return replace_block_command(path, begin, end, lines, mode=mode, owner=owner, top=top)
 
 
 @operation()
@@ -52,8 +53,8 @@ def managed_block(path: str, purpose: str, lines: list[str], present: bool = Tru
         )
     """
     current = host.get_fact(ManagedBlock, path=path, purpose=purpose)
-    change = block_change(path, purpose, current, lines if present else None, mode=mode, owner=owner)
-    if change is None:
+    changes = block_change(path, purpose, current, lines if present else None, mode=mode, owner=owner)
+    if not changes:
         host.noop(f"{path}: {purpose} block is up to date")
         return
-    yield change
+    yield from changes

@@ -71,9 +71,7 @@ def nccl_env(env: dict[str, str], problems: list[str] | None = None):
         commands.append(write_file_command(NCCL_PROFILE, profile))
     for path, block, template in ((NCCL_ENVIRONMENT, current["environment"], "nccl_env/environment.j2"),
                                   (NCCL_CONF, current["nccl_conf"], "nccl_env/nccl.conf.j2")):
-        change = block_change(path, ENV_PURPOSE, block, render_lines(template, env=env))
-        if change is not None:
-            commands.append(change)
+        commands += block_change(path, ENV_PURPOSE, block, render_lines(template, env=env))
     if not commands:
         host.noop(f"{len(env)} NCCL variables are in place")
         return

@@ -61,9 +61,7 @@ def pdsh(nodes: list[str], present: bool = True):
     machines = list(nodes) if present else None
     for path, block, lines in ((PDSH_GENDERS, current["genders"], genders),
                                (PDSH_MACHINES, current["machines"], machines)):
-        change = block_change(path, PDSH_PURPOSE, block, lines)
-        if change is not None:
-            commands.append(change)
+        commands += block_change(path, PDSH_PURPOSE, block, lines)
     if not commands:
         host.noop(f"pdsh is set up for {len(nodes)} nodes")
         return

@@ -10,7 +10,10 @@ pyinfra's QuoteString: nothing of the user's is ever spliced into the script.
 
 from __future__ import annotations
 
-from pyinfra.api import QuoteString, StringCommand
+from io import StringIO
+
+from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
+from pyinfra.api.command import PyinfraCommand
 
 # Shared tail: give the temp file the target's metadata, then rename it into place.
 _INSTALL = r"""
@@ -31,13 +34,19 @@ t=$(mktemp "$f.trainfleet.XXXXXX")
 trap 'rm -f "$t"' EXIT
 if [ -e "$f" ]; then src=$f; else src=/dev/null; fi
 awk '
-BEGIN { b = ENVIRON["TF_BEGIN"]; e = ENVIRON["TF_END"]; blk = ENVIRON["TF_BLOCK"]; keep = ENVIRON["TF_KEEP"] == "1" }
+BEGIN {
+  b = ENVIRON["TF_BEGIN"]; e = ENVIRON["TF_END"]; keep = ENVIRON["TF_KEEP"] == "1"; top = ENVIRON["TF_TOP"] == "1"
+  blk = ENVIRON["TF_BLOCK"]; f = ENVIRON["TF_BLOCK_FILE"]
+  if (f != "") { blk = ""; while ((getline line < f) > 0) blk = blk line "\n" }
+}
+top && keep && !put && NR == 1 { printf "%s", blk; put = 1 }
 !done && $0 == b { skip = 1; next }
-skip && $0 == e { skip = 0; done = 1; if (keep) printf "%s", blk; next }
+skip && $0 == e { skip = 0; done = 1; if (keep && !put) { printf "%s", blk; put = 1 }; next }
 skip { next }
 { print }
-END { if (!done && keep) printf "%s", blk }
+END { if (keep && !put) printf "%s", blk }
 ' "$src" > "$t"
+if [ -n "$TF_BLOCK_FILE" ]; then rm -f "$TF_BLOCK_FILE"; fi
 """ + _INSTALL
 
 _WRITE_FILE = r"""set -e
@@ -58,15 +67,27 @@ def _sh(script: str, env: dict[str, str], *args: str) -> StringCommand:
     )
 
 
+# Linux caps one argument at 128 KiB: larger blocks (known hosts of hundreds of nodes)
+# are uploaded beside the target instead of travelling on the command line.
+INLINE_LIMIT = 64 * 1024
+
+
 def replace_block_command(
     path: str, begin: str, end: str, lines: list[str], present: bool = True,
-    mode: str = "644", owner: str | None = None,
-) -> StringCommand:
-    """Put ``lines`` between the markers in ``path`` (appending the block if absent),
-    or with ``present=False`` remove the block. A new file gets ``mode`` and ``owner``."""
+    mode: str = "644", owner: str | None = None, top: bool = False,
+) -> list[PyinfraCommand]:
+    """Put ``lines`` between the markers in ``path`` where the block stands (if absent:
+    appended, or first in the file with ``top``), or with ``present=False`` remove it.
+    A new file gets ``mode`` and ``owner``."""
     block = "".join(f"{line}\n" for line in [begin, *lines, end])
-    env = {"TF_BEGIN": begin, "TF_END": end, "TF_BLOCK": block, "TF_KEEP": "1" if present else "0"}
-    return _sh(_REPLACE_BLOCK, env, path, mode, owner or "")
+    env = {"TF_BEGIN": begin, "TF_END": end, "TF_KEEP": "1" if present else "0"}
+    if top:
+        env["TF_TOP"] = "1"
+    if len(block) <= INLINE_LIMIT:
+        return [_sh(_REPLACE_BLOCK, {**env, "TF_BLOCK": block}, path, mode, owner or "")]
+    staged = f"{path}.trainfleet-block"
+    return [FileUploadCommand(StringIO(block), staged),
+            _sh(_REPLACE_BLOCK, {**env, "TF_BLOCK_FILE": staged}, path, mode, owner or "")]
 
 
 def write_file_command(path: str, content: str, mode: str = "644", owner: str | None = None) -> StringCommand:

@@ -65,11 +65,11 @@ def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS):
         )
     """
     current = host.get_fact(ManagedBlock, path=path, purpose=KNOWN_HOSTS_PURPOSE)
-    change = block_change(path, KNOWN_HOSTS_PURPOSE, current, entries)
-    if change is None:
+    changes = block_change(path, KNOWN_HOSTS_PURPOSE, current, entries)
+    if not changes:
         host.noop(f"{path} holds {len(entries)} cluster host keys")
         return
-    yield change
+    yield from changes
 
 
 @operation()
@@ -120,13 +120,12 @@ def _mesh_user_changes(user, current, identity, authorized, peers):
         yield from _identity_changes(identity, current, key_path, user, owner)
 
     config = render_lines("ssh_mesh/ssh_config.j2", nodes=peers, user=user, key_name=MESH_KEY_NAME)
-    for name, purpose, block, lines in (
-        ("authorized_keys", AUTHORIZED_PURPOSE, current["authorized"], authorized),
-        ("config", CONFIG_PURPOSE, current["config"], config),
-    ):
-        change = block_change(f"{ssh_dir}/{name}", purpose, block, lines, mode="600", owner=owner)
-        if change is not None:
-            yield change
+    yield from block_change(f"{ssh_dir}/authorized_keys", AUTHORIZED_PURPOSE, current["authorized"], authorized,
+                            mode="600", owner=owner)
+    # First in ~/.ssh/config: ssh takes the first value it finds, so a `Host *` of the user's
+    # above the block would otherwise override User/Port/IdentityFile for the cluster.
+    yield from block_change(f"{ssh_dir}/config", CONFIG_PURPOSE, current["config"], config,
+                            mode="600", owner=owner, top=True)
 
 
 def _identity_changes(identity: KeyPair, current, key_path: str, user: str, owner: str):

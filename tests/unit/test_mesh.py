@@ -51,3 +51,29 @@ def test_a_revoked_node_leaves_every_authorized_keys_until_rotated(tmp_path):
     store.rotate("root", "b")
     after = authorized_lines(cluster, "root", store)
     assert after[0] == before[0] and after[1] != before[1]
+
+
+def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defaults(tmp_path):
+    """What `ssh -G` (the real client) resolves with the block first and the user's own
+    `Host *` defaults after it, as trainfleet writes ~/.ssh/config."""
+    import subprocess
+
+    from operations.render import render_lines
+    from trainfleet.blocks import markers
+
+    cluster = Cluster.parse(SPEC)
+    begin, end = markers("ssh mesh hosts")
+    block = render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user="root", key_name="id_trainfleet")
+    config = tmp_path / "config"
+    config.write_text("\n".join([begin, *block, end, "ServerAliveInterval 42", "Host *", "    User alice",
+                                 "    Port 2200"]) + "\n")
+
+    def resolved(host: str) -> dict[str, str]:
+        out = subprocess.run(["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True).stdout
+        return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+    b = resolved("b")
+    assert (b["user"], b["hostname"], b["port"]) == ("root", "192.0.2.2", "2222")
+    assert b["serveraliveinterval"] == "42"  # the user's own default still applies
+    other = resolved("fileserver")
+    assert (other["user"], other["port"]) == ("alice", "2200")
