@@ -98,10 +98,14 @@ def write_file_command(path: str, content: str, mode: str = "644", owner: str | 
     return _sh(_WRITE_FILE, {"TF_CONTENT": content}, path, mode, owner or "")
 
 
+class FailCommand(StringCommand):
+    """A command that only fails; composing operations can tell it from real changes."""
+
+
 def fail_command(message: str) -> StringCommand:
     """A command that fails this host's operation with ``message`` on stderr.
 
     Raising in an operation aborts the whole run; failing its command fails only
     this host, so every other node still converges and the report names this one.
     """
-    return StringCommand("echo", QuoteString(f"trainfleet: {message}"), "1>&2;", "exit", "1")
+    return FailCommand("echo", QuoteString(f"trainfleet: {message}"), "1>&2;", "exit", "1")

@@ -15,7 +15,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.pdsh import OsFamilyT
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
-from operations.remote import fail_command, write_file_command
+from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import VENV_DIR
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -412,6 +412,10 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
                                           allow_change=bool(pins.get("allow_change")))
     finally:
         _prefetched.pop(host.name, None)
+    refusals = [c for c in commands if isinstance(c, FailCommand)]
+    if refusals:  # a refused part fails the node before anything else on it changes
+        yield refusals[0]
+        return
     if not commands:
         host.noop("the pinned stack is in place")
         return

@@ -15,6 +15,8 @@ TestCudaRepo = make_operation_tests("operations", "stack.cuda_repo", FIXTURES / 
 TestPackages = make_operation_tests("operations", "stack.packages", FIXTURES / "packages")
 TestGcc = make_operation_tests("operations", "stack.gcc", FIXTURES / "gcc")
 TestTorchVenv = make_operation_tests("operations", "stack.torch_venv", FIXTURES / "torch_venv")
+# What deploy/cluster.py calls: the whole stack from one fact read; a refused part changes nothing.
+TestSoftware = make_operation_tests("operations", "stack.software", FIXTURES / "software")
 
 PROD = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "torch": "2.4.1", "torch_cuda": "cu124", "gcc": "11"}
 
