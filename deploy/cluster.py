@@ -8,7 +8,7 @@ from operations import hosts, launchers, nccl_env, pdsh, ssh_mesh, stack
 from trainfleet import mesh
 from trainfleet.inventory import this_node
 from trainfleet.keystore import KeyStore
-from trainfleet.nccl import uniform_variables
+from trainfleet.nccl import Derived, uniform_variables
 
 cluster, node = this_node()
 keys = KeyStore(cluster.name)
@@ -32,10 +32,11 @@ stack.software(name="Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)", p
 
 # NCCL network environment: from each node's own network, where every rank sees it.
 derived = nccl_env.cluster_nccl_env(cluster)
+mine = derived.get(node.name) or Derived(problems=["the node's network could not be read"])
 nccl_env.nccl_env(name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
-                  env=derived[node.name].env, problems=derived[node.name].problems)
+                  env=mine.env, problems=mine.problems)
 
 # Launchers: DeepSpeed, OpenMPI, accelerate, torchrun and ColossalAI, all from the spec.
 uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
 launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(
-    cluster, node, forward={k: v for k, v in derived[node.name].env.items() if k in uniform}))
+    cluster, node, forward={k: v for k, v in mine.env.items() if k in uniform}))
