@@ -85,6 +85,27 @@ def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
         lab.ssh("node1", f"kill {pid}")
 
 
+def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab):
+    lab, inventory = torch_lab
+    # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
+    # own network namespace and drops what it sends to port 29500, nothing else.
+    lab.ssh("node3", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
+                     "nft add table inet tf_test && "
+                     "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
+                     "nft add rule inet tf_test out tcp dport 29500 drop")
+    try:
+        run, report, _ = preflight(inventory)
+        assert run.returncode != 0
+        found = problems(report)
+        reach = [(node, cause) for node, stage, cause in found if stage == "reachability"]
+        assert [node for node, _ in reach] == ["node3"]
+        assert reach[0][1].startswith("cannot reach node1:29500")
+        assert {node for node, _, _ in found} == {"node3"}
+    finally:
+        lab.ssh("node3", "nft delete table inet tf_test")
+    assert_nothing_left_running(lab)
+
+
 def test_missing_gloo_and_nccl_variables_in_one_nodes_non_login_environment_are_named(torch_lab):
     lab, inventory = torch_lab
     lab.ssh("node3", "sed -i '/^\\(NCCL\\|GLOO\\)_/d' /etc/environment")
