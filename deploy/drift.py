@@ -7,10 +7,11 @@ of what differs goes to stderr, the JSON report to .trainfleet/reports/drift-<cl
 fails: the run exits non-zero. Nothing on any node is changed.
 """
 
-from operations import drift
+from operations import drift, report
 from trainfleet.inventory import this_node
 
 cluster, node = this_node()
 
-report = drift.cluster_report(cluster)
-drift.no_drift(name="Node matches the spec and its peers", findings=[str(f) for f in report.findings_for(node.name)])
+found = drift.cluster_report(cluster)
+report.verdict(name="Node matches the spec and its peers", check="drift",
+               problems=[str(f) for f in found.findings_for(node.name)], passed="matches the spec and its peers")

@@ -12,11 +12,11 @@ A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluste
 A node with a problem fails the run. Nothing is changed, nothing is left running.
 """
 
-from operations import preflight
+from operations import preflight, report
 from trainfleet.inventory import this_node
 
 cluster, node = this_node()
 
-report = preflight.cluster_preflight(cluster)
-preflight.verdict(name="This node can train with the others",
-                  problems=[str(p) for p in report.problems_for(node.name)])
+result = preflight.cluster_preflight(cluster)
+report.verdict(name="This node can train with the others", check="preflight",
+               problems=[str(p) for p in result.problems_for(node.name)], passed="passed every preflight stage")

@@ -12,13 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host
-from pyinfra.api import operation
-
 from facts.fingerprint import NodeFingerprint
 from operations.gather import gather_fact, once_per_run
 from operations.launchers import LAUNCHER_FILES, render_launchers
-from operations.remote import fail_command
 from operations.render import render, render_lines
 from operations.report import publish
 from operations.report import report_path as report_file
@@ -175,22 +171,3 @@ def _publish(result: Report) -> None:
     publish(f"Drift report for {result.cluster}", result.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1"),
             [f"[{f.node}] {f}" for f in result.findings], result.dumps(), report_path(result.cluster),
             "TRAINFLEET_DRIFT_JSON")
-
-
-@operation()
-def no_drift(findings: list[str]):
-    """
-    The node's verdict: no change, ever; fails the node when it drifted.
-
-    + findings: what differs on this node (from ``cluster_report(...).findings_for(node)``)
-
-    **Example:**
-
-    .. code:: python
-
-        drift.no_drift(name="Node matches the spec and its peers", findings=[])
-    """
-    if not findings:
-        host.noop("matches the spec and its peers")
-        return
-    yield fail_command("drift: " + "; ".join(findings))

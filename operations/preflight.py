@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import gevent.pool
-from pyinfra import host
-from pyinfra.api import QuoteString, State, StringCommand, operation
+from pyinfra.api import QuoteString, State, StringCommand
 
 from operations.gather import once_per_run
 from operations.nccl_env import cluster_nccl_env
-from operations.remote import fail_command
 from operations.report import publish
 from operations.report import report_path as report_file
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
@@ -268,22 +266,3 @@ def _publish(result: PreflightReport) -> None:
         lines.append("the cluster can train: every stage passed")
     publish(f"Preflight for {result.cluster}", result.table(), lines, result.dumps(), report_path(result.cluster),
             "TRAINFLEET_PREFLIGHT_JSON")
-
-
-@operation()
-def verdict(problems: list[str]):
-    """
-    The node's preflight verdict: no change; fails the node with its problems.
-
-    + problems: this node's problems, from ``cluster_preflight(...).problems_for(node)``
-
-    **Example:**
-
-    .. code:: python
-
-        preflight.verdict(name="This node can train", problems=[])
-    """
-    if not problems:
-        host.noop("passed every preflight stage")
-        return
-    yield fail_command("preflight: " + "; ".join(problems))

@@ -1,4 +1,4 @@
-"""Publishing a run's report: a table for people on stderr, JSON for scripts."""
+"""A check run's output: a table for people on stderr, JSON for scripts, a verdict per node."""
 
 from __future__ import annotations
 
@@ -6,6 +6,10 @@ import os
 import sys
 from pathlib import Path
 
+from pyinfra import host
+from pyinfra.api import operation
+
+from operations.remote import fail_command
 from trainfleet.keystore import store_root
 
 
@@ -28,3 +32,25 @@ def publish(title: str, table: str, lines: list[str], json_text: str, path: Path
     print(f"    JSON report: {path}\n", file=sys.stderr)
     if os.environ.get(stdout_env) == "-":
         print(json_text)
+
+
+@operation()
+def verdict(check: str, problems: list[str], passed: str):
+    """
+    A node's verdict in a read-only check run: no change, ever; fails the node with its problems.
+
+    + check: the check's name, prefixed to the problems (``drift``, ``preflight``)
+    + problems: this node's problems; none means it passed
+    + passed: the no-change message when it passed
+
+    **Example:**
+
+    .. code:: python
+
+        report.verdict(name="Node matches the spec and its peers", check="drift", problems=[],
+                       passed="matches the spec and its peers")
+    """
+    if not problems:
+        host.noop(passed)
+        return
+    yield fail_command(f"{check}: " + "; ".join(problems))
