@@ -11,14 +11,14 @@ LAB_NODES ?= 3
 HOST_PACKAGES := iproute2 openssh-server openssh-client tini python3-venv
 # Debian packages lab tests install inside nodes, pre-downloaded into the host's apt cache
 # because nodes have no network.
-NODE_PACKAGES := pdsh nftables
+NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11
 # PyTorch and its dependencies for the nodes' venvs, as an air-gapped cluster gets them:
 # a wheelhouse (nodes read it through the host's / below them). torch 2.13.0 is the CPU
 # build this kind of machine serves from its own disk.
 WHEELHOUSE := /var/cache/trainfleet/wheelhouse
 NODE_TORCH := torch==2.13.0
 
-.PHONY: venv host-deps demo test unit lab-down clean
+.PHONY: venv host-deps demo test unit bench lab-down clean
 
 venv: $(VENV)/.installed
 

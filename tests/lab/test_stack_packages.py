@@ -1,0 +1,98 @@
+"""The pinned stack's package branch with real apt and dpkg on Debian 12 nodes: NVIDIA's
+repository (a local stand-in, see tests/lab/nvidia_repo.py: NVIDIA's package names and
+version strings, and newer versions beside the pinned ones), exact versions, holds that
+survive `apt-get upgrade`, a node moved off its pin refused; and gcc-11 installed beside
+Debian's default gcc 12 (from the host's apt cache) and selected with update-alternatives.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tests.lab import nvidia_repo
+from tests.lab.harness import deploy_twice, fact, pyinfra
+
+DEPLOY = "deploy/cluster.py"
+NODES = ["node1", "node2", "node3"]
+MIRROR = "/srv/nvidia-mirror"  # on every node, as a site mirror of NVIDIA's repos would be
+STACK = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "gcc": "11", "cuda_repo": f"file://{MIRROR}"}
+OP = "Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)"
+VERSIONS = "dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 cuda-toolkit-12-4"
+PINNED = {"libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4", "libcudnn9-cuda-12": "9.1.0.70-1",
+          # `cuda: 12.4` pins the series: the newest 12.4 package the repository has, then held
+          "cuda-toolkit-12-4": nvidia_repo.NEWER["cuda-toolkit-12-4"]}
+
+
+def versions(lab, node: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in lab.ssh(node, VERSIONS).splitlines())
+
+
+@pytest.fixture(scope="module")
+def pinned(lab, tmp_path_factory):
+    lab.fresh(3)
+    work = tmp_path_factory.mktemp("nvidia")
+    nvidia_repo.build(work / "mirror")
+    for node in NODES:
+        lab.copy_tree(node, work / "mirror", MIRROR)
+    inventory = lab.spec_inventory(work, stack=STACK)
+    first, _ = deploy_twice(inventory, DEPLOY)
+    return SimpleNamespace(lab=lab, inventory=inventory, first=first, work=work)
+
+
+def test_every_node_has_exactly_the_pinned_versions_not_the_newest(pinned):
+    lab = pinned.lab
+    assert sorted(pinned.first.changed()[OP]) == NODES
+    for node in NODES:
+        assert versions(lab, node) == PINNED, node
+    # The repository offered newer ones: apt's candidate is not what got installed.
+    policy = lab.ssh("node1", "apt-cache policy libnccl2")
+    assert f"Candidate: {nvidia_repo.NEWER['libnccl2']}" in policy
+    assert lab.ssh("node1", "cat /etc/apt/sources.list.d/cuda-debian12-x86_64.list") == \
+        f"deb [signed-by={nvidia_repo.KEYRING}] file://{MIRROR}/debian12/x86_64/ /\n"
+
+
+def test_the_pins_are_held_and_survive_apt_get_upgrade(pinned):
+    lab = pinned.lab
+    for node in NODES:
+        assert sorted(lab.ssh(node, "apt-mark showhold").split()) == sorted(PINNED), node
+    # Offline nodes cannot fetch Debian's own updates, so the upgrade is run against the CUDA
+    # repository alone, which holds the newer versions of every pinned package.
+    upgrade = lab.ssh("node2", "DEBIAN_FRONTEND=noninteractive apt-get upgrade -y "
+                               "-o Dir::Etc::SourceList=/etc/apt/sources.list.d/cuda-debian12-x86_64.list "
+                               "-o Dir::Etc::SourceParts=/nonexistent 2>&1", timeout=120)
+    kept = upgrade.split("kept back:", 1)[1].split("\n0 upgraded")[0].split()
+    older = sorted(name for name, version in PINNED.items() if version != nvidia_repo.NEWER[name])
+    assert sorted(kept) == older, upgrade  # apt saw the newer versions and kept the held ones back
+    assert versions(lab, "node2") == PINNED
+    facts = fact(pinned.inventory, "facts.stack.StackVersions", "venv=/opt/trainfleet/venv")
+    assert facts["node2"]["packages"]["libnccl2"] == PINNED["libnccl2"]
+    assert set(facts["node2"]["held"]) == set(PINNED)
+
+
+def test_gcc_11_is_selected_beside_the_default_12(pinned):
+    lab = pinned.lab
+    for node in NODES:
+        assert lab.ssh(node, "gcc -dumpversion; g++ -dumpversion; gcc-12 -dumpversion").split() == ["11", "11", "12"]
+        assert lab.ssh(node, "readlink -f /usr/bin/gcc").strip() == "/usr/bin/x86_64-linux-gnu-gcc-11"
+
+
+def test_a_node_moved_off_its_pin_is_refused_unchanged_then_moved_back_when_allowed(pinned, tmp_path):
+    lab = pinned.lab
+    newer = nvidia_repo.NEWER
+    lab.ssh("node3", "apt-mark unhold libnccl2 libnccl-dev >/dev/null && DEBIAN_FRONTEND=noninteractive "
+                     f"apt-get install -y -q libnccl2={newer['libnccl2']} libnccl-dev={newer['libnccl-dev']} >/dev/null")
+
+    refused = pyinfra(pinned.inventory, DEPLOY)
+
+    assert refused.returncode != 0
+    assert refused.errors()[OP] == ["node3"]
+    assert f"libnccl2 is {newer['libnccl2']} here, the pin is {PINNED['libnccl2']}" in refused.stderr
+    assert versions(lab, "node3")["libnccl2"] == newer["libnccl2"]  # nothing changed on it
+
+    allowed = lab.spec_inventory(tmp_path, stack={**STACK, "allow_change": True})
+    first, _ = deploy_twice(allowed, DEPLOY)
+    assert first.changed()[OP] == ["node3"]
+    assert versions(lab, "node3") == PINNED
+    assert sorted(lab.ssh("node3", "apt-mark showhold").split()) == sorted(PINNED)
