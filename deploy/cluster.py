@@ -4,7 +4,8 @@ Each line is one capability; its operation lives in operations/<capability>.py,
 its facts in facts/<capability>.py, its templates in templates/<capability>/.
 """
 
-from operations import hosts, launchers, nccl_env, pdsh, ssh_mesh, stack
+from facts.fingerprint import DeployState
+from operations import gather, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
 from trainfleet import mesh
 from trainfleet.inventory import this_node
 from trainfleet.keystore import KeyStore
@@ -12,6 +13,9 @@ from trainfleet.nccl import Derived, uniform_variables
 
 cluster, node = this_node()
 keys = KeyStore(cluster.name)
+
+# What every node is now: all the facts the steps below read, one remote command per node.
+gather.read_once(DeployState, users=cluster.mesh_users)
 
 # Names: every node knows itself and every peer by name.
 hosts.hostname(name="Hostname is the node's spec name", hostname=node.name)
@@ -36,7 +40,12 @@ mine = derived.get(node.name) or Derived(problems=["the node's network could not
 nccl_env.nccl_env(name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
                   env=mine.env, problems=mine.problems)
 
-# Launchers: DeepSpeed, OpenMPI, accelerate, torchrun and ColossalAI, all from the spec.
+# OpenMPI: its TCP and wire-up layers on the same cluster network, for every mesh user.
+mca, mca_problems = openmpi.cluster_mca_params(cluster)
+openmpi.mca_params(name="OpenMPI network (~/.openmpi/mca-params.conf)", users=cluster.mesh_users,
+                   params=mca, problems=mca_problems)
+
+# Launchers: DeepSpeed, OpenMPI, Horovod, accelerate, torchrun and ColossalAI, all from the spec.
 uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
 launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(
-    cluster, node, forward={k: v for k, v in mine.env.items() if k in uniform}))
+    cluster, node, forward={k: v for k, v in mine.env.items() if k in uniform}, mca=mca))

@@ -15,6 +15,7 @@ from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.launchers import LauncherFiles
 from facts.managed_block import ManagedBlock, split_sections
 from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
+from facts.openmpi import OpenMpiState
 from facts.pdsh import PdshState
 from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
 from facts.stack import StackVersions
@@ -61,49 +62,51 @@ class Identity(FactBase[dict[str, Any]]):
         return data
 
 
-def sections(users: list[str], peers: list[str]) -> dict[str, tuple[type[FactBase], dict[str, Any]]]:
-    """Section name -> (fact, its arguments): everything a converged node is checked on."""
-    parts: dict[str, tuple[type[FactBase], dict[str, Any]]] = {
-        "identity": (Identity, {}),
-        "hostname": (HostnameState, {}),
+Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
+
+
+def deploy_sections(users: list[str]) -> Parts:
+    """Every fact deploy/cluster.py's operations read, with the arguments they read it with."""
+    parts: Parts = {
+        "hostname": (HostnameState, {"path": "/etc/hostname"}),
         "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
         "host_keys": (SshHostKeys, {}),
         "known_hosts": (ManagedBlock, {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE}),
         "pdsh": (PdshState, {}),
         "network": (NcclNetwork, {}),
         "nccl_files": (NcclEnvFiles, {}),
-        "nccl_seen": (NcclEnvSeen, {}),
         "launchers": (LauncherFiles, {"directory": LAUNCH_DIR}),
         "stack": (StackVersions, {"venv": VENV_DIR}),
+        "openmpi": (OpenMpiState, {"users": list(users)}),
     }
     for user in users:
         parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
+    return parts
+
+
+def sections(users: list[str], peers: list[str]) -> Parts:
+    """Everything a converged node is checked on: what the deploy reads, plus the machine's
+    identity, the NCCL variables as processes see them and a live probe of the SSH mesh."""
+    parts: Parts = {"identity": (Identity, {}), **deploy_sections(users), "nccl_seen": (NcclEnvSeen, {})}
+    for user in users:
         parts[f"mesh_proof:{user}"] = (SshMeshProof, {"user": user, "peers": list(peers)})
     return parts
 
 
-class NodeFingerprint(FactBase[dict[str, Any]]):
-    """
-    Everything convergence depends on, in one remote command: identity and hardware, the
-    names, the SSH mesh (files and a live probe of every peer), pdsh, the network and the
-    NCCL variables as non-login and login shells see them, the launcher files, the stack.
+class FactBundle(FactBase[dict[str, Any]]):
+    """Several facts in one remote command: each fact's command runs in the same shell, its
+    output marked, and goes to that fact's own ``process``. Subclasses name the parts."""
 
-    + users: the mesh users
-    + peers: every node's name (the mesh probe's targets)
+    def parts(self, **kwargs: Any) -> Parts:
+        raise NotImplementedError
 
-    .. code:: python
-
-        {"identity": {...}, "hostname": {"running": "gpu-a01", "static": "gpu-a01"},
-         "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
-    """
-
-    def command(self, users: list[str], peers: list[str]) -> StringCommand:
+    def command(self, **kwargs: Any) -> StringCommand:
         self._facts: dict[str, FactBase] = {}
         pieces: list[Any] = []
-        for name, (fact_cls, kwargs) in sections(users, peers).items():
+        for name, (fact_cls, fact_kwargs) in self.parts(**kwargs).items():
             fact = fact_cls()
             self._facts[name] = fact
-            command = fact.command(**kwargs)
+            command = fact.command(**fact_kwargs)
             if isinstance(command, str):
                 command = StringCommand(command)
             pieces += ["echo", f"'{_MARK} {name}';", "(", command, ")", "2>/dev/null;"]
@@ -117,3 +120,46 @@ class NodeFingerprint(FactBase[dict[str, Any]]):
             # pyinfra gives an empty output the fact's default, not process([]); so do we.
             result[name] = fact.process(lines) if lines else fact.default()
         return result
+
+
+class NodeFingerprint(FactBundle):
+    """
+    Everything convergence depends on, in one remote command: identity and hardware, the
+    names, the SSH mesh (files and a live probe of every peer), pdsh, the network and the
+    NCCL variables as non-login and login shells see them, the launcher files, the stack,
+    OpenMPI and its parameter files.
+
+    + users: the mesh users
+    + peers: every node's name (the mesh probe's targets)
+
+    .. code:: python
+
+        {"identity": {...}, "hostname": {"running": "gpu-a01", "static": "gpu-a01"},
+         "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
+    """
+
+    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
+        return sections(users, peers)
+
+    def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
+        return super().command(users=users, peers=peers)
+
+
+class DeployState(FactBundle):
+    """
+    Every fact deploy/cluster.py's operations read, in one remote command (what the node is
+    before this run; pyinfra v3 reads facts before any change, so reading them at once is
+    the same as reading them one by one).
+
+    + users: the mesh users
+
+    .. code:: python
+
+        {"hostname": {...}, "hosts": {...}, "stack": {...}, "mesh_user:root": {...}, ...}
+    """
+
+    def parts(self, users: list[str]) -> Parts:  # type: ignore[override]
+        return deploy_sections(users)
+
+    def command(self, users: list[str]) -> StringCommand:  # type: ignore[override]
+        return super().command(users=users)

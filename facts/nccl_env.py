@@ -52,7 +52,8 @@ class NcclNetwork(FactBase[NcclNetworkT]):
     .. code:: python
 
         {
-            "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"], "bridge": False}],
+            "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"], "cidrs": ["198.18.0.11/24"],
+                            "bridge": False}],
             "ib_ports": [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet", "state": "4:ACTIVE",
                           "gids": [{"index": 3, "type": "RoCE_v2", "gid": "0000:...:ffff:c612:000b", "ndev": "ens1f0"}]}],
         }
@@ -69,6 +70,7 @@ class NcclNetwork(FactBase[NcclNetworkT]):
             if kind == "addr" and len(fields) >= 3:
                 iface = interfaces.setdefault(fields[0], {"name": fields[0], "addresses": [], "bridge": False})
                 iface["addresses"].append(fields[2].split("/")[0])
+                iface.setdefault("cidrs", []).append(fields[2])
             elif kind == "bridge":
                 interfaces.setdefault(fields[0], {"name": fields[0], "addresses": [], "bridge": False})["bridge"] = True
             elif kind == "port" and len(fields) >= 3:

@@ -27,8 +27,9 @@ from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive, uniform_variables
+from trainfleet.openmpi import cluster_params
 
-NCCL_PREFIXES = ("NCCL_", "GLOO_")
+NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 
 
 def _env_string(env: dict[str, str]) -> str:
@@ -65,6 +66,7 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
         "cuda": (stack.get("nvcc") or {}).get("release") or ABSENT,
         "torch": (stack.get("torch") or {}).get("version") or ABSENT,
         "gcc": (stack.get("gcc") or {}).get("version") or ABSENT,
+        "openmpi": fp["openmpi"]["version"] or ABSENT,
     }
     for name, version in sorted(stack.get("packages", {}).items()):
         if name.startswith(("libnccl", "libcudnn", "cuda-toolkit")):
@@ -73,6 +75,8 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
         state = fp[f"mesh_user:{user}"]
         props[f"authorized_keys ({user})"] = digest(state["authorized"]["block"])
         props[f"ssh config ({user})"] = digest(state["config"]["block"])
+        mpi_user = fp["openmpi"]["users"].get(user)
+        props[f"openmpi params ({user})"] = digest(mpi_user["params"]["block"] if mpi_user else None)
         key = state["identity"]
         props[f"cluster key ({user})"] = f"{key['sha256'][:12]} {key['mode']}" if key else ABSENT
         failures = {peer: why for peer, why in fp[f"mesh_proof:{user}"].items() if why != "ok"}
@@ -86,6 +90,7 @@ def expect(cluster: Cluster, node: Node, keys: KeyStore, host_keys: dict[str, li
     """What the spec says the node's properties must be: rendered exactly as the deploy renders."""
     mine = derived.get(node.name)
     uniform = uniform_variables({n: d.env for n, d in derived.items() if not d.problems})
+    mca, mca_problems = cluster_params(derived, cluster.openmpi)
     props = {
         "hostname": node.name,
         "hostname (persistent)": node.name,
@@ -103,7 +108,7 @@ def expect(cluster: Cluster, node: Node, keys: KeyStore, host_keys: dict[str, li
                                           *render_lines("nccl_env/environment.j2", env=mine.env), "--",
                                           *render_lines("nccl_env/nccl.conf.j2", env=mine.env)])
         forward = {k: v for k, v in mine.env.items() if k in uniform}
-        files = render_launchers(cluster, node, forward=forward)
+        files = render_launchers(cluster, node, forward=forward, mca=mca)
         props["launcher files"] = _launchers_digest(
             files, lambda f: hashlib.sha256(f[0].encode()).hexdigest())
     for user in cluster.mesh_users:
@@ -111,6 +116,8 @@ def expect(cluster: Cluster, node: Node, keys: KeyStore, host_keys: dict[str, li
         props[f"ssh config ({user})"] = digest(render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes,
                                                             user=user, key_name=MESH_KEY_NAME))
         props[f"ssh mesh ({user})"] = "ok"
+        if not mca_problems:
+            props[f"openmpi params ({user})"] = digest(render_lines("openmpi/mca_params.j2", params=mca))
         identity = mesh.identity(user, node, keys)
         props[f"cluster key ({user})"] = (f"{hashlib.sha256(identity.private.encode()).hexdigest()[:12]} 600"
                                           if identity else ABSENT)

@@ -7,6 +7,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.managed_block import ManagedBlock
+from operations.gather import fact
 from operations.managed_block import block_change
 from operations.remote import write_file_command
 from operations.render import render_lines
@@ -30,7 +31,7 @@ def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
 
         hosts.hostname(name="Hostname is gpu-a01", hostname="gpu-a01")
     """
-    state = host.get_fact(HostnameState, path=hostname_file)
+    state = fact(HostnameState, path=hostname_file)
     if state["running"] == hostname and state["static"] == hostname:
         host.noop(f"hostname is {hostname}")
         return
@@ -61,7 +62,7 @@ def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", 
             entries=[("192.0.2.11", ["gpu-a01.cluster.example.com", "gpu-a01"])],
         )
     """
-    current = host.get_fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE)
+    current = fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE)
     expected = {name.lower(): address for address, names in entries for name in names}
     for stale in stale_lines(current["outside"], expected) if present else []:
         logger.warning(f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)")

@@ -8,6 +8,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.launchers import LauncherFiles
+from operations.gather import fact
 from operations.remote import write_file_command
 from operations.render import render_lines
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
@@ -21,6 +22,7 @@ LAUNCHER_FILES = {
     "torchrun.sh": ("launchers/torchrun.sh.j2", "755"),
     "mpirun.sh": ("launchers/mpirun.sh.j2", "755"),
     "colossalai.sh": ("launchers/colossalai.sh.j2", "755"),
+    "horovod.sh": ("launchers/horovod.sh.j2", "755"),
     "README": ("launchers/README.j2", "644"),
     # Read by DeepSpeed's runner from the directory it is started in. Its parser accepts no
     # blank or comment lines, so the template writes KEY=VALUE lines only.
@@ -28,16 +30,23 @@ LAUNCHER_FILES = {
 }
 
 
-def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
+def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None,
+                     mca: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
     """Every launcher file for ``node``: name -> (content, mode).
 
     + forward: variables with the same value on every node, which launchers may pass on to
       every rank (``mpirun -x``, ``.deepspeed_env``); per-node values (interface names) are
       left to each node's own environment
+    + mca: OpenMPI's MCA parameters (the same on every node), repeated on the mpirun line
     """
     forward = forward or {}
+    mca = mca or {}
+    # Horovod takes interface names only: given when every node's is the same (GLOO_SOCKET_IFNAME
+    # is then uniform), else left to Horovod, which looks for the NICs all workers share.
+    nics = forward.get("GLOO_SOCKET_IFNAME")
     context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
-               "forward": sorted(forward), "forward_env": dict(sorted(forward.items()))}
+               "forward": sorted(forward), "forward_env": dict(sorted(forward.items())), "mca": mca,
+               "nics": nics}
     return {name: ("".join(f"{line}\n" for line in render_lines(template, **context)), mode)
             for name, (template, mode) in LAUNCHER_FILES.items()}
 
@@ -56,7 +65,7 @@ def launcher_files(files: dict[str, tuple[str, str]], directory: str = LAUNCH_DI
 
         launchers.launcher_files(name="Launcher configs", files=render_launchers(cluster, node))
     """
-    current = host.get_fact(LauncherFiles, directory=directory)
+    current = fact(LauncherFiles, directory=directory)
     commands = []
     for name, (content, mode) in sorted(files.items()):
         path = f"{directory}/{name}"

@@ -7,6 +7,7 @@ from pyinfra.api import operation
 from pyinfra.api.command import PyinfraCommand
 
 from facts.managed_block import BlockState, ManagedBlock
+from operations.gather import fact
 from operations.remote import fail_command, replace_block_command
 from trainfleet.blocks import markers
 
@@ -52,7 +53,7 @@ def managed_block(path: str, purpose: str, lines: list[str], present: bool = Tru
             path="/etc/genders", purpose="pdsh nodes", lines=["gpu-a01 trainfleet"],
         )
     """
-    current = host.get_fact(ManagedBlock, path=path, purpose=purpose)
+    current = fact(ManagedBlock, path=path, purpose=purpose)
     changes = block_change(path, purpose, current, lines if present else None, mode=mode, owner=owner)
     if not changes:
         host.noop(f"{path}: {purpose} block is up to date")

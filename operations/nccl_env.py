@@ -6,7 +6,7 @@ from pyinfra import host, logger
 from pyinfra.api import operation
 
 from facts.nccl_env import NcclEnvFiles, NcclNetwork
-from operations.gather import gather_fact, once_per_run
+from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from operations.render import render, render_lines
@@ -64,7 +64,7 @@ def nccl_env(env: dict[str, str], problems: list[str] | None = None):
     if problems:
         yield fail_command("NCCL environment not written: " + "; ".join(problems))
         return
-    current = host.get_fact(NcclEnvFiles)
+    current = fact(NcclEnvFiles)
     commands = []
     profile = render("nccl_env/profile.sh.j2", env=env)
     if current["profile"] != profile:

@@ -6,6 +6,7 @@ from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from facts.pdsh import PDSH_PURPOSE, PdshState
+from operations.gather import fact
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
@@ -45,7 +46,7 @@ def pdsh(nodes: list[str], present: bool = True):
 
         pdsh.pdsh(name="pdsh over ssh to every node", nodes=["gpu-a01", "gpu-a02"])
     """
-    current = host.get_fact(PdshState)
+    current = fact(PdshState)
     manager = current["os"]["package_manager"]
     if manager is None:
         yield fail_command(f"pdsh: unsupported OS {current['os']['id']!r} (Debian/Ubuntu and RHEL-family are)")

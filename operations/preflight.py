@@ -16,6 +16,7 @@ from typing import Any
 import gevent.pool
 from pyinfra.api import QuoteString, State, StringCommand
 
+from facts.shm import parse_sysvipc_shm
 from operations.gather import once_per_run
 from operations.nccl_env import cluster_nccl_env
 from operations.report import publish
@@ -29,6 +30,7 @@ from trainfleet.preflight import (
     hygiene_problems,
     isolate,
     reachability_problems,
+    shm_warnings,
 )
 
 COLLECTIVE = (Path(__file__).resolve().parent.parent / "templates/preflight/collective.py").read_text()
@@ -43,6 +45,7 @@ command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/nul
 echo "cvd ${CUDA_VISIBLE_DEVICES-}"
 env | grep -E '^(NCCL|GLOO)_' | sed 's/^/env /'
 awk -v me="$me" '$1 == me { sub("slots=", "", $2); print "slots " $2 }' "$hostfile" 2>/dev/null
+sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)"
 true
 """
 
@@ -118,6 +121,9 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
     """One node's hygiene output: port holder, name resolution, GPUs visible (``nvidia-smi -L``
     lines, limited by CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env, its hostfile slots."""
     data: dict[str, Any] = {"resolves": {}, "env": {}}
+    sysvipc = [line[len("sysvipc "):] for line in lines if line.startswith("sysvipc ")]
+    if sysvipc:
+        data["stale_shm"] = parse_sysvipc_shm(sysvipc)
     for line in lines:
         kind, _, rest = line.partition(" ")
         if kind == "holder":  # an `ss -ltnp` line; the process is in users:((...))
@@ -156,6 +162,7 @@ def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> None:
     expected = {name: d.env for name, d in derived.items() if not d.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
+    report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")
 
 
 def _reachability(state: State, cluster: Cluster, report: PreflightReport, master_port_free: bool) -> None:
@@ -261,7 +268,7 @@ def report_path(cluster: str) -> Path:
 
 
 def _publish(result: PreflightReport) -> None:
-    lines = [f"[{p.node}] {p}" for p in result.problems]
+    lines = [f"[{p.node}] {p}" for p in result.problems] + [f"[{w.node}] warning: {w}" for w in result.warnings]
     if result.ok:
         lines.append("the cluster can train: every stage passed")
     publish(f"Preflight for {result.cluster}", result.table(), lines, result.dumps(), report_path(result.cluster),

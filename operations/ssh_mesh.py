@@ -11,8 +11,14 @@ from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
 
 from facts.managed_block import ManagedBlock
-from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshUser
-from operations.gather import gather_fact, once_per_run
+from facts.ssh_mesh import (
+    AUTHORIZED_PURPOSE,
+    CONFIG_PURPOSE,
+    KNOWN_HOSTS_PURPOSE,
+    SshHostKeys,
+    SshMeshUser,
+)
+from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from operations.render import render_lines
@@ -64,7 +70,7 @@ def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS):
             entries=["gpu-a01,gpu-a01.cluster.example.com,192.0.2.11 ssh-ed25519 AAAAC3Nz..."],
         )
     """
-    current = host.get_fact(ManagedBlock, path=path, purpose=KNOWN_HOSTS_PURPOSE)
+    current = fact(ManagedBlock, path=path, purpose=KNOWN_HOSTS_PURPOSE)
     changes = block_change(path, KNOWN_HOSTS_PURPOSE, current, entries)
     if not changes:
         host.noop(f"{path} holds {len(entries)} cluster host keys")
@@ -92,7 +98,7 @@ def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers:
         ssh_mesh.mesh_user(name="SSH mesh for root", user="root", identity=keypair,
                            authorized=[...], peers=cluster.nodes)
     """
-    current = host.get_fact(SshMeshUser, user=user)
+    current = fact(SshMeshUser, user=user)
     if not current["exists"]:
         yield fail_command(f"mesh user {user!r} does not exist on this node")
         return

@@ -15,6 +15,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.pdsh import OsFamilyT
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
+from operations.gather import fact
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import VENV_DIR
 
@@ -45,7 +46,7 @@ _prefetched: dict[str, StackVersionsT] = {}
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
     if host.name in _prefetched:
         return _prefetched[host.name]
-    return host.get_fact(StackVersions, venv=venv)
+    return fact(StackVersions, venv=venv)
 
 
 def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
@@ -398,7 +399,7 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "gcc", "torch")):
         host.noop("no stack component is pinned")
         return
-    _prefetched[host.name] = host.get_fact(StackVersions, venv=venv)
+    _prefetched[host.name] = fact(StackVersions, venv=venv)
     commands = []
     try:
         if any(pins.get(key) for key in ("cuda", "cudnn", "nccl")):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def this_node() -> tuple[Cluster, Node]:
     return cluster, cluster.node(host.data.trainfleet_node)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _cluster_at(spec_path: str) -> Cluster:
     # Validated once already by the inventory; loaded once per run for all hosts.
     return Cluster.load(spec_path)

@@ -50,11 +50,12 @@ class Cluster:
     master_port: int
     stack: dict[str, Any]
     nccl: dict[str, Any]
+    openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
     nodes: list[Node] = field(default_factory=list)
     source: str = "<spec>"
 
     @classmethod
-    def from_spec(cls, spec: dict[str, Any], source: str = "<spec>") -> "Cluster":
+    def from_spec(cls, spec: dict[str, Any], source: str = "<spec>") -> Cluster:
         domain = spec["cluster"]["domain"]
         nodes = [
             Node(
@@ -75,16 +76,17 @@ class Cluster:
             master_port=spec["cluster"]["master_port"],
             stack=dict(spec["stack"]),
             nccl=dict(spec["nccl"]),
+            openmpi=dict(spec["openmpi"]),
             nodes=nodes,
             source=source,
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> "Cluster":
+    def load(cls, path: str | Path) -> Cluster:
         return cls.from_spec(load_spec(path), str(path))
 
     @classmethod
-    def parse(cls, text: str, source: str = "<spec>") -> "Cluster":
+    def parse(cls, text: str, source: str = "<spec>") -> Cluster:
         return cls.from_spec(parse_spec(text, source), source)
 
     @property

@@ -11,7 +11,8 @@ Plain functions over the NcclNetwork fact's data, testable without any host:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from ipaddress import ip_interface
+from typing import Any, NotRequired, TypedDict
 
 ENV_PURPOSE = "nccl environment"
 NEVER = ("lo", "docker", "virbr", "veth", "cni", "flannel", "cali")  # never the cluster interface
@@ -21,6 +22,7 @@ class Interface(TypedDict):
     name: str
     addresses: list[str]
     bridge: bool
+    cidrs: NotRequired[list[str]]  # the addresses with their prefix length, e.g. "198.18.0.11/24"
 
 
 class Gid(TypedDict):
@@ -46,6 +48,7 @@ class Derived:
     problems: list[str] = field(default_factory=list)
     interface: str | None = None
     gid_index: int | None = None
+    network: str | None = None  # the cluster address's subnet, e.g. "198.18.0.0/24"
 
 
 def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | None, str | None]:
@@ -58,6 +61,23 @@ def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | 
     if name.startswith(NEVER):
         return None, f"the cluster address {address} is on {name}, which NCCL must never use"
     return name, None
+
+
+def cluster_network(interfaces: list[Interface], address: str) -> str | None:
+    """The subnet of the interface address that is the node's cluster address, if known."""
+    for interface in interfaces:
+        for cidr in interface.get("cidrs", []):
+            if cidr.split("/")[0] == address:
+                return str(ip_interface(cidr).network)
+    return None
+
+
+def ucx_devices(env: dict[str, str], interface: str | None) -> str | None:
+    """UCX_NET_DEVICES: the active InfiniBand/RoCE ports NCCL uses, else the cluster interface."""
+    hca = env.get("NCCL_IB_HCA")
+    if hca and env.get("NCCL_IB_DISABLE") != "1":
+        return hca.lstrip("^=")
+    return interface
 
 
 def _ipv4_mapped(gid: str) -> bool:
@@ -119,6 +139,10 @@ def derive(address: str, settings: dict[str, Any], interfaces: list[Interface], 
         ib_env, result.gid_index, problems = ib_settings(ports)
         result.env.update(ib_env)
         result.problems += problems
+    result.network = cluster_network(interfaces, address)
+    devices = ucx_devices(result.env, result.interface)
+    if devices:
+        result.env["UCX_NET_DEVICES"] = devices  # OpenMPI's UCX layer (pml ucx), same NICs as NCCL
     result.env.update({key: str(value) for key, value in settings["env"].items()})
     return result
 

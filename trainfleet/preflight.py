@@ -28,6 +28,7 @@ class PreflightReport:
     cluster: str
     nodes: list[str]
     problems: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)  # shown, reported, but the cluster can train
     stages: dict[str, str] = field(default_factory=dict)  # stage -> "ok" | "failed" | "skipped"
     details: dict[str, Any] = field(default_factory=dict)
 
@@ -40,7 +41,8 @@ class PreflightReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "ok": self.ok, "stages": self.stages,
-                "problems": [asdict(p) for p in self.problems], "details": self.details}
+                "problems": [asdict(p) for p in self.problems], "warnings": [asdict(w) for w in self.warnings],
+                "details": self.details}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
@@ -51,7 +53,9 @@ class PreflightReport:
             cells = [stage]
             for node in self.nodes:
                 mine = [p for p in self.problems if p.node == node and p.stage == stage]
-                cells.append("skipped" if outcome == "skipped" else ("FAIL" if mine else "ok"))
+                warned = [w for w in self.warnings if w.node == node and w.stage == stage]
+                cells.append("skipped" if outcome == "skipped" else
+                             ("FAIL" if mine else "ok, warning" if warned else "ok"))
             rows.append(cells)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
@@ -93,6 +97,36 @@ def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected
                 problems.append(Problem("hygiene", node, f"{key} is {env.get(key, 'missing')!r} in the non-login "
                                                          f"environment ranks get, expected {value!r}"))
     return problems
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _age(seconds: int) -> str:
+    return f"{seconds // 3600} h" if seconds >= 3600 else f"{seconds // 60} min" if seconds >= 60 else f"{seconds} s"
+
+
+def shm_warnings(seen: dict[str, dict[str, Any]], cleanup: str) -> list[Problem]:
+    """Stale System V shared memory (no process attached), per node: a warning, not a failure
+    (a crashed run's leftovers cost memory, they do not stop training). ``cleanup`` says how
+    to remove them; nothing removes them on its own."""
+    warnings = []
+    for node, data in sorted(seen.items()):
+        stale = data.get("stale_shm") or []
+        if not stale:
+            continue
+        listed = ", ".join(f"shmid {s['shmid']} ({_size(s['bytes'])}, idle {_age(s['idle_seconds'])})"
+                           for s in stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+        total = _size(sum(s["bytes"] for s in stale))
+        warnings.append(Problem("hygiene", node, f"{len(stale)} stale System V shared memory segment"
+                                                 f"{'s' if len(stale) > 1 else ''} ({total}) with no process "
+                                                 f"attached: {listed}; remove with: {cleanup}"))
+    return warnings
 
 
 def reachability_problems(cluster: Cluster, matrix: dict[str, dict[str, str]]) -> list[Problem]:

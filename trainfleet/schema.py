@@ -9,8 +9,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 # A check returns None when the value is fine, else a message saying what is wrong.
 Check = Callable[[Any], "str | None"]
@@ -81,6 +82,32 @@ def nccl_env_problem(value: dict) -> str | None:
     return None
 
 
+def tcp_include_problem(value: str) -> str | None:
+    """`auto`, interface names (`eth0,eth1`) or IPv4 subnets (`198.18.0.0/24`), as OpenMPI takes them."""
+    if value == "auto":
+        return None
+    for item in value.split(","):
+        if "/" in item:
+            try:
+                ipaddress.IPv4Network(item)
+            except ValueError as exc:
+                return f"{item!r} is not a subnet in CIDR form ({exc})"
+        elif not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", item):
+            return f"{item!r} is not an interface name or a subnet (e.g. 'eth0' or '198.18.0.0/24')"
+    return None
+
+
+def mca_params_problem(value: dict) -> str | None:
+    for key, val in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", key):
+            return f"{key!r} is not an MCA parameter name (e.g. 'pml')"
+        if key in ("btl_tcp_if_include", "oob_tcp_if_include"):
+            return f"{key} is set by openmpi.tcp_include"
+        if not isinstance(val, (str, int)) or isinstance(val, bool) or "\n" in str(val):
+            return f"{key}: value must be a one-line string or integer"
+    return None
+
+
 @dataclass(frozen=True)
 class Key:
     """One key of the spec: its type, default, optional extra check and documentation."""
@@ -98,7 +125,7 @@ class Key:
 class Section:
     """A mapping of keys, documented as one table in the README."""
 
-    keys: dict[str, Key | "Section"]
+    keys: dict[str, Key | Section]
     doc: str
 
 
@@ -124,6 +151,16 @@ NCCL = Section(
                   check=lambda v: None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'"),
         "env": Key(dict, {}, "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.", check=nccl_env_problem,
                    example={"NCCL_DEBUG": "WARN"}),
+    },
+)
+
+OPENMPI = Section(
+    doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the mpirun line.",
+    keys={
+        "tcp_include": Key(str, "auto", "btl_tcp_if_include / oob_tcp_if_include; `auto` = the cluster interface's name if all "
+                           "nodes share it, else the cluster subnets (CIDR).", check=tcp_include_problem, example="198.18.0.0/24"),
+        "params": Key(dict, {}, "Extra MCA parameters, e.g. `pml: ucx` (Debian's system file disables UCX).",
+                      check=mca_params_problem, example={"pml": "ucx"}),
     },
 )
 
@@ -172,6 +209,7 @@ SPEC = Section(
         "ssh": SSH,
         "stack": STACK,
         "nccl": NCCL,
+        "openmpi": OPENMPI,
         # `nodes` is a list of NODE sections; handled by the validator.
     },
 )

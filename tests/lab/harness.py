@@ -50,8 +50,10 @@ class Run:
         return f"$ {' '.join(self.argv)}\nexit {self.returncode}\n{self.stderr[-4000:]}"
 
 
-def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300) -> Run:
-    argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), inventory, *deploys]
+def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300,
+            data: dict[str, str] | None = None) -> Run:
+    extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
+    argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), *extra, inventory, *deploys]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout)
     report: dict[str, Any] = {}
     start = proc.stdout.find("{")
@@ -72,15 +74,23 @@ def fact(inventory: str, fact_name: str, *args: str) -> dict[str, Any]:
     return values
 
 
-def deploy_twice(inventory: str, deploy: str) -> tuple[Run, Run]:
+def deploy_twice(inventory: str, deploy: str, data: dict[str, str] | None = None) -> tuple[Run, Run]:
     """Run a deploy, then again: the second run must change nothing (the idempotency property)."""
-    first = pyinfra(inventory, deploy)
+    first = pyinfra(inventory, deploy, data=data)
     assert first.returncode == 0, first.describe()
-    second = pyinfra(inventory, deploy)
+    second = pyinfra(inventory, deploy, data=data)
     assert second.returncode == 0, second.describe()
     assert second.changed() == {}, f"re-run changed {second.changed()}\n{second.describe()}"
     assert second.operations, "the re-run reported no operations at all"
     return first, second
+
+
+def on_every_node(lab: "LabController", nodes: list[str], command: str, timeout: int = 300) -> dict[str, str]:
+    """Run ``command`` on the nodes at once (installs take a while); {node: stdout}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        return dict(zip(nodes, pool.map(lambda n: lab.ssh(n, command, timeout=timeout), nodes)))
 
 
 class LabController:
@@ -98,17 +108,28 @@ class LabController:
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
 
-    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None) -> str:
+    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None, timeout: int = 60) -> str:
         """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return stdout."""
         address = self.lab.node(node).address
         argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
                 f"root@{address}", command]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                                 input=input if input is not None else "")
         if check:
             assert result.returncode == 0, f"{node}: {command}: {result.stderr}"
         return result.stdout
+
+    def copy_tree(self, node: str, local: Path, remote: str) -> None:
+        """Copy a local directory's contents to ``remote`` on ``node`` (tar over the same SSH)."""
+        address = self.lab.node(node).address
+        tar = subprocess.Popen(["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE)
+        argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                f"root@{address}", f"mkdir -p '{remote}' && tar -C '{remote}' -xf -"]
+        result = subprocess.run(argv, stdin=tar.stdout, capture_output=True, timeout=120)
+        tar.wait()
+        assert tar.returncode == 0 and result.returncode == 0, f"{node}: copy to {remote}: {result.stderr!r}"
 
     def read(self, node: str, paths: list[str]) -> dict[str, str | None]:
         """Several files of a node in one SSH round trip: {path: content, or None if missing}."""

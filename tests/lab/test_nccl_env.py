@@ -10,7 +10,9 @@ from tests.lab.harness import LAB_INVENTORY, deploy_twice, fact, pyinfra
 
 DEPLOY = "deploy/cluster.py"
 NODES = ["node1", "node2", "node3"]
-EXPECTED = {"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1"}
+# UCX_NET_DEVICES: OpenMPI's UCX layer on the same interface (no InfiniBand in the lab).
+EXPECTED = {"NCCL_SOCKET_IFNAME": "=eth0", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_IB_DISABLE": "1",
+            "UCX_NET_DEVICES": "eth0"}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,9 @@ def test_launchers_forward_only_what_is_the_same_on_every_node(nccl):
     files = nccl.lab.read("node1", ["/etc/trainfleet/launch/.deepspeed_env", "/etc/trainfleet/launch/mpirun.sh"])
     # Same names on every lab node: safe to forward; no blank or comment lines (DeepSpeed's parser).
     assert files["/etc/trainfleet/launch/.deepspeed_env"].splitlines() == [
-        "GLOO_SOCKET_IFNAME=eth0", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME==eth0"]
-    assert "-x GLOO_SOCKET_IFNAME -x NCCL_IB_DISABLE -x NCCL_SOCKET_IFNAME" in files["/etc/trainfleet/launch/mpirun.sh"]
+        "GLOO_SOCKET_IFNAME=eth0", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME==eth0", "UCX_NET_DEVICES=eth0"]
+    assert ("-x GLOO_SOCKET_IFNAME -x NCCL_IB_DISABLE -x NCCL_SOCKET_IFNAME -x UCX_NET_DEVICES"
+            in files["/etc/trainfleet/launch/mpirun.sh"])
 
 
 def test_an_interface_the_node_lacks_fails_that_node_and_writes_nothing(nccl, tmp_path):

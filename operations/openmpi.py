@@ -1,0 +1,73 @@
+"""OpenMPI's network: the same interfaces as NCCL, in every mesh user's MCA parameter file.
+
+Why ``~/.openmpi/mca-params.conf`` and not the system file: the system file lives under
+OpenMPI's install prefix, which differs per build (Debian ``/etc/openmpi``, RHEL's
+``/etc/openmpi-x86_64``, HPC-X and conda their own), and on Debian it is a dpkg conffile
+whose edits make every upgrade prompt. The user file has one path for every OpenMPI build,
+and OpenMPI ranks it above the system file (below the environment and the command line).
+Each node reads its own copy: ``mpirun`` does not ship it, so every node gets it.
+"""
+
+from __future__ import annotations
+
+from pyinfra import host
+from pyinfra.api import QuoteString, StringCommand, operation
+
+from facts.openmpi import MCA_FILE, MCA_PURPOSE, OpenMpiState
+from operations.gather import fact
+from operations.managed_block import block_change
+from operations.nccl_env import cluster_nccl_env
+from operations.remote import fail_command
+from operations.render import render_lines
+from trainfleet import openmpi
+from trainfleet.model import Cluster
+
+
+def cluster_mca_params(cluster: Cluster) -> tuple[dict[str, str], list[str]]:
+    """(MCA parameters for every node, problems), from the run's one NcclNetwork per node."""
+    return openmpi.cluster_params(cluster_nccl_env(cluster), cluster.openmpi)
+
+
+@operation()
+def mca_params(users: list[str], params: dict[str, str], problems: list[str] | None = None):
+    """
+    Keep OpenMPI's parameters in each user's ``~/.openmpi/mca-params.conf`` (managed block,
+    first in the file; the user's own lines below it are kept and, later in the file, win).
+
+    + users: the users whose OpenMPI is configured (the mesh users)
+    + params: MCA parameter -> value, e.g. from ``cluster_mca_params``
+    + problems: reasons the parameters could not be derived; the node fails with them
+
+    **Example:**
+
+    .. code:: python
+
+        openmpi.mca_params(name="OpenMPI network", users=["root"],
+                           params={"btl_tcp_if_include": "eth0", "oob_tcp_if_include": "eth0"})
+    """
+    if problems:
+        yield fail_command("OpenMPI parameters not written: " + "; ".join(problems))
+        return
+    current = fact(OpenMpiState, users=users)
+    lines = render_lines("openmpi/mca_params.j2", params=params)
+    commands = []
+    for user in users:
+        state = current["users"].get(user)
+        if state is None or not state["exists"] or not state["home"]:
+            commands.append(fail_command(f"user {user} does not exist on this node"))
+            continue
+        owner = f"{user}:{state['group']}"
+        path = f"{state['home']}/{MCA_FILE}"
+        changes = block_change(path, MCA_PURPOSE, state["params"], lines, mode="644", owner=owner, top=True)
+        if changes and not state["params"]["exists"]:
+            # ~/.openmpi belongs to the user, like the file in it.
+            directory = path.rsplit("/", 1)[0]
+            commands.append(StringCommand("test", "-d", QuoteString(directory), "||", "install", "-d", "-m", "755",
+                                          "-o", QuoteString(user), "-g", QuoteString(state["group"]),
+                                          QuoteString(directory)))
+        commands += changes
+    if not commands:
+        version = current["version"] or "not installed yet"
+        host.noop(f"OpenMPI parameters in place for {', '.join(users)} (OpenMPI: {version})")
+        return
+    yield from commands

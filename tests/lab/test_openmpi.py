@@ -1,0 +1,95 @@
+"""OpenMPI on real nodes that each have a decoy NIC listed before the cluster one: mpirun
+from node1 over the SSH mesh, its network pinned from the same facts as NCCL; and stale
+System V shared memory, reported by node and removed only on request.
+
+OpenMPI is Debian's openmpi-bin (4.1.4), installed in the nodes from the host's apt cache
+(`make host-deps` downloads it), as a cluster's admins install their MPI.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from tests.lab.harness import LAB_INVENTORY, deploy_twice, fact, on_every_node, pyinfra
+
+DEPLOY = "deploy/cluster.py"
+CLEANUP = "deploy/shm_cleanup.py"
+NODES = ["node1", "node2", "node3"]
+OP = "OpenMPI network (~/.openmpi/mca-params.conf)"
+MCA_FILE = "/root/.openmpi/mca-params.conf"
+USER_LINE = "mpi_show_mca_params = enviro"  # the admin's own line on node2: kept, below the block
+INSTALL = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-download openmpi-bin >/dev/null 2>&1 && echo ok"
+# Each rank prints where it runs and the UCX device its node gave it; bounded: never a hang.
+EVERY_RANK = "timeout 90 /etc/trainfleet/launch/mpirun.sh sh -c 'echo $(hostname) ${UCX_NET_DEVICES:-unset}'"
+
+
+@pytest.fixture(scope="module")
+def mpi(lab):
+    lab.fresh(3)
+    assert on_every_node(lab, NODES, INSTALL) == {n: "ok\n" for n in NODES}
+    lab.ssh("node2", f"mkdir -p /root/.openmpi && echo '{USER_LINE}' > {MCA_FILE}")
+    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+    return SimpleNamespace(lab=lab, first=first)
+
+
+def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(mpi):
+    lab = mpi.lab
+    assert sorted(mpi.first.changed()[OP]) == NODES
+    for node in NODES:
+        lines = lab.ssh(node, f"cat {MCA_FILE}").splitlines()
+        assert "btl_tcp_if_include = eth0" in lines and "oob_tcp_if_include = eth0" in lines
+        # OpenMPI itself, not our parser: ompi_info reports the value and that it came from a file.
+        info = lab.ssh(node, "ompi_info --parsable --param btl tcp --level 9 "
+                             "| grep ':btl_tcp_if_include:'")
+        assert "btl_tcp_if_include:value:eth0" in info, info
+        assert "btl_tcp_if_include:source:file" in info, info
+    assert lab.ssh("node2", f"tail -n 1 {MCA_FILE}").strip() == USER_LINE
+
+
+def test_mpirun_from_node1_runs_a_rank_on_every_node_despite_the_decoy(mpi):
+    lab = mpi.lab
+    assert "eno1" in lab.ssh("node1", "ip -o -4 addr show")  # the NIC no peer can reach is there
+    script = lab.ssh("node1", "cat /etc/trainfleet/launch/mpirun.sh")
+    assert "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0" in script
+    out = lab.ssh("node1", EVERY_RANK, timeout=120)
+    assert sorted(out.splitlines()) == [f"{node} eth0" for node in NODES]
+
+
+def test_a_stale_segment_is_reported_for_its_node_and_removed_only_on_request(mpi):
+    lab = mpi.lab
+    shmid = int(lab.ssh("node2", "ipcmk -M 65536").split(":")[1])  # created, then nobody attached
+
+    seen = fact(LAB_INVENTORY, "facts.shm.StaleSharedMemory")
+    assert [(s["shmid"], s["bytes"]) for s in seen["node2"]] == [(shmid, 65536)]
+    assert seen["node1"] == [] and seen["node3"] == []
+
+    # The cluster deploy never removes it; neither does the cleanup while it is younger than its bound.
+    assert pyinfra(LAB_INVENTORY, DEPLOY).changed() == {}
+    young = pyinfra(LAB_INVENTORY, CLEANUP)
+    assert young.returncode == 0 and young.changed() == {}
+    assert str(shmid) in lab.ssh("node2", "ipcs -m")
+
+    first, _ = deploy_twice(LAB_INVENTORY, CLEANUP, data={"trainfleet_shm_min_idle": "0"})
+    assert list(first.changed().values()) == [["node2"]]
+    assert str(shmid) not in lab.ssh("node2", "ipcs -m")
+
+
+def test_differing_interface_names_pin_openmpi_to_the_cluster_subnet(mpi):
+    lab = mpi.lab
+    # node3's cluster NIC becomes ens5 (renamed from the host, in the node's own namespace).
+    netns = lab.lab.node("node3").netns
+    for step in (["link", "set", "eth0", "down"], ["link", "set", "eth0", "name", "ens5"], ["link", "set", "ens5", "up"]):
+        subprocess.run(["ip", "-n", netns, *step], check=True)
+
+    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+
+    assert sorted(first.changed()[OP]) == NODES
+    for node in NODES:
+        assert "btl_tcp_if_include = 198.18.0.0/24" in lab.ssh(node, f"cat {MCA_FILE}").splitlines()
+    assert "--mca oob_tcp_if_include 198.18.0.0/24" in lab.ssh("node1", "cat /etc/trainfleet/launch/mpirun.sh")
+    out = lab.ssh("node1", EVERY_RANK, timeout=120)
+    # UCX_NET_DEVICES differs now, so it is not forwarded: each rank has its own node's value.
+    assert sorted(out.splitlines()) == ["node1 eth0", "node2 eth0", "node3 ens5"]
