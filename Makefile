@@ -1,6 +1,7 @@
 # trainfleet: the two commands of the README, and the set-up they need.
 #   make demo   venv + lab packages, a 3-node lab, the main job twice (the 2nd changes nothing)
 #   make test   venv + lab packages, then the whole suite (unit, fixture and lab tests)
+#   make bench  venv + lab packages, then the benchmark on labs of 1..16 nodes (docs/benchmark.*)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -54,6 +55,10 @@ demo: venv host-deps
 test: venv host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab
 	$(PY) -m pytest -q
+
+bench: venv host-deps
+	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	$(PY) -m bench $(BENCH_ARGS)  # brings up (and takes down) its own labs: none may be up
 
 unit: venv
 	$(PY) -m pytest -q -m 'not lab'

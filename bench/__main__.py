@@ -1,0 +1,89 @@
+"""``python -m bench [--nodes 1,2,4,8,16] [--runs 3] [--out docs/]``: run the benchmark on the lab.
+
+Writes OUT/benchmark.json (raw samples, counts, the machine), OUT/benchmark.md (the table)
+and OUT/benchmark.png (the plot), after every N so an interrupted run keeps what it measured.
+``--render`` redraws the table and plot from an existing OUT/benchmark.json.
+Needs root (the lab) and no other lab up; it takes every lab it brings up down again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.report import machine, plot, render_markdown, source
+from bench.run import REPO, Plan, Results, Runner, measure
+
+
+def _nodes(text: str) -> list[int]:
+    values = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError("node counts are positive integers, e.g. 1,2,4")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=_nodes, default=[1, 2, 4, 8, 16], help="lab sizes (default 1,2,4,8,16)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each task at each N (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="where the results go (default docs/)")
+    parser.add_argument("--preflight-max-nodes", type=int, default=4,
+                        help="largest N that gets PyTorch and the preflight (~1 min a node; default 4)")
+    parser.add_argument("--budget-minutes", type=float, default=40.0,
+                        help="stop starting runs that would end past this (default 40)")
+    parser.add_argument("--render", action="store_true", help="only redraw OUT/benchmark.{md,png} from its JSON")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
+    return args
+
+
+def write_outputs(out: Path, document: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "benchmark.json").write_text(json.dumps(document, indent=1) + "\n")
+    (out / "benchmark.md").write_text(render_markdown(document))
+    plot(document, out / "benchmark.png")
+
+
+def _document(results: Results, command: str, started: float, machine_info: dict[str, Any]) -> dict[str, Any]:
+    return {"command": command, "machine": machine_info, "source": source(REPO),
+            "total_minutes": round((time.monotonic() - started) / 60, 1), **results.to_json()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        document = json.loads((args.out / "benchmark.json").read_text())
+        write_outputs(args.out, document)
+        print(f"bench: wrote {args.out}/benchmark.md and benchmark.png", file=sys.stderr)
+        return 0
+    if os.geteuid() != 0:
+        print("bench: the lab needs root", file=sys.stderr)
+        return 1
+    command = "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    plan = Plan(nodes=args.nodes, runs=args.runs, preflight_max_nodes=args.preflight_max_nodes,
+                budget_seconds=args.budget_minutes * 60, cprofile_at=max(args.nodes))
+    started = time.monotonic()
+    machine_info = machine()
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:7.1f}s] {message}", file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="trainfleet-bench-") as workdir:
+        # Its own key store and reports: the developer's .trainfleet/ is never touched.
+        env = {**os.environ, "TRAINFLEET_HOME": str(Path(workdir) / "home"), "PYINFRA_PROGRESS": "off"}
+        runner = Runner(env, Path(workdir), log)
+        results = measure(runner, plan, lambda r: write_outputs(args.out, _document(r, command, started, machine_info)))
+    write_outputs(args.out, _document(results, command, started, machine_info))
+    log(f"wrote {args.out}/benchmark.md, benchmark.png and benchmark.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The benchmark's pure parts: statistics, targets, tally parsing, pyinfra's JSON, the table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.report import build_rows, render_markdown, render_table
+from bench.run import parse_results, pyinfra_args
+from bench.stats import Summary, ratio, summarize, verdict
+from bench.tally import exec_count, phases, short_label, top_commands
+
+# A tally as bench/driver.py writes it for `deploy/drift.py` on a 2-node lab (shape and values
+# from an accounted run; node2 got a second command, as a drift run that misses its target would).
+DRIFT_TALLY = {
+    "exit_code": 0,
+    "execs": {"198.18.0.11": 1, "198.18.0.12": 2},
+    "sftp": {"sessions": {}, "uploads": {}},
+    "commands": {
+        "fact facts.fingerprint.NodeFingerprint": {"count": 2, "seconds": 1.8214},
+        "op Node matches the spec and its peers": {"count": 1, "seconds": 0.0123},
+    },
+    "stages": [{"stage": "connect", "at": 0.9112}, {"stage": "prepare", "at": 1.2345},
+               {"stage": "execute", "at": 2.5001}, {"stage": "disconnect", "at": 2.5402}],
+    "end": 2.6003,
+    "connect": {"node1": 0.2981, "node2": 0.3011},
+    "names": {"198.18.0.11": "node1", "198.18.0.12": "node2"},
+    "cprofile": [],
+}
+FLOOR_TALLY = {
+    "exit_code": 0,
+    "execs": {"198.18.0.11": 1, "198.18.0.12": 1},
+    "commands": {"fact server.Hostname": {"count": 2, "seconds": 0.0441}},
+    "stages": [{"stage": "connect", "at": 0.8421}, {"stage": "prepare", "at": 1.1503}],
+    "end": 1.2204,
+    "names": {"198.18.0.11": "node1", "198.18.0.12": "node2"},
+}
+
+
+def test_summary_is_median_and_min_max():
+    s = summarize([3.4, 2.1, 2.9])
+    assert (s.median, s.low, s.high, s.runs) == (2.9, 2.1, 3.4, 3)
+    assert s.spread() == "2.10–3.40"
+    assert summarize([2.0, 4.0]).median == 3.0
+    assert summarize([1.5]).spread() == "1 run"
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_ratio_is_median_over_the_floors_median():
+    assert ratio(Summary(3.0, 2.5, 3.5, 3), Summary(2.0, 1.9, 2.2, 3)) == pytest.approx(1.5)
+    with pytest.raises(ValueError):
+        ratio(Summary(3.0, 3.0, 3.0, 1), Summary(0.0, 0.0, 0.0, 1))
+
+
+def test_targets_apply_to_rerun_and_drift_only():
+    assert verdict("floor", 1.0, 1) is None
+    assert verdict("first provision", 9.0, 40) is None
+    assert verdict("re-run", 1.5, 12).met  # 1.5x is within the target; re-run execs have none
+    missed = verdict("re-run", 2.104, 12)
+    assert not missed.met and missed.missed == ["ratio 2.10 > 1.5"]
+
+
+def test_drift_must_also_send_one_command_per_node():
+    assert verdict("drift", 1.2, 1).met
+    both = verdict("drift", 1.7, 2)
+    assert both.missed == ["ratio 1.70 > 1.5", "2 execs/node > 1"]
+    assert verdict("drift", None, None).missed == ["ratio not measured", "execs not counted"]
+
+
+def test_exec_count_maps_addresses_to_nodes_and_keeps_silent_nodes():
+    count = exec_count(DRIFT_TALLY, ["node1", "node2", "node3"])
+    assert count.per_node == {"node1": 1, "node2": 2, "node3": 0}
+    assert (count.low, count.high) == (0, 2)
+    assert count.describe() == "1.0 (0–2)"
+    assert exec_count(FLOOR_TALLY, ["node1", "node2"]).describe() == "1"
+
+
+def test_exec_count_keeps_an_address_it_cannot_name():
+    tally = {"execs": {"198.18.0.11": 1, "unknown": 1}, "names": {"198.18.0.11": "node1"}}
+    assert exec_count(tally, ["node1"]).per_node == {"node1": 1, "unknown": 1}
+
+
+def test_phases_split_the_run_at_pyinfras_stages():
+    assert phases(DRIFT_TALLY) == {"startup": 0.911, "connect": 0.323, "prepare": 1.266,
+                                   "execute": 0.04, "output": 0.06}
+    # A fact run has no execute stage: everything after connecting is prepare.
+    assert phases(FLOOR_TALLY) == {"startup": 0.842, "connect": 0.308, "prepare": 0.07,
+                                   "execute": 0.0, "output": 0.0}
+    assert sum(phases(DRIFT_TALLY).values()) == pytest.approx(DRIFT_TALLY["end"], abs=0.01)
+
+
+def test_top_commands_by_summed_time():
+    top = top_commands(DRIFT_TALLY, 1)
+    assert [(c.label, c.count) for c in top] == [("fact facts.fingerprint.NodeFingerprint", 2)]
+    assert short_label(top[0].label) == "fact NodeFingerprint"
+    assert short_label("op Cluster hosts block in /etc/hosts") == "op Cluster hosts block in /etc/hosts"
+
+
+# pyinfra 3.10's --json results (pyinfra_cli/prints.py: build_results_json), trimmed to 2 ops.
+PYINFRA_JSON = {
+    "plan": [],
+    "results": {
+        "operations": [
+            {"op_hash": "a1", "name": "Hostname is the node's spec name", "names": ["Hostname is the node's spec name"],
+             "args": [], "hosts": 2, "success": ["node2"], "error": [], "no_change": ["node1"]},
+            {"op_hash": "b2", "name": "pdsh over ssh to every node", "names": ["pdsh over ssh to every node"],
+             "args": [], "hosts": 2, "success": [], "error": ["node1"], "no_change": ["node2"]},
+        ],
+        "totals": {"hosts": 4, "success": 1, "error": 1, "no_change": 2},
+    },
+}
+
+
+def test_parse_results_counts_changed_and_failed_host_operations():
+    stdout = "--> Loading config...\n" + json.dumps(PYINFRA_JSON)
+    assert parse_results(stdout) == (1, 1)
+    # `fact` prints {fact: {host: value}}: no results to count.
+    assert parse_results(json.dumps({"server.Hostname": {"node1": "node1"}})) == (None, None)
+    assert parse_results("no json here") == (None, None)
+
+
+def test_every_task_runs_pyinfra_with_yes_and_json():
+    assert pyinfra_args("floor", "inventories/lab.py") == ["-y", "--json", "inventories/lab.py", "fact",
+                                                           "server.Hostname"]
+    assert pyinfra_args("drift", "inv.py") == ["-y", "--json", "inv.py", "deploy/drift.py"]
+
+
+def _sample(task: str, nodes: int, round_: int, seconds: float, code: int = 0, changed: int | None = 0) -> dict:
+    return {"task": task, "nodes": nodes, "round": round_, "seconds": seconds, "cpu_seconds": seconds * 0.9,
+            "maxrss_kb": 90_000 + nodes * 1024, "returncode": code, "changed": changed, "errors": 0}
+
+
+def results_document() -> dict:
+    samples = []
+    for r, (floor, rerun, drift) in enumerate([(1.2, 1.6, 2.5), (1.3, 1.7, 2.6), (1.25, 1.75, 2.7)]):
+        samples += [_sample("floor", 2, r, floor, changed=None), _sample("re-run", 2, r, rerun),
+                    _sample("drift", 2, r, drift)]
+    samples.append(_sample("first provision", 2, 0, 14.0, changed=20))
+    samples.append(_sample("first provision", 2, 1, 15.0, code=1, changed=3))
+    return {
+        "command": "python -m bench --nodes 2", "total_minutes": 3.2,
+        "machine": {"cpu": "Intel(R) Xeon(R) Processor @ 2.00GHz", "cores": 2, "memory_gib": 23.5,
+                    "os": "Debian GNU/Linux 12 (bookworm)", "kernel": "6.1.0", "python": "3.11.2",
+                    "pyinfra": "3.10.0", "date": "2026-11-22 18:00 UTC"},
+        "plan": {"nodes": [2], "runs": 3, "preflight_max_nodes": 0, "budget_seconds": 2400, "cprofile_at": 2},
+        "samples": samples,
+        "accounted": [{"task": "floor", "nodes": 2, "seconds": 1.3, "cprofile": False, "tally": FLOOR_TALLY},
+                      {"task": "drift", "nodes": 2, "seconds": 2.6, "cprofile": False, "tally": DRIFT_TALLY}],
+        "not_measured": [{"task": "preflight", "nodes": 2, "why": "not run above 0 nodes"}],
+    }
+
+
+def test_rows_take_medians_of_successful_runs_and_flag_failures():
+    rows = {r.task: r for r in build_rows(results_document())}
+    assert rows["floor"].summary.median == 1.25
+    assert rows["re-run"].ratio == pytest.approx(1.7 / 1.25)
+    assert rows["re-run"].verdict.met
+    assert rows["drift"].ratio == pytest.approx(2.6 / 1.25)
+    assert rows["drift"].verdict.missed == ["ratio 2.08 > 1.5", "2 execs/node > 1"]
+    # The failed first provision is not in the median, and the row says it failed.
+    assert rows["first provision"].summary.runs == 1
+    assert rows["first provision"].problems == ["run 2 exited 1"]
+
+
+def test_table_shows_targets_met_and_missed_with_a_note():
+    rows = build_rows(results_document())
+    table = render_table(rows, {(2, "drift"): 1})
+    lines = {line.split(" | ")[1]: line for line in table.splitlines()[2:]}
+    assert lines["re-run"] == "| 2 | re-run | 3 | 1.70 | 1.60–1.75 | 1.36 | — | 1.53 | 90 | met |"
+    assert "| 2.08 | 1.5 (1–2) |" in lines["drift"]
+    assert lines["drift"].endswith("**missed**: ratio 2.08 > 1.5, 2 execs/node > 1 (note 1) |")
+    assert "**check**: run 2 exited 1" in lines["first provision"]
+
+
+def test_markdown_explains_a_miss_from_the_profile_and_lists_what_was_not_measured():
+    text = render_markdown(results_document())
+    assert "Intel(R) Xeon(R) Processor @ 2.00GHz, 2 cores" in text
+    why = text.split("## Why targets were missed", 1)[1].split("##", 1)[0]
+    assert "drift at 2 nodes takes 1.35 s more than the floor" in why
+    assert "prepare (+1.20 s)" in why  # 1.266 s against the floor's 0.07 s
+    assert "fact NodeFingerprint 2" in why  # which commands make 2 execs on a node
+    assert "- preflight at N=2: not run above 0 nodes" in text
+
+
+def test_plot_is_written(tmp_path: Path):
+    pytest.importorskip("matplotlib")
+    from bench.report import plot
+
+    plot(results_document(), tmp_path / "b.png")
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_section_times_are_read_from_the_nodes_own_clock():
+    from bench.run import parse_section_times
+
+    stdout = "section identity 10512\nsection mesh_proof:root 912044\nWarning: something\nsection stack x\n"
+    assert parse_section_times(stdout) == {"identity": 0.0105, "mesh_proof:root": 0.912}
+
+
+def test_a_missed_drift_names_the_slowest_fingerprint_parts():
+    doc = results_document()
+    doc["sections"] = [{"nodes": 2, "node": "node1",
+                        "seconds": {"identity": 0.01, "mesh_proof:root": 0.91, "stack": 0.32, "hosts": 0.0}}]
+    text = render_markdown(doc)
+    why = text.split("## Why targets were missed", 1)[1].split("##", 1)[0]
+    assert "1.24 s in all when timed alone, slowest mesh_proof:root 0.91 s, stack 0.32 s, identity 0.01 s" in why
+    assert "| mesh_proof:root | 0.91 |" in text
