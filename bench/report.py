@@ -85,6 +85,7 @@ class Row:
     task: str
     summary: Summary | None
     cpu_median: float | None
+    busy_median: float | None  # share of the machine's cores busy during the run
     rss_mb: float | None
     ratio: float | None
     execs: ExecCount | None
@@ -131,8 +132,10 @@ def build_rows(results: dict[str, Any]) -> list[Row]:
         execs = exec_count(tally, node_names(nodes)) if tally else None
         good = [s for s in samples if _ok(s)]
         cpu = summarize([s["cpu_seconds"] for s in good]).median if good else None
+        busy_values = [s["machine_busy"] for s in good if s.get("machine_busy") is not None]
+        busy = summarize(busy_values).median if busy_values else None
         rss = max(s["maxrss_kb"] for s in samples) / 1024
-        rows.append(Row(nodes, task, summary, cpu, round(rss, 1), task_ratio, execs,
+        rows.append(Row(nodes, task, summary, cpu, busy, round(rss, 1), task_ratio, execs,
                         verdict(task, task_ratio, execs.high if execs else None), _problems(task, samples)))
     return rows
 
@@ -185,6 +188,10 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
         busy = row.cpu_median / row.summary.median
         parts.append(f"the controller's own CPU time is {row.cpu_median:.2f} s, {busy:.0%} of the wall time"
                      + (" (its one Python thread is the bottleneck)" if busy > 0.8 else ""))
+    if row.busy_median is not None:
+        cores = results["machine"]["cores"]
+        parts.append(f"the machine's {cores} cores were {row.busy_median:.0%} busy during the run (controller, "
+                     "every node's sshd and commands)" + (": the lab is CPU-bound" if row.busy_median > 0.9 else ""))
     if tally and row.execs:
         top = top_commands(tally, 3)
         floor_execs = exec_count(floor_tally, node_names(row.nodes)).describe() if floor_tally else "?"
@@ -312,6 +319,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     rows = [r for r in build_rows(results) if r.summary]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
@@ -332,6 +340,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
                               (right, "ratio to the floor at the same N", "× floor (log)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.set_xlabel("nodes")
         ax.set_ylabel(ylabel)

@@ -53,6 +53,7 @@ class Sample:
     changed: int | None  # host-operations that changed something (None: a fact run)
     errors: int | None
     stderr_tail: str = ""
+    machine_busy: float | None = None  # share of all cores busy during the run (controller + every node)
 
 
 @dataclass
@@ -94,6 +95,21 @@ def _run_measured(argv: list[str], env: dict[str, str], timeout: float, usage_fi
     if not usage_file.exists():
         raise RuntimeError(f"`{' '.join(argv)}` was not measured (exit {code}): {stderr[-2000:]}")
     return code, json.loads(usage_file.read_text()), stdout, stderr
+
+
+def cpu_times(text: str) -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores from /proc/stat's first line (idle and iowait
+    are not busy; guest time is already inside user)."""
+    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of all cores' time that was busy between two ``cpu_times`` readings."""
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total > 0 else 0.0
 
 
 def parse_results(stdout: str) -> tuple[int | None, int | None]:
@@ -148,14 +164,16 @@ class Runner:
         self.lab = Lab()
 
     def timed(self, task: str, nodes: int, round_: int, inventory: str = LAB_INVENTORY) -> Sample:
+        before = cpu_times(Path("/proc/stat").read_text())
         code, usage, stdout, stderr = _run_measured([PYINFRA, *pyinfra_args(task, inventory)], self.env, TIMEOUT,
                                                     self.workdir / "usage.json")
+        busy = busy_share(before, cpu_times(Path("/proc/stat").read_text()))
         changed, errors = parse_results(stdout)
         sample = Sample(task=task, nodes=nodes, round=round_, seconds=round(usage["seconds"], 4),
                         cpu_seconds=round(usage["cpu_seconds"], 4), maxrss_kb=usage["maxrss_kb"],
                         returncode=code, changed=changed, errors=errors,
-                        stderr_tail="" if code == 0 else stderr[-2000:])
-        self.log(f"  {task:16} N={nodes:<2} {sample.seconds:7.2f}s cpu {sample.cpu_seconds:6.2f}s "
+                        stderr_tail="" if code == 0 else stderr[-2000:], machine_busy=busy)
+        self.log(f"  {task:16} N={nodes:<2} {sample.seconds:7.2f}s cpu {sample.cpu_seconds:6.2f}s busy {busy:.0%} "
                  f"rss {sample.maxrss_kb // 1024} MB exit {code} changed {changed}")
         return sample
 

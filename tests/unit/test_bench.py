@@ -208,3 +208,22 @@ def test_a_missed_drift_names_the_slowest_fingerprint_parts():
     why = text.split("## Why targets were missed", 1)[1].split("##", 1)[0]
     assert "1.24 s in all when timed alone, slowest mesh_proof:root 0.91 s, stack 0.32 s, identity 0.01 s" in why
     assert "| mesh_proof:root | 0.91 |" in text
+
+
+def test_machine_busy_share_from_proc_stat():
+    from bench.run import busy_share, cpu_times
+
+    before = cpu_times("cpu  1136618 0 522550 1082208 24315 0 4067 13583 0 0\ncpu0 568309 0 261275 541104 0 0 0 0 0 0\n")
+    after = cpu_times("cpu  1136918 0 522650 1082288 24335 0 4067 13583 0 0\n")
+    assert before == (1136618 + 522550 + 4067 + 13583, 1136618 + 522550 + 4067 + 13583 + 1082208 + 24315)
+    assert busy_share(before, after) == 0.8  # 400 busy ticks of 500
+    assert busy_share(after, after) == 0.0
+
+
+def test_a_saturated_machine_is_named_in_the_explanation():
+    doc = results_document()
+    for sample in doc["samples"]:
+        sample["machine_busy"] = 0.97 if sample["task"] == "drift" else 0.5
+    why = render_markdown(doc).split("## Why targets were missed", 1)[1]
+    assert "the machine's 2 cores were 97% busy during the run" in why
+    assert "the lab is CPU-bound" in why
