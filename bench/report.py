@@ -10,6 +10,7 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +94,49 @@ class Row:
     problems: list[str]  # failed runs, a re-run that changed something
 
 
+CHECKS = ("drift", "preflight")
+
+
+def findings(sample: dict[str, Any]) -> dict[str, str]:
+    """A check run's failed nodes (recorded, or read back from the stderr tail of older results)."""
+    if sample.get("findings"):
+        return sample["findings"]
+    if sample["task"] in CHECKS and sample["returncode"] != 0:
+        from bench.run import check_findings
+
+        return check_findings(sample.get("stderr_tail", ""))
+    return {}
+
+
 def _ok(sample: dict[str, Any]) -> bool:
+    """Timed in full: the run succeeded, or it is a check that ran to its verdict and failed
+    nodes (its time is the check's; what it reported is listed beside it)."""
+    if sample["task"] in CHECKS and sample["returncode"] == 1 and findings(sample):
+        return True
     return sample["returncode"] == 0 and not sample.get("errors")
+
+
+def summarize_findings(found: dict[str, str]) -> str:
+    """``ssh mesh (root) on 5 nodes (rc=124)``: what failed, on how many nodes."""
+    by_property: dict[str, list[str]] = {}
+    for problem in found.values():
+        prop = problem.split(" is ", 1)[0] if " is " in problem else problem[:60]
+        by_property.setdefault(prop, []).append(problem)
+    parts = []
+    for prop, problems in sorted(by_property.items(), key=lambda kv: -len(kv[1])):
+        codes = sorted(set(re.findall(r"rc=\d+", " ".join(problems))))
+        parts.append(f"{prop} on {len(problems)} node{'s' if len(problems) > 1 else ''}"
+                     + (f" ({', '.join(codes)})" if codes else ""))
+    return "; ".join(parts)
 
 
 def _problems(task: str, samples: list[dict[str, Any]]) -> list[str]:
     problems = [f"run {s['round'] + 1} exited {s['returncode']}" for s in samples if not _ok(s)]
+    failed = [s for s in samples if _ok(s) and findings(s)]
+    if failed:
+        nodes = max(len(findings(s)) for s in failed)
+        problems.append(f"{len(failed)} of {len(samples)} runs failed nodes (up to {nodes}): "
+                        + summarize_findings(findings(failed[-1])))
     if task in ("re-run", "drift", "preflight"):
         problems += [f"run {s['round'] + 1} changed {s['changed']} host-operations"
                      for s in samples if s.get("changed")]
@@ -148,13 +186,12 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def _target_cell(row: Row, note: int | None) -> str:
+    cells = []
+    if row.verdict is not None:
+        cells.append("met" if row.verdict.met else f"**missed**: {', '.join(row.verdict.missed)} (note {note})")
     if row.problems:
-        return "**check**: " + "; ".join(row.problems)
-    if row.verdict is None:
-        return ""
-    if row.verdict.met:
-        return "met"
-    return f"**missed**: {', '.join(row.verdict.missed)} (note {note})"
+        cells.append("**check**: " + "; ".join(row.problems))
+    return "; ".join(cells)
 
 
 def render_table(rows: list[Row], notes: dict[tuple[int, str], int]) -> str:
@@ -199,6 +236,13 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
                      "(summed over nodes): " + ", ".join(f"{short_label(c.label)} {c.count}x {c.seconds:.2f} s"
                                                           for c in top))
     parts.append(_slowest_parts(results, row))
+    failed = [findings(s) for s in results["samples"]
+              if s["task"] == row.task and s["nodes"] == row.nodes and findings(s)]
+    if failed:
+        worst = max(failed, key=len)
+        parts.append(f"{len(failed)} runs failed nodes of the converged cluster: {summarize_findings(worst)}"
+                     + ("; rc=124 is `timeout` ending a probe that did not finish within its bound"
+                        if "rc=124" in " ".join(worst.values()) else ""))
     if tally and row.verdict and any("execs/node" in m for m in row.verdict.missed):
         per_label = ", ".join(f"{short_label(label)} {v['count']}" for label, v in tally["commands"].items())
         parts.append(f"the commands are: {per_label}")

@@ -11,6 +11,7 @@ up to ``preflight_max_nodes``, PyTorch into every node's venv from the wheelhous
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,7 @@ class Sample:
     errors: int | None
     stderr_tail: str = ""
     machine_busy: float | None = None  # share of all cores busy during the run (controller + every node)
+    findings: dict[str, str] = field(default_factory=dict)  # a check run's failed nodes: node -> problem
 
 
 @dataclass
@@ -110,6 +112,15 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float:
     """The share of all cores' time that was busy between two ``cpu_times`` readings."""
     total = after[1] - before[1]
     return round((after[0] - before[0]) / total, 3) if total > 0 else 0.0
+
+
+CHECK_FAILURE = re.compile(r"\[(?P<node>[^\]]+)\] trainfleet: (?:drift|preflight): (?P<problem>.*)")
+
+
+def check_findings(stderr: str) -> dict[str, str]:
+    """The nodes a drift or preflight run failed, with their problems (the verdict operation's
+    ``trainfleet: drift: ...`` line per node)."""
+    return {m["node"]: m["problem"].strip() for m in CHECK_FAILURE.finditer(stderr)}
 
 
 def parse_results(stdout: str) -> tuple[int | None, int | None]:
@@ -172,7 +183,8 @@ class Runner:
         sample = Sample(task=task, nodes=nodes, round=round_, seconds=round(usage["seconds"], 4),
                         cpu_seconds=round(usage["cpu_seconds"], 4), maxrss_kb=usage["maxrss_kb"],
                         returncode=code, changed=changed, errors=errors,
-                        stderr_tail="" if code == 0 else stderr[-2000:], machine_busy=busy)
+                        stderr_tail="" if code == 0 else stderr[-2000:], machine_busy=busy,
+                        findings=check_findings(stderr) if task in ("drift", "preflight") else {})
         self.log(f"  {task:16} N={nodes:<2} {sample.seconds:7.2f}s cpu {sample.cpu_seconds:6.2f}s busy {busy:.0%} "
                  f"rss {sample.maxrss_kb // 1024} MB exit {code} changed {changed}")
         return sample

@@ -227,3 +227,43 @@ def test_a_saturated_machine_is_named_in_the_explanation():
     why = render_markdown(doc).split("## Why targets were missed", 1)[1]
     assert "the machine's 2 cores were 97% busy during the run" in why
     assert "the lab is CPU-bound" in why
+
+
+# The verdict lines of a drift run on a converged 8-node lab whose mesh probes timed out.
+DRIFT_STDERR = """    [node1] No changes
+    [node7] trainfleet: drift: ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'
+    [node7] Error: executed 0 commands
+    [node6] trainfleet: drift: ssh mesh (root) is 'fails: node1 (rc=124); node2 (rc=124)', the spec wants 'ok'
+    [node2] trainfleet: drift: hostname is 'ip-198-18-0-12', the spec wants 'node2'
+"""
+
+
+def test_check_findings_are_read_per_node():
+    from bench.run import check_findings
+
+    found = check_findings(DRIFT_STDERR)
+    assert sorted(found) == ["node2", "node6", "node7"]
+    assert found["node7"] == "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'"
+    assert check_findings("    [node1] No changes\n") == {}
+
+
+def test_a_check_that_failed_nodes_is_timed_and_its_findings_are_shown():
+    from bench.report import summarize_findings
+
+    assert summarize_findings({"node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'",
+                               "node6": "ssh mesh (root) is 'fails: node1 (rc=124)', the spec wants 'ok'",
+                               "node2": "hostname is 'ip-198-18-0-12', the spec wants 'node2'"}) == \
+        "ssh mesh (root) on 2 nodes (rc=124); hostname on 1 node"
+    doc = results_document()
+    drift = [s for s in doc["samples"] if s["task"] == "drift"]
+    drift[0].update(returncode=1, stderr_tail=DRIFT_STDERR)  # older results: findings from the tail
+    drift[1].update(returncode=1, findings={"node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'"})
+    row = next(r for r in build_rows(doc) if r.task == "drift")
+    assert row.summary.runs == 3  # the check ran to its verdict: its time counts
+    assert row.problems == ["2 of 3 runs failed nodes (up to 3): ssh mesh (root) on 1 node (rc=124)"]
+    why = render_markdown(doc).split("## Why targets were missed", 1)[1]
+    assert "2 runs failed nodes of the converged cluster: ssh mesh (root) on 2 nodes (rc=124); hostname" in why
+    # A crash (exit 2, no verdict) is not timed.
+    drift[2].update(returncode=2)
+    row = next(r for r in build_rows(doc) if r.task == "drift")
+    assert row.summary.runs == 2 and "run 3 exited 2" in row.problems
