@@ -230,11 +230,10 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
         parts.append(f"the machine's {cores} cores were {row.busy_median:.0%} busy during the run (controller, "
                      "every node's sshd and commands)" + (": the lab is CPU-bound" if row.busy_median > 0.9 else ""))
     if tally and row.execs:
-        top = top_commands(tally, 3)
         floor_execs = exec_count(floor_tally, node_names(row.nodes)).describe() if floor_tally else "?"
-        parts.append(f"{row.execs.describe()} execs/node (floor {floor_execs}); longest remote commands "
-                     "(summed over nodes): " + ", ".join(f"{short_label(c.label)} {c.count}x {c.seconds:.2f} s"
-                                                          for c in top))
+        parts.append(f"{row.execs.describe()} execs/node (floor {floor_execs}); "
+                     + ", ".join(f"{short_label(c.label)} took {c.seconds / c.count:.2f} s on average with "
+                                 f"{row.nodes} nodes at once" for c in top_commands(tally, 2)))
     parts.append(_slowest_parts(results, row))
     failed = [findings(s) for s in results["samples"]
               if s["task"] == row.task and s["nodes"] == row.nodes and findings(s)]
@@ -245,7 +244,9 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
                         if "rc=124" in " ".join(worst.values()) else ""))
     if tally and row.verdict and any("execs/node" in m for m in row.verdict.missed):
         per_label = ", ".join(f"{short_label(label)} {v['count']}" for label, v in tally["commands"].items())
-        parts.append(f"the commands are: {per_label}")
+        parts.append(f"the commands of the counted run are: {per_label}"
+                     + ("; an `op` command there is the verdict operation failing a node with findings "
+                        "(a node that passes gets none)" if any(k.startswith("op ") for k in tally["commands"]) else ""))
     return "; ".join(p for p in parts if p) + "."
 
 
@@ -270,7 +271,7 @@ def _slowest_parts(results: dict[str, Any], row: Row) -> str:
     if not parts:
         return ""
     top = sorted(parts.items(), key=lambda kv: kv[1], reverse=True)[:3]
-    return (f"on a node its one command's parts take {sum(parts.values()):.2f} s in all when timed alone, slowest "
+    return (f"timed alone on one node of an idle lab, its parts take {sum(parts.values()):.2f} s, slowest "
             + ", ".join(f"{k} {v:.2f} s" for k, v in top))
 
 
@@ -351,6 +352,11 @@ def render_markdown(results: dict[str, Any]) -> str:
     if skipped:
         out += ["", "## Not measured", ""]
         out += [f"- {s['task']} at N={s['nodes']}: {s['why']}" for s in skipped]
+        torch = [r for r in rows if r.task == "torch provision" and r.summary]
+        if torch and any(s["task"] == "preflight" for s in skipped):
+            out.append("- measured torch provision (one run each): "
+                       + ", ".join(f"{r.summary.median:.0f} s at {r.nodes} node{'s' if r.nodes > 1 else ''}"
+                                   for r in torch))
     return "\n".join(out) + "\n"
 
 
