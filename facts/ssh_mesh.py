@@ -122,6 +122,7 @@ class SshMeshUser(FactBase[SshUserT]):
 # hit by every other node at the same moment.
 _PROBE_SCRIPT = r"""
 parallel=$1; timeout_s=$2; shift 2
+d=$(mktemp -d) || exit 1; trap 'rm -rf "$d"' EXIT
 # Start after this node in the list, so the N nodes do not all hit the same peer first.
 me=$(hostname); n=0; i=0
 for peer in "$@"; do i=$((i + 1)); [ "$peer" = "$me" ] && n=$i; done
@@ -136,11 +137,20 @@ probe() {
 }
 i=0
 for peer in "$@"; do
-  probe "$peer" &
+  probe "$peer" >>"$d/first" &
   i=$((i + 1))
   if [ $((i % parallel)) -eq 0 ]; then wait; fi
 done
 wait
+# A timeout, or sshd dropping the connection before authentication (its MaxStartups limit,
+# when every node probes at once), says nothing about the mesh: such a peer is probed once
+# more, alone. A refused key or a host key mismatch is final.
+while read -r status peer rest; do
+  case "$status $rest" in
+    "fail rc=124"*|*kex_exchange_identification*|*"Connection closed"*|*"Connection reset"*) probe "$peer" ;;
+    *) echo "$status $peer $rest" ;;
+  esac
+done <"$d/first"
 """
 
 

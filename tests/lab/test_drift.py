@@ -4,12 +4,15 @@ and property, then cleared by re-running deploy/cluster.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
 
+from bench.tally import exec_count
 from operations.drift import report_path
-from tests.lab.harness import LAB_INVENTORY, deploy_twice, pyinfra
+from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra
 
 CLUSTER = "deploy/cluster.py"
 DRIFT = "deploy/drift.py"
@@ -49,6 +52,18 @@ def test_a_drift_run_on_a_converged_cluster_passes_and_changes_nothing(converged
     assert {n: converged.lab.ssh(n, MANAGED) for n in NODES} == before
     dry = pyinfra(LAB_INVENTORY, CLUSTER, dry=True)
     assert dry.returncode == 0 and dry.report["plan"] and dry.planned_changes() == {}
+
+
+@pytest.mark.parametrize("deploy", [CLUSTER, DRIFT])
+def test_a_converged_rerun_and_a_drift_run_each_cost_one_remote_command_per_node(converged, deploy, tmp_path):
+    # Counted where paramiko sends each SSH exec request (bench/driver.py): every fact the
+    # deploy reads, and every node's fingerprint, come in ONE command per node per run.
+    tally_file = tmp_path / "tally.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.driver", str(tally_file), "--", "-y", "--json",
+                           LAB_INVENTORY, deploy], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tally = json.loads(tally_file.read_text())
+    assert exec_count(tally, NODES).per_node == {node: 1 for node in NODES}, tally["commands"]
 
 
 def assert_detected_then_cleared(lab, expected: set[tuple[str, str]]):

@@ -77,3 +77,48 @@ def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defa
     assert b["serveraliveinterval"] == "42"  # the user's own default still applies
     other = resolved("fileserver")
     assert (other["user"], other["port"]) == ("alice", "2200")
+
+
+# A stand-in ssh for the mesh probe: per peer, a script of answers, one per attempt. The
+# messages are OpenSSH 9.2's: sshd over its MaxStartups drops the connection before the
+# key exchange; a key missing from authorized_keys is refused.
+_FAKE_SSH = r"""#!/bin/sh
+for last; do :; done  # the command ("true")
+peer=$(for a; do case $a in -*|true|BatchMode=*|StrictHostKeyChecking=*|ConnectTimeout=*) ;; *) echo "$a";; esac; done | tail -n 1)
+n=$(cat "$FAKE_DIR/$peer.n" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$FAKE_DIR/$peer.n"
+answer=$(sed -n "${n}p" "$FAKE_DIR/$peer.answers")
+case $answer in
+  ok) exit 0 ;;
+  dropped) echo "kex_exchange_identification: Connection closed by remote host" >&2; exit 255 ;;
+  refused) echo "root@$peer: Permission denied (publickey)." >&2; exit 255 ;;
+esac
+"""
+
+
+def run_probe(tmp_path, answers: dict[str, list[str]]) -> tuple[dict[str, str], dict[str, int]]:
+    import os
+    import subprocess
+
+    from facts.ssh_mesh import SshMeshProof
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(_FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    for peer, script in answers.items():
+        (tmp_path / f"{peer}.answers").write_text("\n".join(script) + "\n")
+    fact = SshMeshProof()
+    command = fact.command(user="root", peers=list(answers)).get_raw_value()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path)}
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=30).stdout
+    attempts = {peer: int((tmp_path / f"{peer}.n").read_text()) for peer in answers}
+    return fact.process(out.splitlines()), attempts
+
+
+def test_the_mesh_probe_tries_a_dropped_connection_once_more_and_a_refusal_never(tmp_path):
+    result, attempts = run_probe(tmp_path, {"a": ["dropped", "ok"], "b": ["refused", "ok"], "c": ["ok"],
+                                            "d": ["dropped", "dropped"]})
+    assert result["a"] == "ok" and attempts["a"] == 2  # sshd was busy: fine the second time
+    assert result["b"].startswith("rc=255") and "Permission denied" in result["b"] and attempts["b"] == 1
+    assert result["c"] == "ok" and attempts["c"] == 1
+    assert "kex_exchange_identification" in result["d"] and attempts["d"] == 2  # reported after one retry
