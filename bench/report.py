@@ -208,6 +208,25 @@ def render_table(rows: list[Row], notes: dict[tuple[int, str], int]) -> str:
     return "\n".join(lines)
 
 
+def render_summary(rows: list[Row]) -> str:
+    """Nodes by tasks: ``median s (× floor)``, the compact view the README shows."""
+    tasks = [t for t in TASKS if any(r.task == t and r.summary for r in rows)]
+    cells = {(r.nodes, r.task): r for r in rows if r.summary}
+    lines = ["| N | " + " | ".join(tasks) + " |", "|---:|" + "---:|" * len(tasks)]
+    for nodes in sorted({r.nodes for r in rows}):
+        out = []
+        for task in tasks:
+            row = cells.get((nodes, task))
+            if row is None:
+                out.append("—")
+            elif task == "floor":
+                out.append(f"{row.summary.median:.2f}")
+            else:
+                out.append(f"{row.summary.median:.2f} ({row.ratio:.2f}x)")
+        lines.append(f"| {nodes} | " + " | ".join(out) + " |")
+    return "\n".join(lines)
+
+
 def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
     """Why a target was missed, from the measured profile of that run (one or two sentences)."""
     parts = []
@@ -337,6 +356,12 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         (f"Targets (issue #8): re-run and drift within {RATIO_TARGET}x of the floor at every N; "
          "the drift run one remote command per node."),
+        "",
+        "Median seconds (× floor):",
+        "",
+        render_summary(rows),
+        "",
+        "Every measurement:",
         "",
         render_table(rows, notes),
     ]

@@ -268,3 +268,11 @@ def test_a_check_that_failed_nodes_is_timed_and_its_findings_are_shown():
     drift[2].update(returncode=2)
     row = next(r for r in build_rows(doc) if r.task == "drift")
     assert row.summary.runs == 2 and "run 3 exited 2" in row.problems
+
+
+def test_summary_is_nodes_by_tasks_with_ratios():
+    from bench.report import render_summary
+
+    lines = render_summary(build_rows(results_document())).splitlines()
+    assert lines[0] == "| N | floor | first provision | re-run | drift |"
+    assert lines[2] == "| 2 | 1.25 | 14.00 (11.20x) | 1.70 (1.36x) | 2.60 (2.08x) |"
