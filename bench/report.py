@@ -227,6 +227,10 @@ def render_summary(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _nodes(count: int) -> str:
+    return f"{count} node" if count == 1 else f"{count} nodes"
+
+
 def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
     """Why a target was missed, from the measured profile of that run (one or two sentences)."""
     parts = []
@@ -234,7 +238,7 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
     floor_tally = _accounted(results, "floor", row.nodes)
     if row.summary and floor and floor.summary:
         gap = row.summary.median - floor.summary.median
-        parts.append(f"{row.task} at {row.nodes} nodes takes {gap:.2f} s more than the floor "
+        parts.append(f"{row.task} at {_nodes(row.nodes)} takes {gap:.2f} s more than the floor "
                      f"({row.summary.median:.2f} s vs {floor.summary.median:.2f} s)")
     if tally and floor_tally:
         mine, base = phases(tally), phases(floor_tally)
@@ -252,7 +256,7 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
         floor_execs = exec_count(floor_tally, node_names(row.nodes)).describe() if floor_tally else "?"
         parts.append(f"{row.execs.describe()} execs/node (floor {floor_execs}); "
                      + ", ".join(f"{short_label(c.label)} took {c.seconds / c.count:.2f} s on average with "
-                                 f"{row.nodes} nodes at once" for c in top_commands(tally, 2)))
+                                 f"{_nodes(row.nodes)} at once" for c in top_commands(tally, 2)))
     parts.append(_slowest_parts(results, row))
     failed = [findings(s) for s in results["samples"]
               if s["task"] == row.task and s["nodes"] == row.nodes and findings(s)]
@@ -397,7 +401,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     rows = [r for r in build_rows(results) if r.summary]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6))
+    colors = dict(zip(TASKS, ("black", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
     for task in TASKS:
         mine = [r for r in rows if r.task == task]
         if not mine:
@@ -405,10 +410,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         xs = [r.nodes for r in mine]
         med = [r.summary.median for r in mine]
         err = [[r.summary.median - r.summary.low for r in mine], [r.summary.high - r.summary.median for r in mine]]
-        style = {"linestyle": "--", "color": "black"} if task == "floor" else {}
+        style = {"linestyle": "--" if task == "floor" else "-", "color": colors[task]}
         left.errorbar(xs, med, yerr=err, marker="o", capsize=3, label=task, **style)
-        if task != "floor":
-            right.plot([r.nodes for r in mine if r.ratio], [r.ratio for r in mine if r.ratio], marker="o", label=task)
+        if task not in ("floor", "torch provision"):  # torch is a one-off prerequisite, not a ratio to watch
+            right.plot([r.nodes for r in mine if r.ratio], [r.ratio for r in mine if r.ratio], marker="o", label=task,
+                       color=colors[task])
     right.axhline(RATIO_TARGET, color="red", linestyle=":", label=f"target {RATIO_TARGET}x (re-run, drift)")
     nodes = sorted({r.nodes for r in rows})
     for ax, title, ylabel in ((left, "wall time per run", "seconds (median, min–max)"),
@@ -423,7 +429,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     fig.suptitle(f"trainfleet on the lab — {results['machine']['cpu']}, {results['machine']['cores']} cores",
                  fontsize=10)
     fig.tight_layout()
