@@ -99,12 +99,13 @@ def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected
     return problems
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
+    unit = "B"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            break
         n /= 1024
-    return f"{n} B"
+    return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
 
 
 def _age(seconds: int) -> str:

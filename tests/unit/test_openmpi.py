@@ -40,7 +40,7 @@ def interfaces_from(ip_output: str) -> list:
     return NcclNetwork().process(lines)["interfaces"]
 
 
-def node(name: str, address: str, interface: str | None, network: str | None) -> Derived:
+def node(interface: str | None, network: str | None) -> Derived:
     return Derived(env={}, interface=interface, network=network)
 
 
@@ -75,29 +75,29 @@ def test_ib_disabled_in_the_spec_leaves_ucx_on_tcp_and_the_spec_can_override_it(
 
 
 def test_the_same_interface_name_everywhere_is_used_by_name():
-    derived = {n: node(n, "", "eth0", "198.18.0.0/24") for n in ("a", "b", "c")}
+    derived = {n: node("eth0", "198.18.0.0/24") for n in ("a", "b", "c")}
     assert tcp_include(derived) == ("eth0", None)
 
 
 def test_differing_names_fall_back_to_the_cluster_subnet():
-    derived = {"a": node("a", "", "eth0", "198.18.0.0/24"), "b": node("b", "", "ens5", "198.18.0.0/24")}
+    derived = {"a": node("eth0", "198.18.0.0/24"), "b": node("ens5", "198.18.0.0/24")}
     assert tcp_include(derived) == ("198.18.0.0/24", None)
 
 
 def test_a_routed_cluster_lists_every_subnet():
-    derived = {"a": node("a", "", "eth0", "10.1.0.0/24"), "b": node("b", "", "ens5", "10.2.0.0/24"),
-               "c": node("c", "", "ens5", "10.1.0.0/24")}
+    derived = {"a": node("eth0", "10.1.0.0/24"), "b": node("ens5", "10.2.0.0/24"),
+               "c": node("ens5", "10.1.0.0/24")}
     assert tcp_include(derived) == ("10.1.0.0/24,10.2.0.0/24", None)
 
 
 def test_an_unknown_subnet_is_a_problem_not_a_guess():
-    derived = {"a": node("a", "", "eth0", "198.18.0.0/24"), "b": node("b", "", None, None)}
+    derived = {"a": node("eth0", "198.18.0.0/24"), "b": node(None, None)}
     value, problem = tcp_include(derived)
     assert value is None and "subnet of b is unknown" in problem and "openmpi.tcp_include" in problem
 
 
 def test_the_spec_value_wins_and_extra_parameters_follow_the_pinned_ones():
-    derived = {"a": node("a", "", "eth0", "198.18.0.0/24")}
+    derived = {"a": node("eth0", "198.18.0.0/24")}
     params, problems = cluster_params(derived, {"tcp_include": "10.9.0.0/16", "params": {"pml": "ucx"}})
     assert problems == []
     assert list(params.items()) == [("btl_tcp_if_include", "10.9.0.0/16"), ("oob_tcp_if_include", "10.9.0.0/16"),
@@ -105,7 +105,7 @@ def test_the_spec_value_wins_and_extra_parameters_follow_the_pinned_ones():
 
 
 def test_nodes_whose_network_has_problems_do_not_decide():
-    derived = {"a": node("a", "", "eth0", "198.18.0.0/24"),
+    derived = {"a": node("eth0", "198.18.0.0/24"),
                "b": Derived(problems=["no interface holds the cluster address"])}
     assert cluster_params(derived, {"tcp_include": "auto", "params": {}}) == (
         {"btl_tcp_if_include": "eth0", "oob_tcp_if_include": "eth0"}, [])
