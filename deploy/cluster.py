@@ -12,7 +12,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.nccl import Derived, uniform_variables
 
 cluster, node = this_node()
-keys = KeyStore(cluster.name)
+keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])  # retires removed nodes' keys
 
 # What every node is now: all the facts the steps below read, one remote command per node.
 gather.read_once(DeployState, users=cluster.mesh_users)

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfra.api import FactBase, StringCommand
+from pyinfra.api.exceptions import FactProcessError
 
 from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.launchers import LauncherFiles
-from facts.managed_block import ManagedBlock, split_sections
+from facts.managed_block import ManagedBlock, decode_lines, split_sections
 from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
 from facts.openmpi import OpenMpiState
 from facts.pdsh import PdshState
@@ -109,16 +110,24 @@ class FactBundle(FactBase[dict[str, Any]]):
             command = fact.command(**fact_kwargs)
             if isinstance(command, str):
                 command = StringCommand(command)
-            pieces += ["echo", f"'{_MARK} {name}';", "(", command, ")", "2>/dev/null;"]
+            # Each section's output travels as one base64 line: nothing a file or a user's
+            # process prints inside it can end the section or forge another one.
+            pieces += ["echo", f"'{_MARK} {name}';", "(", command, ")", "2>/dev/null", "|", "base64", "-w0;", "echo;"]
         return StringCommand(*pieces, "true")
 
     def process(self, output: list[str]) -> dict[str, Any]:
         _, raw = split_sections(output, _MARK)
         result: dict[str, Any] = {}
         for name, fact in self._facts.items():
-            lines = raw.get(name) or []
-            # pyinfra gives an empty output the fact's default, not process([]); so do we.
-            result[name] = fact.process(lines) if lines else fact.default()
+            encoded = raw.get(name)
+            if encoded is None or len(encoded) != 1:
+                raise FactProcessError(f"section {name}: missing or not one line")
+            try:
+                lines = decode_lines(encoded[0])
+                # pyinfra gives an empty output the fact's default, not process([]); so do we.
+                result[name] = fact.process(lines) if lines else fact.default()
+            except Exception as exc:  # noqa: BLE001 - any parse failure fails this node only
+                raise FactProcessError(f"section {name}: cannot read what the node returned: {exc}") from exc
         return result
 
 

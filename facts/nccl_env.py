@@ -7,7 +7,7 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
+from facts.managed_block import FILE_FN, BlockState, block_state, file_text, read_file_lines
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
 
@@ -31,9 +31,8 @@ for p in "$root"/class/infiniband/*/ports/*; do
 done
 """
 
-_FILES_SCRIPT = r"""
-sep=$1 missing=$2; shift 2
-for f in "$@"; do echo "$sep $f"; cat "$f" 2>/dev/null || echo "$missing"; done
+_FILES_SCRIPT = FILE_FN + r"""
+for f in "$@"; do tf_file "$f" "$f"; done
 """
 
 
@@ -104,14 +103,13 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_FILES_SCRIPT), "trainfleet", SECTION, MISSING,
+        return StringCommand("sh", "-c", QuoteString(_FILES_SCRIPT), "trainfleet",
                              NCCL_PROFILE, NCCL_ENVIRONMENT, NCCL_CONF)
 
     def process(self, output: list[str]) -> NcclEnvFilesT:
-        _, files = split_sections(output)
-        profile = files.get(NCCL_PROFILE)
+        files = read_file_lines(output)
         return {
-            "profile": None if profile is None else "\n".join(profile) + "\n",
+            "profile": file_text(files.get(NCCL_PROFILE)),
             "environment": block_state(files.get(NCCL_ENVIRONMENT), ENV_PURPOSE),
             "nccl_conf": block_state(files.get(NCCL_CONF), ENV_PURPOSE),
         }

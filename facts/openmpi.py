@@ -6,31 +6,34 @@ from __future__ import annotations
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
 
-from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
+from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, block_state, decode_lines, read_file_lines
 
 MCA_PURPOSE = "openmpi network"
 MCA_FILE = ".openmpi/mca-params.conf"  # relative to the user's home
 
 # One command: mpirun's version line, then per user its home, group and parameter file.
-_SCRIPT = r"""
-sep=$1 missing=$2 file=$3; shift 3
+_SCRIPT = AS_USER_FN + r"""
+file=$1 part=$2; shift 2
 echo "version $(mpirun --version 2>/dev/null | head -n 1)"
 for u in "$@"; do
-  entry=$(getent passwd "$u") || { echo "$sep $u"; echo "nouser"; continue; }
-  home=$(echo "$entry" | cut -d: -f6); gid=$(echo "$entry" | cut -d: -f4)
-  echo "$sep $u"
-  echo "home $home"; echo "group $(getent group "$gid" | cut -d: -f1)"
-  echo "$sep $u:file"
-  cat "$home/$file" 2>/dev/null || echo "$missing"
+  entry=$(getent passwd "$u") || { echo "user $u nouser"; continue; }
+  home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
+  printf 'user %s %s %s %s ' "$u" "$uid" "$(getent group "$gid" | cut -d: -f1 | tr -d ' ')" "$(printf %s "$home" | base64 -w0)"
+  tf_as "$uid" "$gid" "$part" "$home/$file"
 done
 """
+
+# Read as the user: the parameter file in the user's home.
+_USER_PART = FILE_FN + 'tf_file params "$1"'
 
 
 class UserParams(TypedDict):
     exists: bool
     home: str | None
     group: str | None
+    uid: str | None
     params: BlockState
 
 
@@ -64,22 +67,28 @@ class OpenMpiState(FactBase[OpenMpiT]):
     """
 
     def command(self, users: list[str]) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", SECTION, MISSING, MCA_FILE,
+        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", MCA_FILE, QuoteString(_USER_PART),
                              *(QuoteString(u) for u in users))
 
     def process(self, output: list[str]) -> OpenMpiT:
-        head, sections = split_sections(output)
-        version = next((line[len("version "):] for line in head if line.startswith("version")), "")
+        version = next((line[len("version "):] for line in output if line.startswith("version")), "")
         users: dict[str, UserParams] = {}
-        for name, lines in sections.items():
-            if name.endswith(":file"):
+        for line in output:
+            if not line.startswith("user "):
                 continue
-            if not lines or lines == ["nouser"]:
-                users[name] = {"exists": False, "home": None, "group": None, "params": block_state(None, MCA_PURPOSE)}
+            fields = line.split(" ")
+            if fields[2:] == ["nouser"]:
+                users[fields[1]] = {"exists": False, "home": None, "group": None, "uid": None,
+                                    "params": block_state(None, MCA_PURPOSE)}
                 continue
-            info = {key: value for key, _, value in (line.partition(" ") for line in lines)}
-            users[name] = {"exists": True, "home": info.get("home") or None, "group": info.get("group") or None,
-                           "params": block_state(sections.get(f"{name}:file"), MCA_PURPOSE)}
+            if len(fields) != 6:
+                raise FactProcessError(f"unreadable user line: {line[:80]!r}")
+            _, name, uid, group, home, part = fields
+            files = read_file_lines(decode_lines(part))
+            if "params" not in files:
+                raise FactProcessError(f"{name}'s {MCA_FILE} could not be read (as {name})")
+            users[name] = {"exists": True, "home": "\n".join(decode_lines(home)) or None, "group": group or None,
+                           "uid": uid, "params": block_state(files["params"], MCA_PURPOSE)}
         return {"version": _version(version), "users": users}
 
     @staticmethod

@@ -6,17 +6,15 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
+from facts.managed_block import FILE_FN, BlockState, block_state, file_text, read_file_lines
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 
 PDSH_PURPOSE = "pdsh nodes"
 
-_SCRIPT = r"""
-sep=$1 missing=$2
+_SCRIPT = FILE_FN + r"""
 ( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
 echo "pdsh $(command -v pdsh || echo missing)"
-shift 2
-for f in "$@"; do echo "$sep $f"; cat "$f" 2>/dev/null || echo "$missing"; done
+for f in "$@"; do tf_file "$f" "$f"; done
 """
 
 
@@ -65,23 +63,19 @@ class PdshState(FactBase[PdshStateT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", SECTION, MISSING,
+        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet",
                              PDSH_RCMD_DEFAULT, PDSH_PROFILE, PDSH_GENDERS, PDSH_MACHINES)
 
     def process(self, output: list[str]) -> PdshStateT:
-        lines_before, files = split_sections(output)
-        head = {key: value.strip() for key, _, value in (line.partition(" ") for line in lines_before)}
-
-        def text(path: str) -> str | None:
-            lines = files.get(path)
-            return None if lines is None else "\n".join(lines) + "\n"
-
-        rcmd = files.get(PDSH_RCMD_DEFAULT)
+        files = read_file_lines(output)
+        head = {key: value.strip() for key, _, value in (line.partition(" ") for line in output
+                                                         if not line.startswith("file "))}
+        rcmd = file_text(files.get(PDSH_RCMD_DEFAULT))
         return {
             "os": os_family(head.get("id", "unknown"), head.get("like", ""), head.get("version", "")),
             "installed": head.get("pdsh", "missing") != "missing",
-            "rcmd_default": rcmd[0].strip() if rcmd else None,
-            "profile": text(PDSH_PROFILE),
+            "rcmd_default": rcmd.strip() or None if rcmd is not None else None,
+            "profile": file_text(files.get(PDSH_PROFILE)),
             "genders": block_state(files.get(PDSH_GENDERS), PDSH_PURPOSE),
             "machines": block_state(files.get(PDSH_MACHINES), PDSH_PURPOSE),
         }

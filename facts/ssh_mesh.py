@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
 
-from facts.managed_block import MISSING, SECTION, BlockState, block_state, split_sections
+from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, block_state, decode_lines, read_file_lines
 from trainfleet.defaults import MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT
 
 AUTHORIZED_PURPOSE = "ssh mesh keys"
@@ -44,6 +45,7 @@ class SshUserT(TypedDict):
     exists: bool
     home: str | None
     group: str | None
+    uid: str | None
     ssh_dir: FileMeta | None
     identity: FileMeta | None
     identity_pub: FileMeta | None
@@ -51,69 +53,79 @@ class SshUserT(TypedDict):
     config: BlockState
 
 
-# One remote command: everything about one user's SSH files.
-_USER_SCRIPT = r"""
-u=$1; key=$2; sep=$3; missing=$4
+# Root looks the user up; everything in the home is read AS the user (setpriv, bounded in
+# time), so a link the user planted can only show the user's own files. The user part's
+# output is base64-encoded by root's shell: the user cannot forge the lines around it.
+_USER_SCRIPT = AS_USER_FN + r"""
+u=$1; key=$2; part=$3
 entry=$(getent passwd "$u") || { echo "nouser"; exit 0; }
-home=$(echo "$entry" | cut -d: -f6); gid=$(echo "$entry" | cut -d: -f4)
-echo "home $home"; echo "group $(getent group "$gid" | cut -d: -f1)"
-meta() { if [ -e "$1" ]; then printf '%s %s %s\n' "$2" "$(stat -c '%a %U' "$1")" "$( [ -f "$1" ] && sha256sum < "$1" | cut -d' ' -f1 || echo -)"; else echo "$2 missing"; fi; }
+home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
+echo "home $home"; echo "uid $uid"; echo "group $(getent group "$gid" | cut -d: -f1)"
+printf 'user '; tf_as "$uid" "$gid" "$part" "$home" "$key"
+"""
+
+_USER_PART = FILE_FN + r"""
+home=$1; key=$2
+meta() { if [ -e "$1" ]; then printf '%s %s %s\n' "$2" "$(stat -L -c '%a %U' -- "$1")" "$( [ -f "$1" ] && sha256sum < "$1" | cut -d' ' -f1 || echo -)"; else echo "$2 missing"; fi; }
 meta "$home/.ssh" ssh_dir
 meta "$home/.ssh/$key" identity
 meta "$home/.ssh/$key.pub" identity_pub
-for f in authorized_keys config; do
-  echo "$sep $f"
-  cat "$home/.ssh/$f" 2>/dev/null || echo "$missing"
-done
+tf_file authorized_keys "$home/.ssh/authorized_keys"
+tf_file config "$home/.ssh/config"
 """
 
 
 class SshMeshUser(FactBase[SshUserT]):
     """
     One mesh user's SSH state on the node, in one command: home, ``~/.ssh`` and the
-    cluster key's mode/owner/sha256, and the managed blocks of ``authorized_keys``
-    and ``config`` (private key contents are never read back, only their hash).
+    cluster key's mode/owner/sha256 (read as the user), and the managed blocks of
+    ``authorized_keys`` and ``config`` (private key contents are never read back, only their hash).
 
     + user: the mesh user
 
     .. code:: python
 
         {
-            "exists": True, "home": "/root", "group": "root",
+            "exists": True, "home": "/root", "group": "root", "uid": "0",
             "ssh_dir": {"mode": "700", "owner": "root", "sha256": None},
             "identity": {"mode": "600", "owner": "root", "sha256": "9f86d08..."},
             "identity_pub": {"mode": "644", "owner": "root", "sha256": "2c26b46..."},
             "authorized": {"exists": True, "block": ["ssh-ed25519 AAAA... trainfleet:prod:root@gpu-a01"], ...},
-            "config": {"exists": False, "block": None, "outside": [], "broken": None},
+            "config": {"exists": False, "block": None, "outside": [], "broken": None, ...},
         }
     """
 
     def command(self, user: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_USER_SCRIPT), "trainfleet", QuoteString(user),
-                             MESH_KEY_NAME, SECTION, MISSING)
+        return StringCommand("sh", "-c", QuoteString(_USER_SCRIPT), "trainfleet", QuoteString(user), MESH_KEY_NAME,
+                             QuoteString(_USER_PART))
 
     def process(self, output: list[str]) -> SshUserT:
         if output[:1] == ["nouser"]:
             empty = block_state(None, AUTHORIZED_PURPOSE)
-            return {"exists": False, "home": None, "group": None, "ssh_dir": None, "identity": None,
+            return {"exists": False, "home": None, "group": None, "uid": None, "ssh_dir": None, "identity": None,
                     "identity_pub": None, "authorized": empty, "config": empty}
-        lines_before, sections = split_sections(output)
-        head = {key: value for key, _, value in (line.partition(" ") for line in lines_before)}
+        head = {key: value for key, _, value in (line.partition(" ") for line in output if not line.startswith("user "))}
+        user_lines = next((decode_lines(line[len("user "):]) for line in output if line.startswith("user ")), None)
+        if user_lines is None or not head.get("home"):
+            raise FactProcessError("the mesh user's files could not be read")
+        files = read_file_lines(user_lines)
+        seen = {key: value for key, _, value in (line.partition(" ") for line in user_lines if not line.startswith("file "))}
+        if not {"ssh_dir", "identity", "identity_pub"} <= seen.keys() or not {"authorized_keys", "config"} <= files.keys():
+            raise FactProcessError("the mesh user's files could not be read (as the user)")
 
         def meta(key: str) -> FileMeta | None:
-            fields = head.get(key, "missing").split()
+            fields = seen[key].split()
             if fields == ["missing"]:
                 return None
+            if len(fields) != 3:
+                raise FactProcessError(f"{key}: unreadable metadata {seen[key]!r}")
             return {"mode": fields[0], "owner": fields[1], "sha256": None if fields[2] == "-" else fields[2]}
 
-        def block(name: str, purpose: str) -> BlockState:
-            return block_state(sections.get(name), purpose)
-
         return {
-            "exists": True, "home": head.get("home"), "group": head.get("group") or None,
+            "exists": True, "home": head["home"], "group": head.get("group") or None, "uid": head.get("uid") or None,
             "ssh_dir": meta("ssh_dir"), "identity": meta("identity"), "identity_pub": meta("identity_pub"),
-            "authorized": block("authorized_keys", AUTHORIZED_PURPOSE),
-            "config": block("config", CONFIG_PURPOSE),
+            "authorized": block_state(files["authorized_keys"], AUTHORIZED_PURPOSE),
+            "config": block_state(files["config"], CONFIG_PURPOSE),
         }
 
 
@@ -129,6 +141,7 @@ for peer in "$@"; do i=$((i + 1)); [ "$peer" = "$me" ] && n=$i; done
 i=0
 for peer in "$@"; do i=$((i + 1)); [ $i -le $n ] && set -- "$@" "$peer"; done
 shift $n
+echo "probing $#"
 probe() {
   out=$(timeout "$timeout_s" ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes \
         -o ConnectTimeout="$timeout_s" "$1" true 2>&1)
@@ -180,10 +193,16 @@ class SshMeshProof(FactBase[dict[str, str]]):
         return StringCommand("su", "-s", "/bin/sh", QuoteString(user), "-c", QuoteString(probe.get_raw_value()))
 
     def process(self, output: list[str]) -> dict[str, str]:
-        results = {peer: "no answer" for peer in getattr(self, "peers", [])}
+        peers = getattr(self, "peers", [])
+        if not any(line.startswith("probing ") for line in output):
+            # The probe did not run (the user's shell failed, su refused): nothing was proven.
+            return {peer: "not probed" for peer in peers}
+        results = {peer: "no answer" for peer in peers}
         for line in output:
             status, _, rest = line.partition(" ")
             peer, _, reason = rest.partition(" ")
+            if peer not in results:
+                continue
             if status == "ok":
                 results[peer] = "ok"
             elif status == "fail":

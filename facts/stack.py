@@ -30,7 +30,7 @@ done
 [ -f /usr/share/keyrings/cuda-archive-keyring.gpg ] && echo "keyring yes"
 n=$(command -v nvcc 2>/dev/null); [ -n "$n" ] || n=/usr/local/cuda/bin/nvcc
 [ -x "$n" ] && echo "nvcc $n $("$n" --version 2>/dev/null | grep -m1 release)"
-if [ -x "$venv/bin/python" ]; then echo "venv yes"; "$venv/bin/python" -c "$py" 2>/dev/null; fi
+if [ -x "$venv/bin/python" ]; then echo "venv yes"; "$venv/bin/python" -I -c "$py" 2>/dev/null; fi
 command -v gcc >/dev/null 2>&1 && echo "gcc $(gcc --version 2>/dev/null | head -n 1)"
 [ -x /usr/bin/gcc ] && echo "sysgcc $(/usr/bin/gcc --version 2>/dev/null | head -n 1)"
 for g in /opt/rh/*/root/usr/bin/gcc; do

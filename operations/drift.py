@@ -79,9 +79,13 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
         props[f"openmpi params ({user})"] = digest(mpi_user["params"]["block"] if mpi_user else None)
         key = state["identity"]
         props[f"cluster key ({user})"] = f"{key['sha256'][:12]} {key['mode']}" if key else ABSENT
-        failures = {peer: why for peer, why in fp[f"mesh_proof:{user}"].items() if why != "ok"}
-        props[f"ssh mesh ({user})"] = "ok" if not failures else "fails: " + "; ".join(
-            f"{peer} ({why})" for peer, why in sorted(failures.items()))
+        proof = fp[f"mesh_proof:{user}"]
+        failures = {peer: why for peer, why in proof.items() if why != "ok"}
+        if not proof:  # the probe printed nothing: a check that saw nothing is no pass
+            props[f"ssh mesh ({user})"] = "not probed"
+        else:
+            props[f"ssh mesh ({user})"] = "ok" if not failures else "fails: " + "; ".join(
+                f"{peer} ({why})" for peer, why in sorted(failures.items()))
     return props
 
 

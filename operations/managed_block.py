@@ -8,41 +8,47 @@ from pyinfra.api.command import PyinfraCommand
 
 from facts.managed_block import BlockState, ManagedBlock
 from operations.gather import fact
-from operations.remote import fail_command, replace_block_command
-from trainfleet.blocks import markers
+from operations.remote import ABSENT, fail_command, write_command
+from trainfleet.blocks import split_block, with_block
 
 
 def block_change(
     path: str, purpose: str, current: BlockState, lines: list[str] | None,
-    mode: str = "644", owner: str | None = None, top: bool = False,
+    mode: str = "644", user: str | None = None, top: bool = False, dir_mode: str = "755",
 ) -> list[PyinfraCommand]:
     """The commands that make ``path``'s block hold ``lines`` (None: no block); [] if it does.
 
-    Damaged markers give a failing command: this host fails, the file is left alone.
+    The new file is built from the bytes the fact read and written only if the node still
+    has them. A file that cannot be split unambiguously fails this host, untouched; so does
+    a symlink that root would have to write through. ``user``: write as that user (a file
+    in the user's home).
     """
     if current["broken"]:
-        return [fail_command(f"{path}: trainfleet's markers are damaged ({current['broken']}); "
-                             "fix them by hand, nothing was changed")]
-    begin, end = markers(purpose)
-    if lines is None:
-        return replace_block_command(path, begin, end, [], present=False) if current["block"] is not None else []
-    if current["block"] == lines:
+        return [fail_command(f"{path}: {current['broken']}; fix it by hand, nothing was changed")]
+    if current["link"] and user is None:
+        return [fail_command(f"{path} is a symbolic link; root does not write through links "
+                             "(replace it with a regular file), nothing was changed")]
+    if lines is None and current["block"] is None:
         return []
-    return replace_block_command(path, begin, end, lines, mode=mode, owner=owner, top=top)
+    if lines is not None and current["block"] == lines:
+        return []
+    text = current["text"] or ""
+    new = with_block(split_block(text, purpose), purpose, lines, top=top)
+    expect = current["sha256"] if current["exists"] else ABSENT
+    return write_command(path, new, expect=expect, mode=mode, user=user, dir_mode=dir_mode)
 
 
 @operation()
-def managed_block(path: str, purpose: str, lines: list[str], present: bool = True,
-                  mode: str = "644", owner: str | None = None):
+def managed_block(path: str, purpose: str, lines: list[str], present: bool = True, mode: str = "644"):
     """
-    Keep ``lines`` in one block of ``path`` between trainfleet's markers; never touch the rest.
+    Keep ``lines`` in one block of a root-owned ``path`` between trainfleet's markers; never
+    touch the rest.
 
-    + path: the file (created with ``mode``/``owner`` if missing)
+    + path: the file (created with ``mode`` if missing)
     + purpose: what the block holds; it names the markers
     + lines: the block's content
     + present: ``False`` removes the block
     + mode: mode of a newly created file
-    + owner: ``user:group`` of a newly created file
 
     **Example:**
 
@@ -54,7 +60,7 @@ def managed_block(path: str, purpose: str, lines: list[str], present: bool = Tru
         )
     """
     current = fact(ManagedBlock, path=path, purpose=purpose)
-    changes = block_change(path, purpose, current, lines if present else None, mode=mode, owner=owner)
+    changes = block_change(path, purpose, current, lines if present else None, mode=mode)
     if not changes:
         host.noop(f"{path}: {purpose} block is up to date")
         return

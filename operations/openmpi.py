@@ -11,7 +11,7 @@ Each node reads its own copy: ``mpirun`` does not ship it, so every node gets it
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import operation
 
 from facts.openmpi import MCA_FILE, MCA_PURPOSE, OpenMpiState
 from operations.gather import fact
@@ -56,16 +56,10 @@ def mca_params(users: list[str], params: dict[str, str], problems: list[str] | N
         if state is None or not state["exists"] or not state["home"]:
             commands.append(fail_command(f"user {user} does not exist on this node"))
             continue
-        owner = f"{user}:{state['group']}"
         path = f"{state['home']}/{MCA_FILE}"
-        changes = block_change(path, MCA_PURPOSE, state["params"], lines, mode="644", owner=owner, top=True)
-        if changes and not state["params"]["exists"]:
-            # ~/.openmpi belongs to the user, like the file in it.
-            directory = path.rsplit("/", 1)[0]
-            commands.append(StringCommand("test", "-d", QuoteString(directory), "||", "install", "-d", "-m", "755",
-                                          "-o", QuoteString(user), "-g", QuoteString(state["group"]),
-                                          QuoteString(directory)))
-        commands += changes
+        # Written as the user (setpriv), ~/.openmpi made by the user: the user's home is the user's.
+        writer = None if state["uid"] == "0" else user
+        commands += block_change(path, MCA_PURPOSE, state["params"], lines, mode="644", user=writer, top=True)
     if not commands:
         version = current["version"] or "not installed yet"
         host.noop(f"OpenMPI parameters in place for {', '.join(users)} (OpenMPI: {version})")

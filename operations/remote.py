@@ -1,101 +1,187 @@
-"""Remote commands that change files safely: atomic, in place, never past their own lines.
+"""The one primitive that changes files on nodes, and the shell pieces it is made of.
 
-Every file change trainfleet makes goes through one of these builders:
-- the new content is written to a temp file beside the target, given the
-  target's mode, owner and SELinux context, then renamed over it (atomic);
-- a managed block is replaced where it stands; every other line is copied as is.
-Values travel as environment variables and positional arguments, quoted by
-pyinfra's QuoteString: nothing of the user's is ever spliced into the script.
+Every file trainfleet writes goes through ``write_command``:
+- **as the file's owner**: a file in a path a user controls (a mesh user's home) is read,
+  staged and renamed by a process running with that user's uid, gid and groups (setpriv),
+  so a symlink or a race planted there gives the user only what the user already had; a
+  symlink the user owns (``~/.ssh/config -> ~/dotfiles/ssh_config``) is followed and its
+  target gets the change. Root writes only where no one else can: every directory up to
+  ``/`` must be root's and not writable by others (a sticky one is allowed above a
+  root-owned child), a symlinked target is refused, and ownership is copied with
+  ``chown -h``;
+- **compare and swap**: the node replaces the file only if it still holds exactly the bytes
+  the fact read (sha256), so a line added since, or by a second controller, is never lost;
+- **atomic**: the new bytes go to a unique ``mktemp`` file beside the target, which gets the
+  target's mode (and, as root, owner and SELinux context) and is renamed over it;
+- **serialised**: every write holds the node's trainfleet lock (``flock`` on a file in the
+  root-only /run/trainfleet); a writer that cannot take it within LOCK_WAIT seconds fails,
+  naming the run that holds it.
+Content travels base64-encoded (any byte, no quoting question): as an argument when small
+and public, else uploaded to a unique name in /run/trainfleet (root only) and fed to the
+writer on its standard input. Private keys are always uploaded, never on a command line.
 """
 
 from __future__ import annotations
 
-from io import StringIO
+import base64
+import hashlib
+import uuid
+from io import BytesIO
 
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-# Shared tail: give the temp file the target's metadata, then rename it into place.
-_INSTALL = r"""
-if [ -e "$f" ]; then
-  chmod --reference="$f" "$t"; chown --reference="$f" "$t"
-  if command -v chcon >/dev/null 2>&1; then chcon --reference="$f" "$t" 2>/dev/null || true; fi
-else
-  chmod "$2" "$t"
-  if [ -n "$3" ]; then chown "$3" "$t"; fi
+RUN_DIR = "/run/trainfleet"  # root-only: the lock, its holder note and staged uploads
+LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
+USER_TIMEOUT = 60  # seconds a step running as a user may take (a FIFO planted to hang it)
+ABSENT = "absent"  # expected state of a file that must not exist yet
+ANY = "any"  # whole files trainfleet owns: no user bytes to protect
+
+# The root-only run directory: made if missing, else it must be root's real 0700 directory.
+RUN_DIR_SCRIPT = r"""
+r=$1
+if [ ! -e "$r" ] && [ ! -L "$r" ]; then mkdir -m 700 "$r" 2>/dev/null || true; fi
+if [ -L "$r" ] || [ ! -d "$r" ] || [ "$(stat -c '%u %a' "$r")" != "0 700" ]; then
+  echo "trainfleet: $r must be a directory owned by root with mode 700 (remove it and re-run)" >&2; exit 1
 fi
-mv -f "$t" "$f"
 """
 
-_REPLACE_BLOCK = r"""set -e
-f=$1
-d=$(dirname "$f"); [ -d "$d" ] || mkdir -p -m 755 "$d"
-t=$(mktemp "$f.trainfleet.XXXXXX")
-trap 'rm -f "$t"' EXIT
-if [ -e "$f" ]; then src=$f; else src=/dev/null; fi
-awk '
-BEGIN {
-  b = ENVIRON["TF_BEGIN"]; e = ENVIRON["TF_END"]; keep = ENVIRON["TF_KEEP"] == "1"; top = ENVIRON["TF_TOP"] == "1"
-  blk = ENVIRON["TF_BLOCK"]; f = ENVIRON["TF_BLOCK_FILE"]
-  if (f != "") { blk = ""; while ((getline line < f) > 0) blk = blk line "\n" }
+# Runs as root: the run dir, the node lock, then the writer (as the user where one is named).
+_LOCKED = RUN_DIR_SCRIPT + r"""
+exec 9>>"$r/lock"
+if ! flock -w "$TF_LOCK_WAIT" 9; then
+  echo "trainfleet: another trainfleet run holds this node's lock: $(cat "$r/holder" 2>/dev/null || echo unknown); gave up after $TF_LOCK_WAIT s" >&2
+  exit 1
+fi
+c=${SSH_CLIENT:-local}
+printf 'controller %s, since %s\n' "${c%% *}" "$(date '+%Y-%m-%dT%H:%M:%S%z')" > "$r/holder"
+shift
+if [ -n "$TF_STAGED" ]; then exec 0<"$TF_STAGED"; rm -f -- "$TF_STAGED"; fi
+if [ -n "$TF_AS" ]; then
+  command -v setpriv >/dev/null 2>&1 || { echo "trainfleet: setpriv (util-linux) is needed to write as $TF_AS" >&2; exit 1; }
+  timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" --init-groups \
+    sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+else
+  sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+fi
+"""
+
+# Root writes only where nobody else can change the path: every existing directory from the
+# file's up to / is root's; the file's own (or the one its new parents are made in) is
+# writable by root alone; above it, a sticky directory is allowed (only root can rename a
+# root-owned entry in it).
+_ROOT_SAFE_DIR = r"""
+root_safe_dir() {
+  p=$(readlink -m -- "$1"); first=1
+  while :; do
+    if [ -e "$p" ]; then
+      set -- $(stat -c '%u %a' -- "$p")
+      [ "$1" = 0 ] || fail "$p is not owned by root: root does not write where another user can"
+      if [ $(( 0$2 & 022 )) -ne 0 ]; then
+        if [ $first = 1 ] || [ $(( 0$2 & 01000 )) -eq 0 ]; then fail "$p is writable by others: root does not write there"; fi
+      fi
+      first=0
+    fi
+    [ "$p" = / ] && break
+    p=${p%/*}; [ -n "$p" ] || p=/
+  done
 }
-top && keep && !put && NR == 1 { printf "%s", blk; put = 1 }
-!done && $0 == b { skip = 1; next }
-skip && $0 == e { skip = 0; done = 1; if (keep && !put) { printf "%s", blk; put = 1 }; next }
-skip { next }
-{ print }
-END { if (keep && !put) printf "%s", blk }
-' "$src" > "$t"
-if [ -n "$TF_BLOCK_FILE" ]; then rm -f "$TF_BLOCK_FILE"; fi
-""" + _INSTALL
+"""
 
-_WRITE_FILE = r"""set -e
-f=$1
-d=$(dirname "$f"); [ -d "$d" ] || mkdir -p -m 755 "$d"
-t=$(mktemp "$f.trainfleet.XXXXXX")
-trap 'rm -f "$t"' EXIT
-printf '%s' "$TF_CONTENT" > "$t"
-""" + _INSTALL
+# The writer: $1 path, $2 expected sha256 | absent | any, $3 mode of a new file, $4 mode of new
+# directories; content base64 in $TF_DATA, or on stdin when $TF_DATA is empty.
+_WRITE = r"""set -eu
+fail() { echo "trainfleet: $f: $*; nothing was changed" >&2; exit 1; }
+f=$1; want=$2; mode=$3; dmode=$4
+cd /
+""" + _ROOT_SAFE_DIR + r"""
+if [ -L "$f" ]; then
+  [ "$(id -u)" != 0 ] || fail "is a symbolic link owned by root; root does not write through links (replace it with a regular file)"
+  f=$(readlink -f -- "$f") || fail "is a dangling symbolic link"
+fi
+d=${f%/*}; [ -n "$d" ] || d=/
+[ "$(id -u)" != 0 ] || root_safe_dir "$d"
+if [ -e "$f" ] && [ ! -f "$f" ]; then fail "is not a regular file"; fi
+case $want in
+  absent) [ ! -e "$f" ] || fail "appeared after it was read (run again)" ;;
+  any) ;;
+  *) [ -f "$f" ] && [ "$(sha256sum < "$f" | cut -d' ' -f1)" = "$want" ] || fail "changed after it was read (run again)" ;;
+esac
+[ -d "$d" ] || mkdir -p -m "$dmode" -- "$d"
+t=$(mktemp -- "$d/.trainfleet.XXXXXX") || fail "cannot make a temp file in $d"
+trap 'rm -f -- "$t"' EXIT
+if [ -n "${TF_DATA:-}" ]; then printf '%s' "$TF_DATA" | base64 -d > "$t"; else base64 -d > "$t"; fi
+if [ -e "$f" ]; then
+  chmod "$(stat -c %a -- "$f")" "$t"
+  if [ "$(id -u)" = 0 ]; then
+    chown -h "$(stat -c %u:%g -- "$f")" "$t"
+    if command -v chcon >/dev/null 2>&1; then chcon --reference="$f" "$t" 2>/dev/null || true; fi
+  fi
+else
+  chmod "$mode" "$t"
+fi
+mv -f -- "$t" "$f"
+trap - EXIT
+"""
 
-
-def _sh(script: str, env: dict[str, str], *args: str) -> StringCommand:
-    return StringCommand(
-        "env",
-        *(QuoteString(f"{key}={value}") for key, value in env.items()),
-        "sh", "-c", QuoteString(script), "trainfleet",
-        *(QuoteString(arg) for arg in args),
-    )
-
-
-# Linux caps one argument at 128 KiB: larger blocks (known hosts of hundreds of nodes)
-# are uploaded beside the target instead of travelling on the command line.
+# Linux caps one argument at 128 KiB: larger contents (known hosts of hundreds of nodes)
+# are uploaded instead of travelling on the command line.
 INLINE_LIMIT = 64 * 1024
 
 
-def replace_block_command(
-    path: str, begin: str, end: str, lines: list[str], present: bool = True,
-    mode: str = "644", owner: str | None = None, top: bool = False,
-) -> list[PyinfraCommand]:
-    """Put ``lines`` between the markers in ``path`` where the block stands (if absent:
-    appended, or first in the file with ``top``), or with ``present=False`` remove it.
-    A new file gets ``mode`` and ``owner``."""
-    block = "".join(f"{line}\n" for line in [begin, *lines, end])
-    env = {"TF_BEGIN": begin, "TF_END": end, "TF_KEEP": "1" if present else "0"}
-    if top:
-        env["TF_TOP"] = "1"
-    if len(block) <= INLINE_LIMIT:
-        return [_sh(_REPLACE_BLOCK, {**env, "TF_BLOCK": block}, path, mode, owner or "")]
-    staged = f"{path}.trainfleet-block"
-    return [FileUploadCommand(StringIO(block), staged),
-            _sh(_REPLACE_BLOCK, {**env, "TF_BLOCK_FILE": staged}, path, mode, owner or "")]
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _locked(script: str, env: dict[str, str], args: list[str], user: str | None = None,
+            staged: str = "") -> StringCommand:
+    env = {"TF_LOCK_WAIT": str(LOCK_WAIT), "TF_USER_TIMEOUT": str(USER_TIMEOUT), "TF_AS": user or "", "TF_STAGED": staged, "TF_SCRIPT": script, **env}
+    return StringCommand(
+        "env", *(QuoteString(f"{key}={value}") for key, value in env.items()),
+        "sh", "-c", QuoteString(_LOCKED), "trainfleet", RUN_DIR, *(QuoteString(arg) for arg in args),
+    )
+
+
+def run_dir_command() -> StringCommand:
+    """Make sure /run/trainfleet is root's own 0700 directory (before an upload into it)."""
+    return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT), "trainfleet", RUN_DIR)
+
+
+def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str = "644",
+                  user: str | None = None, secret: bool = False, dir_mode: str = "755") -> list[PyinfraCommand]:
+    """Replace ``path`` with ``content`` if it still is ``expect`` (its sha256, ABSENT or ANY).
+
+    + user: write as this user (a file in a path the user controls); None: as root, where
+      only root can write
+    + mode: mode of a new file (an existing one keeps its own)
+    + secret: upload the content instead of passing it as an argument (private keys)
+    + dir_mode: mode of missing parent directories made on the way
+    """
+    data = content.encode("utf-8", "surrogateescape") if isinstance(content, str) else content
+    args = [path, expect, mode, dir_mode]
+    encoded = base64.b64encode(data).decode()
+    if not secret and len(encoded) <= INLINE_LIMIT:
+        return [_locked(_WRITE, {"TF_DATA": encoded}, args, user)]
+    staged = f"{RUN_DIR}/stage.{uuid.uuid4().hex}"
+    return [run_dir_command(), FileUploadCommand(BytesIO(encoded.encode()), staged),
+            _locked(_WRITE, {"TF_DATA": ""}, args, user, staged=staged)]
 
 
 def write_file_command(path: str, content: str, mode: str = "644", owner: str | None = None) -> StringCommand:
-    """Write ``content`` to ``path`` atomically; an existing file keeps its mode and owner.
+    """A whole file only trainfleet writes (no user bytes in it), as root, atomically.
 
-    Not for secrets: the content is an argument of the remote command. Keys are uploaded.
+    ``owner`` is accepted for callers of the old signature and must be None: a file owned
+    by a user is written as that user with ``write_command(..., user=...)``.
     """
-    return _sh(_WRITE_FILE, {"TF_CONTENT": content}, path, mode, owner or "")
+    if owner is not None:
+        raise ValueError("write_file_command writes root's files; use write_command(user=...) for a user's")
+    (command,) = write_command(path, content, expect=ANY, mode=mode)
+    return command
+
+
+def as_user_command(user: str, script: str, *args: str) -> StringCommand:
+    """``script`` run by ``sh`` as ``user`` (setpriv, bounded in time), holding the node lock."""
+    return _locked(script, {}, list(args), user)
 
 
 class FailCommand(StringCommand):

@@ -1,27 +1,82 @@
-"""Render the Jinja2 templates under templates/<capability>/."""
+"""Render the Jinja2 templates under templates/<capability>/.
+
+Values reach these templates after the schema's grammar accepted them; rendering checks
+again (defence in depth): no value may start a new line in any file, and each format's
+filter quotes for that format or refuses what it cannot quote.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import yaml
+
+from trainfleet.schema import text_problem
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+class UnsafeValue(ValueError):
+    """A value cannot be written into a template's format as it is."""
+
+
+def one_line(value: Any) -> Any:
+    """Every ``{{ ... }}`` output: refused if it holds a newline or other control character."""
+    if isinstance(value, str) and (problem := text_problem(value)):
+        raise UnsafeValue(f"refusing to render {problem}")
+    return value
+
+
+def shell_quote(value: Any) -> str:
+    """One shell word (``shlex.quote``): a plain word such as ``eth0`` stays as it is."""
+    return shlex.quote(str(value))
+
+
+def pam_env_quote(value: Any) -> str:
+    """A value of /etc/environment (pam_env): double-quoted when it has spaces. pam_env strips
+    quotes, cuts at '#' and joins a line ending in a backslash; such values are refused."""
+    text = str(value)
+    if re.search(r"[\"'#\\]", text):
+        raise UnsafeValue(f"refusing to write {text!r} to /etc/environment: pam_env cannot hold it")
+    return f'"{text}"' if any(c.isspace() for c in text) else text
+
+
+def ssh_config_word(value: Any) -> str:
+    """One argument of an ssh_config keyword, which must need no quoting: no space, quote,
+    comment, backslash or %-token (ssh expands %h and friends in HostName and IdentityFile)."""
+    text = str(value)
+    if not text or re.search(r"[\s\"'#\\%=]", text):
+        raise UnsafeValue(f"refusing to write {text!r} into an ssh_config")
+    return text
+
+
+def yaml_scalar(value: Any) -> str:
+    """A YAML scalar that reads back as the same string: plain where it does, else JSON-quoted."""
+    if not isinstance(value, str):
+        return str(value)
+    try:
+        plain_ok = yaml.safe_load(value) == value and value.strip() == value
+    except yaml.YAMLError:
+        plain_ok = False
+    return value if plain_ok else json.dumps(value)
+
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
     undefined=jinja2.StrictUndefined,
     keep_trailing_newline=True,
     autoescape=False,
+    finalize=one_line,
 )
-
-
-# Shell-quote a value for `export K=...`.
-_env.filters["shell_quote"] = shlex.quote
-# pam_env's /etc/environment: KEY=VALUE, a value with spaces in double quotes.
-_env.filters["pam_env_quote"] = lambda v: f'"{v}"' if any(c.isspace() for c in str(v)) else str(v)
+_env.filters["shell_quote"] = shell_quote
+_env.filters["pam_env_quote"] = pam_env_quote
+_env.filters["ssh_config_word"] = ssh_config_word
+_env.filters["yaml_scalar"] = yaml_scalar
 
 
 def render(template: str, **context: Any) -> str:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-from io import StringIO
 from pathlib import Path
 
 import paramiko
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, QuoteString, StringCommand, operation
+from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.managed_block import ManagedBlock
 from facts.ssh_mesh import (
@@ -20,7 +19,7 @@ from facts.ssh_mesh import (
 )
 from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
-from operations.remote import fail_command, write_file_command
+from operations.remote import as_user_command, fail_command, write_command
 from operations.render import render_lines
 from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair
@@ -110,44 +109,54 @@ def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers:
 
 
 def _mesh_user_changes(user, current, identity, authorized, peers):
+    # Everything in the home is done AS the user (root's own home: as root, where root-safe
+    # rules apply), so a link or a race the user planted gives the user nothing new.
+    writer = None if current["uid"] == "0" else user
     ssh_dir = f"{current['home']}/.ssh"
-    owner = f"{user}:{current['group']}"
-    if current["ssh_dir"] is None:
-        yield StringCommand("install", "-d", "-m", "700", "-o", QuoteString(user), "-g",
-                            QuoteString(current["group"]), QuoteString(ssh_dir))
-    elif current["ssh_dir"]["mode"] != "700" or current["ssh_dir"]["owner"] != user:
-        yield StringCommand("chmod", "700", QuoteString(ssh_dir), "&&", "chown", QuoteString(owner), QuoteString(ssh_dir))
+    if current["ssh_dir"] is not None:
+        if current["ssh_dir"]["owner"] != user:
+            yield fail_command(f"{ssh_dir} belongs to {current['ssh_dir']['owner']}, not {user}: "
+                               "give it to the user by hand; nothing was changed")
+            return
+        if current["ssh_dir"]["mode"] != "700":
+            yield _as(writer, 'chmod 700 -- "$1"', ssh_dir)
 
     key_path = f"{ssh_dir}/{MESH_KEY_NAME}"
     if identity is None:
         if current["identity"] or current["identity_pub"]:
-            yield StringCommand("rm", "-f", QuoteString(key_path), QuoteString(key_path + ".pub"))
+            yield _as(writer, 'rm -f -- "$1" "$1.pub"', key_path)
     else:
-        yield from _identity_changes(identity, current, key_path, user, owner)
+        yield from _identity_changes(identity, current, key_path, writer)
 
     config = render_lines("ssh_mesh/ssh_config.j2", nodes=peers, user=user, key_name=MESH_KEY_NAME)
     yield from block_change(f"{ssh_dir}/authorized_keys", AUTHORIZED_PURPOSE, current["authorized"], authorized,
-                            mode="600", owner=owner)
+                            mode="600", user=writer, dir_mode="700")
     # First in ~/.ssh/config: ssh takes the first value it finds, so a `Host *` of the user's
     # above the block would otherwise override User/Port/IdentityFile for the cluster.
     yield from block_change(f"{ssh_dir}/config", CONFIG_PURPOSE, current["config"], config,
-                            mode="600", owner=owner, top=True)
+                            mode="600", user=writer, top=True, dir_mode="700")
 
 
-def _identity_changes(identity: KeyPair, current, key_path: str, user: str, owner: str):
+def _as(writer: str | None, script: str, *args: str) -> StringCommand:
+    """A small step in the user's home, as the user (or as root in root's own home)."""
+    if writer is None:
+        return StringCommand("sh", "-c", QuoteString(script), "trainfleet", *(QuoteString(a) for a in args))
+    return as_user_command(writer, script, *args)
+
+
+def _identity_changes(identity: KeyPair, current, key_path: str, writer: str | None):
     private = current["identity"]
-    if private is None or private["sha256"] != _sha256(identity.private) or private["mode"] != "600" \
-            or private["owner"] != user:
-        # Uploaded into ~/.ssh (0700) under a temp name, locked down, then renamed into place.
-        temp = key_path + ".trainfleet-new"
-        yield FileUploadCommand(StringIO(identity.private), temp)
-        yield StringCommand("chmod", "600", QuoteString(temp), "&&", "chown", QuoteString(owner), QuoteString(temp),
-                            "&&", "mv", "-f", QuoteString(temp), QuoteString(key_path))
+    owner = writer or "root"
+    if private is None or private["sha256"] != _sha256(identity.private) or private["owner"] != owner:
+        # Uploaded to a unique name in root's /run/trainfleet, written by the user from stdin;
+        # the rename as the user replaces a key someone else owned with the user's own.
+        yield from write_command(key_path, identity.private, mode="600", user=writer, secret=True, dir_mode="700")
+    if private is not None and private["mode"] != "600":
+        yield _as(writer, 'chmod 600 -- "$1"', key_path)
     public = current["identity_pub"]
     if public is None or public["sha256"] != _sha256(identity.public + "\n"):
-        yield write_file_command(key_path + ".pub", identity.public + "\n", mode="644", owner=owner)
+        yield from write_command(key_path + ".pub", identity.public + "\n", mode="644", user=writer, dir_mode="700")
 
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
@@ -17,18 +18,46 @@ from facts.pdsh import OsFamilyT
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
 from operations.gather import fact
 from operations.remote import FailCommand, fail_command, write_file_command
-from trainfleet.defaults import VENV_DIR
+from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
-KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
+KEYRING_DEB = CUDA_KEYRING_DEB
 RPM_GPG_KEY = "D42D0685.pub"  # NVIDIA's RPM repo key since the 2022 rotation
 TORCH_INDEX = "https://download.pytorch.org/whl"
 APT = "DEBIAN_FRONTEND=noninteractive apt-get"
 
-# Download the keyring .deb (curl or wget) and install it; keep a list file we already wrote.
-_KEYRING = r"""t=$(mktemp); trap 'rm -f "$t"' EXIT
-{ curl -fsSL -o "$t" "$1" || wget -q -O "$t" "$1"; } || { echo "trainfleet: cannot download $1" >&2; exit 1; }
-DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$t"
+# Fetch the keyring .deb ($1, over the scheme $3 only, redirects included where curl does it),
+# check that the keyring inside holds exactly one key, fingerprint $2, and only then dpkg -i it.
+# mktemp -d: a fresh 0700 directory of root's under an unguessable name, so no other user can
+# place, swap or read the file between the download, the check and the install.
+_KEYRING = r"""set -eu
+url=$1 want=$2 proto=$3
+fail() { echo "trainfleet: cuda keyring: $*; nothing installed" >&2; exit 1; }
+d=$(mktemp -d) || fail "cannot make a temp directory"
+trap 'rm -rf "$d"' EXIT
+deb=$d/cuda-keyring.deb
+if [ "$proto" = file ]; then
+  cp -- "${url#file://}" "$deb" || fail "cannot read $url"
+elif command -v curl >/dev/null 2>&1; then
+  curl -fsSL --proto "=$proto" --proto-redir "=$proto" -o "$deb" "$url" || fail "cannot download $url"
+else
+  wget -q -O "$deb" "$url" || fail "cannot download $url"
+fi
+dpkg-deb -x "$deb" "$d/x" 2>/dev/null || fail "$url is not a .deb"
+key=$d/x/usr/share/keyrings/cuda-archive-keyring.gpg
+{ [ -f "$key" ] && [ ! -L "$key" ]; } || fail "$url has no /usr/share/keyrings/cuda-archive-keyring.gpg"
+if command -v gpg >/dev/null 2>&1; then
+  mkdir -m 700 "$d/gnupg"
+  got=$(gpg --homedir "$d/gnupg" --batch --no-options --with-colons --import-options show-only \
+        --import "$key" 2>/dev/null | awk -F: '$1 == "pub" {p = 1} $1 == "fpr" && p {print $10; p = 0}')
+  gpgconf --homedir "$d/gnupg" --kill all >/dev/null 2>&1 || true
+elif command -v sq >/dev/null 2>&1; then
+  got=$(sq inspect "$key" 2>/dev/null | sed -n 's/^ *Fingerprint: *//p' | tr -d ' ' | tr a-f A-F)
+else
+  fail "neither gpg nor sq is installed to check its key (apt-get install gpg)"
+fi
+[ "$got" = "$want" ] || fail "$url holds the key(s) [$(echo $got)], not exactly $want"
+DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
 """
 
 # Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>.
@@ -124,18 +153,48 @@ def yum_repo(distro: str, arch: str, base: str) -> str:
             f"enabled=1\ngpgcheck=1\ngpgkey={base}/{RPM_GPG_KEY}\n")
 
 
+def mirror_problem(mirror: str, insecure: bool = False) -> str | None:
+    """Why the repos root ``mirror`` may not be used: https, or file:// (on the node), only;
+    http only with ``insecure`` (the spec's ``stack.insecure: true``)."""
+    scheme = urlsplit(mirror).scheme
+    if scheme in ("https", "file") or (scheme == "http" and insecure):
+        return None
+    if scheme == "http":
+        return (f"{mirror} is plain http: the CUDA keyring and repository are fetched over https only "
+                "(set stack.insecure: true to allow this mirror)")
+    return f"{mirror} is not an https:// (or file://) URL"
+
+
+def fingerprint_problem(fingerprint: str) -> str | None:
+    if re.fullmatch(r"[0-9A-F]{40}", fingerprint):
+        return None
+    return f"{fingerprint!r} is not an OpenPGP v4 fingerprint (40 hex digits, upper case)"
+
+
+def keyring_install(url: str, fingerprint: str) -> StringCommand:
+    """Download the keyring .deb from ``url``, check its key, install it (``_KEYRING``)."""
+    return StringCommand("sh", "-c", QuoteString(_KEYRING), "trainfleet", QuoteString(url),
+                         QuoteString(fingerprint), urlsplit(url).scheme)
+
+
 @operation()
-def cuda_repo(mirror: str = NVIDIA_REPOS, distro: str | None = None, arch: str = "x86_64"):
+def cuda_repo(mirror: str = NVIDIA_REPOS, distro: str | None = None, arch: str = "x86_64",
+              insecure: bool = False, keyring_fingerprint: str = CUDA_KEYRING_FINGERPRINT):
     """
     Configure NVIDIA's CUDA package repository (apt: keyring package + sources list; RHEL: .repo file).
 
     + mirror: the repos root, ``<mirror>/<distro>/<arch>/`` is the repo, e.g.
-      ``"https://mirror.example.com/nvidia/cuda/repos"`` (default: developer.download.nvidia.com)
+      ``"https://mirror.example.com/nvidia/cuda/repos"`` (default: developer.download.nvidia.com);
+      https, or ``file://`` for a copy on the node
     + distro: NVIDIA's name for the OS, e.g. ``"ubuntu2204"`` or ``"rhel9"``; default from /etc/os-release
     + arch: ``"x86_64"`` or ``"sbsa"`` (Arm servers)
+    + insecure: ``True`` allows an ``http://`` mirror (the spec's ``stack.insecure``)
+    + keyring_fingerprint: the one key the ``cuda-keyring`` .deb may hold (checked before
+      ``dpkg -i``); default NVIDIA's, ``trainfleet.defaults.CUDA_KEYRING_FINGERPRINT``
 
     The apt list is ``/etc/apt/sources.list.d/cuda-<distro>-<arch>.list``, the file the
     ``cuda-keyring`` package itself writes, so the official URL converges with no change.
+    The .repo file keeps ``gpgcheck=1``; its ``gpgkey`` is under the mirror (https unless insecure).
 
     **Example:**
 
@@ -143,6 +202,10 @@ def cuda_repo(mirror: str = NVIDIA_REPOS, distro: str | None = None, arch: str =
 
         stack.cuda_repo(name="CUDA repository", mirror="https://mirror.example.com/nvidia/cuda/repos")
     """
+    problem = mirror_problem(mirror, insecure) or fingerprint_problem(keyring_fingerprint)
+    if problem:
+        yield fail_command(f"cuda_repo: {problem}")
+        return
     current = _fact()
     os_ = current["os"]
     distro = distro or cuda_distro(os_)
@@ -158,8 +221,7 @@ def cuda_repo(mirror: str = NVIDIA_REPOS, distro: str | None = None, arch: str =
     if os_["family"] == "debian":
         path = f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
         if not current["keyring"]:
-            commands.append(StringCommand("sh", "-c", QuoteString(_KEYRING), "trainfleet",
-                                          QuoteString(f"{base}/{KEYRING_DEB}")))
+            commands.append(keyring_install(f"{base}/{KEYRING_DEB}", keyring_fingerprint))
         if current["repos"].get(path) != apt_source(base):
             commands.append(write_file_command(path, apt_source(base)))
         if commands:
@@ -387,7 +449,7 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     and the torch venv, each only where the spec pins it, from ONE StackVersions fact.
 
     + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
-      ``cuda_repo``, ``allow_change``)
+      ``cuda_repo``, ``insecure``, ``cuda_keyring_fingerprint``, ``allow_change``)
     + venv: the node venv
 
     **Example:**
@@ -403,7 +465,9 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     commands = []
     try:
         if any(pins.get(key) for key in ("cuda", "cudnn", "nccl")):
-            commands += cuda_repo._inner(mirror=pins.get("cuda_repo") or NVIDIA_REPOS)
+            commands += cuda_repo._inner(
+                mirror=pins.get("cuda_repo") or NVIDIA_REPOS, insecure=bool(pins.get("insecure", False)),
+                keyring_fingerprint=pins.get("cuda_keyring_fingerprint") or CUDA_KEYRING_FINGERPRINT)
             commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
         if pins.get("gcc"):
             commands += gcc._inner(major=pins["gcc"])

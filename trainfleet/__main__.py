@@ -2,7 +2,7 @@
 
 - ``check SPEC...``: validate specs without contacting any host
 - ``schema``: print the spec reference
-- ``keys list|rotate|revoke SPEC [NODE...]``: the SSH mesh keys in the key store
+- ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
     sub.add_parser("schema", help="print the spec reference (markdown)")
     keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
-    keys.add_argument("action", choices=["list", "rotate", "revoke"],
+    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired"],
                       help="list: public keys; rotate: new keys (takes a revoked node back); "
-                           "revoke: take nodes out of every authorized_keys")
+                           "revoke: take nodes out of every authorized_keys; "
+                           "retired: keys of nodes removed from the spec (moved aside by the deploy)")
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
     keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
@@ -74,10 +75,19 @@ def _keys(args: argparse.Namespace) -> int:
     if unknown:
         print(f"not nodes of {cluster.name}: {', '.join(unknown)} (nodes: {', '.join(names)})", file=sys.stderr)
         return EXIT_BAD_SPEC
+    strangers = [u for u in args.user or [] if u not in cluster.mesh_users]
+    if strangers:  # a user name becomes a path in the key store: only the spec's, checked by its grammar
+        print(f"not mesh users of {cluster.name}: {', '.join(strangers)} "
+              f"(mesh users: {', '.join(cluster.mesh_users)})", file=sys.stderr)
+        return EXIT_BAD_SPEC
     if args.action == "revoke" and not args.nodes:
         print("revoke needs the nodes to revoke", file=sys.stderr)
         return EXIT_BAD_SPEC
     store = KeyStore(cluster.name)
+    if args.action == "retired":
+        for path in store.retired():
+            print(path)
+        return 0
     for user in args.user or cluster.mesh_users:
         for node in args.nodes or names:
             if args.action == "list":

@@ -1,21 +1,48 @@
 """The controller's store of SSH mesh keys: one ed25519 keypair per (cluster, user, node).
 
-Keys are made with ``cryptography`` in OpenSSH format, written 0600 in a directory
-created 0700 (``.trainfleet/`` is ignored by git), reused on every run so nothing
+Keys are made with ``cryptography`` in OpenSSH format, written 0600 in directories
+kept 0700 (``.trainfleet/`` is ignored by git), reused on every run so nothing
 churns, and never printed. ``rotate`` replaces a node's key; ``revoke`` takes a node
-out of every node's authorized_keys until it is rotated back in.
+out of every node's authorized_keys until it is rotated back in; ``retire_absent``
+moves the keys of nodes no longer in the spec to ``retired/<timestamp>/``, so a node
+added later under the same name gets a new key, not one from a disk since discarded.
+
+Several trainfleet processes may share a store (a deploy and ``keys rotate``, two
+deploys): every change, and every read that may have to generate, holds the cluster's
+lock file, and files are written through unique temp files renamed into place.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_HOME = Path(__file__).resolve().parent.parent / ".trainfleet"
+LOCK_NAME = ".lock"
+RETIRED = "retired"  # <cluster>/retired/<timestamp>/<user>/<node>{,.pub,.revoked}
+LOCK_WAIT_S = 30.0  # a mutation takes milliseconds: waiting longer means a stuck process
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+
+
+class KeyStoreError(RuntimeError):
+    """The store cannot do what was asked; the message says why and what to do."""
+
+
+class KeyStoreBusy(KeyStoreError):
+    """Another process held the cluster's lock for longer than LOCK_WAIT_S."""
 
 
 def store_root() -> Path:
@@ -30,14 +57,29 @@ class KeyPair:
     def __repr__(self) -> str:  # keep the private half out of tracebacks and debug logs
         return f"KeyPair(public={self.public!r})"
 
+    __str__ = __repr__
+
 
 class KeyStore:
-    """Keys of one cluster: ``<root>/<cluster>/<user>/<node>{,.pub,.revoked}``."""
+    """Keys of one cluster: ``<root>/<cluster>/<user>/<node>{,.pub,.revoked}``.
 
-    def __init__(self, cluster: str, root: Path | None = None):
-        self.dir = (root or store_root()) / cluster
+    ``nodes``: the spec's node names; keys of any other node are retired on construction
+    (idempotent and cheap when there is nothing to retire, so every host's run may do it).
+    """
+
+    def __init__(self, cluster: str, root: Path | None = None, nodes: Iterable[str] | None = None):
+        self.root = root or store_root()  # the store's own top directory: chmod stops here
+        self.dir = self.root / cluster
+        self._cache: dict[tuple[str, str], tuple[tuple[int, int, int], KeyPair]] = {}
+        if nodes is not None:
+            self.retire_absent(nodes)
 
     def _path(self, user: str, node: str) -> Path:
+        for name in (self.dir.name, user, node):  # each becomes one path component, never more
+            if not _SAFE_NAME.fullmatch(name):
+                raise KeyStoreError(f"{name!r} cannot name a key store entry")
+        if user == RETIRED:
+            raise KeyStoreError(f"a mesh user named {RETIRED!r} clashes with the store's {RETIRED}/ folder")
         return self.dir / user / node
 
     def comment(self, user: str, node: str) -> str:
@@ -48,49 +90,204 @@ class KeyStore:
 
     def keypair(self, user: str, node: str) -> KeyPair:
         """The node's key for ``user``, made on first use and reused afterwards."""
-        path = self._path(user, node)
-        if not path.exists():
-            self._generate(user, node)
-        return KeyPair(private=path.read_text(), public=path.with_name(node + ".pub").read_text().strip())
+        found = self._read(user, node)
+        if found is not None and found[1]:
+            return found[0]
+        with self._locked():  # another process may be making it right now
+            found = self._read(user, node)
+            if found is None:
+                return self._generate(user, node)
+            pair, public_ok = found
+            if not public_ok:  # a .pub left by an older or interrupted writer: rewrite it
+                _write_atomic(self._path(user, node).with_name(node + ".pub"), (pair.public + "\n").encode())
+            return pair
 
     def rotate(self, user: str, node: str) -> None:
         """A new key for the node (and back into the mesh if it was revoked)."""
-        for suffix in ("", ".pub", ".revoked"):
-            self._path(user, node).with_name(node + suffix).unlink(missing_ok=True)
-        self._generate(user, node)
+        with self._locked():
+            self._generate(user, node)  # replaces the old pair in place
+            self._path(user, node).with_name(node + ".revoked").unlink(missing_ok=True)
 
     def revoke(self, user: str, node: str) -> None:
         """Delete the node's key and keep it out of every authorized_keys."""
-        for suffix in ("", ".pub"):
-            self._path(user, node).with_name(node + suffix).unlink(missing_ok=True)
-        _private_dirs(self._path(user, node).parent)
-        self._path(user, node).with_name(node + ".revoked").touch(mode=0o600)
-
-    def _generate(self, user: str, node: str) -> None:
         path = self._path(user, node)
-        _private_dirs(path.parent)
+        with self._locked():
+            _private_dirs(path.parent, self.root)
+            _write_atomic(path.with_name(node + ".revoked"), b"")  # first: no window without key or mark
+            for suffix in ("", ".pub"):
+                path.with_name(node + suffix).unlink(missing_ok=True)
+
+    def retire_absent(self, nodes: Iterable[str]) -> list[Path]:
+        """Move the keys of nodes not in ``nodes`` to ``retired/<timestamp>/``; returns the new paths."""
+        keep = set(nodes)
+        if not self._absent(keep):  # the common case, without taking the lock
+            return []
+        with self._locked():
+            stale = self._absent(keep)
+            if not stale:  # another process retired them meanwhile
+                return []
+            dest = _new_dir(self.dir / RETIRED, self.root)
+            moved = []
+            for path in stale:
+                target = dest / path.parent.name / path.name
+                _private_dirs(target.parent, self.root)
+                os.rename(path, target)
+                moved.append(target)
+            self._cache.clear()
+            return moved
+
+    def retired(self) -> list[Path]:
+        """Every retired key file, oldest retirement first."""
+        top = self.dir / RETIRED
+        if not top.is_dir():
+            return []
+        return sorted(p for p in top.glob("*/*/*") if p.is_file())
+
+    def _absent(self, keep: set[str]) -> list[Path]:
+        """Key files (private, .pub, .revoked) of nodes not in ``keep``; temp and lock files are not keys."""
+        if not self.dir.is_dir():
+            return []
+        stale = []
+        for user_dir in self.dir.iterdir():
+            if user_dir.name == RETIRED or user_dir.name.startswith(".") or not user_dir.is_dir():
+                continue
+            for path in user_dir.iterdir():
+                if not path.name.startswith(".") and _node_of(path.name) not in keep:
+                    stale.append(path)
+        return sorted(stale)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The cluster's lock (fcntl.flock: released by the kernel if the holder dies).
+
+        Held only around file work that never yields to another greenlet, so the hosts of one
+        pyinfra run never wait on each other for it; only other processes do.
+        """
+        _private_dirs(self.dir, self.root)
+        lock = self.dir / LOCK_NAME
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise KeyStoreBusy(
+                            f"another trainfleet process has held the key store lock {lock} for over "
+                            f"{LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _read(self, user: str, node: str) -> tuple[KeyPair, bool] | None:
+        """The stored pair and whether its .pub file matches. The public half is always derived
+        from the private key, so no writer, old or interrupted, can pair it with another one."""
+        path = self._path(user, node)
+        try:
+            with open(path, "rb") as handle:
+                st = os.fstat(handle.fileno())
+                seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+                cached = self._cache.get((user, node))
+                if cached and cached[0] == seen:
+                    return cached[1], True
+                private = handle.read()
+        except FileNotFoundError:
+            return None
+        pair = KeyPair(private=private.decode(), public=f"{_public_of(private, path)} {self.comment(user, node)}")
+        public_ok = _read_text(path.with_name(node + ".pub")) == pair.public + "\n"
+        if public_ok:
+            self._cache[(user, node)] = (seen, pair)
+        return pair, public_ok
+
+    def _generate(self, user: str, node: str) -> KeyPair:
+        """Make and store a new pair; the caller holds the lock."""
+        path = self._path(user, node)
+        _private_dirs(path.parent, self.root)
         key = Ed25519PrivateKey.generate()
         private = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         )
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        _write_new(path.with_name(node + ".pub"), public + f" {self.comment(user, node)}\n".encode())
-        _write_new(path, private)  # last: its presence means the pair is complete
+        line = f"{public.decode()} {self.comment(user, node)}"
+        _write_atomic(path.with_name(node + ".pub"), (line + "\n").encode())
+        _write_atomic(path, private)  # last: its presence means the pair is complete
+        _fsync_dir(path.parent)
+        self._cache.pop((user, node), None)
+        return KeyPair(private=private.decode(), public=line)
 
 
-def _private_dirs(path: Path) -> None:
-    """Create ``path`` and make it and every store dir above it 0700."""
-    top = store_root().parent
-    path.mkdir(parents=True, exist_ok=True)
+def _node_of(name: str) -> str:
+    for suffix in (".pub", ".revoked"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def _public_of(private: bytes, path: Path) -> str:
+    """``ssh-ed25519 AAAA...`` of an OpenSSH private key (the error names the file, never its text)."""
+    try:
+        key = serialization.load_ssh_private_key(private, password=None)
+    except (ValueError, TypeError):
+        raise KeyStoreError(f"{path} is not an unencrypted OpenSSH private key; "
+                            "replace it with `python -m trainfleet keys rotate SPEC NODE`") from None
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return None
+
+
+def _private_dirs(path: Path, top: Path) -> None:
+    """Create ``path`` and make it and every directory between it and ``top`` (the store's
+    own ``keys/``, included) 0700. Never anything above ``top``: TRAINFLEET_HOME and its
+    parents belong to the operator."""
+    if path != top and top not in path.parents:
+        raise KeyStoreError(f"{path} is outside the key store {top}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     for part in [path, *path.parents]:
         os.chmod(part, 0o700)
-        if part == top or top not in part.parents:
+        if part == top:
             break
 
 
-def _write_new(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(tmp, path)
+def _new_dir(parent: Path, top: Path) -> Path:
+    """A fresh ``parent/<UTC timestamp>[-n]`` directory, 0700."""
+    _private_dirs(parent, top)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for n in range(1000):
+        candidate = parent / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            candidate.mkdir(mode=0o700)
+            return candidate
+        except FileExistsError:
+            continue
+    raise KeyStoreError(f"cannot make a new folder in {parent}")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write through a unique temp file (mkstemp: 0600, O_EXCL) in the same directory, fsynced,
+    renamed over ``path``: a reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,7 +1,12 @@
-"""The cluster spec's schema: every key, its type, its default and what it means.
+"""The cluster spec's schema: every key, its type, its default, its grammar and what it means.
 
 One table drives validation (``spec.py``) and the README's reference
 (``python -m trainfleet schema``), so the two cannot disagree.
+
+Every string the spec can hold (values, list items, mapping keys and values) has an
+allowlist grammar here, matched with ``re.fullmatch`` (``$`` would accept a trailing
+newline): trainfleet runs as root on nodes other people log in to, and spec values land in
+shell scripts, ``~/.ssh/config``, ``/etc/environment`` and package sources.
 """
 
 from __future__ import annotations
@@ -9,21 +14,49 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+from urllib.parse import urlsplit
 
 # A check returns None when the value is fine, else a message saying what is wrong.
 Check = Callable[[Any], "str | None"]
 
-_LABEL = re.compile(r"^(?!-)[a-z0-9-]{1,63}(?<!-)$", re.IGNORECASE)
+# The text every managed-block marker holds: a value carrying it could end a block early.
+MARKER_TEXT = "trainfleet managed block"
+
+# Control, format (bidi overrides, zero-width), surrogate, private-use and unassigned
+# characters, and the line/paragraph separators U+2028/U+2029 (U+0085 is a control).
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # ASCII only: no IGNORECASE (K, ſ)
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+_NODE_PATH = re.compile(r"(?:/[A-Za-z0-9._+@,=:~-]+)+/?|/")
+_URL_CHARS = re.compile(r"[A-Za-z0-9._~%/:+-]+")
+_ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=^/%+@ -]*")
+_ENV_NAME = re.compile(r"(?:NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+")
+_MCA_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def text_problem(value: str) -> str | None:
+    """Any string: no character that could start a new line or hide text (see _UNSAFE_CATEGORIES)."""
+    for char in value:
+        if unicodedata.category(char) in _UNSAFE_CATEGORIES:
+            return f"{value!r} contains the control or line-separator character U+{ord(char):04X}"
+    return None
 
 
 def hostname_problem(value: str) -> str | None:
     """RFC 1123 host name: dot-separated labels of letters, digits and inner hyphens."""
+    if problem := text_problem(value):
+        return problem
     if len(value) > 253:
         return f"{value!r} is longer than 253 characters"
-    if not all(_LABEL.match(label) for label in value.split(".")):
+    if not all(_LABEL.fullmatch(label) for label in value.split(".")):
         return (
             f"{value!r} is not a valid hostname (RFC 1123: labels of 1-63 letters, "
             "digits and hyphens, not starting or ending with a hyphen)"
@@ -37,11 +70,34 @@ def short_name_problem(value: str) -> str | None:
     return hostname_problem(value)
 
 
+def cluster_name_problem(value: str) -> str | None:
+    """A file name of its own: it names the key store's directory and key comments."""
+    if _CLUSTER_NAME.fullmatch(value):
+        return None
+    return (f"{value!r} is not a valid cluster name (1-64 letters, digits and '._-', "
+            "starting with a letter or digit)")
+
+
+def user_problem(value: str) -> str | None:
+    """A portable user name, as useradd's default NAME_REGEX takes it (no Samba-style trailing '$')."""
+    if _USER.fullmatch(value):
+        return None
+    return (f"{value!r} is not a valid user name (1-32 of lower-case letters, digits, '_' and '-', "
+            "starting with a letter or '_')")
+
+
 def address_problem(value: str) -> str | None:
+    """An IPv4/IPv6 address in canonical form, without a scope id (it names a local interface)."""
+    if problem := text_problem(value):
+        return problem
+    if "%" in value:
+        return f"{value!r} has a scope id: a cluster address must be reachable from every node"
     try:
-        ipaddress.ip_address(value)
+        canonical = str(ipaddress.ip_address(value))
     except ValueError:
         return f"{value!r} is not an IPv4 or IPv6 address"
+    if canonical != value:  # nodes report addresses canonically; compared as text
+        return f"{value!r} is not in canonical form: write it as {canonical!r}"
     return None
 
 
@@ -54,7 +110,7 @@ def non_negative(value: int) -> str | None:
 
 
 def pattern(regex: str, example: str) -> Check:
-    compiled = re.compile(regex)
+    compiled = re.compile(regex, re.ASCII)  # \d is 0-9 only, not every script's digits
 
     def check(value: str) -> str | None:
         if compiled.fullmatch(value):
@@ -64,22 +120,95 @@ def pattern(regex: str, example: str) -> Check:
     return check
 
 
+def controller_path_problem(value: str) -> str | None:
+    """A path on the controller (``~`` expanded): any text on one line."""
+    if not value:
+        return "must be a path, got an empty string"
+    return text_problem(value)
+
+
+def node_path_problem(value: str) -> str | None:
+    """An absolute path on the nodes: portable file-name characters, no '..'."""
+    if problem := text_problem(value):
+        return problem
+    if not value.startswith("/"):
+        return f"{value!r} must be an absolute path on the nodes"
+    if ".." in value.split("/"):
+        return f"{value!r} must not contain '..'"
+    if not _NODE_PATH.fullmatch(value):
+        return f"{value!r} may contain only letters, digits, '/' and '._+@,=:~-'"
+    return None
+
+
+def url_problem(value: str, file_ok: bool = False) -> str | None:
+    """An https:// (or http://, see stack.insecure) URL of a mirror: host, optional port and path;
+    with ``file_ok`` also ``file:///path``, a copy on every node.
+
+    No spaces, quotes or brackets (they would add options to an apt source line), no
+    credentials (repo files are world-readable), no query or fragment.
+    """
+    if problem := text_problem(value):
+        return problem
+    if file_ok and value.startswith("file://"):
+        path = value.removeprefix("file://")
+        return None if path.startswith("/") and not node_path_problem(path) else \
+            f"{value!r} is not file:// and an absolute path on the nodes (e.g. 'file:///srv/mirror')"
+    if not value.startswith(("https://", "http://")):
+        return f"{value!r} must be an https:// URL" + (" (or file:///path on the nodes)" if file_ok else "")
+    if not _URL_CHARS.fullmatch(value):
+        return (f"{value!r} may contain only letters, digits and '._~%/:+-' "
+                "(no spaces, quotes, brackets, credentials, query or fragment)")
+    if re.search(r"%(?![0-9A-Fa-f]{2})", value):
+        return f"{value!r} has a '%' that is not a percent-escape"
+    host, colon, port = urlsplit(value).netloc.partition(":")
+    if not host or hostname_problem(host):
+        return f"{value!r} does not name a valid host"
+    if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
+        return f"{value!r} has an invalid port"
+    return None
+
+
+def fingerprint_problem(value: str) -> str | None:
+    if re.fullmatch(r"[0-9A-F]{40}", value):
+        return None
+    return f"{value!r} is not an OpenPGP v4 fingerprint (40 hex digits, upper case)"
+
+
+def env_value_problem(value: Any) -> str | None:
+    """One value of an environment variable or MCA parameter: a string or an integer on one line.
+
+    It lands in /etc/environment (pam_env strips quotes, cuts at '#', joins a line ending
+    in a backslash), nccl.conf, mca-params.conf, .deepspeed_env and shell scripts.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return f"value must be a string or integer, got {type(value).__name__}"
+    text = str(value)
+    if problem := text_problem(text):
+        return problem
+    if MARKER_TEXT in text.lower():
+        return f"{text!r} contains trainfleet's marker text {MARKER_TEXT!r}"
+    if text != text.strip():
+        return f"{text!r} starts or ends with a space"
+    if not _ENV_VALUE.fullmatch(text):
+        return f"{text!r} may contain only letters, digits, spaces and '_.,:=^/%+@-'"
+    return None
+
+
 def ifname_problem(value: str) -> str | None:
+    """NCCL's interface list: `auto`, or names after an optional '^' (exclude) and '=' (exact)."""
     if value == "auto":
         return None
-    names = value.lstrip("^=").split(",")
-    if all(re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", n) for n in names):
+    match = re.fullmatch(r"\^?=?(.*)", value, re.DOTALL)
+    names = match.group(1).split(",") if match else []
+    if all(_IFNAME.fullmatch(n) for n in names):
         return None
     return f"{value!r} is not 'auto' or an interface name list (e.g. '=eth0')"
 
 
-def nccl_env_problem(value: dict) -> str | None:
-    for key, val in value.items():
-        if not isinstance(key, str) or not re.fullmatch(r"(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+", key):
-            return f"{key!r} is not an NCCL_/GLOO_/TORCH_/CUDA_/UCX_ variable name"
-        if not isinstance(val, (str, int)) or isinstance(val, bool):
-            return f"{key}: value must be a string or integer, got {type(val).__name__}"
-    return None
+def env_name_problem(value: Any) -> str | None:
+    if isinstance(value, str) and _ENV_NAME.fullmatch(value):
+        return None
+    return f"{value!r} is not an NCCL_/GLOO_/TORCH_/CUDA_/UCX_ variable name"
 
 
 def tcp_include_problem(value: str) -> str | None:
@@ -88,37 +217,39 @@ def tcp_include_problem(value: str) -> str | None:
         return None
     for item in value.split(","):
         if "/" in item:
+            if not re.fullmatch(r"[0-9./]+", item):
+                return f"{item!r} is not a subnet in CIDR form"
             try:
                 ipaddress.IPv4Network(item)
             except ValueError as exc:
                 return f"{item!r} is not a subnet in CIDR form ({exc})"
-        elif not re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", item):
+        elif not _IFNAME.fullmatch(item):
             return f"{item!r} is not an interface name or a subnet (e.g. 'eth0' or '198.18.0.0/24')"
     return None
 
 
-def mca_params_problem(value: dict) -> str | None:
-    for key, val in value.items():
-        if not isinstance(key, str) or not re.fullmatch(r"[a-z][a-z0-9_]*", key):
-            return f"{key!r} is not an MCA parameter name (e.g. 'pml')"
-        if key in ("btl_tcp_if_include", "oob_tcp_if_include"):
-            return f"{key} is set by openmpi.tcp_include"
-        if not isinstance(val, (str, int)) or isinstance(val, bool) or "\n" in str(val):
-            return f"{key}: value must be a one-line string or integer"
+def mca_name_problem(value: Any) -> str | None:
+    if not isinstance(value, str) or not _MCA_NAME.fullmatch(value):
+        return f"{value!r} is not an MCA parameter name (e.g. 'pml')"
+    if value in ("btl_tcp_if_include", "oob_tcp_if_include"):
+        return f"{value} is set by openmpi.tcp_include"
     return None
 
 
 @dataclass(frozen=True)
 class Key:
-    """One key of the spec: its type, default, optional extra check and documentation."""
+    """One key of the spec: its type, default, grammar and documentation."""
 
     type: type | tuple[type, ...]
     default: Any
     doc: str
-    check: Check | None = None
+    check: Check | None = None  # the whole value (not called for null)
     required: bool = False
     items: type | None = None  # element type, for lists
     example: Any = None
+    each: Check | None = None  # every list item, or every mapping value
+    each_key: Check | None = None  # every mapping key
+    accepts: str = ""  # the grammar in words, for the reference
 
 
 @dataclass(frozen=True)
@@ -129,16 +260,22 @@ class Section:
     doc: str
 
 
+NULL = type(None)
+VERSION = "digits and dots, as in the example"
+
 SSH = Section(
     doc="How the controller (and the SSH mesh) reaches a node. Per node, override any key.",
     keys={
-        "user": Key(str, "root", "User pyinfra connects as (root: trainfleet writes /etc; sudo is not supported yet)."),
-        "port": Key(int, 22, "sshd port of the node.", check=port_problem),
-        "key": Key((str, type(None)), None, "Private key the controller uses (path); null: ssh-agent / default keys."),
+        "user": Key(str, "root", "User pyinfra connects as (root: trainfleet writes /etc; sudo is not supported yet).",
+                    check=user_problem, accepts="user name: `[a-z_][a-z0-9_-]{0,31}`"),
+        "port": Key(int, 22, "sshd port of the node.", check=port_problem, accepts="1-65535"),
+        "key": Key((str, NULL), None, "Private key the controller uses (path); null: ssh-agent / default keys.",
+                   check=controller_path_problem, accepts="controller path, one line"),
         "known_hosts": Key(
-            (str, type(None)), None,
+            (str, NULL), None,
             "known_hosts file the controller verifies host keys against; null: ~/.ssh/known_hosts. "
             "Host-key checking is never switched off.",
+            check=controller_path_problem, accepts="controller path, one line",
         ),
     },
 )
@@ -146,11 +283,15 @@ SSH = Section(
 NCCL = Section(
     doc="NCCL network environment. `auto` values are derived per node from its cluster address and sysfs.",
     keys={
-        "socket_ifname": Key(str, "auto", "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's address.", check=ifname_problem),
+        "socket_ifname": Key(str, "auto", "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's address.",
+                             check=ifname_problem, accepts="`auto`, or `^`/`=` then names `[A-Za-z0-9_.:@-]{1,15}`, comma-separated"),
         "ib": Key(str, "auto", "`auto` (use active InfiniBand/RoCE ports, else disable) or `disable`.",
-                  check=lambda v: None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'"),
-        "env": Key(dict, {}, "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.", check=nccl_env_problem,
-                   example={"NCCL_DEBUG": "WARN"}),
+                  check=lambda v: None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'",
+                  accepts="`auto` or `disable`"),
+        "env": Key(dict, {}, "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.",
+                   each_key=env_name_problem, each=env_value_problem, example={"NCCL_DEBUG": "WARN"},
+                   accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or `[A-Za-z0-9_.,:=^/%+@ -]*`, "
+                           "no leading/trailing space, no marker text"),
     },
 )
 
@@ -158,45 +299,68 @@ OPENMPI = Section(
     doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the mpirun line.",
     keys={
         "tcp_include": Key(str, "auto", "btl_tcp_if_include / oob_tcp_if_include; `auto` = the cluster interface's name if all "
-                           "nodes share it, else the cluster subnets (CIDR).", check=tcp_include_problem, example="198.18.0.0/24"),
+                           "nodes share it, else the cluster subnets (CIDR).", check=tcp_include_problem, example="198.18.0.0/24",
+                           accepts="`auto`, or interface names / IPv4 CIDR subnets, comma-separated"),
         "params": Key(dict, {}, "Extra MCA parameters, e.g. `pml: ucx` (Debian's system file disables UCX).",
-                      check=mca_params_problem, example={"pml": "ucx"}),
+                      each_key=mca_name_problem, each=env_value_problem, example={"pml": "ucx"},
+                      accepts="names `[a-z][a-z0-9_]*`; values as `nccl.env`'s"),
     },
 )
 
 STACK = Section(
     doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly these.",
     keys={
-        "cuda": Key((str, type(None)), None, "CUDA toolkit version.", check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"), example="12.4"),
-        "cudnn": Key((str, type(None)), None, "cuDNN version.", check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"), example="9.1.0.70"),
-        "nccl": Key((str, type(None)), None, "NCCL version (libnccl2).", check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"), example="2.21.5-1"),
-        "torch": Key((str, type(None)), None, "PyTorch version in the node venv.", check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"), example="2.4.1"),
-        "torch_cuda": Key((str, type(None)), None, "PyTorch CUDA variant (wheel index).", check=pattern(r"cu\d{3,4}|cpu", "cu124"), example="cu124"),
-        "gcc": Key((str, type(None)), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"), example="11"),
-        "wheelhouse": Key((str, type(None)), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
-                          check=lambda v: None if v.startswith("/") else f"{v!r} must be an absolute path on the nodes"),
-        "torch_index": Key((str, type(None)), None, "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>."),
-        "cuda_repo": Key((str, type(None)), None, "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com."),
-        "allow_change": Key(bool, False, "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged."),
+        "cuda": Key((str, NULL), None, "CUDA toolkit version.", check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"), example="12.4",
+                    accepts="`12.4`, `12.4.1`"),
+        "cudnn": Key((str, NULL), None, "cuDNN version.", check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
+                     example="9.1.0.70", accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4`"),
+        "nccl": Key((str, NULL), None, "NCCL version (libnccl2).", check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"),
+                    example="2.21.5-1", accepts="`2.21.5`, `2.21.5-1+cuda12.4`"),
+        "torch": Key((str, NULL), None, "PyTorch version in the node venv.", check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"),
+                     example="2.4.1", accepts="`2.4.1`, `2.4.1+cu124`"),
+        "torch_cuda": Key((str, NULL), None, "PyTorch CUDA variant (wheel index).", check=pattern(r"cu\d{3,4}|cpu", "cu124"),
+                          example="cu124", accepts="`cu124`, `cpu`"),
+        "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
+                   example="11", accepts="1-2 digits"),
+        "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
+                          check=node_path_problem, accepts="absolute path of `[A-Za-z0-9._+@,=:~-]` names, no `..`"),
+        "torch_index": Key((str, NULL), None, "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>.",
+                           check=url_problem, accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`"),
+        "cuda_repo": Key((str, NULL), None, "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com.",
+                         check=partial(url_problem, file_ok=True),
+                         accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the nodes"),
+        "cuda_keyring_fingerprint": Key((str, NULL), None, "The one key the cuda-keyring .deb may hold (checked before it is installed); "
+                                        "null: NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
+                                        check=fingerprint_problem, accepts="40 hex digits, upper case"),
+        "insecure": Key(bool, False, "Allow plain-http mirrors (`cuda_repo`, `torch_index`); never for production.",
+                        accepts="`true`, `false`"),
+        "allow_change": Key(bool, False, "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged.",
+                            accepts="`true`, `false`"),
     },
 )
 
 CLUSTER = Section(
     doc="Cluster-wide settings.",
     keys={
-        "name": Key((str, type(None)), None, "Cluster name, used in reports; null: the spec file's name."),
-        "domain": Key((str, type(None)), None, "DNS domain: /etc/hosts gets `name.domain` beside `name`.", check=hostname_problem, example="cluster.example.com"),
-        "mesh_users": Key(list, ["root"], "Users that get the passwordless SSH mesh.", items=str),
-        "master_port": Key(int, 29500, "Rendezvous port of the master (first) node.", check=port_problem),
+        "name": Key((str, NULL), None, "Cluster name, used in reports and the key store; null: the spec file's name.",
+                    check=cluster_name_problem, accepts="`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`"),
+        "domain": Key((str, NULL), None, "DNS domain: /etc/hosts gets `name.domain` beside `name`.", check=hostname_problem,
+                      example="cluster.example.com", accepts="RFC 1123 host name"),
+        "mesh_users": Key(list, ["root"], "Users that get the passwordless SSH mesh.", items=str, each=user_problem,
+                          accepts="user names `[a-z_][a-z0-9_-]{0,31}`, each once"),
+        "master_port": Key(int, 29500, "Rendezvous port of the master (first) node.", check=port_problem, accepts="1-65535"),
     },
 )
 
 NODE = Section(
     doc="One entry per server, in rank order: the first node is the master.",
     keys={
-        "name": Key(str, None, "Short hostname the node gets (RFC 1123, unique).", check=short_name_problem, required=True, example="gpu-a01"),
-        "address": Key(str, None, "Cluster address: where peers reach the node (unique).", check=address_problem, required=True, example="192.0.2.11"),
-        "gpus": Key(int, 0, "GPUs in the node: launcher slots and processes per node.", check=non_negative, example=8),
+        "name": Key(str, None, "Short hostname the node gets (unique).", check=short_name_problem, required=True,
+                    example="gpu-a01", accepts="RFC 1123 label: `[A-Za-z0-9]`, inner `-`, 1-63"),
+        "address": Key(str, None, "Cluster address: where peers reach the node (unique).", check=address_problem, required=True,
+                       example="192.0.2.11", accepts="IPv4 or IPv6, canonical form, no scope id"),
+        "gpus": Key(int, 0, "GPUs in the node: launcher slots and processes per node.", check=non_negative, example=8,
+                    accepts="0 or more"),
         "ssh": SSH,
         "nccl": Section(doc="Per-node NCCL overrides (same keys as `nccl`).", keys=NCCL.keys),
     },
@@ -216,7 +380,7 @@ SPEC = Section(
 
 
 def type_name(t: type | tuple[type, ...]) -> str:
-    names = {str: "string", int: "integer", list: "list", dict: "mapping", bool: "boolean", type(None): "null"}
+    names = {str: "string", int: "integer", list: "list", dict: "mapping", bool: "boolean", NULL: "null"}
     if isinstance(t, tuple):
         return " or ".join(names.get(x, x.__name__) for x in t)
     return names.get(t, t.__name__)
@@ -228,16 +392,17 @@ def reference_markdown() -> str:
 
     def table(prefix: str, section: Section) -> None:
         out.append(f"`{prefix}`: {section.doc}\n")
-        out.append("| key | type | default | meaning |")
-        out.append("|---|---|---|---|")
+        out.append("| key | type | default | accepts | meaning |")
+        out.append("|---|---|---|---|---|")
         nested: list[tuple[str, Section]] = []
         for name, key in section.keys.items():
             if isinstance(key, Section):
                 nested.append((f"{prefix}.{name}", key))
-                out.append(f"| `{name}` | mapping | | see `{prefix}.{name}` |")
+                out.append(f"| `{name}` | mapping | | | see `{prefix}.{name}` |")
                 continue
             default = "required" if key.required else f"`{json.dumps(key.default)}`"
-            out.append(f"| `{name}` | {type_name(key.type)} | {default} | {key.doc} |")
+            accepts = key.accepts.replace("|", "\\|")  # a table cell
+            out.append(f"| `{name}` | {type_name(key.type)} | {default} | {accepts} | {key.doc} |")
         out.append("")
         for nested_prefix, sub in nested:
             table(nested_prefix, sub)

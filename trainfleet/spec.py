@@ -7,15 +7,19 @@ reported at once, and callers exit with status 2 (see ``SpecError``).
 from __future__ import annotations
 
 import difflib
+import ipaddress
+import re
+import reprlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trainfleet.schema import NODE, SPEC, Key, Section, type_name
+from trainfleet.schema import NODE, SPEC, Key, Section, cluster_name_problem, type_name
 
 EXIT_BAD_SPEC = 2
+DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
 
 PathT = tuple[str | int, ...]
 
@@ -46,26 +50,47 @@ class _Ctx:
 
 
 def dotted(path: PathT) -> str:
+    """``nodes[0].ssh.port``; a key that is not a plain word is shown quoted, so a problem stays one line."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not re.fullmatch(r"[A-Za-z0-9_-]+", part):
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
     return out
 
 
-def _line_map(node: yaml.Node, path: PathT = (), out: dict[PathT, int] | None = None) -> dict[PathT, int]:
-    """Map each key path of a composed YAML document to its 1-based line."""
-    out = {} if out is None else out
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                sub = path + (key_node.value,)
-                out[sub] = key_node.start_mark.line + 1
-                _line_map(value_node, sub, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_map(item, path + (i,), out)
-    return out
+def _line_map(document: yaml.Node) -> tuple[dict[PathT, int], list[tuple[PathT, int, int]]]:
+    """Map each key path of a composed YAML document to its 1-based line; also return every
+    repeated mapping key as (path, line, first line): YAML loaders keep the last silently."""
+    lines: dict[PathT, int] = {}
+    repeated: list[tuple[PathT, int, int]] = []
+    seen: set[int] = set()  # aliased nodes are walked once: no blow-up on nested aliases
+
+    def walk(node: yaml.Node, path: PathT) -> None:
+        lines.setdefault(path, node.start_mark.line + 1)
+        if id(node) in seen:
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    sub = path + (key_node.value,)
+                    line = key_node.start_mark.line + 1
+                    if key_node.value in first:
+                        repeated.append((sub, line, first[key_node.value]))
+                    first.setdefault(key_node.value, line)
+                    lines.setdefault(sub, line)
+                    walk(value_node, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, path + (i,))
+
+    walk(document, ())
+    return lines, repeated
 
 
 def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
@@ -104,18 +129,42 @@ def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> di
 
 def _validate_value(key: Key, value: Any, path: PathT, ctx: _Ctx) -> Any:
     if not _type_ok(value, key.type):
-        ctx.add(path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {value!r}")
+        ctx.add(path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {_shown(value)}")
         return _copy(key.default)
     if key.items is not None:
         bad = [v for v in value if not _type_ok(v, key.items)]
         if bad:
-            ctx.add(path, f"every item must be a {type_name(key.items)}, got {bad[0]!r}")
+            ctx.add(path, f"every item must be a {type_name(key.items)}, got {_shown(bad[0])}")
             return _copy(key.default)
     if value is not None and key.check is not None:
         problem = key.check(value)
         if problem:
             ctx.add(path, problem)
+    if key.each is not None or key.each_key is not None:
+        _validate_entries(key, value, path, ctx)
     return value
+
+
+def _shown(value: Any) -> str:
+    """A value of the wrong type, shortened: YAML aliases can nest a list 2**40 items deep."""
+    return repr(value) if isinstance(value, (str, int, float, type(None))) else _SHORT.repr(value)
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 4, 4
+
+
+def _validate_entries(key: Key, value: list[Any] | dict[Any, Any], path: PathT, ctx: _Ctx) -> None:
+    """The grammar of every list item, or of every mapping key and value, reported at that entry."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if key.each is not None and (problem := key.each(item)):
+                ctx.add(path + (i,), problem)
+        return
+    for name, item in value.items():
+        problem = (key.each_key(name) if key.each_key else None) or (key.each(item) if key.each else None)
+        if problem:
+            ctx.add(path + (str(name),), problem)
 
 
 def _defaults(section: Section) -> dict[str, Any]:
@@ -151,12 +200,12 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
             given = item.get(sub) if isinstance(item, dict) else None
             node[sub] = {k: v for k, v in node[sub].items() if isinstance(given, dict) and k in given}
     for attr in ("name", "address"):
-        seen: dict[str, int] = {}
+        seen: dict[object, int] = {}
         for i, node in enumerate(nodes):
             value = node.get(attr)
             if not isinstance(value, str):
                 continue
-            norm = value.lower() if attr == "name" else value
+            norm = _identity(attr, value)
             if norm in seen:
                 ctx.add(("nodes", i, attr), f"duplicate {attr} {value!r} (also nodes[{seen[norm]}])")
             else:
@@ -164,9 +213,28 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
     return nodes
 
 
+def _identity(attr: str, value: str) -> object:
+    """What makes two nodes the same: the name case-insensitively (DNS), the address as parsed.
+
+    Exact comparisons only: a name with a trailing newline is refused by the grammar, not
+    taken for a second node."""
+    if attr == "name":
+        return value.lower()
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        return value
+
+
 def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
     """Rules between keys, checked before any host is touched."""
-    stack = spec["stack"]
+    _stack_rules(spec["stack"], ctx)
+    _mesh_user_rules(spec["cluster"]["mesh_users"], ctx)
+    _fqdn_rules(spec, ctx)
+    _ssh_user_rules(spec, ctx)
+
+
+def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
     if stack["wheelhouse"] and stack["torch_index"]:
         ctx.add(("stack", "torch_index"), "give stack.wheelhouse or stack.torch_index, not both")
     for key in ("cudnn", "nccl"):
@@ -174,15 +242,36 @@ def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
             ctx.add(("stack", key), f"pinning {key} needs stack.cuda (its packages are built per CUDA version)")
     if stack["torch"] and not stack["torch_cuda"] and "+" not in stack["torch"]:
         ctx.add(("stack", "torch"), "pinning torch needs stack.torch_cuda (e.g. cu124, or cpu)")
-    users = [("ssh",)] + [("nodes", i, "ssh") for i, n in enumerate(spec["nodes"]) if "user" in n.get("ssh", {})]
-    for path in users:
+    for key in ("cuda_repo", "torch_index"):
+        url = stack[key]
+        if isinstance(url, str) and url.startswith("http://") and not stack["insecure"]:
+            ctx.add(("stack", key), f"{url!r} is plain http: packages could be swapped in transit; "
+                                    "use https, or set stack.insecure: true (never for production)")
+
+
+def _mesh_user_rules(users: list[str], ctx: _Ctx) -> None:
+    for i, user in enumerate(users):
+        if user in users[:i]:
+            ctx.add(("cluster", "mesh_users", i), f"duplicate mesh user {user!r} (also mesh_users[{users.index(user)}])")
+
+
+def _fqdn_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
+    domain = spec["cluster"]["domain"]
+    for i, node in enumerate(spec["nodes"]):
+        if domain and isinstance(node.get("name"), str) and len(f"{node['name']}.{domain}") > 253:
+            ctx.add(("nodes", i, "name"), f"{node['name'] + '.' + domain!r} is longer than 253 characters")
+
+
+def _ssh_user_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
+    paths = [("ssh",)] + [("nodes", i, "ssh") for i, n in enumerate(spec["nodes"]) if "user" in n.get("ssh", {})]
+    for path in paths:
         section = spec["ssh"] if path == ("ssh",) else spec["nodes"][path[1]]["ssh"]
         if section.get("user", "root") != "root":
             ctx.add(path + ("user",), f"{section['user']!r}: trainfleet connects as root for now "
                                       "(it writes /etc; sudo is not supported yet)")
 
 
-def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
+def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:
     """Validate spec text; return the spec with every default filled in, or raise SpecError."""
     try:
         document = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -191,7 +280,10 @@ def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"{file}:{mark.line + 1}" if mark else file
         raise SpecError([f"{where}: (top level): not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    ctx = _Ctx(file=file, lines=_line_map(document) if document else {}, problems=[])
+    lines, repeated = _line_map(document) if document else ({}, [])
+    ctx = _Ctx(file=file, lines=lines, problems=[])
+    for path, line, first in repeated:
+        ctx.problems.append(f"{file}:{line}: {dotted(path)}: repeated key (also line {first}); give each key once")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -200,11 +292,20 @@ def parse_spec(text: str, file: str = "<spec>") -> dict[str, Any]:
     spec = _validate_section(SPEC, data, (), ctx)
     spec["nodes"] = _validate_nodes(data, ctx)
     _cross_checks(spec, ctx)
+    if spec["cluster"]["name"] is None:
+        spec["cluster"]["name"] = _name_from_file(file, ctx)
     if ctx.problems:
         raise SpecError(ctx.problems)
-    if spec["cluster"]["name"] is None:
-        spec["cluster"]["name"] = Path(file).stem
     return spec
+
+
+def _name_from_file(file: str, ctx: _Ctx) -> str:
+    """The cluster's name when the spec gives none: the file's stem, under the same grammar."""
+    name = "spec" if file == DEFAULT_SOURCE else Path(file).stem
+    problem = cluster_name_problem(name)
+    if problem:
+        ctx.add(("cluster", "name"), f"not set, and the spec file's name is no cluster name: {problem}")
+    return name
 
 
 def load_spec(path: str | Path) -> dict[str, Any]:

@@ -17,6 +17,9 @@ def pytest_collection_modifyitems(config, items):
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.lab)
             if os.geteuid() != 0:
+                # In CI a lab test that cannot run is a failure: a green run must have run them.
+                if os.environ.get("CI"):
+                    raise pytest.UsageError("lab tests need root (namespaces, mounts) and CI must run them")
                 item.add_marker(pytest.mark.skip(reason="lab tests need root (namespaces, mounts)"))
 
 

@@ -29,7 +29,15 @@ class Run:
     returncode: int
     stdout: str
     stderr: str
-    report: dict[str, Any] = field(default_factory=dict)
+    parsed: dict[str, Any] | None = None  # the --json report; None: none could be read
+    json_error: str = ""
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The --json report; a run that printed none (it crashed) fails the test here, it
+        never reads as a run that changed nothing."""
+        assert self.parsed is not None, f"no --json report ({self.json_error})\n{self.describe()}"
+        return self.parsed
 
     @property
     def operations(self) -> list[dict[str, Any]]:
@@ -55,14 +63,15 @@ def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300
     extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
     argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), *extra, inventory, *deploys]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout)
-    report: dict[str, Any] = {}
+    report: dict[str, Any] | None = None
+    error = "no JSON in the output"
     start = proc.stdout.find("{")
     if start >= 0:
         try:
             report = json.loads(proc.stdout[start:])
-        except json.JSONDecodeError:
-            pass
-    return Run(argv, proc.returncode, proc.stdout, proc.stderr, report)
+        except json.JSONDecodeError as exc:
+            error = f"unreadable JSON: {exc}"
+    return Run(argv, proc.returncode, proc.stdout, proc.stderr, report, error)
 
 
 def fact(inventory: str, fact_name: str, *args: str) -> dict[str, Any]:

@@ -8,7 +8,8 @@ the real repository always has newer ones than a cluster's pin. Laid out as NVID
 repos (``<root>/debian12/x86_64/`` with Packages and a signed InRelease), so the deploy's
 ``stack.cuda_repo`` points at it with ``cuda_repo: file://<root>`` like at a mirror. The
 keyring package installs this repo's own test key where NVIDIA's cuda-keyring puts theirs.
-The signing key is made per test run in a temporary GNUPGHOME and never leaves it.
+The signing key is made per test run in a temporary GNUPGHOME and never leaves it; the deploy
+is given its fingerprint, as a site whose mirror is signed by its own key would.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ def _gpg(home: Path, *args: str, input: bytes | None = None) -> bytes:
                            "--passphrase", "", *args], input=input, check=True, capture_output=True).stdout
 
 
-def build(root: Path) -> Path:
-    """Build the repo under ``root`` (the mirror root); returns the repo directory."""
+def build(root: Path) -> str:
+    """Build the repo under ``root`` (the mirror root); returns its key's fingerprint, which the
+    deploy checks the cuda-keyring package against (the spec's ``stack.cuda_keyring_fingerprint``)."""
     repo = root / DISTRO / ARCH
     repo.mkdir(parents=True)
     home = root.parent / "gnupg"
@@ -61,6 +63,8 @@ def build(root: Path) -> Path:
         _gpg(home, "--quick-gen-key", "trainfleet lab test repository <repo@trainfleet.invalid>", "ed25519", "sign",
              "never")
         public = _gpg(home, "--export")
+        colons = _gpg(home, "--with-colons", "--list-keys").decode()
+        fingerprint = next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr:"))
         _deb(repo, "cuda-keyring", "1.1-1", files={KEYRING: public})
         for versions in (PINNED, NEWER):
             _deb(repo, "libnccl2", versions["libnccl2"])
@@ -78,4 +82,4 @@ def build(root: Path) -> Path:
     finally:  # gpg started an agent for this home: end it, leave no process behind
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
     os.chmod(root, 0o755)
-    return repo
+    return fingerprint

@@ -81,7 +81,7 @@ def test_damaged_markers_fail_that_node_only_and_leave_its_file_alone(named):
     # node3 fails at its hosts block (pyinfra then skips its later operations); no one else fails.
     assert run.errors()["Cluster hosts block in /etc/hosts"] == ["node3"]
     assert {host for hosts in run.errors().values() for host in hosts} == {"node3"}
-    assert "markers are damaged" in run.stderr and "[node3]" in run.stderr
+    assert "expected one BEGIN followed by one END marker" in run.stderr and "[node3]" in run.stderr
     assert lab3.ssh("node3", "cat /etc/hosts") == broken
     for node in ("node1", "node2"):
         block, _ = split(lab3.ssh(node, "cat /etc/hosts"))

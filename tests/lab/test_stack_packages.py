@@ -33,12 +33,13 @@ def versions(lab, node: str) -> dict[str, str]:
 def pinned(lab, tmp_path_factory):
     lab.fresh(3)
     work = tmp_path_factory.mktemp("nvidia")
-    nvidia_repo.build(work / "mirror")
+    fingerprint = nvidia_repo.build(work / "mirror")
     for node in NODES:
         lab.copy_tree(node, work / "mirror", MIRROR)
-    inventory = lab.spec_inventory(work, stack=STACK)
+    # The keyring .deb is checked before dpkg -i: against the lab key's fingerprint, not NVIDIA's.
+    inventory = lab.spec_inventory(work, stack={**STACK, "cuda_keyring_fingerprint": fingerprint})
     first, _ = deploy_twice(inventory, DEPLOY)
-    return SimpleNamespace(lab=lab, inventory=inventory, first=first, work=work)
+    return SimpleNamespace(lab=lab, inventory=inventory, first=first, work=work, fingerprint=fingerprint)
 
 
 def test_every_node_has_exactly_the_pinned_versions_not_the_newest(pinned):
@@ -91,7 +92,8 @@ def test_a_node_moved_off_its_pin_is_refused_unchanged_then_moved_back_when_allo
     assert f"libnccl2 is {newer['libnccl2']} here, the pin is {PINNED['libnccl2']}" in refused.stderr
     assert versions(lab, "node3")["libnccl2"] == newer["libnccl2"]  # nothing changed on it
 
-    allowed = lab.spec_inventory(tmp_path, stack={**STACK, "allow_change": True})
+    allowed = lab.spec_inventory(tmp_path, stack={**STACK, "cuda_keyring_fingerprint": pinned.fingerprint,
+                                                  "allow_change": True})
     first, _ = deploy_twice(allowed, DEPLOY)
     assert first.changed()[OP] == ["node3"]
     assert versions(lab, "node3") == PINNED

@@ -8,12 +8,15 @@ argv it was given, so the test sees exactly what OpenMPI would be handed.
 
 from __future__ import annotations
 
+import base64
+
 import os
 import shlex
 import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api.exceptions import FactProcessError
 
 from facts.nccl_env import NcclNetwork
 from facts.openmpi import OpenMpiState
@@ -117,26 +120,31 @@ def test_the_parameter_file_block_is_name_equals_value():
     assert lines[1:] == ["btl_tcp_if_include = 198.18.0.0/24", "oob_tcp_if_include = 198.18.0.0/24", "pml = ucx"]
 
 
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _user_line(name: str, params: str | None) -> str:
+    """A user's line as the fact's script prints it: uid, group, home, and the part read as the user."""
+    record = "file params missing -" if params is None else f"file params regular - {_b64(params)}"
+    return f"user {name} 0 root {_b64('/root')} {_b64(record + chr(10))}"
+
+
 # What the fact's script prints on a node with Debian's openmpi-bin 4.1.4 and the mesh user
 # root (its file with trainfleet's block above a line of the user's), and a user that is absent.
-OPENMPI_OUTPUT = """\
-version mpirun (Open MPI) 4.1.4
---trainfleet-section-- root
-home /root
-group root
---trainfleet-section-- root:file
-# BEGIN trainfleet managed block: openmpi network (do not edit)
-btl_tcp_if_include = eth0
-# END trainfleet managed block: openmpi network
-mpi_show_mca_params = enviro
---trainfleet-section-- ghost
-nouser
-"""
+OPENMPI_OUTPUT = [
+    "version mpirun (Open MPI) 4.1.4",
+    _user_line("root", "# BEGIN trainfleet managed block: openmpi network (do not edit)\n"
+                       "btl_tcp_if_include = eth0\n"
+                       "# END trainfleet managed block: openmpi network\n"
+                       "mpi_show_mca_params = enviro\n"),
+    "user ghost nouser",
+]
 
 
 def test_the_openmpi_fact_reads_the_version_and_each_users_block():
     fact = OpenMpiState()
-    state = fact.process(OPENMPI_OUTPUT.splitlines())
+    state = fact.process(OPENMPI_OUTPUT)
     assert state["version"] == "4.1.4"
     root = state["users"]["root"]
     assert (root["exists"], root["home"], root["group"]) == (True, "/root", "root")
@@ -146,10 +154,14 @@ def test_the_openmpi_fact_reads_the_version_and_each_users_block():
 
 
 def test_no_mpirun_on_the_node_is_reported_as_absent():
-    state = OpenMpiState().process(["version ", "--trainfleet-section-- root", "home /root", "group root",
-                                    "--trainfleet-section-- root:file", "--trainfleet-missing--"])
+    state = OpenMpiState().process(["version ", _user_line("root", None)])
     assert state["version"] is None
     assert state["users"]["root"]["params"]["exists"] is False
+
+
+def test_a_users_unreadable_part_fails_that_node_instead_of_reading_as_no_file():
+    with pytest.raises(FactProcessError):
+        OpenMpiState().process(["version ", f"user root 0 root {_b64('/root')} {_b64('garbage')}"])
 
 
 SPEC = """\

@@ -1,18 +1,25 @@
-"""The remote file-changing scripts, run for real (sh, awk, mktemp) against local temp files."""
+"""The one write primitive, run for real (sh, setpriv, flock, mktemp) on this machine's own
+files: compare-and-swap, atomic, root never through a link or where others write, a user's
+file written as that user. The lab proves the same on nodes (tests/lab/test_hostile_user.py)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pwd
+import shutil
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
+import pytest
 from pyinfra.api import FileUploadCommand
 
-from operations.remote import INLINE_LIMIT, fail_command, replace_block_command, write_file_command
-from trainfleet.blocks import markers
+import operations.remote as remote
+from operations.remote import ABSENT, ANY, INLINE_LIMIT, RUN_DIR, fail_command, sha256, write_command
 
-BEGIN, END = markers("test block")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="writes as root and as another user")
 
 
 def run(commands) -> subprocess.CompletedProcess[str]:
@@ -21,7 +28,7 @@ def run(commands) -> subprocess.CompletedProcess[str]:
     for command in commands if isinstance(commands, list) else [commands]:
         if isinstance(command, FileUploadCommand):
             command.src.seek(0)
-            Path(command.dest).write_text(command.src.read())
+            Path(command.dest).write_bytes(command.src.read())
             continue
         result = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
         if result.returncode:
@@ -29,70 +36,156 @@ def run(commands) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def test_a_block_is_appended_and_user_lines_are_kept_byte_for_byte(tmp_path):
-    target = tmp_path / "hosts"
-    user = "127.0.0.1 localhost\n# a comment with 'quotes' and $dollars\n\n10.0.0.1 nas\n"
-    target.write_text(user)
-    os.chmod(target, 0o640)
+@pytest.fixture
+def nobody_dir():
+    """A directory owned by `nobody`, the stand-in for a node user (cleaned up after)."""
+    path = Path(tempfile.mkdtemp(prefix="tf-nobody-"))
+    os.chmod(path, 0o755)
+    os.chown(path, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
+    yield path
+    shutil.rmtree(path)
 
-    assert run(replace_block_command(str(target), BEGIN, END, ["a b", "c $HOME `x`"])).returncode == 0
 
-    assert target.read_text() == user + f"{BEGIN}\na b\nc $HOME `x`\n{END}\n"
+def test_a_new_file_is_created_with_its_mode_and_missing_directories(tmp_path):
+    target = tmp_path / "a" / "b" / "file"
+    assert run(write_command(str(target), "x\n", expect=ABSENT, mode="640")).returncode == 0
+    assert target.read_text() == "x\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o640
-    assert [p.name for p in tmp_path.iterdir()] == ["hosts"], "no temp file left behind"
 
 
-def test_a_block_is_replaced_where_it_stands_and_can_be_removed(tmp_path):
-    target = tmp_path / "f"
-    target.write_text(f"top\n{BEGIN}\nold\n{END}\nbottom\n")
+def test_the_file_is_replaced_only_if_it_still_has_the_bytes_that_were_read(tmp_path):
+    target = tmp_path / "hosts"
+    target.write_text("127.0.0.1 localhost\n")
+    read = sha256(target.read_bytes())
+    target.write_text("127.0.0.1 localhost\n10.0.0.1 added-meanwhile\n")  # the user, after the fact
 
-    run(replace_block_command(str(target), BEGIN, END, ["new 1", "new 2"]))
-    assert target.read_text() == f"top\n{BEGIN}\nnew 1\nnew 2\n{END}\nbottom\n"
+    result = run(write_command(str(target), "new\n", expect=read))
 
-    run(replace_block_command(str(target), BEGIN, END, [], present=False))
-    assert target.read_text() == "top\nbottom\n"
-
-
-def test_a_missing_file_and_its_directory_are_created_with_the_given_mode(tmp_path):
-    target = tmp_path / "new" / "dir" / "authorized_keys"
-    assert run(replace_block_command(str(target), BEGIN, END, ["k"], mode="600")).returncode == 0
-    assert target.read_text() == f"{BEGIN}\nk\n{END}\n"
-    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert result.returncode == 1 and "changed after it was read" in result.stderr
+    assert target.read_text() == "127.0.0.1 localhost\n10.0.0.1 added-meanwhile\n"
+    assert run(write_command(str(target), "new\n", expect=sha256(target.read_bytes()))).returncode == 0
+    assert target.read_text() == "new\n"
 
 
-def test_write_file_is_atomic_and_keeps_an_existing_mode(tmp_path):
+def test_a_file_that_appeared_after_the_read_is_not_overwritten(tmp_path):
+    target = tmp_path / "new"
+    target.write_text("someone's\n")
+    result = run(write_command(str(target), "ours\n", expect=ABSENT))
+    assert result.returncode == 1 and target.read_text() == "someone's\n"
+
+
+def test_an_existing_file_keeps_its_mode_and_no_temp_file_is_left(tmp_path):
     target = tmp_path / "hostname"
     target.write_text("old\n")
     os.chmod(target, 0o600)
-    assert run(write_file_command(str(target), "gpu-a01\n", mode="644")).returncode == 0
+    assert run(write_command(str(target), "gpu-a01\n", expect=ANY, mode="644")).returncode == 0
     assert target.read_text() == "gpu-a01\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hostname"]
+
+
+def test_any_bytes_survive_the_trip(tmp_path):
+    target = tmp_path / "f"
+    data = b"no final newline \r\n\x00\xff\xfe ' \" $(id) `id` \\"
+    assert run(write_command(str(target), data, expect=ABSENT)).returncode == 0
+    assert target.read_bytes() == data
+
+
+@needs_root
+def test_root_refuses_a_symlinked_target_and_leaves_both_untouched(tmp_path):
+    real = tmp_path / "real"
+    real.write_text("keep\n")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    result = run(write_command(str(link), "x\n", expect=ANY))
+    assert result.returncode == 1 and "symbolic link" in result.stderr
+    assert link.is_symlink() and real.read_text() == "keep\n"
+
+
+@needs_root
+def test_root_refuses_a_directory_others_can_write(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    result = run(write_command(str(shared / "f"), "x\n", expect=ABSENT))
+    assert result.returncode == 1 and "writable by others" in result.stderr
+    assert not (shared / "f").exists()
+
+
+@needs_root
+def test_a_users_file_is_written_as_the_user_so_a_link_to_a_root_file_gives_nothing(nobody_dir, tmp_path):
+    secret = tmp_path / "root-only"
+    secret.write_text("root's\n")
+    os.chmod(secret, 0o644)
+    planted = nobody_dir / "authorized_keys"
+    planted.symlink_to(secret)
+    before = secret.stat()
+
+    result = run(write_command(str(planted), "pwned\n", expect=ANY, user="nobody"))
+
+    assert result.returncode == 1
+    after = secret.stat()
+    assert secret.read_text() == "root's\n"
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+
+
+@needs_root
+def test_a_link_the_user_owns_stays_a_link_and_its_target_gets_the_content(nobody_dir):
+    dotfiles = nobody_dir / "dotfiles"
+    dotfiles.mkdir()
+    real = dotfiles / "ssh_config"
+    real.write_text("Host *\n")
+    link = nobody_dir / "config"
+    link.symlink_to(real)
+    for path in (dotfiles, real):
+        os.chown(path, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
+
+    result = run(write_command(str(link), "Host n1\nHost *\n", expect=sha256(b"Host *\n"), user="nobody"))
+
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and real.read_text() == "Host n1\nHost *\n"
+    assert real.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+
+
+@needs_root
+def test_a_secret_is_uploaded_to_a_unique_root_only_name_and_never_on_the_command_line(tmp_path):
+    target = tmp_path / "id_trainfleet"
+    commands = write_command(str(target), "PRIVATE KEY MATERIAL\n", expect=ABSENT, mode="600", secret=True)
+    assert not any("PRIVATE KEY MATERIAL" in c.get_raw_value() for c in commands
+                   if not isinstance(c, FileUploadCommand))
+    staged = [c.dest for c in commands if isinstance(c, FileUploadCommand)]
+    assert len(staged) == 1 and staged[0].startswith(RUN_DIR + "/stage.")
+    assert staged != [c.dest for c in write_command(str(target), "x", secret=True) if isinstance(c, FileUploadCommand)]
+
+    assert run(commands).returncode == 0
+    assert target.read_text() == "PRIVATE KEY MATERIAL\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert not Path(staged[0]).exists()
+    run_dir = Path(RUN_DIR).stat()
+    assert (run_dir.st_uid, stat.S_IMODE(run_dir.st_mode)) == (0, 0o700)
+
+
+def test_content_too_large_for_one_argument_is_uploaded(tmp_path):
+    target = tmp_path / "known_hosts"
+    content = "".join(f"node{i} ssh-ed25519 {'A' * 68}\n" for i in range(INLINE_LIMIT // 80 + 10))
+    commands = write_command(str(target), content, expect=ABSENT)
+    assert any(isinstance(c, FileUploadCommand) for c in commands)
+    assert run(commands).returncode == 0 and target.read_text() == content
+
+
+@needs_root
+def test_a_write_waits_for_the_node_lock_then_fails_naming_the_holder(tmp_path, monkeypatch):
+    monkeypatch.setattr(remote, "LOCK_WAIT", 1)
+    assert run(remote.run_dir_command()).returncode == 0
+    with open(f"{RUN_DIR}/lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        Path(f"{RUN_DIR}/holder").write_text("controller-b pid 4242 run abc\n")
+        result = run(write_command(str(tmp_path / "f"), "x\n", expect=ABSENT))
+    assert result.returncode == 1
+    assert "another trainfleet run holds this node's lock: controller-b pid 4242 run abc" in result.stderr
+    assert not (tmp_path / "f").exists()
+    assert run(write_command(str(tmp_path / "f"), "x\n", expect=ABSENT)).returncode == 0
 
 
 def test_fail_command_fails_with_its_message():
-    result = run(fail_command("it's broken"))
-    assert result.returncode == 1
-    assert result.stderr == "trainfleet: it's broken\n"
-
-
-def test_with_top_a_new_block_goes_first_and_an_existing_one_stays_once(tmp_path):
-    target = tmp_path / "config"
-    target.write_text("Host *\n    User alice\n")
-    run(replace_block_command(str(target), BEGIN, END, ["Host n1", "    User root"], top=True))
-    assert target.read_text() == f"{BEGIN}\nHost n1\n    User root\n{END}\nHost *\n    User alice\n"
-    run(replace_block_command(str(target), BEGIN, END, ["Host n2"], top=True))
-    assert target.read_text() == f"{BEGIN}\nHost n2\n{END}\nHost *\n    User alice\n"
-
-
-def test_a_block_too_large_for_one_argument_is_uploaded_and_the_staged_file_removed(tmp_path):
-    target = tmp_path / "ssh_known_hosts"
-    target.write_text("user line\n")
-    lines = [f"node{i},10.0.{i // 250}.{i % 250} ssh-ed25519 {'A' * 68}" for i in range(1200)]
-    commands = replace_block_command(str(target), BEGIN, END, lines)
-    assert sum(len(line) + 1 for line in lines) > INLINE_LIMIT
-    assert isinstance(commands[0], FileUploadCommand) and len(commands[1].get_raw_value()) < INLINE_LIMIT
-
-    assert run(commands).returncode == 0
-
-    assert target.read_text() == "user line\n" + "".join(f"{line}\n" for line in [BEGIN, *lines, END])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ssh_known_hosts"]
+    result = run(fail_command("node is broken: 'quoted' $x"))
+    assert result.returncode == 1 and result.stderr.strip() == "trainfleet: node is broken: 'quoted' $x"

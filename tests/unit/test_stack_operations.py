@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from pyinfra_testing.operations import make_operation_tests
 
-from operations.stack import cuda_distro, package_pins, torch_requirement
+from operations.stack import (_KEYRING, NVIDIA_REPOS, cuda_distro, keyring_install, mirror_problem, package_pins,
+                              torch_requirement)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack"
 
@@ -55,3 +59,124 @@ def test_nvidia_repo_names(os_id, version, distro):
 def test_torch_requirement_is_the_exact_build():
     assert torch_requirement("2.4.1", "cu124") == "torch==2.4.1+cu124"
     assert torch_requirement("2.4.1+cu121", "cu124") == "torch==2.4.1+cu121"
+
+
+# ---- the keyring script itself, run here against a local .deb (dpkg -i replaced by a stub) ----
+
+needs_tools = pytest.mark.skipif(not all(shutil.which(t) for t in ("gpg", "dpkg-deb", "curl")),
+                                 reason="needs gpg, dpkg-deb and curl")
+
+
+def _gpg(home: Path, *args: str) -> bytes:
+    return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback",
+                           "--passphrase", "", *args], check=True, capture_output=True).stdout
+
+
+def _new_key(home: Path, name: str) -> tuple[bytes, str]:
+    """A new signing key: (its public key, binary; its fingerprint)."""
+    home.mkdir(mode=0o700)
+    try:
+        _gpg(home, "--quick-gen-key", f"{name} <{name}@trainfleet.invalid>", "ed25519", "sign", "never")
+        colons = _gpg(home, "--with-colons", "--list-keys").decode()
+        return _gpg(home, "--export"), next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr"))
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], check=False, capture_output=True)
+
+
+def _keyring_deb(out: Path, keyring: bytes | None) -> Path:
+    root = out / "build"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: cuda-keyring\nVersion: 1.1-1\nArchitecture: all\n"
+                                             "Maintainer: tests <t@trainfleet.invalid>\nDescription: test\n")
+    if keyring is not None:
+        (root / "usr/share/keyrings").mkdir(parents=True)
+        (root / "usr/share/keyrings/cuda-archive-keyring.gpg").write_bytes(keyring)
+    deb = out / "cuda-keyring_1.1-1_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    work = tmp_path_factory.mktemp("keys")
+    return {name: _new_key(work / name, name) for name in ("nvidia", "other")}
+
+
+def _run_keyring(tmp_path: Path, url: str, fingerprint: str, proto: str, path: str | None = None):
+    """The keyring command as cuda_repo renders it, with `dpkg` a stub that logs its arguments."""
+    stub = tmp_path / "stub"
+    stub.mkdir(exist_ok=True)
+    (stub / "dpkg").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/dpkg.log\n')
+    os.chmod(stub / "dpkg", 0o755)
+    command = keyring_install(url, fingerprint).get_raw_value()
+    assert command.endswith(f" {proto}")
+    env = {**os.environ, "PATH": f"{stub}:{path or os.environ['PATH']}"}
+    run = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=60)
+    log = tmp_path / "dpkg.log"
+    return run, log.read_text() if log.exists() else ""
+
+
+@needs_tools
+def test_the_keyring_is_installed_only_when_its_one_key_has_the_pinned_fingerprint(tmp_path, keys):
+    (public, fpr), (other, other_fpr) = keys["nvidia"], keys["other"]
+    deb = _keyring_deb(tmp_path, public)
+
+    run, dpkg = _run_keyring(tmp_path, f"file://{deb}", fpr, "file")
+    assert run.returncode == 0, run.stderr
+    assert dpkg.startswith("-i --force-confold /") and dpkg.rstrip().endswith("/cuda-keyring.deb")
+
+    (tmp_path / "dpkg.log").unlink()
+    run, dpkg = _run_keyring(tmp_path, f"file://{deb}", other_fpr, "file")
+    assert run.returncode == 1 and dpkg == ""
+    assert f"holds the key(s) [{fpr}], not exactly {other_fpr}; nothing installed" in run.stderr
+
+
+@needs_tools
+def test_a_keyring_with_an_extra_key_or_none_is_refused(tmp_path, keys):
+    (public, fpr), (other, _) = keys["nvidia"], keys["other"]
+    two = _keyring_deb(tmp_path / "two", public + other)
+    run, dpkg = _run_keyring(tmp_path, f"file://{two}", fpr, "file")
+    assert run.returncode == 1 and dpkg == "" and "not exactly" in run.stderr
+
+    empty = _keyring_deb(tmp_path / "none", None)
+    run, dpkg = _run_keyring(tmp_path, f"file://{empty}", fpr, "file")
+    assert run.returncode == 1 and dpkg == "" and "has no /usr/share/keyrings/cuda-archive-keyring.gpg" in run.stderr
+
+    (tmp_path / "junk.deb").write_bytes(b"<html>a captive portal</html>")
+    run, dpkg = _run_keyring(tmp_path, f"file://{tmp_path}/junk.deb", fpr, "file")
+    assert run.returncode == 1 and dpkg == "" and "is not a .deb" in run.stderr
+
+
+@needs_tools
+def test_without_gpg_or_sq_nothing_is_installed(tmp_path, keys):
+    public, fpr = keys["nvidia"]
+    deb = _keyring_deb(tmp_path, public)
+    bin_dir = tmp_path / "bin"  # every tool of this machine but gpg and sq
+    bin_dir.mkdir()
+    for directory in ("/usr/bin", "/bin"):
+        for tool in Path(directory).iterdir():
+            if tool.name not in ("gpg", "sq") and not (bin_dir / tool.name).exists():
+                (bin_dir / tool.name).symlink_to(tool)
+    run, dpkg = _run_keyring(tmp_path, f"file://{deb}", fpr, "file", path=str(bin_dir))
+    assert run.returncode == 1 and dpkg == ""
+    assert "neither gpg nor sq is installed" in run.stderr
+
+
+@needs_tools
+def test_the_download_keeps_to_the_scheme_it_was_given(tmp_path, keys):
+    """curl gets --proto/--proto-redir =<scheme>: told https, an http URL (as a redirect would
+    give) is refused by curl itself, before any connection."""
+    assert keyring_install("https://m.example.com/k.deb", keys["nvidia"][1]).get_raw_value().endswith(" https")
+    run = subprocess.run(["sh", "-c", _KEYRING, "trainfleet", "http://127.0.0.1:9/k.deb", keys["nvidia"][1], "https"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "cannot download http://127.0.0.1:9/k.deb; nothing installed" in run.stderr
+    assert "Protocol" in run.stderr and "connect" not in run.stderr, run.stderr
+
+
+def test_mirror_schemes():
+    assert mirror_problem(NVIDIA_REPOS) is None
+    assert mirror_problem("file:///srv/nvidia-mirror") is None
+    assert "stack.insecure: true" in mirror_problem("http://mirror.example.com/cuda")
+    assert mirror_problem("http://mirror.example.com/cuda", insecure=True) is None
+    assert mirror_problem("ftp://mirror.example.com/cuda", insecure=True)
+    assert mirror_problem("mirror.example.com/cuda")

@@ -1,0 +1,94 @@
+"""A node user is an adversary: alice, a second mesh user, plays every attack of issue #13 on
+the lab's real nodes while root deploys. After two deploys nothing outside alice's own files
+changed owner, mode or content, and root still logs in everywhere."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.lab.harness import pyinfra
+
+DEPLOY = "deploy/cluster.py"
+ALICE = "su -s /bin/sh alice -c "
+# What alice must never get at: root's SSH directory, the password hashes, a host key.
+GUARDED = "/root /root/.ssh /root/.ssh/authorized_keys /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key"
+SNAPSHOT = (f"for f in {GUARDED}; do printf '%s ' \"$f\"; stat -c '%U:%G %a' \"$f\"; done; "
+            "sha256sum /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key; "
+            # everything alice owns outside her home (the places root writes)
+            "find /root /etc /run /opt -xdev -user alice 2>/dev/null")
+
+
+def as_alice(lab, node: str, script: str) -> str:
+    return lab.ssh(node, ALICE + _q(script))
+
+
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+@pytest.fixture()
+def hostile(lab3, tmp_path):
+    """A fresh 3-node lab where alice exists on every node and is a mesh user."""
+    for node in ("node1", "node2", "node3"):
+        lab3.ssh(node, "useradd -m -s /bin/sh alice")
+    inventory = lab3.spec_inventory(tmp_path, cluster={"mesh_users": ["root", "alice"]})
+    return lab3, inventory
+
+
+def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
+    lab, inventory = hostile
+    # node1: her MCA parameter file is a link to /etc/passwd (the deploy writes it).
+    as_alice(lab, "node1", "mkdir -p ~/.openmpi && ln -s /etc/passwd ~/.openmpi/mca-params.conf")
+    # node2: her ~/.ssh is a link to root's (the deploy "fixed" its mode and owner).
+    as_alice(lab, "node2", "ln -s /root/.ssh ~/.ssh")
+    # node3: the old fixed temp name of the key upload planted as a link to /etc/shadow, and a
+    # dotfiles habit that must keep working: ~/.ssh/config is a link into her own dotfiles.
+    as_alice(lab, "node3", "mkdir -m 700 ~/.ssh ~/dotfiles && ln -s /etc/shadow ~/.ssh/id_trainfleet.trainfleet-new"
+                           " && printf 'Host *\\n    ServerAliveInterval 30\\n' > ~/dotfiles/ssh_config"
+                           " && ln -s ~/dotfiles/ssh_config ~/.ssh/config")
+    before = {node: lab.ssh(node, SNAPSHOT) for node in ("node1", "node2", "node3")}
+
+    first = pyinfra(inventory, DEPLOY)
+    second = pyinfra(inventory, DEPLOY)
+
+    for run in (first, second):
+        assert run.returncode != 0, run.describe()
+        failed = {host for hosts in run.errors().values() for host in hosts}
+        assert failed == {"node1", "node2"}, run.errors()
+        # Each fails where alice's link meets alice's own privileges (pyinfra then counts the
+        # node's later operations as failed too); node3 and root's steps go on.
+        assert run.errors()["SSH mesh for alice"] == ["node2"]
+        assert "node1" in run.errors()["OpenMPI network (~/.openmpi/mca-params.conf)"]
+        assert "SSH mesh for root" not in run.errors()
+        assert "[node1] trainfleet: /etc/passwd: cannot make a temp file in /etc; nothing was changed" in run.stderr
+        assert "[node2] mkdir: cannot stat '/home/alice/.ssh': Permission denied" in run.stderr
+    assert not {op: hosts for op, hosts in second.changed().items() if "node3" in hosts}, second.changed()
+    for node in ("node1", "node2", "node3"):
+        assert lab.ssh(node, SNAPSHOT) == before[node], f"{node}: something of root's changed"
+        assert lab.ssh(node, "true") == ""  # root still logs in
+    # The dotfiles link stays a link; its target, hers, holds the block above her lines.
+    assert lab.ssh("node3", "readlink /home/alice/.ssh/config") == "/home/alice/dotfiles/ssh_config\n"
+    config = lab.ssh("node3", "cat /home/alice/dotfiles/ssh_config")
+    assert config.startswith("# BEGIN trainfleet managed block: ssh mesh hosts")
+    assert config.endswith("Host *\n    ServerAliveInterval 30\n")
+    # Her mesh works on node3: she reaches node3 itself by name with the cluster key.
+    assert lab.ssh("node3", ALICE + _q("ssh -o BatchMode=yes node3 true && echo mesh-ok")) == "mesh-ok\n"
+
+
+def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
+    lab, inventory = hostile
+    before = lab.ssh("node3", SNAPSHOT)
+    # For the length of a deploy (bounded), replace every temp file trainfleet makes in her
+    # directories with a link to /etc/shadow, as fast as she can.
+    swap = ("mkdir -p ~/.ssh ~/.openmpi; end=$(($(date +%s) + 40)); while [ $(date +%s) -lt $end ]; do "
+            "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.*; do "
+            "[ -f \"$f\" ] && [ ! -L \"$f\" ] && rm -f \"$f\" && ln -s /etc/shadow \"$f\"; done; done")
+    pid = lab.ssh("node3", ALICE + _q(f"nohup timeout 60 sh -c {_q(swap)} >/dev/null 2>&1 & echo $!")).strip()
+    assert pid.isdigit()
+    try:
+        for _ in range(2):
+            pyinfra(inventory, DEPLOY)  # her own files may fail to converge; that is her doing
+    finally:
+        lab.ssh("node3", f"kill {pid} 2>/dev/null; true")
+    assert lab.ssh("node3", SNAPSHOT) == before
+    assert lab.ssh("node3", "true") == ""

@@ -1,0 +1,147 @@
+"""Every managed file against a corpus of damaged and unusual file states, for real: the
+fact's own shell command reads the file here, the one parser splits it, the write primitive
+rewrites it. Each state either converges with every user byte kept (and a second pass changes
+nothing) or is refused with the file byte-identical."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from facts.fingerprint import FactBundle
+from facts.managed_block import ManagedBlock, split_sections
+from facts.hosts import HOSTS_PURPOSE
+from facts.openmpi import MCA_PURPOSE
+from facts.pdsh import PDSH_PURPOSE
+from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
+from operations.managed_block import block_change
+from operations.remote import FailCommand
+from tests.unit.test_remote import run
+from trainfleet.blocks import markers, split_block
+from trainfleet.nccl import ENV_PURPOSE
+
+# (purpose, block first in the file) of every managed file trainfleet keeps.
+MANAGED = {
+    "/etc/hosts": (HOSTS_PURPOSE, False),
+    "/etc/ssh/ssh_known_hosts": (KNOWN_HOSTS_PURPOSE, False),
+    "~/.ssh/authorized_keys": (AUTHORIZED_PURPOSE, False),
+    "~/.ssh/config": (CONFIG_PURPOSE, True),
+    "~/.openmpi/mca-params.conf": (MCA_PURPOSE, True),
+    "/etc/environment": (ENV_PURPOSE, False),
+    "/etc/nccl.conf": (ENV_PURPOSE, False),
+    "/etc/genders": (PDSH_PURPOSE, False),
+}
+NEW = ["new line 1", "new line 2"]
+
+
+def states(purpose: str) -> dict[str, tuple[bytes | None, bool]]:
+    """name -> (file bytes or None for no file, converges?)."""
+    b, e = markers(purpose)
+    block = f"{b}\nold\n{e}\n"
+    return {
+        "missing": (None, True),
+        "empty": (b"", True),
+        "only the block": (block.encode(), True),
+        "no trailing newline": (b"user 1\nuser 2", True),
+        "block then a last line without newline": (f"user 1\n{block}user 2".encode(), True),
+        "CRLF user lines": (b"user 1\r\nuser 2\r\n", True),
+        "bytes that are not UTF-8": (b"caf\xe9 \xff\xfe\n", True),
+        "lines that look like fact framing": (b"--trainfleet-section-- hosts\nfile x regular - QUJD\nuser\n", True),
+        "another purpose's markers": (b"# BEGIN trainfleet managed block: something else (do not edit)\n", True),
+        "lone BEGIN": (f"user 1\n{b}\nuser 2\nuser 3\n".encode(), False),
+        "lone END": (f"user 1\n{e}\nuser 2\n".encode(), False),
+        "END before BEGIN": (f"{e}\nx\n{b}\n".encode(), False),
+        "two blocks (one restored from a backup)": (f"{block}user\n{block}".encode(), False),
+        "CRLF copy": (block.replace("\n", "\r\n").encode(), False),
+        "marker text inside a user line": (f"user 1\nexport X='{b}'\n".encode(), False),
+        "indented marker": (f"  {b}\nold\n{e}\n".encode(), False),
+    }
+
+
+def read(path: Path, purpose: str):
+    fact = ManagedBlock()
+    result = subprocess.run(["sh", "-c", fact.command(path=str(path), purpose=purpose).get_raw_value()],
+                            capture_output=True)
+    assert result.returncode == 0, result.stderr
+    return fact.process(result.stdout.decode().split("\n")[:-1])
+
+
+def user_text(data: bytes, purpose: str) -> str:
+    split = split_block(data.decode("utf-8", "surrogateescape"), purpose)
+    return split.before + split.after
+
+
+CASES = [(managed, state) for managed in MANAGED for state in states(MANAGED[managed][0])]
+
+
+@pytest.mark.parametrize(("managed", "state"), CASES, ids=[f"{m} | {s}" for m, s in CASES])
+def test_a_managed_file_converges_keeping_every_user_byte_or_is_refused_untouched(tmp_path, managed, state):
+    purpose, top = MANAGED[managed]
+    original, converges = states(purpose)[state]
+    target = tmp_path / "file"
+    if original is not None:
+        target.write_bytes(original)
+
+    commands = block_change(str(target), purpose, read(target, purpose), NEW, top=top)
+
+    if not converges:
+        assert len(commands) == 1 and isinstance(commands[0], FailCommand)
+        result = run(commands)
+        assert result.returncode == 1 and "nothing was changed" in result.stderr
+        assert target.read_bytes() == original
+        return
+    result = run(commands)
+    assert result.returncode == 0, result.stderr
+    after = read(target, purpose)
+    assert after["block"] == NEW and after["broken"] is None
+    kept = user_text(original, purpose) if original is not None else ""
+    had_block = original is not None and split_block(original.decode("utf-8", "surrogateescape"), purpose).block is not None
+    if not had_block and not top and kept and not kept.endswith("\n"):
+        kept += "\n"  # the last user line gets its newline before the appended block
+    assert user_text(target.read_bytes(), purpose) == kept
+    assert block_change(str(target), purpose, after, NEW, top=top) == []  # a re-run changes nothing
+
+
+def test_a_root_owned_symlink_is_refused_and_left_alone(tmp_path):
+    real = tmp_path / "real"
+    real.write_text("127.0.0.1 localhost\n")
+    link = tmp_path / "hosts"
+    link.symlink_to(real)
+    commands = block_change(str(link), HOSTS_PURPOSE, read(link, HOSTS_PURPOSE), NEW)
+    result = run(commands)
+    assert result.returncode == 1 and "symbolic link" in result.stderr
+    assert link.is_symlink() and real.read_text() == "127.0.0.1 localhost\n"
+
+
+def test_a_block_is_removed_and_nothing_else_changes(tmp_path):
+    b, e = markers(HOSTS_PURPOSE)
+    target = tmp_path / "hosts"
+    target.write_text(f"a\n{b}\nold\n{e}\nb")
+    assert run(block_change(str(target), HOSTS_PURPOSE, read(target, HOSTS_PURPOSE), None)).returncode == 0
+    assert target.read_text() == "a\nb"
+
+
+class _TwoFiles(FactBundle):
+    def parts(self, first: str, second: str):  # type: ignore[override]
+        return {"first": (ManagedBlock, {"path": first, "purpose": HOSTS_PURPOSE}),
+                "second": (ManagedBlock, {"path": second, "purpose": HOSTS_PURPOSE})}
+
+
+def test_file_contents_cannot_forge_the_bundles_sections(tmp_path):
+    b, e = markers(HOSTS_PURPOSE)
+    first, second = tmp_path / "first", tmp_path / "second"
+    # The first file carries lines shaped like every marker the bundle and the facts use.
+    first.write_text("--trainfleet-fingerprint-- second\n--trainfleet-section-- second\n"
+                     f"file second regular - {'QUJD'}\n{b}\nforged\n{e}\nno newline")
+    second.write_text(f"{b}\n198.18.0.11 node1\n{e}\n")
+    bundle = _TwoFiles()
+    command = bundle.command(first=str(first), second=str(second))
+    output = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True).stdout
+    result = bundle.process(output.split("\n")[:-1])
+    assert result["second"]["block"] == ["198.18.0.11 node1"]
+    assert result["first"]["text"] == first.read_text()
+    assert result["first"]["block"] == ["forged"]  # the user's own file, read as it is
+    _, raw = split_sections(output.split("\n")[:-1], "--trainfleet-fingerprint--")
+    assert sorted(raw) == ["first", "second"] and all(len(lines) == 1 for lines in raw.values())
