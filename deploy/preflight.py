@@ -9,7 +9,9 @@ Stages, each bounded in time, all nodes at once:
    tensor checked for the right sum, all_gather of every rank's versions compared;
 4. when 3 fails: 2-rank collectives of the master with each node name the one at fault.
 A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json.
-A node with a problem fails the run. Nothing is changed, nothing is left running.
+A node with a problem fails the run. Nothing is left running and nothing is changed, but for
+an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fresh directory
+made there and removed, never in /tmp, so no module a node user planted is imported as root.
 """
 
 from operations import preflight, report

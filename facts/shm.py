@@ -7,6 +7,7 @@ The fact reads ``/proc/sysvipc/shm``, which is what ``ipcs`` reads, so it needs 
 
 from __future__ import annotations
 
+import re
 from typing import TypedDict
 
 from pyinfra.api import FactBase
@@ -25,17 +26,26 @@ class Segment(TypedDict):
     idle_seconds: int  # since the last detach (or creation, if never attached)
 
 
+SHMID_MAX = 2**31 - 1  # shmids are non-negative C ints
+# The columns the parser reads, as the kernel prints them: the key signed, the rest unsigned.
+# Only ASCII digits: an id that reaches ipcrm's command line is exactly a number.
+_ROW = re.compile(r"\s*(-?[0-9]+)" + r"\s+([0-9]+)" * 13 + r"(\s.*)?", re.ASCII)
+_NOW = re.compile(r"now ([0-9]+)", re.ASCII)
+
+
 def parse_sysvipc_shm(lines: list[str]) -> list[Segment]:
     """The segments with no process attached, from ``/proc/sysvipc/shm`` plus a ``now N`` line.
+    A line that is not such a row (the header, anything else) is skipped.
 
     Columns: key shmid perms size cpid lpid nattch uid gid cuid cgid atime dtime ctime rss swap
     """
-    now = next((int(line.split()[1]) for line in lines if line.startswith("now ")), 0)
+    now = next((int(m.group(1)) for m in map(_NOW.fullmatch, lines) if m), 0)
     stale: list[Segment] = []
     for line in lines:
-        fields = line.split()
-        if len(fields) < 14 or not fields[1].isdigit():  # the header, the clock, anything else
+        row = _ROW.fullmatch(line.rstrip("\r\n"))
+        if not row or int(row.group(2)) > SHMID_MAX:
             continue
+        fields = row.groups()[:14]
         if int(fields[6]) != 0:
             continue
         last_used = max(int(fields[12]), int(fields[13]))  # dtime, ctime

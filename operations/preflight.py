@@ -4,12 +4,18 @@ Stages run on every node at once from the controller (one command per node per s
 every remote process is wrapped in ``timeout`` so nothing outlives its stage even if the
 controller is interrupted, and the probe listeners are also ended by PID when the stage is
 done. The verdicts are plain functions in ``trainfleet.preflight``.
+
+Node users are adversaries: every python runs with ``-I`` in a fresh root-only directory
+(never /tmp), and what a node prints is used in a later command only after a strict grammar
+accepted it (listener PIDs), quoted; what fails is reported for that node and not used.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from trainfleet.preflight import (
     collective_problems,
     hygiene_problems,
     isolate,
+    listener_pids,
     reachability_problems,
     shm_warnings,
 )
@@ -49,22 +56,85 @@ sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)
 true
 """
 
-# A listener that accepts and closes, for at most $3 seconds; prints its PID.
+# Where every python the preflight starts gets a fresh working directory of its own: root's
+# only, never /tmp or a home directory, whose files another user may have planted.
+RUN_DIR = "/run/trainfleet"
+REFUSED = "trainfleet: refused to run: "  # the line a node prints when its RUN_DIR is not safe
+STALE_MINUTES = 10  # a directory older than any stage is an interrupted run's: removed
+# (directories only: the node lock and staged uploads of operations/remote.py are files)
+
+
+def _checked_base(base: str) -> str:
+    """Shell lines: ``base`` exists (made 0700 if missing) and is a real directory of ours with
+    mode 700, else refuse; leftovers of interrupted runs in it are removed."""
+    b = shlex.quote(base)
+    refuse = shlex.quote(f"{REFUSED}{base} is not a directory of ours with mode 700")
+    return f"""umask 077
+install -d -m 700 {b} 2>/dev/null
+if [ -L {b} ] || [ ! -d {b} ] || [ "$(stat -c %u:%a {b})" != "$(id -u):700" ]; then echo {refuse}; exit 97; fi
+find {b} -mindepth 1 -maxdepth 1 -type d -mmin +{STALE_MINUTES} -exec rm -rf -- {{}} + 2>/dev/null
+"""
+
+
+def private_workdir(base: str = RUN_DIR) -> str:
+    """Shell lines that make a fresh directory under ``base``, cd into it, point TMPDIR at it,
+    and remove it when the script ends, however it ends. Every python is also started with
+    ``-I`` (no working or script directory on sys.path, no PYTHON* variables, no user site)."""
+    b = shlex.quote(base)
+    failed = shlex.quote(f"{REFUSED}mktemp failed in {base}")
+    return _checked_base(base) + f"""work=$(mktemp -d {b}/preflight.XXXXXXXX) || {{ echo {failed}; exit 97; }}
+trap 'cd / && rm -rf -- "$work"' EXIT
+trap 'exit 143' HUP INT TERM
+cd "$work" && export TMPDIR="$work" || exit 97
+"""
+
+
+def listener_workdir(token: str, base: str = RUN_DIR) -> str:
+    """Like ``private_workdir``, for processes that outlive the script: the directory is named
+    by the run's token (never by what a node printed) and removed when they are ended."""
+    work = shlex.quote(f"{base}/{token}")
+    exists = shlex.quote(f"{REFUSED}{base}/{token} exists")
+    return _checked_base(base) + f"""mkdir -m 700 {work} || {{ echo {exists}; exit 97; }}
+cd {work} && export TMPDIR={work} || exit 97
+"""
+
+
+# Listeners that accept and close, for at most $1 seconds, on each ADDR PORT pair after $2;
+# one `pid N` line each. $2, the run's token, is in each one's command line only to be found
+# there: the preflight ends only processes that carry it.
 _LISTEN = r"""
-addr=$1 port=$2 seconds=$3
-nohup timeout "$seconds" python3 -c '
+seconds=$1 token=$2; shift 2
+while [ $# -ge 2 ]; do
+  nohup timeout "$seconds" python3 -I -c '
 import socket, sys
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(128)
 while True:
     c, _ = s.accept(); c.close()
-' "$addr" "$port" >/dev/null 2>&1 &
-echo "pid $!"
+' "$1" "$2" "$token" >/dev/null 2>&1 &
+  echo "pid $!"
+  shift 2
+done
+"""
+
+# End the listeners by PID: only a root process (ours) whose command line carries this run's
+# token, so neither a PID reused since nor a line the node forged ends anything else; then
+# remove their working directory.
+_END_LISTENERS = r"""
+workdir=$1 token=$2; shift 2
+cd /
+for pid in "$@"; do
+  case $pid in ''|*[!0-9]*) continue ;; esac
+  [ "$(stat -c %u "/proc/$pid" 2>/dev/null)" = "$(id -u)" ] || continue
+  tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -e "$token" && kill "$pid" 2>/dev/null
+done
+rm -rf -- "$workdir"
+true
 """
 
 # Connect from this node's cluster address to each target (name=addr:port), 3 s each, in parallel.
 _PROBE = r"""
-timeout 10 python3 -c '
+timeout 10 python3 -I -c '
 import socket, sys, threading
 src = sys.argv[1]
 def probe(spec):
@@ -78,6 +148,12 @@ def probe(spec):
 threads = [threading.Thread(target=probe, args=(t,)) for t in sys.argv[2:]]
 [t.start() for t in threads]; [t.join() for t in threads]
 ' "$@"
+"""
+
+# The collective: $1 the pinned venv's python, $2 seconds, $3 the script, then its arguments.
+_COLLECTIVE_RUN = r"""
+python=$1 seconds=$2 script=$3; shift 3
+timeout -k 2 "$seconds" "$python" -I -c "$script" "$@"
 """
 
 
@@ -101,10 +177,20 @@ def _sh(script: str, *args: Any, bound: int | None = None) -> StringCommand:
     return StringCommand(*prefix, "sh", "-c", QuoteString(script), "trainfleet", *(QuoteString(str(a)) for a in args))
 
 
+def _python(script: str, *args: Any, bound: int | None = None) -> StringCommand:
+    """A stage script that runs python: in a private working directory, removed at the end."""
+    return _sh(private_workdir(RUN_DIR) + script, *args, bound=bound)
+
+
 def _collective_command(rank: int, world: int, master: str, port: int, backend: str, seconds: int) -> StringCommand:
-    return StringCommand("cd", "/tmp", "&&", "timeout", "-k", "2", str(seconds + 5), f"{VENV_DIR}/bin/python", "-c",
-                         QuoteString(COLLECTIVE), str(rank), str(world), QuoteString(master), str(port), backend,
-                         str(seconds))
+    return _python(_COLLECTIVE_RUN, f"{VENV_DIR}/bin/python", seconds + 5, COLLECTIVE,
+                   rank, world, master, port, backend, seconds, bound=seconds + 10)
+
+
+def _refusals(stage: str, out: dict[str, list[str]]) -> list[Problem]:
+    """A node whose private working directory could not be made safely ran nothing: named."""
+    return [Problem(stage, node, line[len("trainfleet: "):]) for node, lines in sorted(out.items())
+            for line in dict.fromkeys(lines) if line.startswith(REFUSED)]
 
 
 def _steps(lines: list[str]) -> list[dict[str, Any]]:
@@ -115,6 +201,12 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return steps
+
+
+def _printable(text: str, limit: int = 200) -> str:
+    """``text`` with anything but printable ASCII escaped (no terminal control sequences)."""
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in text[:limit])
 
 
 def parse_hygiene(lines: list[str]) -> dict[str, Any]:
@@ -128,7 +220,8 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
         kind, _, rest = line.partition(" ")
         if kind == "holder":  # an `ss -ltnp` line; the process is in users:((...))
             users = re.search(r"users:\(\(.*\)\)", rest)
-            data["port_holder"] = users.group(0) if users else "by a process ss cannot name"
+            # Any user names their own processes: nothing they chose reaches a terminal raw.
+            data["port_holder"] = _printable(users.group(0)) if users else "by a process ss cannot name"
         elif kind == "resolve":
             name, _, addr = rest.partition(" ")
             data["resolves"][name] = addr.strip()
@@ -141,7 +234,7 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
         elif kind == "env":
             key, _, value = rest.partition("=")
             data["env"][key] = value
-        elif kind == "slots" and rest.strip().isdigit():
+        elif kind == "slots" and re.fullmatch(r"[0-9]{1,6}", rest.strip(), re.ASCII):
             data["slots"] = int(rest)
     if data.get("cuda_visible_devices") and "visible_gpus" in data:
         data["visible_gpus"] = min(data["visible_gpus"], len(data["cuda_visible_devices"].split(",")))
@@ -171,15 +264,23 @@ def _reachability(state: State, cluster: Cluster, report: PreflightReport, maste
     listeners = {n.name: [(n.address, probe_port)] for n in cluster.nodes}
     if master_port_free:
         listeners[cluster.master.name].append((cluster.master.address, cluster.master_port))
+    token = f"trainfleet-preflight-{secrets.token_hex(8)}"  # this run's listeners carry it
     started = run_everywhere(state, {
-        node: StringCommand(*[part for addr, port in pairs for part in (_sh(_LISTEN, addr, port, seconds), ";")])
+        node: _sh(listener_workdir(token, RUN_DIR) + _LISTEN, seconds, token, *[v for pair in pairs for v in pair])
         for node, pairs in listeners.items()}, seconds)
-    pids = {node: [line.split()[1] for line in lines if line.startswith("pid ")] for node, lines in started.items()}
+    pids: dict[str, list[int]] = {}
+    for node, lines in sorted(started.items()):
+        pids[node], refused = listener_pids(lines)
+        report.problems += [Problem("reachability", node, f"printed {line[:80]!r} where a listener's PID belongs: "
+                                                          "not used (the listener ends by its timeout)")
+                            for line in refused]
+    report.problems += _refusals("reachability", started)
     try:
         targets = [f"{n.name}={n.address}:{probe_port}" for n in cluster.nodes]
         if master_port_free:
             targets.append(f"{cluster.master.name}:{cluster.master_port}={cluster.master.address}:{cluster.master_port}")
-        out = run_everywhere(state, {n.name: _sh(_PROBE, n.address, *targets) for n in cluster.nodes}, seconds)
+        out = run_everywhere(state, {n.name: _python(_PROBE, n.address, *targets) for n in cluster.nodes}, seconds)
+        report.problems += [p for p in _refusals("reachability", out) if p not in report.problems]
         matrix: dict[str, dict[str, str]] = {}
         for node, lines in out.items():
             row = {t.split("=", 1)[0]: "no answer" for t in targets}
@@ -191,9 +292,14 @@ def _reachability(state: State, cluster: Cluster, report: PreflightReport, maste
             matrix[node] = row
         report.details["reachability"] = matrix
         report.problems += reachability_problems(cluster, matrix)
-    finally:  # end the listeners we started, by PID (timeout ends them anyway)
-        run_everywhere(state, {node: StringCommand("kill", *ids, "2>/dev/null;", "true")
-                               for node, ids in pids.items() if ids}, 5)
+    finally:  # end the listeners we started, by PID (timeout ends them anyway), and their directory
+        run_everywhere(state, {node: end_listeners_command(token, pids.get(node, [])) for node in started}, 5)
+
+
+def end_listeners_command(token: str, pids: list[int]) -> StringCommand:
+    """Kill these PIDs (validated ints) if they are still this run's listeners; remove the
+    listeners' working directory."""
+    return _sh(_END_LISTENERS, f"{RUN_DIR}/{token}", token, *(str(int(pid)) for pid in pids))
 
 
 def _collective(state: State, cluster: Cluster, report: PreflightReport) -> bool:

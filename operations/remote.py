@@ -15,7 +15,7 @@ Every file trainfleet writes goes through ``write_command``:
   target's mode (and, as root, owner and SELinux context) and is renamed over it;
 - **serialised**: every write holds the node's trainfleet lock (``flock`` on a file in the
   root-only /run/trainfleet); a writer that cannot take it within LOCK_WAIT seconds fails,
-  naming the run that holds it.
+  naming the controller that holds it and since when.
 Content travels base64-encoded (any byte, no quoting question): as an argument when small
 and public, else uploaded to a unique name in /run/trainfleet (root only) and fed to the
 writer on its standard input. Private keys are always uploaded, never on a command line.

@@ -9,13 +9,14 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
-from facts.shm import StaleSharedMemory
+from facts.shm import SHMID_MAX, Segment, StaleSharedMemory
 from operations.gather import fact
 
 # Remove each segment only if it is still unattached at this moment: a process that
-# attached since the fact was read keeps its segment.
+# attached since the fact was read keeps its segment. Ids are digits only, checked here too.
 _REMOVE = r"""
 for id in "$@"; do
+  case $id in ''|*[!0-9]*) echo "refused $id (not a shmid)"; continue ;; esac
   if awk -v id="$id" '$2 == id && $7 == 0 { found = 1 } END { exit !found }' /proc/sysvipc/shm; then
     ipcrm -m "$id" && echo "removed $id"
   else
@@ -43,4 +44,14 @@ def stale_segments_removed(min_idle_seconds: int = 60):
     if not stale:
         host.noop(f"no shared memory segment unattached for {min_idle_seconds} s or more")
         return
-    yield StringCommand("sh", "-c", QuoteString(_REMOVE), "trainfleet", *(str(s["shmid"]) for s in stale))
+    yield remove_command(stale)
+
+
+def remove_command(segments: list[Segment]) -> StringCommand:
+    """The command that removes these segments; each id must be an int in the kernel's range
+    (the fact's parser gives nothing else), so nothing the node printed reaches the shell as text."""
+    ids = [s["shmid"] for s in segments]
+    bad = [i for i in ids if type(i) is not int or not 0 <= i <= SHMID_MAX]
+    if bad:
+        raise ValueError(f"not shared memory ids: {bad!r}")
+    return StringCommand("sh", "-c", QuoteString(_REMOVE), "trainfleet", *(QuoteString(str(i)) for i in ids))

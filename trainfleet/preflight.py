@@ -7,6 +7,7 @@ problems that name the node (or the link) and the cause. No host is touched here
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -59,6 +60,26 @@ class PreflightReport:
             rows.append(cells)
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+PID_MAX = 4_194_304  # the kernel's PID_MAX_LIMIT: no PID is larger
+_PID_LINE = re.compile(r"pid ([1-9][0-9]{0,6})", re.ASCII)
+
+
+def listener_pids(lines: list[str]) -> tuple[list[int], list[str]]:
+    """The PIDs in a node's ``pid N`` lines, and the ``pid`` lines that are not exactly that
+    (digits only, within the kernel's range): those are never put in a command."""
+    pids: list[int] = []
+    refused: list[str] = []
+    for line in lines:
+        if not line.startswith("pid"):
+            continue
+        match = _PID_LINE.fullmatch(line.rstrip("\r\n"))
+        if match and int(match.group(1)) <= PID_MAX:
+            pids.append(int(match.group(1)))
+        else:
+            refused.append(line)
+    return pids, refused
 
 
 def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected_env: dict[str, dict[str, str]],

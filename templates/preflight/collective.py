@@ -1,6 +1,8 @@
 # The preflight's collective, run by every node's pinned venv python at once (one rank per
 # node). Prints one JSON line per step, so the controller knows how far each rank got even
 # when the run is cut off. Arguments: RANK WORLD MASTER_ADDR MASTER_PORT BACKEND TIMEOUT
+# Run as `python -I -c` in a private root-only directory: no module a node user planted in the
+# working directory (or named in PYTHON* variables) is imported instead of the standard library's.
 import json
 import socket
 import sys

@@ -67,7 +67,8 @@ def test_a_stale_segment_is_reported_for_its_node_and_removed_only_on_request(mp
     assert seen["node1"] == [] and seen["node3"] == []
 
     # The cluster deploy never removes it; neither does the cleanup while it is younger than its bound.
-    assert pyinfra(LAB_INVENTORY, DEPLOY).changed() == {}
+    deploy = pyinfra(LAB_INVENTORY, DEPLOY)
+    assert deploy.returncode == 0 and deploy.changed() == {}, deploy.describe()
     young = pyinfra(LAB_INVENTORY, CLEANUP)
     assert young.returncode == 0 and young.changed() == {}
     assert str(shmid) in lab.ssh("node2", "ipcs -m")

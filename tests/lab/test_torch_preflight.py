@@ -4,6 +4,7 @@ each injected fault named by node and cause in bounded time, with nothing left r
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import time
@@ -16,6 +17,11 @@ PREFLIGHT = "deploy/preflight.py"
 BOUND = 60  # seconds: the issue's limit for naming any of these faults
 # Our remote processes, by their scripts ("[p]" keeps pgrep from matching this very shell).
 LEFTOVERS = "pgrep -f \"[p]reflight's collective|s[.]listen[(]128[)]\" || true"
+# Modules a node user (or anyone who could write there) leaves where a `python -c` started in
+# /tmp or in root's home would import them before the standard library's; each leaves a
+# marker when imported. sitecustomize and os would be found only on a path set before startup.
+PLANTED_BY_USER = ["json", "socket", "torch", "os", "sitecustomize", "threading", "datetime"]
+PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 
 
 def preflight(inventory: str):
@@ -166,3 +172,34 @@ def test_an_interrupted_preflight_leaves_nothing_running(torch_lab):
         assert_nothing_left_running(lab)
     finally:
         deploy_twice(inventory, "deploy/cluster.py")
+
+
+def _plant(directory: str, module: str) -> str:
+    """A shell line that writes ``directory/module.py``, which leaves a marker when imported."""
+    marker = f"/tmp/PWNED-{directory.strip('/')}-{module}"
+    code = f"open({marker!r}, 'w').close()"
+    return f"echo {shlex.quote(code)} > {directory}/{module}.py\n"
+
+
+def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
+    lab, inventory = torch_lab
+    for node in NODES:
+        lab.ssh(node, "id mallory >/dev/null 2>&1 || useradd -M -s /bin/sh mallory")
+        lab.ssh(node, "runuser -u mallory -- sh", input="".join(_plant("/tmp", m) for m in PLANTED_BY_USER))
+        lab.ssh(node, "sh", input="".join(_plant("/root", m) for m in PLANTED_IN_ROOTS_HOME))
+        assert lab.ssh(node, "stat -c %U /tmp/json.py").strip() == "mallory"
+    try:
+        run, report, _ = preflight(inventory)
+        ran = {node: lab.ssh(node, "ls /tmp/PWNED-* 2>/dev/null || true").split() for node in NODES}
+        assert ran == {node: [] for node in NODES}, "planted modules ran as root"
+        assert run.returncode == 0, run.describe()
+        assert report["ok"] is True and report["stages"] == {"hygiene": "ok", "reachability": "ok", "collective": "ok"}
+        for node in NODES:
+            # The private working directories are made under a root-only directory and removed.
+            assert lab.ssh(node, "stat -c '%u %a %F' /run/trainfleet").strip() == "0 700 directory"
+            assert lab.ssh(node, "ls -A /run/trainfleet").strip() == ""
+        assert_nothing_left_running(lab)
+    finally:
+        planted = [f"/tmp/{m}.py" for m in PLANTED_BY_USER] + [f"/root/{m}.py" for m in PLANTED_IN_ROOTS_HOME]
+        for node in NODES:
+            lab.ssh(node, f"rm -f {' '.join(planted)} /tmp/PWNED-*; userdel mallory 2>/dev/null; true")

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
 from operations.preflight import parse_hygiene
 from trainfleet import Cluster
-from trainfleet.preflight import collective_problems, hygiene_problems, isolate
+from trainfleet.preflight import PreflightReport, collective_problems, hygiene_problems, isolate, listener_pids
 
 CLUSTER = Cluster.parse("""\
 nodes:
@@ -88,3 +97,162 @@ def test_the_collective_names_a_rank_with_other_versions_and_ranks_that_never_jo
 def test_isolation_blames_the_failing_pairs_node_or_the_master_when_all_fail():
     assert [p.node for p in isolate(CLUSTER, {"gpu-a02": True, "gpu-a03": False})] == ["gpu-a03"]
     assert [p.node for p in isolate(CLUSTER, {"gpu-a02": False, "gpu-a03": False})] == ["gpu-a01"]
+
+
+# --- what the node printed never becomes a command unchecked; every python runs isolated ---
+
+HOSTILE_PID_LINES = ["pid 1; rm -rf /", "pid $(id)", "pid `id`", "pid 12 13", "pid -1", "pid 0", "pid 0x10",
+                     "pid 99999999", "pid \u0661\u0662", "pid 12\n; id", "pid", "pid 4242&&id"]
+
+
+def test_only_exact_decimal_pids_in_range_are_taken_the_rest_is_refused():
+    pids, refused = listener_pids(["pid 4242", *HOSTILE_PID_LINES, "resolve x", "pid 4194304"])
+    assert pids == [4242, 4194304]
+    assert refused == HOSTILE_PID_LINES
+
+
+def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(monkeypatch):
+    import operations.preflight as preflight
+
+    sent: list[str] = []
+    listener_output = {"gpu-a01": ["pid 4242", "pid 4243"], "gpu-a02": ["pid 1; rm -rf /", "pid $(id)", "pid 77"],
+                       "gpu-a03": ["pid 5000"]}
+
+    def run_everywhere(state, commands, seconds):
+        sent.extend(c.get_raw_value() for c in commands.values())
+        if len(sent) == len(commands):  # the first call starts the listeners
+            return listener_output
+        return {node: [f"ok {n.name}" for n in CLUSTER.nodes] + ["ok gpu-a01:29500"] for node in commands}
+
+    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="c", nodes=[n.name for n in CLUSTER.nodes])
+    preflight._reachability(None, CLUSTER, report, master_port_free=True)
+    assert [(p.node, p.cause) for p in report.problems] == [
+        ("gpu-a02", "printed 'pid 1; rm -rf /' where a listener's PID belongs: not used (the listener ends by its "
+                    "timeout)"),
+        ("gpu-a02", "printed 'pid $(id)' where a listener's PID belongs: not used (the listener ends by its timeout)")]
+    kills = {c.split("' trainfleet ", 1)[1] for c in sent if "/proc/$pid/cmdline" in c}  # their arguments
+    (token,) = {args.split()[1] for args in kills}  # one token for the run
+    assert kills == {f"/run/trainfleet/{token} {token} 4242 4243", f"/run/trainfleet/{token} {token} 77",
+                     f"/run/trainfleet/{token} {token} 5000"}
+    listeners = [c for c in sent if "s.listen(128)" in c]
+    assert len(listeners) == 3 and all(f"' trainfleet 20 {token} 192.0.2.1" in c for c in listeners)
+
+
+def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passed(tmp_path, monkeypatch):
+    import operations.preflight as preflight
+
+    monkeypatch.setattr(preflight, "RUN_DIR", str(tmp_path))
+
+    token = "trainfleet-preflight-0123456789abcdef"
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    ours = subprocess.Popen([*sleep, token])  # carries the token, as a listener does
+    other = subprocess.Popen([*sleep, "trainfleet-preflight-ffffffffffffffff"])  # another run's
+    try:
+        command = preflight.end_listeners_command(token, [ours.pid, other.pid])
+        subprocess.run(["sh", "-c", command.get_raw_value()], check=True, timeout=10)
+        assert ours.wait(timeout=5) == -15
+        assert other.poll() is None
+    finally:
+        for p in (ours, other):
+            p.kill()
+            p.wait()
+    with pytest.raises(ValueError):
+        preflight.end_listeners_command(token, ["1; id"])  # type: ignore[list-item]
+
+
+def _run_stage(command, cwd, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", command.get_raw_value()], cwd=cwd, capture_output=True, text=True, timeout=30,
+                          env={**os.environ, **env})
+
+
+def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustomize")):
+    for module in modules:
+        (directory / f"{module}.py").write_text(f"open({str(directory / ('PWNED-' + module))!r}, 'w').close()\n")
+
+
+def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(tmp_path, monkeypatch):
+    import operations.preflight as preflight
+
+    base = tmp_path / "run"
+    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
+    planted = tmp_path / "tmp"
+    planted.mkdir()
+    _plant(planted)
+    # Started from the planted directory, with it on PYTHONPATH too: nothing there is imported.
+    probe = preflight._python(preflight._PROBE, "127.0.0.1", "closed=127.0.0.1:1")
+    done = _run_stage(probe, planted, PYTHONPATH=str(planted))
+    assert done.stdout.startswith("fail closed ConnectionRefusedError"), done
+    assert sorted(p.name for p in planted.glob("PWNED-*")) == []
+    assert base.is_dir() and oct(base.stat().st_mode & 0o777) == "0o700" and list(base.iterdir()) == []
+
+
+def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(tmp_path, monkeypatch):
+    import operations.preflight as preflight
+
+    base = tmp_path / "run"
+    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
+    planted = tmp_path / "tmp"
+    planted.mkdir()
+    _plant(planted)
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "trainfleet-preflight-00112233aabbccdd"
+    start = preflight._sh(preflight.listener_workdir(token, str(base)) + preflight._LISTEN,
+                          20, token, "127.0.0.1", port)
+    pids, refused = listener_pids(_run_stage(start, planted, PYTHONPATH=str(planted)).stdout.splitlines())
+    assert len(pids) == 1 and refused == []
+    try:
+        assert (base / token).is_dir() and os.readlink(f"/proc/{pids[0]}/cwd") == str(base / token)
+        for _ in range(50):  # it binds within moments
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the listener never listened")
+        assert list(planted.glob("PWNED-*")) == []
+        subprocess.run(["sh", "-c", preflight.end_listeners_command(token, pids).get_raw_value()], check=True)
+        for _ in range(50):
+            if not os.path.exists(f"/proc/{pids[0]}") or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the listener was not ended")
+        assert list(base.iterdir()) == []
+    finally:
+        subprocess.run(["kill", str(pids[0])], capture_output=True)
+
+
+def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(tmp_path, monkeypatch):
+    import operations.preflight as preflight
+
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir(mode=0o777)
+    base = tmp_path / "run"
+    base.symlink_to(elsewhere)
+    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
+    done = _run_stage(preflight._python("echo ran"), tmp_path)
+    assert done.returncode == 97 and done.stdout == f"trainfleet: refused to run: {base} is not a directory of ours " \
+                                                   "with mode 700\n"
+    assert list(elsewhere.iterdir()) == []
+    assert [(p.node, p.cause) for p in preflight._refusals("reachability", {"gpu-a01": [done.stdout.strip()]})] == [
+        ("gpu-a01", f"refused to run: {base} is not a directory of ours with mode 700")]
+
+
+def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
+    import operations.preflight as preflight
+
+    scripts = {"listen": preflight._LISTEN, "probe": preflight._PROBE, "collective": preflight._COLLECTIVE_RUN}
+    for name, script in scripts.items():
+        starts = re.findall(r'(?:python3|"\$python")( -\S+)? -c', script)
+        assert starts and all(flag == " -I" for flag in starts), name
+    collective = preflight._collective_command(0, 3, "192.0.2.11", 29500, "gloo", 25).get_raw_value()
+    assert "/tmp" not in collective.replace(preflight.COLLECTIVE, "") and "mktemp -d /run/trainfleet/" in collective
+    assert " -I -c " in collective and "/opt/trainfleet/venv/bin/python" in collective
+
+
+def test_a_port_holders_name_reaches_the_report_without_control_characters():
+    holder = 'holder LISTEN 0 128 0.0.0.0:29500 0.0.0.0:* users:(("\x1b]0;owned\x07x",pid=4242,fd=3))'
+    assert parse_hygiene([holder])["port_holder"] == 'users:(("\\x1b]0;owned\\x07x",pid=4242,fd=3))'

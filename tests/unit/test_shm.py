@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from facts.shm import StaleSharedMemory, parse_sysvipc_shm
+from operations.shm import remove_command
 from operations.preflight import parse_hygiene
 from trainfleet.preflight import shm_warnings
 
@@ -53,3 +56,27 @@ def test_the_preflight_warns_per_node_and_says_how_to_remove_them():
     assert str(warning).startswith("hygiene: 2 stale System V shared memory segments (2.0 GiB) with no process")
     assert "shmid 32769 (2.0 GiB, idle 1 h)" in warning.cause and "shmid 32770 (4.0 KiB, idle 1 min)" in warning.cause
     assert warning.cause.endswith("remove with: pyinfra -y inv.py deploy/shm_cleanup.py")
+
+
+def test_rows_that_are_not_exactly_numbers_are_skipped_so_no_such_id_reaches_ipcrm():
+    row = SYSVIPC.splitlines()[2]  # the crashed job's segment
+    hostile = [row.replace("32769", "1;id", 1), row.replace("32769", "\u0663\u0662\u0667", 1),  # Arabic-Indic digits
+               row.replace("32769", "\u00b3", 1), row.replace("32769", "99999999999", 1),
+               row.replace(" 0 ", " x ", 1), "now 17953677OO"]
+    assert parse_sysvipc_shm(hostile) == []
+    assert [s["shmid"] for s in parse_sysvipc_shm([*hostile, row])] == [32769]
+
+
+def test_the_removal_command_takes_only_int_ids_quoted_and_its_script_refuses_anything_else(tmp_path):
+    stale = parse_sysvipc_shm(SYSVIPC.splitlines())
+    assert remove_command(stale).get_raw_value().endswith("' trainfleet 32769 32770")
+    for bad in ("1; id", True, -1, 2**31):
+        with pytest.raises(ValueError):
+            remove_command([{**stale[0], "shmid": bad}])
+    # The script checks again: what is not digits is refused, never run or passed to ipcrm.
+    script = remove_command([]).get_raw_value()
+    done = subprocess.run(["sh", "-c", f"{script} '1;touch {tmp_path}/ran' '$(touch {tmp_path}/ran)'"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == [f"refused 1;touch {tmp_path}/ran (not a shmid)",
+                                        f"refused $(touch {tmp_path}/ran) (not a shmid)"]
+    assert list(tmp_path.iterdir()) == []
