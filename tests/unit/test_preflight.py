@@ -171,14 +171,21 @@ def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustom
         (directory / f"{module}.py").write_text(f"open({str(directory / ('PWNED-' + module))!r}, 'w').close()\n")
 
 
-def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(tmp_path, monkeypatch):
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted modules)."""
     import operations.preflight as preflight
 
     base = tmp_path / "run"
     monkeypatch.setattr(preflight, "RUN_DIR", str(base))
-    planted = tmp_path / "tmp"
-    planted.mkdir()
-    _plant(planted)
+    modules = tmp_path / "tmp"
+    modules.mkdir()
+    _plant(modules)
+    return preflight, base, modules
+
+
+def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(planted):
+    preflight, base, planted = planted
     # Started from the planted directory, with it on PYTHONPATH too: nothing there is imported.
     probe = preflight._python(preflight._PROBE, "127.0.0.1", "closed=127.0.0.1:1")
     done = _run_stage(probe, planted, PYTHONPATH=str(planted))
@@ -187,14 +194,8 @@ def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(tmp_p
     assert base.is_dir() and oct(base.stat().st_mode & 0o777) == "0o700" and list(base.iterdir()) == []
 
 
-def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(tmp_path, monkeypatch):
-    import operations.preflight as preflight
-
-    base = tmp_path / "run"
-    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
-    planted = tmp_path / "tmp"
-    planted.mkdir()
-    _plant(planted)
+def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
+    preflight, base, planted = planted
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
