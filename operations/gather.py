@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import gevent.pool
@@ -15,6 +16,24 @@ from pyinfra.context import ctx_host, ctx_state
 T = TypeVar("T")
 
 
+class RunFacts:
+    """What one pyinfra run has gathered, held on its ``State`` (gone with it, never shared
+    between runs): results computed once per run, the one-command fact reads per host, and
+    facts an operation lends to the operations it composes."""
+
+    def __init__(self) -> None:
+        self.once: dict[str, AsyncResult] = {}
+        self.read: dict[str, dict[tuple[Any, ...], Any]] = {}  # host name -> {fact key: value}
+        self.lent: dict[str, dict[tuple[Any, ...], Any]] = {}
+
+
+def run_facts(state: State) -> RunFacts:
+    facts = getattr(state, "trainfleet_facts", None)
+    if facts is None:
+        facts = state.trainfleet_facts = RunFacts()
+    return facts
+
+
 def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     """``{node name: fact}`` from every active host, one remote command each, in parallel.
 
@@ -23,7 +42,7 @@ def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     """
     hosts = list(state.inventory.get_active_hosts())
     key = _key(fact, kwargs)
-    stores = [_read.get((id(state), h.name)) for h in hosts]
+    stores = [run_facts(state).read.get(h.name) for h in hosts]
     if hosts and all(store is not None and key in store for store in stores):
         return {h.data.get("trainfleet_node", h.name): store[key] for h, store in zip(hosts, stores)}
 
@@ -36,9 +55,6 @@ def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     return {host.data.get("trainfleet_node", host.name): result for host, result in zip(hosts, results)}
 
 
-_once: dict[tuple[int, str], AsyncResult] = {}
-
-
 def once_per_run(name: str, compute: Callable[[State], T]) -> T:
     """``compute(state)`` once per pyinfra run, however many hosts' deploys ask for it.
 
@@ -46,11 +62,11 @@ def once_per_run(name: str, compute: Callable[[State], T]) -> T:
     facts, the others wait here for its result instead of gathering again (N x N execs).
     """
     state = ctx_state.get()
-    key = (id(state), name)
-    if key in _once:
-        return _once[key].get()
+    once = run_facts(state).once
+    if name in once:
+        return once[name].get()
     result: AsyncResult = AsyncResult()
-    _once[key] = result
+    once[name] = result
     try:
         value = compute(state)
     except BaseException as exc:
@@ -58,10 +74,6 @@ def once_per_run(name: str, compute: Callable[[State], T]) -> T:
         raise
     result.set(value)
     return value
-
-
-# (state, host) -> {(fact, its arguments): value}: what read_once gathered for this run.
-_read: dict[tuple[int, str], dict[tuple[Any, ...], Any]] = {}
 
 
 def _key(fact: type, kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -79,16 +91,36 @@ def read_once(bundle: type[FactBase], **kwargs: Any) -> None:
         hosts = {h.data.get("trainfleet_node", h.name): h for h in state.inventory.get_active_hosts()}
         for node, sections in gather_fact(state, bundle, **kwargs).items():
             if sections:  # a host that could not be read asks again, and fails, in its operations
-                _read[(id(state), hosts[node].name)] = {
+                run_facts(state).read[hosts[node].name] = {
                     _key(cls, fact_kwargs): sections[name] for name, (cls, fact_kwargs) in parts.items()}
 
     once_per_run(f"read once: {bundle.__name__}", compute)
 
 
 def fact(cls: type[FactBase], **kwargs: Any) -> Any:
-    """The current host's fact: from this run's ``read_once`` if it read it, else read now."""
-    store = _read.get((id(ctx_state.get()), current_host.name))
+    """The current host's fact: lent by a composing operation, or from this run's
+    ``read_once``, else read now (a deploy that did not read once, fixture tests).
+
+    A host whose facts ``read_once`` gathered asking for one it did not gather is a bug (the
+    bundle's list and the operations disagree): it raises instead of costing a round trip.
+    """
+    facts = run_facts(ctx_state.get())
     key = _key(cls, kwargs)
-    if store is not None and key in store:
-        return store[key]
+    for store in (facts.lent.get(current_host.name), facts.read.get(current_host.name)):
+        if store is not None and key in store:
+            return store[key]
+    if current_host.name in facts.read:
+        raise RuntimeError(f"{cls.__name__}({kwargs}) was not gathered by read_once: add it to the bundle's parts")
     return current_host.get_fact(cls, **kwargs)
+
+
+@contextmanager
+def lent(cls: type[FactBase], value: Any, **kwargs: Any) -> Iterator[None]:
+    """While composing operations: ``fact(cls, **kwargs)`` answers ``value`` for this host."""
+    store = run_facts(ctx_state.get()).lent.setdefault(current_host.name, {})
+    key = _key(cls, kwargs)
+    store[key] = value
+    try:
+        yield
+    finally:
+        store.pop(key, None)

@@ -16,7 +16,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.pdsh import OsFamilyT
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
-from operations.gather import fact
+from operations.gather import fact, lent
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 
@@ -67,14 +67,9 @@ _VERSIONLOCK = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-vers
 Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
 
 
-# The fact ``software`` read for a host, lent to the operations it composes: pyinfra does
-# not cache facts, and StackVersions imports torch on the node (seconds), so once is enough.
-_prefetched: dict[str, StackVersionsT] = {}
-
-
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
-    if host.name in _prefetched:
-        return _prefetched[host.name]
+    # ``software`` lends the fact it read to the operations it composes (gather.lent):
+    # StackVersions imports torch on the node (seconds), so once is enough.
     return fact(StackVersions, venv=venv)
 
 
@@ -461,9 +456,10 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "gcc", "torch")):
         host.noop("no stack component is pinned")
         return
-    _prefetched[host.name] = fact(StackVersions, venv=venv)
     commands = []
-    try:
+    current = fact(StackVersions, venv=venv)
+    # Lent under the venv the torch part asks with and the default the package parts ask with.
+    with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
         if any(pins.get(key) for key in ("cuda", "cudnn", "nccl")):
             commands += cuda_repo._inner(
                 mirror=pins.get("cuda_repo") or NVIDIA_REPOS, insecure=bool(pins.get("insecure", False)),
@@ -475,8 +471,6 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
             commands += torch_venv._inner(venv=venv, torch_version=pins["torch"], variant=pins.get("torch_cuda") or "cpu",
                                           index_url=pins.get("torch_index"), wheelhouse=pins.get("wheelhouse"),
                                           allow_change=bool(pins.get("allow_change")))
-    finally:
-        _prefetched.pop(host.name, None)
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes
         yield refusals[0]
