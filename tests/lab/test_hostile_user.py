@@ -78,11 +78,13 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
 def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
     lab, inventory = hostile
     before = lab.ssh("node3", SNAPSHOT)
-    # For the length of a deploy (bounded), replace every temp file trainfleet makes in her
+    # For the length of two deploys (bounded in count and by timeout), replace every temp file trainfleet makes in her
     # directories with a link to /etc/shadow, as fast as she can.
-    swap = ("mkdir -p ~/.ssh ~/.openmpi; end=$(($(date +%s) + 40)); while [ $(date +%s) -lt $end ]; do "
-            "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.*; do "
-            "[ -f \"$f\" ] && [ ! -L \"$f\" ] && rm -f \"$f\" && ln -s /etc/shadow \"$f\"; done; done")
+    # (temp names of today's writer, .trainfleet.XXXXXX, and of earlier ones, FILE.trainfleet.XXXXXX)
+    swap = ("mkdir -p ~/.ssh ~/.openmpi; i=0; while [ $i -lt 3000000 ]; do i=$((i + 1)); "
+            "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.* ~/.ssh/*.trainfleet.* ~/.openmpi/*.trainfleet.*; do "
+            "[ -f \"$f\" ] && [ ! -L \"$f\" ] && rm -f \"$f\" && ln -s /etc/shadow \"$f\" && echo \"$f\" >> ~/swapped; "
+            "done; done")
     pid = lab.ssh("node3", ALICE + _q(f"nohup timeout 60 sh -c {_q(swap)} >/dev/null 2>&1 & echo $!")).strip()
     assert pid.isdigit()
     try:
@@ -90,5 +92,6 @@ def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
             pyinfra(inventory, DEPLOY)  # her own files may fail to converge; that is her doing
     finally:
         lab.ssh("node3", f"kill {pid} 2>/dev/null; true")
-    assert lab.ssh("node3", SNAPSHOT) == before
+    swapped = lab.ssh("node3", "cat /home/alice/swapped 2>/dev/null || true").split()
+    assert lab.ssh("node3", SNAPSHOT) == before, f"root's files changed; alice swapped {swapped}"
     assert lab.ssh("node3", "true") == ""
