@@ -18,7 +18,6 @@ from operations.launchers import LAUNCHER_FILES, render_launchers
 from operations.render import render, render_lines
 from operations.report import publish
 from operations.report import report_path as report_file
-from operations.ssh_mesh import controller_known_keys
 from operations.stack import package_pins, torch_requirement
 from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME
@@ -26,7 +25,7 @@ from trainfleet.drift import ABSENT, Report, compare, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived, derive, uniform_variables
+from trainfleet.nccl import Derived, derive_cluster, uniform_variables
 from trainfleet.openmpi import cluster_params
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
@@ -152,12 +151,8 @@ def _report(state, cluster: Cluster) -> Report:
     fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[n.name for n in cluster.nodes])
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
     unreachable = {n.name: "could not connect or read its facts" for n in cluster.nodes if n.name not in reachable}
-    host_keys = {name: fp["host_keys"] for name, fp in reachable.items()}
-    for node in cluster.nodes:  # as the deploy does: a down node's keys from the controller's known_hosts
-        if node.name not in host_keys:
-            host_keys[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
-    derived = {n.name: derive(n.address, n.nccl, reachable[n.name]["network"]["interfaces"],
-                              reachable[n.name]["network"]["ib_ports"]) for n in cluster.nodes if n.name in reachable}
+    host_keys, _ = mesh.cluster_host_keys(cluster, {name: fp["host_keys"] for name, fp in reachable.items()})
+    derived = derive_cluster(cluster, {name: fp["network"] for name, fp in reachable.items()})
     observed = {name: observe(fp, cluster.mesh_users) for name, fp in reachable.items()}
     for name, fp in reachable.items():
         stale = stale_lines(fp["hosts"]["outside"], {k.lower(): v for k, v in cluster.address_of_name().items()})

@@ -12,25 +12,17 @@ from operations.remote import fail_command, write_file_command
 from operations.render import render, render_lines
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster
-from trainfleet.nccl import ENV_PURPOSE, Derived, derive, gid_disagreement
+from trainfleet.nccl import ENV_PURPOSE, Derived, derive_cluster
 
 
 def cluster_nccl_env(cluster: Cluster) -> dict[str, Derived]:
     """Every reachable node's derived environment, from one NcclNetwork fact per node per run.
 
-    Cross-node rules are checked here: RoCE nodes must agree on the GID index, and
-    differing interface names are pointed out (launchers forward one node's value).
+    The cross-node rules are the model's (``derive_cluster``); differing interface names are
+    pointed out here (launchers forward one node's value).
     """
     def compute(state) -> dict[str, Derived]:
-        networks = gather_fact(state, NcclNetwork)
-        derived = {node.name: derive(node.address, node.nccl, networks[node.name]["interfaces"],
-                                     networks[node.name]["ib_ports"])
-                   for node in cluster.nodes if networks.get(node.name) is not None}
-        disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
-        if disagreement:
-            for d in derived.values():
-                if d.gid_index is not None:
-                    d.problems.append(disagreement)
+        derived = derive_cluster(cluster, gather_fact(state, NcclNetwork))
         names = {d.interface for d in derived.values() if d.interface}
         if len(names) > 1:
             logger.warning(f"cluster interfaces differ between nodes ({', '.join(sorted(names))}): each node gets "

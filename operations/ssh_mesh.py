@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
-import paramiko
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
 
@@ -21,6 +19,7 @@ from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
 from operations.render import render_lines
+from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair
 from trainfleet.model import Cluster
@@ -33,23 +32,13 @@ def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
     controller's known_hosts, which pyinfra itself verified it against before.
     """
     def compute(state) -> dict[str, list[str]]:
-        gathered = {name: keys for name, keys in gather_fact(state, SshHostKeys).items() if keys}
-        for node in cluster.nodes:
-            if node.name not in gathered:
-                gathered[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
-                logger.warning(f"[{node.name}] not reachable: its host keys come from the controller's "
-                               f"known_hosts ({len(gathered[node.name])} found)")
-        return gathered
+        keys, fallback = mesh.cluster_host_keys(cluster, gather_fact(state, SshHostKeys))
+        for name in fallback:
+            logger.warning(f"[{name}] not reachable: its host keys come from the controller's "
+                           f"known_hosts ({len(keys[name])} found)")
+        return keys
 
     return once_per_run("ssh host keys", compute)
-
-
-def controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
-    path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
-    if not path.exists():
-        return []
-    entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
-    return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
 
 
 @operation()

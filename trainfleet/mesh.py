@@ -6,6 +6,10 @@ the operations in operations/ssh_mesh.py only put these lines in place.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import paramiko
+
 from trainfleet.keystore import KeyPair, KeyStore
 from trainfleet.model import Cluster, Node
 
@@ -32,3 +36,27 @@ def authorized_lines(cluster: Cluster, user: str, keys: KeyStore) -> list[str]:
 def identity(user: str, node: Node, keys: KeyStore) -> KeyPair | None:
     """The key the node uses to reach its peers; None once revoked."""
     return None if keys.is_revoked(user, node.name) else keys.keypair(user, node.name)
+
+
+def cluster_host_keys(cluster: Cluster, gathered: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
+    """(every node's host keys, the nodes whose keys came from the controller's known_hosts).
+
+    A node that gave none this run (down, unreadable) keeps its entry from the controller's
+    known_hosts, which pyinfra itself verified it against before. The deploy writes these
+    and drift expects these.
+    """
+    keys = {name: found for name, found in gathered.items() if found}
+    fallback = [node.name for node in cluster.nodes if node.name not in keys]
+    for node in cluster.nodes:
+        if node.name in fallback:
+            keys[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
+    return keys, fallback
+
+
+def controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
+    """A node's host keys in the controller's known_hosts (``type base64``, sorted)."""
+    path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
+    if not path.exists():
+        return []
+    entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
+    return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from ipaddress import ip_interface
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from trainfleet.model import Cluster
 
 ENV_PURPOSE = "nccl environment"
 NEVER = ("lo", "docker", "virbr", "veth", "cni", "flannel", "cali")  # never the cluster interface
@@ -153,6 +157,22 @@ def gid_disagreement(gid_by_node: dict[str, int | None]) -> str | None:
     if len(set(values.values())) > 1:
         return "NCCL_IB_GID_INDEX differs between nodes: " + ", ".join(f"{n}={i}" for n, i in sorted(values.items()))
     return None
+
+
+def derive_cluster(cluster: Cluster, networks: Mapping[str, Any]) -> dict[str, Derived]:
+    """Every node whose network was read (``networks``: node -> NcclNetwork fact, or None),
+    derived with the cross-node rules applied: RoCE nodes that disagree on the GID index
+    get that as a problem. The deploy writes from this and drift expects this, so drift never
+    expects files the deploy would refuse to write."""
+    derived = {node.name: derive(node.address, node.nccl, networks[node.name]["interfaces"],
+                                 networks[node.name]["ib_ports"])
+               for node in cluster.nodes if networks.get(node.name) is not None}
+    disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
+    if disagreement:
+        for d in derived.values():
+            if d.gid_index is not None:
+                d.problems.append(disagreement)
+    return derived
 
 
 def uniform_variables(env_by_node: dict[str, dict[str, str]]) -> list[str]:
