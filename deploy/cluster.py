@@ -9,6 +9,7 @@ from operations import gather, hosts, launchers, nccl_env, openmpi, pdsh, ssh_me
 from trainfleet import mesh
 from trainfleet.inventory import this_node
 from trainfleet.keystore import KeyStore
+from trainfleet.launchers import render_launchers
 from trainfleet.nccl import Derived, uniform_variables
 
 cluster, node = this_node()
@@ -47,5 +48,5 @@ openmpi.mca_params(name="OpenMPI network (~/.openmpi/mca-params.conf)", users=cl
 
 # Launchers: DeepSpeed, OpenMPI, Horovod, accelerate, torchrun and ColossalAI, all from the spec.
 uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
-launchers.launcher_files(name="Launcher configs", files=launchers.render_launchers(
+launchers.launcher_files(name="Launcher configs", files=render_launchers(
     cluster, node, forward={k: v for k, v in mine.env.items() if k in uniform}, mca=mca))

@@ -8,6 +8,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block import FILE_FN, BlockState, block_state, file_text, read_file_lines
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
+from trainfleet.osfamily import OsFamilyT, os_family
 
 PDSH_PURPOSE = "pdsh nodes"
 
@@ -18,13 +19,6 @@ for f in "$@"; do tf_file "$f" "$f"; done
 """
 
 
-class OsFamilyT(TypedDict):
-    id: str
-    family: str  # debian | rhel | unknown
-    version: str
-    package_manager: str | None  # apt | dnf | yum
-
-
 class PdshStateT(TypedDict):
     os: OsFamilyT
     installed: bool
@@ -32,17 +26,6 @@ class PdshStateT(TypedDict):
     profile: str | None
     genders: BlockState
     machines: BlockState
-
-
-def os_family(os_id: str, like: str, version: str) -> OsFamilyT:
-    """Map /etc/os-release's ID, ID_LIKE and VERSION_ID to a family and its package manager."""
-    ids = {os_id, *like.split()}
-    if ids & {"debian", "ubuntu"}:
-        return {"id": os_id, "family": "debian", "version": version, "package_manager": "apt"}
-    if ids & {"rhel", "centos", "fedora", "rocky", "almalinux"}:
-        manager = "yum" if version.split(".")[0] == "7" else "dnf"
-        return {"id": os_id, "family": "rhel", "version": version, "package_manager": manager}
-    return {"id": os_id, "family": "unknown", "version": version, "package_manager": None}
 
 
 class PdshState(FactBase[PdshStateT]):

@@ -8,7 +8,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block import SECTION, split_sections
-from facts.pdsh import OsFamilyT, os_family
+from trainfleet.osfamily import OsFamilyT, os_family
 
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"

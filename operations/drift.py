@@ -14,11 +14,11 @@ from typing import Any
 
 from facts.fingerprint import NodeFingerprint
 from operations.gather import gather_fact, once_per_run
-from operations.launchers import LAUNCHER_FILES, render_launchers
-from operations.render import render, render_lines
+from trainfleet.launchers import LAUNCHER_FILES, render_launchers
+from trainfleet.render import render, render_lines
 from operations.report import publish
 from operations.report import report_path as report_file
-from operations.stack import package_pins, torch_requirement
+from trainfleet.pins import package_pins, torch_requirement
 from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME
 from trainfleet.drift import ABSENT, Report, compare, digest

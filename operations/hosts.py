@@ -10,7 +10,7 @@ from facts.managed_block import ManagedBlock
 from operations.gather import fact
 from operations.managed_block import block_change
 from operations.remote import write_file_command
-from operations.render import render_lines
+from trainfleet.render import render_lines
 from trainfleet.etc_hosts import stale_lines
 
 

@@ -10,46 +10,7 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.launchers import LauncherFiles
 from operations.gather import fact
 from operations.remote import write_file_command
-from operations.render import render_lines
-from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
-from trainfleet.model import Cluster, Node
-
-# file name -> (template, mode)
-LAUNCHER_FILES = {
-    "hostfile": ("launchers/hostfile.j2", "644"),
-    "colossalai_hostfile": ("launchers/colossalai_hostfile.j2", "644"),
-    "accelerate.yaml": ("launchers/accelerate.yaml.j2", "644"),
-    "torchrun.sh": ("launchers/torchrun.sh.j2", "755"),
-    "mpirun.sh": ("launchers/mpirun.sh.j2", "755"),
-    "colossalai.sh": ("launchers/colossalai.sh.j2", "755"),
-    "horovod.sh": ("launchers/horovod.sh.j2", "755"),
-    "README": ("launchers/README.j2", "644"),
-    # Read by DeepSpeed's runner from the directory it is started in. Its parser accepts no
-    # blank or comment lines, so the template writes KEY=VALUE lines only.
-    ".deepspeed_env": ("launchers/deepspeed_env.j2", "644"),
-}
-
-
-def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None,
-                     mca: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
-    """Every launcher file for ``node``: name -> (content, mode).
-
-    + forward: variables with the same value on every node, which launchers may pass on to
-      every rank (``mpirun -x``, ``.deepspeed_env``); per-node values (interface names) are
-      left to each node's own environment
-    + mca: OpenMPI's MCA parameters (the same on every node), repeated on the mpirun line
-    """
-    forward = forward or {}
-    mca = mca or {}
-    # Horovod takes interface names only: given when every node's is the same (GLOO_SOCKET_IFNAME
-    # is then uniform), else left to Horovod, which looks for the NICs all workers share.
-    nics = forward.get("GLOO_SOCKET_IFNAME")
-    context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
-               "forward": sorted(forward), "forward_env": dict(sorted(forward.items())), "mca": mca,
-               "nics": nics}
-    return {name: ("".join(f"{line}\n" for line in render_lines(template, **context)), mode)
-            for name, (template, mode) in LAUNCHER_FILES.items()}
-
+from trainfleet.defaults import LAUNCH_DIR
 
 @operation()
 def launcher_files(files: dict[str, tuple[str, str]], directory: str = LAUNCH_DIR):

@@ -9,7 +9,7 @@ from facts.nccl_env import NcclEnvFiles, NcclNetwork
 from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
-from operations.render import render, render_lines
+from trainfleet.render import render, render_lines
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster
 from trainfleet.nccl import ENV_PURPOSE, Derived, derive_cluster

@@ -18,7 +18,7 @@ from operations.gather import fact
 from operations.managed_block import block_change
 from operations.nccl_env import cluster_nccl_env
 from operations.remote import fail_command
-from operations.render import render_lines
+from trainfleet.render import render_lines
 from trainfleet import openmpi
 from trainfleet.model import Cluster
 

@@ -18,7 +18,7 @@ from facts.ssh_mesh import (
 from operations.gather import fact, gather_fact, once_per_run
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
-from operations.render import render_lines
+from trainfleet.render import render_lines
 from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair

@@ -14,11 +14,12 @@ from urllib.parse import urlsplit
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from facts.pdsh import OsFamilyT
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
 from operations.gather import fact, lent
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
+from trainfleet.osfamily import OsFamilyT
+from trainfleet.pins import Pins, package_pins, torch_requirement
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING_DEB = CUDA_KEYRING_DEB
@@ -60,53 +61,12 @@ fi
 DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
 """
 
-# Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>.
-_NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
 _VERSIONLOCK = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
-
-Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
-
 
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
     # ``software`` lends the fact it read to the operations it composes (gather.lent):
     # StackVersions imports torch on the node (seconds), so once is enough.
     return fact(StackVersions, venv=venv)
-
-
-def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
-    """The exact packages for the spec's ``stack`` section on an OS ``family`` (debian | rhel).
-
-    ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}`` on debian gives
-    ``{"cuda-toolkit-12-4": None, "libcudnn9-cuda-12": "9.1.0.70-1",
-    "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}``. A cuda of
-    ``12.4.1`` pins ``cuda-toolkit-12-4=12.4.1-1``. A value with a ``-`` release is taken as is.
-    Raises ValueError when cuDNN or NCCL is pinned without the CUDA version they are built for.
-    """
-    cuda, cudnn, nccl = stack.get("cuda"), stack.get("cudnn"), stack.get("nccl")
-    pins: Pins = {}
-    cuda_parts = cuda.split(".") if cuda else []
-    if (cudnn or nccl) and len(cuda_parts) < 2:
-        raise ValueError("cudnn and nccl packages are built per CUDA version: "
-                         "pin stack.cuda too, e.g. 12.4")
-    if cuda:
-        name = f"cuda-toolkit-{cuda_parts[0]}-{cuda_parts[1]}"
-        pins[name] = None if len(cuda_parts) == 2 else _release(cuda, "-1")
-    if cudnn:
-        major = cudnn.split(".")[0]
-        if int(major) >= 9:
-            pins[f"libcudnn{major}-cuda-{cuda_parts[0]}"] = _release(cudnn, "-1")
-        else:  # cuDNN 8 carries the CUDA it was built for in the version
-            pins[f"libcudnn{major}"] = _release(cudnn, f"-1+cuda{cuda_parts[0]}.{cuda_parts[1]}")
-    if nccl:
-        build = f"+cuda{cuda_parts[0]}.{cuda_parts[1]}"  # the CUDA the NCCL package was built for
-        version = nccl if "+" in nccl else _release(nccl, "-1") + build
-        for name in _NCCL[family]:
-            pins[name] = version
-    return pins
-
-
-def _release(version: str, suffix: str) -> str:
-    return version if "-" in version else version + suffix
 
 
 def _rpm_ensure(manager: str, package: str) -> list[str]:
@@ -384,11 +344,6 @@ def gcc(major: str | int):
 
 
 # ---- (d) torch venv -----------------------------------------------------------------------
-
-def torch_requirement(torch_version: str, variant: str) -> str:
-    """``torch==2.4.1+cu124``: the exact build ``torch.__version__`` reports."""
-    return f"torch=={torch_version if '+' in torch_version else f'{torch_version}+{variant}'}"
-
 
 @operation()
 def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | None = None,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from operations.render import UnsafeValue, pam_env_quote, render, shell_quote, ssh_config_word, yaml_scalar
+from trainfleet.render import UnsafeValue, pam_env_quote, render, shell_quote, ssh_config_word, yaml_scalar
 from trainfleet import Cluster, SpecError
 from trainfleet.schema import NODE, SPEC, Key, Section
 from trainfleet.spec import load_spec

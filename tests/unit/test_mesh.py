@@ -58,7 +58,7 @@ def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defa
     `Host *` defaults after it, as trainfleet writes ~/.ssh/config."""
     import subprocess
 
-    from operations.render import render_lines
+    from trainfleet.render import render_lines
     from trainfleet.blocks import markers
 
     cluster = Cluster.parse(SPEC)

@@ -20,8 +20,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 from facts.nccl_env import NcclNetwork
 from facts.openmpi import OpenMpiState
-from operations.launchers import render_launchers
-from operations.render import render_lines
+from trainfleet.launchers import render_launchers
+from trainfleet.render import render_lines
 from tests.unit.test_nccl_env import AUTO, ib_ports
 from trainfleet.model import Cluster
 from trainfleet.nccl import Derived, derive

@@ -7,7 +7,7 @@ from pathlib import Path
 from pyinfra_testing.facts import make_fact_tests
 from pyinfra_testing.operations import make_operation_tests
 
-from facts.pdsh import os_family
+from trainfleet.osfamily import os_family
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pdsh"
 

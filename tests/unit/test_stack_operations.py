@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from pyinfra_testing.operations import make_operation_tests
 
-from operations.stack import (_KEYRING, NVIDIA_REPOS, cuda_distro, keyring_install, mirror_problem, package_pins,
-                              torch_requirement)
+from operations.stack import _KEYRING, NVIDIA_REPOS, cuda_distro, keyring_install, mirror_problem
+from trainfleet.pins import package_pins, torch_requirement
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack"
 

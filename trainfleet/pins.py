@@ -1,0 +1,55 @@
+"""Version pinning as data: the exact packages and the exact torch build a spec pins.
+
+Plain functions of the spec's ``stack`` section; operations/stack.py installs and holds
+them, drift expects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>.
+_NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
+
+Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
+
+
+def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
+    """The exact packages for the spec's ``stack`` section on an OS ``family`` (debian | rhel).
+
+    ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}`` on debian gives
+    ``{"cuda-toolkit-12-4": None, "libcudnn9-cuda-12": "9.1.0.70-1",
+    "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}``. A cuda of
+    ``12.4.1`` pins ``cuda-toolkit-12-4=12.4.1-1``. A value with a ``-`` release is taken as is.
+    Raises ValueError when cuDNN or NCCL is pinned without the CUDA version they are built for.
+    """
+    cuda, cudnn, nccl = stack.get("cuda"), stack.get("cudnn"), stack.get("nccl")
+    pins: Pins = {}
+    cuda_parts = cuda.split(".") if cuda else []
+    if (cudnn or nccl) and len(cuda_parts) < 2:
+        raise ValueError("cudnn and nccl packages are built per CUDA version: "
+                         "pin stack.cuda too, e.g. 12.4")
+    if cuda:
+        name = f"cuda-toolkit-{cuda_parts[0]}-{cuda_parts[1]}"
+        pins[name] = None if len(cuda_parts) == 2 else _release(cuda, "-1")
+    if cudnn:
+        major = cudnn.split(".")[0]
+        if int(major) >= 9:
+            pins[f"libcudnn{major}-cuda-{cuda_parts[0]}"] = _release(cudnn, "-1")
+        else:  # cuDNN 8 carries the CUDA it was built for in the version
+            pins[f"libcudnn{major}"] = _release(cudnn, f"-1+cuda{cuda_parts[0]}.{cuda_parts[1]}")
+    if nccl:
+        build = f"+cuda{cuda_parts[0]}.{cuda_parts[1]}"  # the CUDA the NCCL package was built for
+        version = nccl if "+" in nccl else _release(nccl, "-1") + build
+        for name in _NCCL[family]:
+            pins[name] = version
+    return pins
+
+
+def _release(version: str, suffix: str) -> str:
+    return version if "-" in version else version + suffix
+
+
+def torch_requirement(torch_version: str, variant: str) -> str:
+    """``torch==2.4.1+cu124``: the exact build ``torch.__version__`` reports."""
+    return f"torch=={torch_version if '+' in torch_version else f'{torch_version}+{variant}'}"
