@@ -27,7 +27,7 @@ from operations.gather import once_per_run
 from operations.nccl_env import cluster_nccl_env
 from operations.report import publish
 from operations.report import report_path as report_file
-from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
+from trainfleet.defaults import LAUNCH_DIR, RUN_DIR, VENV_DIR
 from trainfleet.model import Cluster
 from trainfleet.preflight import (
     PreflightReport,
@@ -56,9 +56,8 @@ sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)
 true
 """
 
-# Where every python the preflight starts gets a fresh working directory of its own: root's
-# only, never /tmp or a home directory, whose files another user may have planted.
-RUN_DIR = "/run/trainfleet"
+# Every python the preflight starts gets a fresh working directory of its own under RUN_DIR
+# (root's only), never /tmp or a home directory, whose files another user may have planted.
 REFUSED = "trainfleet: refused to run: "  # the line a node prints when its RUN_DIR is not safe
 STALE_MINUTES = 10  # a directory older than any stage is an interrupted run's: removed
 # (directories only: the node lock and staged uploads of operations/remote.py are files)

@@ -31,7 +31,8 @@ from io import BytesIO
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 
-RUN_DIR = "/run/trainfleet"  # root-only: the lock, its holder note and staged uploads
+from trainfleet.defaults import RUN_DIR
+
 LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
 USER_TIMEOUT = 60  # seconds a step running as a user may take (a FIFO planted to hang it)
 ABSENT = "absent"  # expected state of a file that must not exist yet
@@ -167,20 +168,16 @@ def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str 
             _locked(_WRITE, {"TF_DATA": ""}, args, user, staged=staged)]
 
 
-def write_file_command(path: str, content: str, mode: str = "644", owner: str | None = None) -> StringCommand:
+def write_file_command(path: str, content: str, mode: str = "644") -> StringCommand:
     """A whole file only trainfleet writes (no user bytes in it), as root, atomically.
-
-    ``owner`` is accepted for callers of the old signature and must be None: a file owned
-    by a user is written as that user with ``write_command(..., user=...)``.
-    """
-    if owner is not None:
-        raise ValueError("write_file_command writes root's files; use write_command(user=...) for a user's")
+    A file in a user's home is written as that user: ``write_command(..., user=...)``."""
     (command,) = write_command(path, content, expect=ANY, mode=mode)
     return command
 
 
-def as_user_command(user: str, script: str, *args: str) -> StringCommand:
-    """``script`` run by ``sh`` as ``user`` (setpriv, bounded in time), holding the node lock."""
+def as_user_command(user: str | None, script: str, *args: str) -> StringCommand:
+    """``script`` run by ``sh`` as ``user`` (setpriv, bounded in time; None: as root), holding
+    the node lock."""
     return _locked(script, {}, list(args), user)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host, logger
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import operation
 
 from facts.managed_block import ManagedBlock
 from facts.ssh_mesh import (
@@ -100,6 +100,7 @@ def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers:
 def _mesh_user_changes(user, current, identity, authorized, peers):
     # Everything in the home is done AS the user (root's own home: as root, where root-safe
     # rules apply), so a link or a race the user planted gives the user nothing new.
+    # ``writer`` None is root.
     writer = None if current["uid"] == "0" else user
     ssh_dir = f"{current['home']}/.ssh"
     if current["ssh_dir"] is not None:
@@ -108,12 +109,12 @@ def _mesh_user_changes(user, current, identity, authorized, peers):
                                "give it to the user by hand; nothing was changed")
             return
         if current["ssh_dir"]["mode"] != "700":
-            yield _as(writer, 'chmod 700 -- "$1"', ssh_dir)
+            yield as_user_command(writer, 'chmod 700 -- "$1"', ssh_dir)
 
     key_path = f"{ssh_dir}/{MESH_KEY_NAME}"
     if identity is None:
         if current["identity"] or current["identity_pub"]:
-            yield _as(writer, 'rm -f -- "$1" "$1.pub"', key_path)
+            yield as_user_command(writer, 'rm -f -- "$1" "$1.pub"', key_path)
     else:
         yield from _identity_changes(identity, current, key_path, writer)
 
@@ -126,13 +127,6 @@ def _mesh_user_changes(user, current, identity, authorized, peers):
                             mode="600", user=writer, top=True, dir_mode="700")
 
 
-def _as(writer: str | None, script: str, *args: str) -> StringCommand:
-    """A small step in the user's home, as the user (or as root in root's own home)."""
-    if writer is None:
-        return StringCommand("sh", "-c", QuoteString(script), "trainfleet", *(QuoteString(a) for a in args))
-    return as_user_command(writer, script, *args)
-
-
 def _identity_changes(identity: KeyPair, current, key_path: str, writer: str | None):
     private = current["identity"]
     owner = writer or "root"
@@ -141,7 +135,7 @@ def _identity_changes(identity: KeyPair, current, key_path: str, writer: str | N
         # the rename as the user replaces a key someone else owned with the user's own.
         yield from write_command(key_path, identity.private, mode="600", user=writer, secret=True, dir_mode="700")
     if private is not None and private["mode"] != "600":
-        yield _as(writer, 'chmod 600 -- "$1"', key_path)
+        yield as_user_command(writer, 'chmod 600 -- "$1"', key_path)
     public = current["identity_pub"]
     if public is None or public["sha256"] != _sha256(identity.public + "\n"):
         yield from write_command(key_path + ".pub", identity.public + "\n", mode="644", user=writer, dir_mode="700")

@@ -20,6 +20,7 @@ from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import Pins, package_pins, torch_requirement
+from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING_DEB = CUDA_KEYRING_DEB
@@ -109,21 +110,17 @@ def yum_repo(distro: str, arch: str, base: str) -> str:
 
 
 def mirror_problem(mirror: str, insecure: bool = False) -> str | None:
-    """Why the repos root ``mirror`` may not be used: https, or file:// (on the node), only;
-    http only with ``insecure`` (the spec's ``stack.insecure: true``)."""
-    scheme = urlsplit(mirror).scheme
-    if scheme in ("https", "file") or (scheme == "http" and insecure):
-        return None
-    if scheme == "http":
+    """Why the repos root ``mirror`` may not be used: the spec's URL grammar (https, or file://
+    on the node), and http only with ``insecure`` (the spec's ``stack.insecure: true``).
+    Checked here too because an operation can be called without a spec."""
+    if urlsplit(mirror).scheme not in ("https", "http", "file"):
+        return f"{mirror} is not an https:// (or file://) URL"
+    if problem := url_problem(mirror, file_ok=True):
+        return problem
+    if mirror.startswith("http://") and not insecure:
         return (f"{mirror} is plain http: the CUDA keyring and repository are fetched over https only "
                 "(set stack.insecure: true to allow this mirror)")
-    return f"{mirror} is not an https:// (or file://) URL"
-
-
-def fingerprint_problem(fingerprint: str) -> str | None:
-    if re.fullmatch(r"[0-9A-F]{40}", fingerprint):
-        return None
-    return f"{fingerprint!r} is not an OpenPGP v4 fingerprint (40 hex digits, upper case)"
+    return None
 
 
 def keyring_install(url: str, fingerprint: str) -> StringCommand:

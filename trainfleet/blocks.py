@@ -77,18 +77,14 @@ def split_block(text: str, purpose: str) -> Split:
     return Split(before=before, block=lines[start + 1:stop], after=after)
 
 
-def render_block(purpose: str, lines: list[str]) -> str:
-    begin, end = markers(purpose)
-    return "".join(f"{line}\n" for line in [begin, *lines, end])
-
-
 def with_block(split: Split, purpose: str, lines: list[str] | None, top: bool = False) -> str:
     """The file's new text: ``lines`` in the block (where it stands; if absent, appended, or
     first with ``top``), or with ``lines=None`` the block removed. User text is kept byte
     for byte; a last user line without a newline gets one before an appended block."""
     if lines is None:
         return split.before + split.after
-    block = render_block(purpose, lines)
+    begin, end = markers(purpose)
+    block = "".join(f"{line}\n" for line in [begin, *lines, end])
     if split.block is not None:
         return split.before + block + split.after
     text = split.after

@@ -36,3 +36,7 @@ NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NC
 # stack.cuda_keyring_fingerprint until its fingerprint is confirmed from NVIDIA and added here.
 CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 CUDA_KEYRING_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+
+# Root's own 0700 directory on every node: the node lock and staged uploads of
+# operations/remote.py, and the preflight's private working directories.
+RUN_DIR = "/run/trainfleet"
