@@ -7,7 +7,8 @@ of what differs goes to stderr, the JSON report to .trainfleet/reports/drift-<cl
 fails: the run exits non-zero. Nothing on any node is changed.
 """
 
-from operations import drift, report
+from checks import drift
+from operations import report
 from trainfleet.inventory import this_node
 
 cluster, node = this_node()

@@ -14,7 +14,8 @@ an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fres
 made there and removed, never in /tmp, so no module a node user planted is imported as root.
 """
 
-from operations import preflight, report
+from checks import preflight
+from operations import report
 from trainfleet.inventory import this_node
 
 cluster, node = this_node()

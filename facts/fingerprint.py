@@ -21,6 +21,7 @@ from facts.pdsh import PdshState
 from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
 from facts.stack import StackVersions
 from trainfleet.defaults import LAUNCH_DIR, SYSTEM_KNOWN_HOSTS, VENV_DIR
+from trainfleet.plan import Gathered
 
 _MARK = "--trainfleet-fingerprint--"
 
@@ -67,7 +68,8 @@ Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, it
 
 
 def deploy_sections(users: list[str]) -> Parts:
-    """Every fact deploy/cluster.py's operations read, with the arguments they read it with."""
+    """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
+    read it with: the one list (``fact()`` refuses one not on it)."""
     parts: Parts = {
         "hostname": (HostnameState, {"path": "/etc/hostname"}),
         "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
@@ -83,6 +85,15 @@ def deploy_sections(users: list[str]) -> Parts:
     for user in users:
         parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
     return parts
+
+
+def plan_inputs(gathered: dict[str, Any]) -> Gathered:
+    """What the plan needs of every node, from each node's sections (``deploy_sections`` or
+    ``sections``; a node that could not be read gives nothing)."""
+    readable = {node: found for node, found in gathered.items() if found}
+    return Gathered(networks={node: found["network"] for node, found in readable.items()},
+                    host_keys={node: found["host_keys"] for node, found in readable.items()},
+                    os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()})
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:

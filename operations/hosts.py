@@ -7,10 +7,9 @@ from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.managed_block import ManagedBlock
-from operations.gather import fact
+from facts.gather import fact
 from operations.managed_block import block_change
 from operations.remote import write_file_command
-from trainfleet.render import render_lines
 from trainfleet.etc_hosts import stale_lines
 
 
@@ -42,11 +41,13 @@ def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
 
 
 @operation()
-def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", present: bool = True):
+def hosts_block(lines: list[str], names: dict[str, str], path: str = "/etc/hosts", present: bool = True):
     """
     Keep one managed block in /etc/hosts with every cluster node's address and names.
 
-    + entries: ``(address, [names...])`` per node, e.g. from ``Cluster.hosts_entries()``
+    + lines: the block, e.g. the plan's ``hosts.lines`` (one ``address fqdn name`` line per node)
+    + names: every cluster name, lower-case, -> the address it must resolve to (checked
+      against the lines outside the block)
     + path: the hosts file
     + present: ``False`` removes the block
 
@@ -59,17 +60,16 @@ def hosts_block(entries: list[tuple[str, list[str]]], path: str = "/etc/hosts", 
 
         hosts.hosts_block(
             name="Cluster hosts in /etc/hosts",
-            entries=[("192.0.2.11", ["gpu-a01.cluster.example.com", "gpu-a01"])],
+            lines=["192.0.2.11 gpu-a01.cluster.example.com gpu-a01"],
+            names={"gpu-a01": "192.0.2.11", "gpu-a01.cluster.example.com": "192.0.2.11"},
         )
     """
     current = fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE)
-    expected = {name.lower(): address for address, names in entries for name in names}
-    for stale in stale_lines(current["outside"], expected) if present else []:
+    for stale in stale_lines(current["outside"], names) if present else []:
         logger.warning(f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)")
 
-    wanted = render_lines("hosts/hosts_block.j2", entries=entries) if present else None
-    changes = block_change(path, HOSTS_PURPOSE, current, wanted)
+    changes = block_change(path, HOSTS_PURPOSE, current, list(lines) if present else None)
     if not changes:
-        host.noop(f"{path} lists the {len(entries)} cluster nodes" if present else f"{path} has no cluster hosts block")
+        host.noop(f"{path} lists the {len(lines)} cluster nodes" if present else f"{path} has no cluster hosts block")
         return
     yield from changes

@@ -8,16 +8,19 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.launchers import LauncherFiles
-from operations.gather import fact
-from operations.remote import write_file_command
+from facts.gather import fact
+from operations.remote import fail_command, write_file_command
 from trainfleet.defaults import LAUNCH_DIR
 
 @operation()
-def launcher_files(files: dict[str, tuple[str, str]], directory: str = LAUNCH_DIR):
+def launcher_files(files: dict[str, tuple[str, str]], problems: list[str] | None = None,
+                   directory: str = LAUNCH_DIR):
     """
     Keep the launcher directory's files exactly as rendered; other files there are left alone.
 
-    + files: file name -> (content, mode), e.g. from ``render_launchers``
+    + files: file name -> (content, mode), e.g. the plan's ``launchers.files``
+    + problems: why the files cannot be right (the node's NCCL environment); the node fails
+      with them and no file is written
     + directory: where the files live
 
     **Example:**
@@ -26,6 +29,9 @@ def launcher_files(files: dict[str, tuple[str, str]], directory: str = LAUNCH_DI
 
         launchers.launcher_files(name="Launcher configs", files=render_launchers(cluster, node))
     """
+    if problems:
+        yield fail_command("launcher files not written: " + "; ".join(problems))
+        return
     current = fact(LauncherFiles, directory=directory)
     commands = []
     for name, (content, mode) in sorted(files.items()):

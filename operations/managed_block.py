@@ -7,7 +7,7 @@ from pyinfra.api import operation
 from pyinfra.api.command import PyinfraCommand
 
 from facts.managed_block import BlockState, ManagedBlock
-from operations.gather import fact
+from facts.gather import fact
 from operations.remote import ABSENT, fail_command, write_command
 from trainfleet.blocks import split_block, with_block
 

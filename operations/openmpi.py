@@ -13,29 +13,20 @@ from __future__ import annotations
 from pyinfra import host
 from pyinfra.api import operation
 
+from facts.gather import fact
 from facts.openmpi import MCA_FILE, MCA_PURPOSE, OpenMpiState
-from operations.gather import fact
 from operations.managed_block import block_change
-from operations.nccl_env import cluster_nccl_env
 from operations.remote import fail_command
-from trainfleet.render import render_lines
-from trainfleet import openmpi
-from trainfleet.model import Cluster
-
-
-def cluster_mca_params(cluster: Cluster) -> tuple[dict[str, str], list[str]]:
-    """(MCA parameters for every node, problems), from the run's one NcclNetwork per node."""
-    return openmpi.cluster_params(cluster_nccl_env(cluster), cluster.openmpi)
 
 
 @operation()
-def mca_params(users: list[str], params: dict[str, str], problems: list[str] | None = None):
+def mca_params(users: list[str], lines: list[str], problems: list[str] | None = None):
     """
     Keep OpenMPI's parameters in each user's ``~/.openmpi/mca-params.conf`` (managed block,
     first in the file; the user's own lines below it are kept and, later in the file, win).
 
     + users: the users whose OpenMPI is configured (the mesh users)
-    + params: MCA parameter -> value, e.g. from ``cluster_mca_params``
+    + lines: the block's ``name = value`` lines, e.g. the plan's ``mpi.lines``
     + problems: reasons the parameters could not be derived; the node fails with them
 
     **Example:**
@@ -43,13 +34,12 @@ def mca_params(users: list[str], params: dict[str, str], problems: list[str] | N
     .. code:: python
 
         openmpi.mca_params(name="OpenMPI network", users=["root"],
-                           params={"btl_tcp_if_include": "eth0", "oob_tcp_if_include": "eth0"})
+                           lines=["btl_tcp_if_include = eth0", "oob_tcp_if_include = eth0"])
     """
     if problems:
         yield fail_command("OpenMPI parameters not written: " + "; ".join(problems))
         return
     current = fact(OpenMpiState, users=users)
-    lines = render_lines("openmpi/mca_params.j2", params=params)
     commands = []
     for user in users:
         state = current["users"].get(user)
@@ -59,7 +49,7 @@ def mca_params(users: list[str], params: dict[str, str], problems: list[str] | N
         path = f"{state['home']}/{MCA_FILE}"
         # Written as the user (setpriv), ~/.openmpi made by the user: the user's home is the user's.
         writer = None if state["uid"] == "0" else user
-        commands += block_change(path, MCA_PURPOSE, state["params"], lines, mode="644", user=writer, top=True)
+        commands += block_change(path, MCA_PURPOSE, state["params"], list(lines), mode="644", user=writer, top=True)
     if not commands:
         version = current["version"] or "not installed yet"
         host.noop(f"OpenMPI parameters in place for {', '.join(users)} (OpenMPI: {version})")

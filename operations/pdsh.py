@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from pyinfra import host
 from pyinfra.api import StringCommand, operation
 
 from facts.pdsh import PDSH_PURPOSE, PdshState
-from operations.gather import fact
+from facts.gather import fact
 from operations.managed_block import block_change
 from operations.remote import fail_command, write_file_command
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
+from trainfleet.plan import genders_lines
 
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
 
-INSTALL = {
+INSTALL = MappingProxyType({
     # A fresh image may have empty package lists: update once when the install cannot find it.
     "apt": ("DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh || "
             "{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh; }"),
@@ -25,7 +28,7 @@ INSTALL = {
     "yum": ("(rpm -q epel-release >/dev/null 2>&1 || yum install -y epel-release) && "
             "yum install -y pdsh pdsh-rcmd-ssh || { echo 'trainfleet: pdsh comes from EPEL: enable EPEL "
             "and re-run' >&2; exit 1; }"),
-}
+})
 
 
 @operation()
@@ -58,7 +61,7 @@ def pdsh(nodes: list[str], present: bool = True):
         commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
     if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:
         commands.append(write_file_command(PDSH_PROFILE, PROFILE))
-    genders = [f"{name} trainfleet" for name in nodes] if present else None
+    genders = genders_lines(nodes) if present else None
     machines = list(nodes) if present else None
     for path, block, lines in ((PDSH_GENDERS, current["genders"], genders),
                                (PDSH_MACHINES, current["machines"], machines)):

@@ -10,7 +10,7 @@ from pyinfra import host
 from pyinfra.api import QuoteString, StringCommand, operation
 
 from facts.shm import SHMID_MAX, Segment, StaleSharedMemory
-from operations.gather import fact
+from facts.gather import fact
 
 # Remove each segment only if it is still unattached at this moment: a process that
 # attached since the fact was read keeps its segment. Ids are digits only, checked here too.

@@ -4,41 +4,16 @@ from __future__ import annotations
 
 import hashlib
 
-from pyinfra import host, logger
+from pyinfra import host
 from pyinfra.api import operation
 
 from facts.managed_block import ManagedBlock
-from facts.ssh_mesh import (
-    AUTHORIZED_PURPOSE,
-    CONFIG_PURPOSE,
-    KNOWN_HOSTS_PURPOSE,
-    SshHostKeys,
-    SshMeshUser,
-)
-from operations.gather import fact, gather_fact, once_per_run
+from facts.gather import fact
+from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE, SshMeshUser
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
-from trainfleet.render import render_lines
-from trainfleet import mesh
 from trainfleet.defaults import MESH_KEY_NAME, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair
-from trainfleet.model import Cluster
-
-
-def cluster_host_keys(cluster: Cluster) -> dict[str, list[str]]:
-    """Every node's SSH host keys, gathered once per run from all reachable nodes in parallel.
-
-    A node that cannot be reached this run keeps its entry: its keys come from the
-    controller's known_hosts, which pyinfra itself verified it against before.
-    """
-    def compute(state) -> dict[str, list[str]]:
-        keys, fallback = mesh.cluster_host_keys(cluster, gather_fact(state, SshHostKeys))
-        for name in fallback:
-            logger.warning(f"[{name}] not reachable: its host keys come from the controller's "
-                           f"known_hosts ({len(keys[name])} found)")
-        return keys
-
-    return once_per_run("ssh host keys", compute)
 
 
 @operation()
@@ -46,7 +21,7 @@ def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS):
     """
     Keep every cluster node's host keys in the system-wide known_hosts (a managed block).
 
-    + entries: known_hosts lines, e.g. from ``trainfleet.mesh.known_hosts_lines``
+    + entries: known_hosts lines, e.g. the plan's ``known_hosts``
     + path: the system known_hosts file
 
     **Example:**
@@ -67,14 +42,14 @@ def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS):
 
 
 @operation()
-def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers: list):
+def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], config: list[str]):
     """
     Make ``user`` a member of the SSH mesh on this node.
 
     + user: the mesh user (must exist)
     + identity: the node's cluster key for this user (``~/.ssh/id_trainfleet``); None removes it
     + authorized: public keys of every node, kept in a managed block of ``authorized_keys``
-    + peers: the cluster's nodes, written as ``Host`` entries in a managed block of ``~/.ssh/config``
+    + config: ``Host`` entries for the cluster's nodes, a managed block first in ``~/.ssh/config``
 
     Keys and entries the user had before are never touched. ``~/.ssh`` is kept 0700 and the
     private key 0600, owned by the user; the key is uploaded, never put on a command line.
@@ -84,20 +59,20 @@ def mesh_user(user: str, identity: KeyPair | None, authorized: list[str], peers:
     .. code:: python
 
         ssh_mesh.mesh_user(name="SSH mesh for root", user="root", identity=keypair,
-                           authorized=[...], peers=cluster.nodes)
+                           authorized=[...], config=["Host gpu-a01 gpu-a02", "    User root", ...])
     """
     current = fact(SshMeshUser, user=user)
     if not current["exists"]:
         yield fail_command(f"mesh user {user!r} does not exist on this node")
         return
-    commands = list(_mesh_user_changes(user, current, identity, authorized, peers))
+    commands = list(_mesh_user_changes(user, current, identity, authorized, config))
     if not commands:
-        host.noop(f"{user} is in the mesh with {len(authorized)} keys and {len(peers)} hosts")
+        host.noop(f"{user} is in the mesh with {len(authorized)} keys")
         return
     yield from commands
 
 
-def _mesh_user_changes(user, current, identity, authorized, peers):
+def _mesh_user_changes(user, current, identity, authorized, config):
     # Everything in the home is done AS the user (root's own home: as root, where root-safe
     # rules apply), so a link or a race the user planted gives the user nothing new.
     # ``writer`` None is root.
@@ -118,7 +93,6 @@ def _mesh_user_changes(user, current, identity, authorized, peers):
     else:
         yield from _identity_changes(identity, current, key_path, writer)
 
-    config = render_lines("ssh_mesh/ssh_config.j2", nodes=peers, user=user, key_name=MESH_KEY_NAME)
     yield from block_change(f"{ssh_dir}/authorized_keys", AUTHORIZED_PURPOSE, current["authorized"], authorized,
                             mode="600", user=writer, dir_mode="700")
     # First in ~/.ssh/config: ssh takes the first value it finds, so a `Host *` of the user's

@@ -6,6 +6,8 @@ Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names 
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -15,7 +17,7 @@ from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.stack import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
-from operations.gather import fact, lent
+from facts.gather import fact, lent
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
@@ -62,7 +64,7 @@ fi
 DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
 """
 
-_VERSIONLOCK = {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
+_VERSIONLOCK = MappingProxyType({"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"})
 
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
     # ``software`` lends the fact it read to the operations it composes (gather.lent):

@@ -5,12 +5,14 @@ Plain functions of the cluster model; operations/launchers.py only puts them in 
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.model import Cluster, Node
 from trainfleet.render import render_lines
 
 # file name -> (template, mode)
-LAUNCHER_FILES = {
+LAUNCHER_FILES = MappingProxyType({
     "hostfile": ("launchers/hostfile.j2", "644"),
     "colossalai_hostfile": ("launchers/colossalai_hostfile.j2", "644"),
     "accelerate.yaml": ("launchers/accelerate.yaml.j2", "644"),
@@ -22,7 +24,7 @@ LAUNCHER_FILES = {
     # Read by DeepSpeed's runner from the directory it is started in. Its parser accepts no
     # blank or comment lines, so the template writes KEY=VALUE lines only.
     ".deepspeed_env": ("launchers/deepspeed_env.j2", "644"),
-}
+})
 
 
 def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None,

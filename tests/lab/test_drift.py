@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.tally import exec_count
-from operations.drift import report_path
+from checks.drift import report_path
 from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra
 
 CLUSTER = "deploy/cluster.py"

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 
-from operations.preflight import report_path
+from checks.preflight import report_path
 from tests.lab.harness import PYINFRA, REPO, deploy_twice, pyinfra
 
 NODES = ["node1", "node2", "node3"]

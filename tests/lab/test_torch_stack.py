@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from operations.drift import report_path
+from checks.drift import report_path
 from tests.lab.harness import TORCH_STACK, deploy_twice, fact, pyinfra
 
 NODES = ["node1", "node2", "node3"]

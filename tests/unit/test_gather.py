@@ -8,7 +8,7 @@ from pyinfra_testing.util import FakeState, create_host
 
 from facts.hosts import HostnameState
 from facts.launchers import LauncherFiles
-from operations.gather import _key, fact, lent, run_facts
+from facts.gather import _key, fact, lent, run_facts
 
 GATHERED = {"running": "gpu-a01", "static": "gpu-a01"}
 

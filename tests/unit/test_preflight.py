@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from operations.preflight import parse_hygiene
+from checks.preflight import parse_hygiene
 from trainfleet import Cluster
 from trainfleet.preflight import PreflightReport, collective_problems, hygiene_problems, isolate, listener_pids
 
@@ -112,7 +112,7 @@ def test_only_exact_decimal_pids_in_range_are_taken_the_rest_is_refused():
 
 
 def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(monkeypatch):
-    import operations.preflight as preflight
+    import checks.preflight as preflight
 
     sent: list[str] = []
     listener_output = {"gpu-a01": ["pid 4242", "pid 4243"], "gpu-a02": ["pid 1; rm -rf /", "pid $(id)", "pid 77"],
@@ -140,7 +140,7 @@ def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(mo
 
 
 def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passed(tmp_path, monkeypatch):
-    import operations.preflight as preflight
+    import checks.preflight as preflight
 
     monkeypatch.setattr(preflight, "RUN_DIR", str(tmp_path))
 
@@ -174,7 +174,7 @@ def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustom
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
     """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted modules)."""
-    import operations.preflight as preflight
+    import checks.preflight as preflight
 
     base = tmp_path / "run"
     monkeypatch.setattr(preflight, "RUN_DIR", str(base))
@@ -227,7 +227,7 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
 
 
 def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(tmp_path, monkeypatch):
-    import operations.preflight as preflight
+    import checks.preflight as preflight
 
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir(mode=0o777)
@@ -243,7 +243,7 @@ def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(t
 
 
 def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
-    import operations.preflight as preflight
+    import checks.preflight as preflight
 
     scripts = {"listen": preflight._LISTEN, "probe": preflight._PROBE, "collective": preflight._COLLECTIVE_RUN}
     for name, script in scripts.items():

@@ -14,7 +14,7 @@ import pytest
 
 from facts.shm import StaleSharedMemory, parse_sysvipc_shm
 from operations.shm import remove_command
-from operations.preflight import parse_hygiene
+from checks.preflight import parse_hygiene
 from trainfleet.preflight import shm_warnings
 
 SYSVIPC = """\

@@ -1,4 +1,8 @@
-"""Facts of every node at once, for operations that need to know the other nodes."""
+"""This run's facts: gathered once per run for every node (one remote command each), held on
+pyinfra's ``State``, and the run's plan built from them, once, for every node's deploy.
+
+Operations ask ``fact()``; deploys and checks ask ``deploy_plan()`` / ``gather_fact()``.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,15 @@ from typing import Any, TypeVar
 import gevent.pool
 from gevent.event import AsyncResult
 from pyinfra import host as current_host
+from pyinfra import logger
 from pyinfra.api import FactBase, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
+
+from facts.fingerprint import DeployState, plan_inputs
+from trainfleet.keystore import KeyStore
+from trainfleet.model import Cluster
+from trainfleet.plan import ClusterPlan, plan_cluster
 
 T = TypeVar("T")
 
@@ -80,21 +90,36 @@ def _key(fact: type, kwargs: dict[str, Any]) -> tuple[Any, ...]:
     return (fact, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kwargs.items())))
 
 
-def read_once(bundle: type[FactBase], **kwargs: Any) -> None:
+def read_once(bundle: type[FactBase], **kwargs: Any) -> dict[str, Any]:
     """Read every fact a deploy's operations need, for every host, in ONE remote command per
     host, once per run (a FactBundle); ``fact()`` and ``gather_fact()`` then answer from it.
+    Returns ``{node name: sections}`` (a node that could not be read: empty).
 
     pyinfra has no fact cache: without this, each operation's fact is its own round trip.
     """
-    def compute(state: State) -> None:
+    def compute(state: State) -> dict[str, Any]:
         parts = bundle().parts(**kwargs)
         hosts = {h.data.get("trainfleet_node", h.name): h for h in state.inventory.get_active_hosts()}
-        for node, sections in gather_fact(state, bundle, **kwargs).items():
+        gathered = gather_fact(state, bundle, **kwargs)
+        for node, sections in gathered.items():
             if sections:  # a host that could not be read asks again, and fails, in its operations
                 run_facts(state).read[hosts[node].name] = {
                     _key(cls, fact_kwargs): sections[name] for name, (cls, fact_kwargs) in parts.items()}
+        return gathered
 
-    once_per_run(f"read once: {bundle.__name__}", compute)
+    return once_per_run(f"read once: {bundle.__name__}", compute)
+
+
+def deploy_plan(cluster: Cluster, keys: KeyStore) -> ClusterPlan:
+    """This run's plan of every node, from the facts the deploy reads (``DeployState``, one
+    remote command per node), built once per run; its notes are logged once."""
+    def compute(state: State) -> ClusterPlan:
+        built = plan_cluster(cluster, plan_inputs(read_once(DeployState, users=cluster.mesh_users)), keys)
+        for note in built.notes:
+            logger.warning(note)
+        return built
+
+    return once_per_run("plan", compute)
 
 
 def fact(cls: type[FactBase], **kwargs: Any) -> Any:

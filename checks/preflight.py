@@ -17,18 +17,20 @@ import re
 import secrets
 import shlex
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import gevent.pool
 from pyinfra.api import QuoteString, State, StringCommand
 
+from checks.report import publish
+from checks.report import report_path as report_file
+from facts.gather import gather_fact, once_per_run
+from facts.nccl_env import NcclNetwork
 from facts.shm import parse_sysvipc_shm
-from operations.gather import once_per_run
-from operations.nccl_env import cluster_nccl_env
-from operations.report import publish
-from operations.report import report_path as report_file
 from trainfleet.defaults import LAUNCH_DIR, RUN_DIR, VENV_DIR
 from trainfleet.model import Cluster
+from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
     PreflightReport,
     Problem,
@@ -40,21 +42,21 @@ from trainfleet.preflight import (
     shm_warnings,
 )
 
-COLLECTIVE = (Path(__file__).resolve().parent.parent / "templates/preflight/collective.py").read_text()
-PROBE_PORT_OFFSET = -1  # peers' probe listeners sit at master_port - 1 (29499 by default)
-BOUNDS = {"hygiene": 15, "reachability": 20, "collective": 25, "isolation": 20}  # seconds per stage
+STAGES = Path(__file__).resolve().parent / "preflight_stages"  # the scripts each stage runs on the nodes
 
-_HYGIENE = r"""
-port=$1 is_master=$2 me=$3 hostfile=$4; shift 4
-if [ "$is_master" = 1 ]; then ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1 | sed 's/^/holder /'; fi
-for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1}')"; done
-command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/null | sed 's/^/gpu /'; }
-echo "cvd ${CUDA_VISIBLE_DEVICES-}"
-env | grep -E '^(NCCL|GLOO)_' | sed 's/^/env /'
-awk -v me="$me" '$1 == me { sub("slots=", "", $2); print "slots " $2 }' "$hostfile" 2>/dev/null
-sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)"
-true
-"""
+
+def _stage(name: str) -> str:
+    return (STAGES / name).read_text()
+
+
+COLLECTIVE = _stage("collective.py")
+_HYGIENE = _stage("hygiene.sh")
+_LISTEN = _stage("listen.sh")
+_END_LISTENERS = _stage("end_listeners.sh")
+_PROBE = _stage("probe.sh")
+_COLLECTIVE_RUN = _stage("collective.sh")
+PROBE_PORT_OFFSET = -1  # peers' probe listeners sit at master_port - 1 (29499 by default)
+BOUNDS = MappingProxyType({"hygiene": 15, "reachability": 20, "collective": 25, "isolation": 20})  # s per stage
 
 # Every python the preflight starts gets a fresh working directory of its own under RUN_DIR
 # (root's only), never /tmp or a home directory, whose files another user may have planted.
@@ -97,63 +99,6 @@ def listener_workdir(token: str, base: str = RUN_DIR) -> str:
 cd {work} && export TMPDIR={work} || exit 97
 """
 
-
-# Listeners that accept and close, for at most $1 seconds, on each ADDR PORT pair after $2;
-# one `pid N` line each. $2, the run's token, is in each one's command line only to be found
-# there: the preflight ends only processes that carry it.
-_LISTEN = r"""
-seconds=$1 token=$2; shift 2
-while [ $# -ge 2 ]; do
-  nohup timeout "$seconds" python3 -I -c '
-import socket, sys
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(128)
-while True:
-    c, _ = s.accept(); c.close()
-' "$1" "$2" "$token" >/dev/null 2>&1 &
-  echo "pid $!"
-  shift 2
-done
-"""
-
-# End the listeners by PID: only a root process (ours) whose command line carries this run's
-# token, so neither a PID reused since nor a line the node forged ends anything else; then
-# remove their working directory.
-_END_LISTENERS = r"""
-workdir=$1 token=$2; shift 2
-cd /
-for pid in "$@"; do
-  case $pid in ''|*[!0-9]*) continue ;; esac
-  [ "$(stat -c %u "/proc/$pid" 2>/dev/null)" = "$(id -u)" ] || continue
-  tr '\0' '\n' < "/proc/$pid/cmdline" 2>/dev/null | grep -qxF -e "$token" && kill "$pid" 2>/dev/null
-done
-rm -rf -- "$workdir"
-true
-"""
-
-# Connect from this node's cluster address to each target (name=addr:port), 3 s each, in parallel.
-_PROBE = r"""
-timeout 10 python3 -I -c '
-import socket, sys, threading
-src = sys.argv[1]
-def probe(spec):
-    name, _, target = spec.partition("=")
-    addr, _, port = target.rpartition(":")
-    try:
-        s = socket.socket(); s.settimeout(3); s.bind((src, 0)); s.connect((addr, int(port))); s.close()
-        print("ok", name, flush=True)
-    except Exception as exc:
-        print("fail", name, type(exc).__name__, exc, flush=True)
-threads = [threading.Thread(target=probe, args=(t,)) for t in sys.argv[2:]]
-[t.start() for t in threads]; [t.join() for t in threads]
-' "$@"
-"""
-
-# The collective: $1 the pinned venv's python, $2 seconds, $3 the script, then its arguments.
-_COLLECTIVE_RUN = r"""
-python=$1 seconds=$2 script=$3; shift 3
-timeout -k 2 "$seconds" "$python" -I -c "$script" "$@"
-"""
 
 
 def run_everywhere(state: State, commands: dict[str, StringCommand], seconds: float) -> dict[str, list[str]]:
@@ -240,6 +185,12 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
     return data
 
 
+def preflight_plan(state: State, cluster: Cluster) -> ClusterPlan:
+    """The plan's names and NCCL environments, from one NcclNetwork read per node (no key store:
+    the preflight plans no SSH mesh, and reading the store would create keys)."""
+    return plan_cluster(cluster, Gathered(networks=gather_fact(state, NcclNetwork)))
+
+
 def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> None:
     names = [name for n in cluster.nodes for name in n.names]
     out = run_everywhere(state, {
@@ -250,8 +201,8 @@ def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> None:
     for node in set(out) - set(seen):
         report.problems.append(Problem("hygiene", node, f"no answer within {BOUNDS['hygiene']} s"))
     slots = {node: data.pop("slots") for node, data in seen.items() if "slots" in data}
-    derived = cluster_nccl_env(cluster)
-    expected = {name: d.env for name, d in derived.items() if not d.problems}
+    plan = preflight_plan(state, cluster)
+    expected = {name: p.nccl.env for name, p in plan.nodes.items() if not p.nccl.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
     report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")

@@ -1,8 +1,9 @@
-"""Drift detection: one fingerprint per node, what the spec expects of it, and the verdict.
+"""Drift detection: one fingerprint per node, what its plan says, and the verdict.
 
-``observe`` turns a node's fingerprint into normalised property values; ``expect`` derives
-the same properties from the spec with the very functions the deploy writes with; the
-comparison itself is ``trainfleet.drift.compare``. Nothing here changes a node.
+``observe`` turns a node's fingerprint into normalised property values; ``expect`` digests
+the same properties from the node's plan, the very values the deploy gives its operations
+(trainfleet/plan.py); the comparison itself is ``trainfleet.drift.compare``. Nothing here
+changes a node.
 """
 
 from __future__ import annotations
@@ -12,21 +13,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from facts.fingerprint import NodeFingerprint
-from operations.gather import gather_fact, once_per_run
-from trainfleet.launchers import LAUNCHER_FILES, render_launchers
-from trainfleet.render import render, render_lines
-from operations.report import publish
-from operations.report import report_path as report_file
-from trainfleet.pins import package_pins, torch_requirement
-from trainfleet import mesh
-from trainfleet.defaults import MESH_KEY_NAME
+from checks.report import publish
+from checks.report import report_path as report_file
+from facts.fingerprint import NodeFingerprint, plan_inputs
+from facts.gather import gather_fact, once_per_run
 from trainfleet.drift import ABSENT, Report, compare, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
-from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived, derive_cluster, uniform_variables
-from trainfleet.openmpi import cluster_params
+from trainfleet.launchers import LAUNCHER_FILES
+from trainfleet.model import Cluster
+from trainfleet.plan import NodePlan, genders_lines, plan_cluster
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 
@@ -88,56 +84,43 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
     return props
 
 
-def expect(cluster: Cluster, node: Node, keys: KeyStore, host_keys: dict[str, list[str]],
-           derived: dict[str, Derived]) -> dict[str, str]:
-    """What the spec says the node's properties must be: rendered exactly as the deploy renders."""
-    mine = derived.get(node.name)
-    uniform = uniform_variables({n: d.env for n, d in derived.items() if not d.problems})
-    mca, mca_problems = cluster_params(derived, cluster.openmpi)
+def expect(plan: NodePlan) -> dict[str, str]:
+    """What the node's properties must be: the plan's values, digested as ``observe`` digests
+    what the node holds. A part the plan could not make (it has problems, so the deploy fails
+    that step and writes nothing) is expected nothing of."""
+    node = plan.node
     props = {
-        "hostname": node.name,
-        "hostname (persistent)": node.name,
-        "hosts block": digest(render_lines("hosts/hosts_block.j2", entries=cluster.hosts_entries())),
-        "known_hosts block": digest(mesh.known_hosts_lines(cluster, host_keys)),
-        "pdsh nodes": digest([f"{n.name} trainfleet" for n in cluster.nodes]),
+        "hostname": plan.hostname,
+        "hostname (persistent)": plan.hostname,
+        "hosts block": digest(plan.hosts.lines),
+        "stale /etc/hosts lines": "none",
+        "known_hosts block": digest(plan.known_hosts),
+        "pdsh nodes": digest(genders_lines(plan.pdsh_nodes)),
     }
     if node.gpus == 0:  # a GPU node's count and model are the preflight's to check
         props["gpus"] = "none"
-    if mine is not None and not mine.problems:
-        env = _env_string(mine.env)
+    if not plan.nccl.problems:
+        env = _env_string(plan.nccl.env)
         props["NCCL env (non-login ssh)"] = env
         props["NCCL env (login shell)"] = env
-        props["NCCL env files"] = digest([render("nccl_env/profile.sh.j2", env=mine.env),
-                                          *render_lines("nccl_env/environment.j2", env=mine.env), "--",
-                                          *render_lines("nccl_env/nccl.conf.j2", env=mine.env)])
-        forward = {k: v for k, v in mine.env.items() if k in uniform}
-        files = render_launchers(cluster, node, forward=forward, mca=mca)
+        props["NCCL env files"] = digest([plan.nccl.profile, *plan.nccl.environment, "--", *plan.nccl.nccl_conf])
+    if not plan.launchers.problems:
         props["launcher files"] = _launchers_digest(
-            files, lambda f: hashlib.sha256(f[0].encode()).hexdigest())
-    for user in cluster.mesh_users:
-        props[f"authorized_keys ({user})"] = digest(mesh.authorized_lines(cluster, user, keys))
-        props[f"ssh config ({user})"] = digest(render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes,
-                                                            user=user, key_name=MESH_KEY_NAME))
-        props[f"ssh mesh ({user})"] = "ok"
-        if not mca_problems:
-            props[f"openmpi params ({user})"] = digest(render_lines("openmpi/mca_params.j2", params=mca))
-        identity = mesh.identity(user, node, keys)
-        props[f"cluster key ({user})"] = (f"{hashlib.sha256(identity.private.encode()).hexdigest()[:12]} 600"
-                                          if identity else ABSENT)
-    stack = cluster.stack
-    if stack.get("torch"):
-        props["torch"] = torch_requirement(stack["torch"], stack.get("torch_cuda") or "cpu").split("==", 1)[1]
-    if stack.get("cuda"):
-        props["cuda"] = ".".join(stack["cuda"].split(".")[:2])
+            plan.launchers.files, lambda f: hashlib.sha256(f[0].encode()).hexdigest())
+    for user in plan.mesh:
+        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
+        props[f"ssh config ({user.user})"] = digest(user.config)
+        props[f"ssh mesh ({user.user})"] = "ok"
+        if not plan.mpi.problems:
+            props[f"openmpi params ({user.user})"] = digest(plan.mpi.lines)
+        props[f"cluster key ({user.user})"] = (
+            f"{hashlib.sha256(user.identity.private.encode()).hexdigest()[:12]} 600" if user.identity else ABSENT)
+    if plan.stack.torch:
+        props["torch"] = plan.stack.torch
+    if plan.stack.spec.get("cuda"):
+        props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
+    props.update({f"package {name}": version for name, version in plan.stack.packages.items() if version})
     return props
-
-
-def _stack_package_expectations(cluster: Cluster, family: str) -> dict[str, str]:
-    try:
-        pins = package_pins(cluster.stack, family)
-    except ValueError:
-        return {}
-    return {f"package {name}": version for name, version in pins.items() if version}
 
 
 def cluster_report(cluster: Cluster) -> Report:
@@ -147,23 +130,16 @@ def cluster_report(cluster: Cluster) -> Report:
 
 
 def _report(state, cluster: Cluster) -> Report:
-    keys = KeyStore(cluster.name)
     fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[n.name for n in cluster.nodes])
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
     unreachable = {n.name: "could not connect or read its facts" for n in cluster.nodes if n.name not in reachable}
-    host_keys, _ = mesh.cluster_host_keys(cluster, {name: fp["host_keys"] for name, fp in reachable.items()})
-    derived = derive_cluster(cluster, {name: fp["network"] for name, fp in reachable.items()})
-    observed = {name: observe(fp, cluster.mesh_users) for name, fp in reachable.items()}
+    plan = plan_cluster(cluster, plan_inputs(reachable), KeyStore(cluster.name))
+    observed = {}
     for name, fp in reachable.items():
-        stale = stale_lines(fp["hosts"]["outside"], {k.lower(): v for k, v in cluster.address_of_name().items()})
+        observed[name] = observe(fp, cluster.mesh_users)
+        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
-    expected = {}
-    for node in cluster.nodes:
-        if node.name not in reachable:
-            continue
-        expected[node.name] = expect(cluster, node, keys, host_keys, derived)
-        expected[node.name]["stale /etc/hosts lines"] = "none"
-        expected[node.name].update(_stack_package_expectations(cluster, reachable[node.name]["stack"]["os"]["family"]))
+    expected = {name: expect(plan.nodes[name]) for name in reachable}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
     _publish(report)
     return report

@@ -1,0 +1,1 @@
+"""Checks: drift and the preflight. They read nodes and the plan, and change nothing."""

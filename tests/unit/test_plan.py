@@ -1,0 +1,210 @@
+"""One plan per node (issue #14): the deploy gives its operations the plan's values and drift
+expects exactly those, so drift can never expect what the deploy would not write."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import pkgutil
+import runpy
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+import facts.gather
+import operations
+import trainfleet.inventory
+from checks.drift import _env_string, expect
+from operations import hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
+from operations.launchers import launcher_files as apply_launcher_files
+from operations.nccl_env import nccl_env as apply_nccl_env
+from operations.remote import FailCommand
+from tests.unit.test_nccl_env import ib_ports
+from trainfleet import mesh
+from trainfleet.drift import digest
+from trainfleet.keystore import KeyStore
+from trainfleet.model import Cluster
+from trainfleet.pins import package_pins
+from trainfleet.plan import ClusterPlan, Gathered, genders_lines, plan_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """\
+cluster: {name: plan, mesh_users: [root, alice]}
+nodes:
+  - {name: gpu-a01, address: 198.18.0.11}
+  - {name: gpu-a02, address: 198.18.0.12}
+  - {name: gpu-a03, address: 198.18.0.13}
+stack: {cuda: "12.4", nccl: 2.21.5-1, torch: 2.4.1, torch_cuda: cpu}
+"""
+
+
+def plain_network(address: str) -> dict:
+    """A lab node: a decoy NIC first, the cluster interface second, no InfiniBand."""
+    return {"interfaces": [{"name": "lo", "addresses": ["127.0.0.1"], "bridge": False},
+                           {"name": "eno1", "addresses": ["203.0.113.9"], "bridge": False},
+                           {"name": "eth0", "addresses": [address], "bridge": False,
+                            "cidrs": [f"{address}/24"]}],
+            "ib_ports": []}
+
+
+def roce_network(address: str, gid_index: int) -> dict:
+    """A RoCE v2 node (the ConnectX-6 sysfs tree) whose IPv4 GID sits at ``gid_index``."""
+    ports = copy.deepcopy(ib_ports("roce_v2_cx6"))
+    for gid in ports[0]["gids"]:
+        if gid["index"] == 5:
+            gid["index"] = gid_index
+    network = plain_network(address)
+    network["ib_ports"] = ports
+    return network
+
+
+def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None) -> tuple[Cluster, ClusterPlan]:
+    cluster = Cluster.parse(SPEC)
+    networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
+    gathered = Gathered(networks=networks,
+                        host_keys={n.name: [f"ssh-ed25519 AAAAC3Nz{n.name}"] for n in cluster.nodes},
+                        os_families={n.name: "debian" for n in cluster.nodes})
+    return cluster, plan_cluster(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
+
+
+def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> dict[str, list[dict]]:
+    """Run deploy/cluster.py for one node with its operations recording what they are given."""
+    calls: dict[str, list[dict]] = {}
+
+    def recorder(name: str):
+        return lambda **kwargs: calls.setdefault(name, []).append(kwargs)
+
+    monkeypatch.setattr(trainfleet.inventory, "this_node", lambda: (cluster, cluster.node(node_name)))
+    monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster, _keys: plan)
+    for module, names in ((hosts, ["hostname", "hosts_block"]), (ssh_mesh, ["known_hosts", "mesh_user"]),
+                          (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
+                          (openmpi, ["mca_params"]), (launchers, ["launcher_files"])):
+        for name in names:
+            monkeypatch.setattr(module, name, recorder(f"{module.__name__.split('.')[-1]}.{name}"))
+    runpy.run_path(str(ROOT / "deploy/cluster.py"))
+    return calls
+
+
+def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
+    """What the node will hold once the operations ran, digested as drift digests it, worked
+    out from nothing but the operations' arguments."""
+    (hostname,), (block,), (known,) = calls["hosts.hostname"], calls["hosts.hosts_block"], calls["ssh_mesh.known_hosts"]
+    (pdsh_call,), (software,), (nccl,) = calls["pdsh.pdsh"], calls["stack.software"], calls["nccl_env.nccl_env"]
+    (mpi,), (files,) = calls["openmpi.mca_params"], calls["launchers.launcher_files"]
+    given = {
+        "hostname": hostname["hostname"],
+        "hostname (persistent)": hostname["hostname"],
+        "hosts block": digest(block["lines"]),
+        "known_hosts block": digest(known["entries"]),
+        "pdsh nodes": digest(genders_lines(pdsh_call["nodes"])),
+        "torch": f"{software['pins']['torch']}+{software['pins']['torch_cuda']}",
+        "cuda": software["pins"]["cuda"],
+    }
+    given.update({f"package {name}": version for name, version in package_pins(software["pins"], "debian").items()
+                  if version})
+    if not nccl["problems"]:
+        written = dict(line.split("=", 1) for line in nccl["environment"])  # KEY=value, as pam_env reads it
+        given["NCCL env (non-login ssh)"] = _env_string({k: v.strip('"') for k, v in written.items()})
+        given["NCCL env (login shell)"] = given["NCCL env (non-login ssh)"]
+        given["NCCL env files"] = digest([nccl["profile"], *nccl["environment"], "--", *nccl["nccl_conf"]])
+    if not files["problems"]:
+        given["launcher files"] = digest([f"{name} {hashlib.sha256(content.encode()).hexdigest()}"
+                                          for name, (content, _) in sorted(files["files"].items())])
+    for user in calls["ssh_mesh.mesh_user"]:
+        name = user["user"]
+        given[f"authorized_keys ({name})"] = digest(user["authorized"])
+        given[f"ssh config ({name})"] = digest(user["config"])
+        given[f"cluster key ({name})"] = f"{hashlib.sha256(user['identity'].private.encode()).hexdigest()[:12]} 600"
+        if name in mpi["users"] and not mpi["problems"]:
+            given[f"openmpi params ({name})"] = digest(mpi["lines"])
+    return given
+
+
+# Properties drift checks that no operation writes: the node's own answers.
+OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)"}
+
+
+def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch):
+    cluster, plan = three_node_plan(tmp_path)
+    for node in cluster.nodes:
+        given = given_to_operations(deploy_calls(monkeypatch, cluster, node.name, plan))
+        expected = expect(plan.nodes[node.name])
+        assert set(expected) - set(given) == OBSERVED_ONLY, node.name
+        assert {prop: expected[prop] for prop in given} == given, node.name
+    # Nothing was left out: every capability of the deploy is expected of the node.
+    assert {"NCCL env files", "launcher files", "openmpi params (alice)", "package libnccl2"} <= set(expected)
+
+
+def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
+    _, plan = three_node_plan(tmp_path)
+    first, *others = plan.nodes.values()
+    assert all(p.hosts is first.hosts and p.known_hosts is first.known_hosts and p.mpi is first.mpi
+               for p in others)
+    assert len({id(user.config) for p in plan.nodes.values() for user in p.mesh}) == 2  # one per mesh user
+    assert first.nccl.env["NCCL_SOCKET_IFNAME"] == "=eth0"  # the cluster address's NIC, not the decoy
+
+
+def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_expected_by_drift(tmp_path, monkeypatch):
+    networks = {"gpu-a01": roce_network("198.18.0.11", 5), "gpu-a02": roce_network("198.18.0.12", 3),
+                "gpu-a03": plain_network("198.18.0.13")}
+    cluster, plan = three_node_plan(tmp_path, networks)
+    for name in ("gpu-a01", "gpu-a02"):
+        calls = deploy_calls(monkeypatch, cluster, name, plan)
+        (nccl,), (files,) = calls["nccl_env.nccl_env"], calls["launchers.launcher_files"]
+        assert nccl["problems"] == ["NCCL_IB_GID_INDEX differs between nodes: gpu-a01=5, gpu-a02=3"]
+        # The deploy: both steps fail the node and write nothing.
+        for op, kwargs in ((apply_nccl_env, nccl), (apply_launcher_files, files)):
+            commands = list(op._inner(**{k: v for k, v in kwargs.items() if k != "name"}))
+            assert len(commands) == 1 and isinstance(commands[0], FailCommand)
+        # Drift, from the same plan: no NCCL files, variables or launcher files expected of it.
+        expected = expect(plan.nodes[name])
+        assert not {p for p in expected if p.startswith("NCCL env") or p == "launcher files"}
+        assert set(expected) - set(given_to_operations(calls)) == OBSERVED_ONLY
+    # The node without RoCE is not dragged in.
+    assert plan.nodes["gpu-a03"].nccl.problems == [] and "NCCL env files" in expect(plan.nodes["gpu-a03"])
+
+
+def test_a_node_whose_network_was_not_read_fails_its_nccl_step_and_is_expected_none_of_it(tmp_path):
+    cluster = Cluster.parse(SPEC)
+    _, plan = three_node_plan(tmp_path, {n.name: plain_network(n.address) for n in cluster.nodes[:2]})
+    assert plan.nodes["gpu-a03"].nccl.problems == ["the node's network could not be read"]
+    assert "NCCL env files" not in expect(plan.nodes["gpu-a03"])
+
+
+def test_a_node_that_gave_no_host_keys_gets_them_from_the_controllers_known_hosts(tmp_path):
+    public = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"198.18.0.12 {public}\n")
+    cluster = Cluster.parse(SPEC.replace("address: 198.18.0.12}", f"address: 198.18.0.12, ssh: {{known_hosts: {known}}}}}"))
+    gathered = Gathered(networks={}, host_keys={"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [], "gpu-a03": ["ssh-ed25519 AAAA3"]})
+    plan = plan_cluster(cluster, gathered)
+    assert plan.nodes["gpu-a01"].known_hosts == mesh.known_hosts_lines(
+        cluster, {"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [public], "gpu-a03": ["ssh-ed25519 AAAA3"]})
+    assert plan.notes == ["[gpu-a02] not reachable: its host keys come from the controller's known_hosts (1 found)"]
+
+
+def test_a_plan_without_the_key_store_plans_no_mesh_and_creates_no_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path))
+    cluster = Cluster.parse(SPEC)
+    plan = plan_cluster(cluster, Gathered(networks={n.name: plain_network(n.address) for n in cluster.nodes}))
+    assert all(p.mesh == [] and p.known_hosts == [] for p in plan.nodes.values())
+    assert not any(tmp_path.iterdir())
+
+
+def _modules(package: types.ModuleType) -> list[types.ModuleType]:
+    return [importlib.import_module(f"{package.__name__}.{info.name}") for info in pkgutil.iter_modules(package.__path__)]
+
+
+@pytest.mark.parametrize("package", ["operations", "facts", "checks"])
+def test_no_module_holds_mutable_state(package):
+    """Run-time state lives on pyinfra's State: a module-level dict, list or set is refused
+    (constants are tuples or read-only mappings)."""
+    found = [f"{module.__name__}.{name}" for module in _modules(importlib.import_module(package))
+             for name, value in vars(module).items()
+             if isinstance(value, (dict, list, set, bytearray)) and not name.startswith("__")]
+    assert found == []

@@ -1,0 +1,181 @@
+"""What every node must look like: one plan per node, plain data.
+
+Built from the cluster model, the facts gathered once this run (each node's network, host
+keys and OS family) and the key store. The deploy applies it (``deploy/cluster.py`` gives each
+operation its part), drift compares what a node holds with it (``checks/drift.py``), the
+preflight reads its names and NCCL environment. Every cross-node rule is applied here,
+once; a part that cannot be planned carries its problems instead, and then the deploy fails
+that node's step and drift expects nothing of it. No pyinfra here, no host touched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfleet import mesh, openmpi
+from trainfleet.defaults import MESH_KEY_NAME
+from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.launchers import render_launchers
+from trainfleet.model import Cluster, Node
+from trainfleet.nccl import Derived, derive_cluster, uniform_variables
+from trainfleet.pins import Pins, package_pins, torch_requirement
+from trainfleet.render import render, render_lines
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The facts of every node the plan needs, ``node -> value``; a node missing was not read.
+
+    + networks: the NcclNetwork fact (interfaces, InfiniBand ports)
+    + host_keys: the node's SSH host keys; None when no host keys were gathered at all (the
+      preflight's plan needs none), so no fallback to the controller's known_hosts is made
+    + os_families: ``debian`` | ``rhel`` | ``unknown``
+    """
+
+    networks: Mapping[str, Any] = field(default_factory=dict)
+    host_keys: Mapping[str, list[str]] | None = None
+    os_families: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostsPlan:
+    lines: list[str]  # the /etc/hosts block
+    names: dict[str, str]  # every cluster name, lower-case -> the address it must resolve to
+
+
+@dataclass(frozen=True)
+class MeshUserPlan:
+    user: str
+    identity: KeyPair | None  # ~/.ssh/id_trainfleet; None once revoked
+    authorized: list[str]  # the authorized_keys block
+    config: list[str]  # the ~/.ssh/config block
+
+
+@dataclass(frozen=True)
+class NcclPlan:
+    env: dict[str, str]
+    problems: list[str]
+    profile: str  # /etc/profile.d/trainfleet-nccl.sh
+    environment: list[str]  # the /etc/environment block
+    nccl_conf: list[str]  # the /etc/nccl.conf block
+
+
+@dataclass(frozen=True)
+class MpiPlan:
+    users: list[str]
+    params: dict[str, str]
+    lines: list[str]  # the ~/.openmpi/mca-params.conf block
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class LaunchersPlan:
+    files: dict[str, tuple[str, str]]  # name -> (content, mode)
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class StackPlan:
+    spec: Mapping[str, Any]  # the spec's ``stack`` section, as operations/stack.py takes it
+    packages: Pins  # the exact packages for the node's OS family (empty when it is unknown)
+    torch: str | None  # the version ``torch.__version__`` must report
+    problems: list[str]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node: Node
+    hostname: str
+    hosts: HostsPlan
+    known_hosts: list[str]
+    mesh: list[MeshUserPlan]  # empty in a plan made without the key store
+    pdsh_nodes: list[str]
+    stack: StackPlan
+    nccl: NcclPlan
+    mpi: MpiPlan
+    launchers: LaunchersPlan
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    nodes: dict[str, NodePlan]
+    notes: list[str]  # what a person should know about this run's plan (warnings)
+
+
+def genders_lines(nodes: list[str]) -> list[str]:
+    """The /etc/genders block ``pdsh -a`` reads on Debian: ``name trainfleet`` per node."""
+    return [f"{name} trainfleet" for name in nodes]
+
+
+def nccl_part(derived: Derived) -> NcclPlan:
+    env = derived.env
+    return NcclPlan(env=dict(env), problems=list(derived.problems),
+                    profile=render("nccl_env/profile.sh.j2", env=env),
+                    environment=render_lines("nccl_env/environment.j2", env=env),
+                    nccl_conf=render_lines("nccl_env/nccl.conf.j2", env=env))
+
+
+def stack_part(stack: Mapping[str, Any], family: str | None) -> StackPlan:
+    problems: list[str] = []
+    packages: Pins = {}
+    if family in ("debian", "rhel"):
+        try:
+            packages = package_pins(stack, family)
+        except ValueError as exc:
+            problems.append(str(exc))
+    torch = (torch_requirement(stack["torch"], stack.get("torch_cuda") or "cpu").split("==", 1)[1]
+             if stack.get("torch") else None)
+    return StackPlan(spec=stack, packages=packages, torch=torch, problems=problems)
+
+
+def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:
+    """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
+    config, MCA parameters) are built once and shared by every node's plan.
+
+    + keys: the key store; None plans no SSH mesh (the preflight needs none, and reading the
+      store would create keys)
+    """
+    notes: list[str] = []
+    derived = derive_cluster(cluster, gathered.networks)
+    interfaces = {d.interface for d in derived.values() if d.interface}
+    if len(interfaces) > 1:
+        notes.append(f"cluster interfaces differ between nodes ({', '.join(sorted(interfaces))}): each node gets "
+                     "its own, but DeepSpeed's and ColossalAI's runners forward the launching node's "
+                     "NCCL_SOCKET_IFNAME to every node")
+    known_hosts: list[str] = []
+    if gathered.host_keys is not None:
+        host_keys, fallback = mesh.cluster_host_keys(cluster, gathered.host_keys)
+        notes += [f"[{name}] not reachable: its host keys come from the controller's known_hosts "
+                  f"({len(host_keys[name])} found)" for name in fallback]
+        known_hosts = mesh.known_hosts_lines(cluster, host_keys)
+
+    entries = cluster.hosts_entries()
+    hosts = HostsPlan(lines=render_lines("hosts/hosts_block.j2", entries=entries),
+                      names={name.lower(): address for address, names in entries for name in names})
+    users = cluster.mesh_users
+    authorized = {user: mesh.authorized_lines(cluster, user, keys) for user in users} if keys else {}
+    config = {user: render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user=user, key_name=MESH_KEY_NAME)
+              for user in users}
+    params, mpi_problems = openmpi.cluster_params(derived, cluster.openmpi)
+    mpi = MpiPlan(users=list(users), params=params, lines=render_lines("openmpi/mca_params.j2", params=params),
+                  problems=mpi_problems)
+    uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
+    pdsh_nodes = [n.name for n in cluster.nodes]
+
+    plans = {}
+    for node in cluster.nodes:
+        mine = derived.get(node.name) or Derived(problems=["the node's network could not be read"])
+        nccl = nccl_part(mine)
+        forward = {k: v for k, v in mine.env.items() if k in uniform}
+        launchers = LaunchersPlan(files=render_launchers(cluster, node, forward=forward, mca=params),
+                                  problems=[f"NCCL environment: {p}" for p in nccl.problems])
+        mesh_users = [MeshUserPlan(user=user, identity=mesh.identity(user, node, keys),
+                                   authorized=authorized[user], config=config[user])
+                      for user in users] if keys else []
+        plans[node.name] = NodePlan(
+            node=node, hostname=node.name, hosts=hosts, known_hosts=known_hosts, mesh=mesh_users,
+            pdsh_nodes=pdsh_nodes, stack=stack_part(cluster.stack, gathered.os_families.get(node.name)),
+            nccl=nccl, mpi=mpi, launchers=launchers)
+    return ClusterPlan(nodes=plans, notes=notes)
