@@ -6,10 +6,9 @@ Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names 
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
