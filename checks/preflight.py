@@ -25,10 +25,11 @@ from pyinfra.api import QuoteString, State, StringCommand
 
 from checks.report import publish
 from checks.report import report_path as report_file
+from facts.fingerprint import MeshProofs
 from facts.gather import gather_fact, once_per_run
 from facts.nccl_env import NcclNetwork
 from facts.shm import parse_sysvipc_shm
-from trainfleet.defaults import LAUNCH_DIR, RUN_DIR, VENV_DIR
+from trainfleet.defaults import LAUNCH_DIR, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, RUN_DIR, VENV_DIR
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
@@ -38,6 +39,8 @@ from trainfleet.preflight import (
     hygiene_problems,
     isolate,
     listener_pids,
+    mesh_problems,
+    printable,
     reachability_problems,
     shm_warnings,
 )
@@ -137,24 +140,35 @@ def _refusals(stage: str, out: dict[str, list[str]]) -> list[Problem]:
             for line in dict.fromkeys(lines) if line.startswith(REFUSED)]
 
 
+_EXIT_LINE = re.compile(r"exit ([0-9]{1,3})", re.ASCII)
+
+
 def _steps(lines: list[str]) -> list[dict[str, Any]]:
-    steps = []
+    """The collective's JSON steps, and what collective.sh says when python itself failed:
+    ``nopython`` (no venv), ``exit N`` and the last ``stderr`` lines (escaped: a user may
+    write into what a failing import prints)."""
+    steps: list[dict[str, Any]] = []
     for line in lines:
-        try:
-            steps.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+        exited = _EXIT_LINE.fullmatch(line)
+        if line == "nopython":
+            steps.append({"step": "error", "stage": "python",
+                          "error": f"no python at {VENV_DIR}/bin/python: the node has no venv (pin stack.torch and deploy)"})
+        elif exited:
+            steps.append({"step": "exit", "code": int(exited.group(1))})
+        elif line.startswith("stderr "):
+            steps.append({"step": "stderr", "text": printable(line[len("stderr "):])})
+        else:
+            try:
+                step = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(step, dict):
+                steps.append(step)
     return steps
 
 
-def _printable(text: str, limit: int = 200) -> str:
-    """``text`` with anything but printable ASCII escaped (no terminal control sequences)."""
-    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
-                   for c in text[:limit])
-
-
 def parse_hygiene(lines: list[str]) -> dict[str, Any]:
-    """One node's hygiene output: port holder, name resolution, GPUs visible (``nvidia-smi -L``
+    """One node's hygiene output: port holder, name resolution, its hostname, GPUs visible (``nvidia-smi -L``
     lines, limited by CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env, its hostfile slots."""
     data: dict[str, Any] = {"resolves": {}, "env": {}}
     sysvipc = [line[len("sysvipc "):] for line in lines if line.startswith("sysvipc ")]
@@ -165,10 +179,12 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
         if kind == "holder":  # an `ss -ltnp` line; the process is in users:((...))
             users = re.search(r"users:\(\(.*\)\)", rest)
             # Any user names their own processes: nothing they chose reaches a terminal raw.
-            data["port_holder"] = _printable(users.group(0)) if users else "by a process ss cannot name"
+            data["port_holder"] = printable(users.group(0)) if users else "by a process ss cannot name"
         elif kind == "resolve":
             name, _, addr = rest.partition(" ")
             data["resolves"][name] = addr.strip()
+        elif kind == "hostname":
+            data["hostname"] = printable(rest.strip())
         elif kind == "gpus":
             data["visible_gpus"] = 0
         elif kind == "gpu" and rest.startswith("GPU "):
@@ -246,6 +262,36 @@ def _reachability(state: State, cluster: Cluster, report: PreflightReport, maste
         run_everywhere(state, {node: end_listeners_command(token, pids.get(node, [])) for node in started}, 5)
 
 
+def mesh_bound(nodes: int) -> int:
+    """Seconds the SSH stage may take: every peer probed (a bounded number at once, each
+    within MESH_PROBE_TIMEOUT), one retry round, and a margin."""
+    rounds = -(-nodes // MESH_PROBE_PARALLEL) + 1
+    return MESH_PROBE_TIMEOUT * rounds + 5
+
+
+def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: set[str]) -> None:
+    """Every node logs in to every node by name as each mesh user, host keys verified, no
+    prompt: the path pdsh, DeepSpeed's runner, mpirun and Horovod take to start ranks. A node
+    that cannot be reached is named once, as unreachable, not again by each of its peers."""
+    peers = [n.name for n in cluster.nodes if n.name in active]
+    seconds = mesh_bound(len(peers))
+    facts = {name: MeshProofs() for name in peers}
+    out = run_everywhere(state, {
+        node: StringCommand("timeout", "-k", "2", str(seconds), "sh", "-c",
+                            QuoteString(fact.command(users=cluster.mesh_users, peers=peers).get_raw_value()))
+        for node, fact in facts.items()}, seconds)
+    proofs: dict[str, dict[str, dict[str, str]] | None] = {}
+    for node, lines in sorted(out.items()):
+        try:
+            read = facts[node].process(lines)
+        except Exception:  # cut off or unreadable: the verdict says nothing was proven
+            proofs[node] = None
+            continue
+        proofs[node] = {user: read[f"mesh_proof:{user}"] for user in cluster.mesh_users}
+    report.details["ssh"] = proofs
+    report.problems += mesh_problems(cluster, proofs, peers, seconds)
+
+
 def end_listeners_command(token: str, pids: list[int]) -> StringCommand:
     """Kill these PIDs (validated ints) if they are still this run's listeners; remove the
     listeners' working directory."""
@@ -303,6 +349,9 @@ def _run(state: State, cluster: Cluster) -> PreflightReport:
     master_port_free = not report.details["hygiene"].get(cluster.master.name, {}).get("port_holder")
     _reachability(state, cluster, report, master_port_free)
     report.stages["reachability"] = "failed" if any(p.stage == "reachability" for p in report.problems) else "ok"
+    if cluster.mesh_users:
+        _ssh_mesh(state, cluster, report, active)
+        report.stages["ssh"] = "failed" if any(p.stage == "ssh" for p in report.problems) else "ok"
     if len(active) < len(cluster.nodes) or not master_port_free:
         report.stages["collective"] = "skipped"  # it cannot succeed: the cause is named above
     else:

@@ -1,13 +1,15 @@
 """Preflight: ``pyinfra inventories/prod.py deploy/preflight.py`` proves the cluster can train.
 
 Stages, each bounded in time, all nodes at once:
-1. hygiene: master port free, names resolve alike everywhere, slots = GPUs = visible
-   devices, the derived NCCL/Gloo variables in the non-login environment ranks get;
+1. hygiene: master port free, hostnames unique, names resolve alike everywhere, slots =
+   GPUs = visible devices, the derived NCCL/Gloo variables in the non-login environment;
 2. reachability: every node connects to every peer on its cluster address, and to the
    master's rendezvous port (temporary listeners);
-3. a real torch.distributed collective (nccl on GPUs, gloo otherwise): all_reduce of a known
-   tensor checked for the right sum, all_gather of every rank's versions compared;
-4. when 3 fails: 2-rank collectives of the master with each node name the one at fault.
+3. ssh: every node logs in to every node by name as each mesh user (host keys verified);
+4. a real torch.distributed collective (nccl on GPUs, gloo otherwise): all_reduce of a known
+   tensor checked for the right sum, all_gather of every rank's versions compared; a rank
+   that cannot run (no venv, no torch, a python that cannot start) says why in its own words;
+5. when 4 fails: 2-rank collectives of the master with each node name the one at fault.
 A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json.
 A node with a problem fails the run. Nothing is left running and nothing is changed, but for
 an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fresh directory

@@ -99,10 +99,13 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
 def sections(users: list[str], peers: list[str]) -> Parts:
     """Everything a converged node is checked on: what the deploy reads, plus the machine's
     identity, the NCCL variables as processes see them and a live probe of the SSH mesh."""
-    parts: Parts = {"identity": (Identity, {}), **deploy_sections(users), "nccl_seen": (NcclEnvSeen, {})}
-    for user in users:
-        parts[f"mesh_proof:{user}"] = (SshMeshProof, {"user": user, "peers": list(peers)})
-    return parts
+    return {"identity": (Identity, {}), **deploy_sections(users), "nccl_seen": (NcclEnvSeen, {}),
+            **mesh_proof_sections(users, peers)}
+
+
+def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
+    """A live probe of every peer as each mesh user (drift's and the preflight's)."""
+    return {f"mesh_proof:{user}": (SshMeshProof, {"user": user, "peers": list(peers)}) for user in users}
 
 
 class FactBundle(FactBase[dict[str, Any]]):
@@ -160,6 +163,22 @@ class NodeFingerprint(FactBundle):
 
     def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
         return sections(users, peers)
+
+    def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
+        return super().command(users=users, peers=peers)
+
+
+class MeshProofs(FactBundle):
+    """
+    The SSH mesh proved from this node as every mesh user, in one remote command:
+    ``{"mesh_proof:<user>": {peer: "ok" | reason}}`` (see SshMeshProof).
+
+    + users: the mesh users
+    + peers: every node's name
+    """
+
+    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
+        return mesh_proof_sections(users, peers)
 
     def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
         return super().command(users=users, peers=peers)

@@ -16,7 +16,7 @@ from trainfleet.model import Cluster
 
 @dataclass(frozen=True)
 class Problem:
-    stage: str  # hygiene | reachability | collective | isolation | unreachable
+    stage: str  # hygiene | reachability | ssh | collective | isolation | unreachable
     node: str
     cause: str
 
@@ -84,13 +84,14 @@ def listener_pids(lines: list[str]) -> tuple[list[int], list[str]]:
 
 def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected_env: dict[str, dict[str, str]],
                      launch_slots: dict[str, int]) -> list[Problem]:
-    """Stage 1: the master port is free; names resolve alike everywhere; slots = GPUs = visible
-    devices; the non-login environment holds the derived NCCL/Gloo variables."""
+    """Stage 1: the master port is free; hostnames are unique; names resolve alike everywhere;
+    slots = GPUs = visible devices; the non-login environment holds the derived NCCL/Gloo variables."""
     problems: list[Problem] = []
     master = cluster.master.name
     holder = seen.get(master, {}).get("port_holder")
     if holder:
         problems.append(Problem("hygiene", master, f"master port {cluster.master_port} is already in use ({holder})"))
+    problems += duplicate_hostnames({node: data["hostname"] for node, data in seen.items() if data.get("hostname")})
     addresses = cluster.address_of_name()
     for node, data in seen.items():
         for name, got in sorted(data.get("resolves", {}).items()):
@@ -117,6 +118,17 @@ def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected
             if env.get(key) != value:
                 problems.append(Problem("hygiene", node, f"{key} is {env.get(key, 'missing')!r} in the non-login "
                                                          f"environment ranks get, expected {value!r}"))
+    return problems
+
+
+def duplicate_hostnames(hostnames: dict[str, str]) -> list[Problem]:
+    """Nodes that report the same hostname: ranks, pdsh and DeepSpeed's runner tell nodes
+    apart by it (torch.distributed's error messages, MPI's host lists), so each is named."""
+    problems = []
+    for node, name in sorted(hostnames.items()):
+        others = sorted(n for n, h in hostnames.items() if h == name and n != node)
+        if others:
+            problems.append(Problem("hygiene", node, f"its hostname {name!r} is also the hostname of {', '.join(others)}"))
     return problems
 
 
@@ -162,25 +174,46 @@ def reachability_problems(cluster: Cluster, matrix: dict[str, dict[str, str]]) -
     return problems
 
 
+def mesh_problems(cluster: Cluster, proofs: dict[str, dict[str, dict[str, str]] | None], names: list[str],
+                  seconds: int) -> list[Problem]:
+    """The SSH stage: ``proofs[node][user][peer] = "ok" | reason`` (None: the node's probe
+    gave no complete answer) over the reachable ``names``. Every peer of every mesh user must
+    be "ok": a probe that did not run, or a peer missing from it, is a failure, never a pass."""
+    problems = []
+    for node in names:
+        users = proofs.get(node)
+        if users is None:
+            problems.append(Problem("ssh", node, f"its SSH probes gave no complete answer within {seconds} s"))
+            continue
+        for user in cluster.mesh_users:
+            results = users.get(user) or {}
+            failed = [(peer, results.get(peer, "not probed")) for peer in names if results.get(peer) != "ok"]
+            for peer, why in failed:
+                problems.append(Problem("ssh", node, f"as {user}, cannot ssh to {peer}: {printable(why)}"))
+    return problems
+
+
+def printable(text: str, limit: int = 200) -> str:
+    """``text`` with anything but printable ASCII escaped (no terminal control sequences)."""
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in text[:limit])
+
+
 def collective_problems(cluster: Cluster, steps: dict[str, list[dict[str, Any]]]) -> list[Problem]:
     """Stage 3: every rank got through all_reduce (right sum) and all_gather (same versions)."""
     problems: list[Problem] = []
     names = [n.name for n in cluster.nodes]
-    last = {node: (steps.get(node) or [{"step": "no output"}])[-1] for node in names}
+    causes = {node: rank_failure(steps.get(node, [])) for node in names}
     rendezvous = next((s for node in names for s in steps.get(node, []) if s.get("stage") == "rendezvous"), None)
     if rendezvous:
-        missing = [names[r] for r in rendezvous["missing"]]
+        missing = [names[r] for r in rendezvous["missing"] if 0 <= r < len(names)]
         for node in missing:
-            problems.append(Problem("collective", node, f"never joined the rendezvous at {cluster.master.name}:"
-                                                        f"{cluster.master_port} (joined: "
-                                                        f"{', '.join(names[r] for r in rendezvous['joined']) or 'none'})"))
+            own = causes[node]  # a rank that failed on its own (no venv, no torch) says why
+            problems.append(Problem("collective", node, own if own and "timed out" not in own else
+                                    f"never joined the rendezvous at {cluster.master.name}:{cluster.master_port} "
+                                    f"(joined: {', '.join(names[r] for r in rendezvous['joined'] if 0 <= r < len(names)) or 'none'})"))
         return problems
-    for node in names:
-        step = last[node]
-        if step.get("step") == "error":
-            problems.append(Problem("collective", node, f"{step.get('stage')} failed: {step.get('error')}"))
-        elif step.get("step") != "done":
-            problems.append(Problem("collective", node, f"stopped after {step.get('step')!r} (timed out)"))
+    problems += [Problem("collective", node, cause) for node, cause in causes.items() if cause]
     for node in names:
         for step in steps.get(node, []):
             if step.get("step") == "all_reduce" and not step.get("ok"):
@@ -189,6 +222,25 @@ def collective_problems(cluster: Cluster, steps: dict[str, list[dict[str, Any]]]
     if gathered:
         problems += version_problems(names, gathered)
     return problems
+
+
+TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace period
+
+
+def rank_failure(steps: list[dict[str, Any]]) -> str | None:
+    """Why one rank did not finish, in the words of what failed (None: it finished)."""
+    progress = [s for s in steps if s.get("step") not in ("exit", "stderr")]
+    last = progress[-1] if progress else {"step": "no output"}
+    if last.get("step") == "done":
+        return None
+    if last.get("step") == "error":
+        return f"{last.get('stage')} failed: {printable(str(last.get('error')))}"
+    code = next((s.get("code") for s in steps if s.get("step") == "exit"), None)
+    stderr = [s.get("text", "") for s in steps if s.get("step") == "stderr"]
+    if code is None or code in TIMEOUT_EXITS:
+        return f"stopped after {last.get('step')!r} (timed out)"
+    said = f": {stderr[-1]}" if stderr else " and wrote nothing to stderr"
+    return f"python exited with status {code} after {last.get('step')!r}{said}"
 
 
 def version_problems(names: list[str], versions: list[dict[str, Any]]) -> list[Problem]:

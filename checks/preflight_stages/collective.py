@@ -21,8 +21,8 @@ say("start", rank=rank, host=socket.gethostname())
 try:
     import torch
     import torch.distributed as dist
-except Exception as exc:  # the venv itself is broken
-    say("error", stage="import", error=repr(exc))
+except Exception as exc:  # the venv itself is broken: its own words, e.g. "No module named 'torch'"
+    say("error", stage="import", error=f"{type(exc).__name__}: {exc}")
     sys.exit(2)
 
 # Rendezvous through the master's store first, so that on a timeout the master can say

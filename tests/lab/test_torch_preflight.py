@@ -43,7 +43,9 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     lab, inventory = torch_lab
     run, report, _ = preflight(inventory)
     assert run.returncode == 0, run.describe()
-    assert report["ok"] is True and report["stages"] == {"hygiene": "ok", "reachability": "ok", "collective": "ok"}
+    assert report["ok"] is True
+    assert report["stages"] == {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok"}
+    assert report["details"]["ssh"] == {node: {"root": {peer: "ok" for peer in NODES}} for node in NODES}
     steps = report["details"]["collective"]["steps"]
     assert report["details"]["collective"]["backend"] == "gloo"
     for node in NODES:
@@ -72,6 +74,48 @@ def test_the_naive_interface_on_one_node_is_named(torch_lab):
         assert {n for hosts in run.errors().values() for n in hosts} == {"node2"}
     finally:
         deploy_twice(inventory, "deploy/cluster.py")
+    assert_nothing_left_running(lab)
+
+
+def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_not_as_timeouts(torch_lab):
+    lab, inventory = torch_lab
+    torch_dir = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch"
+    lab.ssh("node2", "mv /opt/trainfleet/venv /opt/trainfleet/venv.off")
+    lab.ssh("node3", f"mv {torch_dir} {torch_dir}.off")
+    try:
+        run, report, _ = preflight(inventory)
+        assert run.returncode != 0
+        collective = [(node, cause) for node, stage, cause in problems(report) if stage == "collective"]
+        assert collective == [
+            ("node2", "python failed: no python at /opt/trainfleet/venv/bin/python: the node has no venv "
+                      "(pin stack.torch and deploy)"),
+            ("node3", "import failed: ModuleNotFoundError: No module named 'torch'"),
+        ], collective
+        assert "timed out" not in json.dumps(report["problems"])
+    finally:
+        lab.ssh("node2", "mv /opt/trainfleet/venv.off /opt/trainfleet/venv")
+        lab.ssh("node3", f"mv {torch_dir}.off {torch_dir}")
+    assert_nothing_left_running(lab)
+
+
+def test_a_shared_hostname_and_a_node_whose_mesh_key_is_gone_are_named(torch_lab):
+    lab, inventory = torch_lab
+    lab.ssh("node3", "hostname node2")
+    lab.ssh("node1", "mv /root/.ssh/id_trainfleet /root/.ssh/id_trainfleet.off")
+    try:
+        run, report, _ = preflight(inventory)
+        assert run.returncode != 0
+        found = problems(report)
+        assert ("node2", "hygiene", "its hostname 'node2' is also the hostname of node3") in found
+        assert ("node3", "hygiene", "its hostname 'node2' is also the hostname of node2") in found
+        ssh = [(node, cause) for node, stage, cause in found if stage == "ssh"]
+        assert [node for node, _ in ssh] == ["node1"] * 3, ssh
+        assert all(cause.startswith(f"as root, cannot ssh to {peer}: rc=255")
+                   for (_, cause), peer in zip(ssh, NODES)), ssh
+        assert report["stages"]["ssh"] == "failed"
+    finally:
+        lab.ssh("node3", "hostname node3")
+        lab.ssh("node1", "mv /root/.ssh/id_trainfleet.off /root/.ssh/id_trainfleet")
     assert_nothing_left_running(lab)
 
 
@@ -193,7 +237,8 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
         ran = {node: lab.ssh(node, "ls /tmp/PWNED-* 2>/dev/null || true").split() for node in NODES}
         assert ran == {node: [] for node in NODES}, "planted modules ran as root"
         assert run.returncode == 0, run.describe()
-        assert report["ok"] is True and report["stages"] == {"hygiene": "ok", "reachability": "ok", "collective": "ok"}
+        assert report["ok"] is True
+        assert report["stages"] == {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok"}
         for node in NODES:
             # The private working directories are made under a root-only directory and removed.
             assert lab.ssh(node, "stat -c '%u %a %F' /run/trainfleet").strip() == "0 700 directory"

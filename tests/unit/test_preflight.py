@@ -257,3 +257,115 @@ def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
 def test_a_port_holders_name_reaches_the_report_without_control_characters():
     holder = 'holder LISTEN 0 128 0.0.0.0:29500 0.0.0.0:* users:(("\x1b]0;owned\x07x",pid=4242,fd=3))'
     assert parse_hygiene([holder])["port_holder"] == 'users:(("\\x1b]0;owned\\x07x",pid=4242,fd=3))'
+
+
+# ---- the collective says why a rank failed, in that rank's own words ------------------------
+
+def _collective_on(preflight, venv, cwd) -> list[dict]:
+    """Run the real collective command of rank 0 of 1 with ``venv`` as the node venv."""
+    preflight.VENV_DIR = str(venv)
+    command = preflight._collective_command(0, 1, "127.0.0.1", 1, "gloo", 5)
+    return preflight._steps(_run_stage(command, cwd).stdout.splitlines())
+
+
+def causes(steps: list[dict]) -> list[str]:
+    one = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n")
+    return [p.cause for p in collective_problems(one, {"gpu-a01": steps})]
+
+
+def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(planted, monkeypatch, tmp_path):
+    preflight, _, cwd = planted
+    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    venv = tmp_path / "no-venv"
+    assert causes(_collective_on(preflight, venv, cwd)) == [
+        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"]
+
+
+def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeypatch, tmp_path):
+    preflight, _, cwd = planted
+    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert causes(_collective_on(preflight, venv, cwd)) == [
+        "import failed: ModuleNotFoundError: No module named 'torch'"]
+
+
+def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words(planted, monkeypatch, tmp_path):
+    preflight, _, cwd = planted
+    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    # what a venv whose base interpreter was removed prints (the dynamic loader's message)
+    python.write_text("#!/bin/sh\necho 'python: error while loading shared libraries: libpython3.11.so.1.0: "
+                      "cannot open shared object file: No such file or directory' >&2\nexit 127\n")
+    python.chmod(0o755)
+    assert causes(_collective_on(preflight, tmp_path / "venv", cwd)) == [
+        "python exited with status 127 after 'no output': python: error while loading shared libraries: "
+        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"]
+
+
+def test_what_a_failing_rank_printed_reaches_the_report_escaped_and_silence_is_a_timeout():
+    import checks.preflight as preflight
+
+    steps = preflight._steps(['{"step": "start"}', "exit 1", "stderr \x1b]0;owned\x07 Traceback"])
+    assert causes(steps) == ["python exited with status 1 after 'start': \\x1b]0;owned\\x07 Traceback"]
+    assert causes(preflight._steps(['{"step": "start"}', "exit 124"])) == ["stopped after 'start' (timed out)"]
+    assert causes([]) == ["stopped after 'no output' (timed out)"]
+    assert preflight._steps(["[1, 2]", "exit 9999", "nonsense"]) == []
+
+
+def test_a_rank_that_never_joined_because_its_python_is_missing_says_so():
+    timeout = {"step": "timeout", "stage": "rendezvous", "joined": [0, 1], "missing": [2]}
+    missing = {"step": "error", "stage": "python", "error": "no python at /opt/trainfleet/venv/bin/python"}
+    steps = {"gpu-a01": [{"step": "start"}, timeout], "gpu-a02": [{"step": "start"}], "gpu-a03": [missing]}
+    assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
+        ("gpu-a03", "python failed: no python at /opt/trainfleet/venv/bin/python")]
+
+
+# ---- hostnames and the SSH mesh -------------------------------------------------------------
+
+def test_nodes_sharing_a_hostname_are_each_named():
+    outputs = {n.name: node_output(extra=[f"hostname {n.name}"]) for n in CLUSTER.nodes}
+    assert problems_for(outputs) == []
+    outputs["gpu-a03"] = node_output(extra=["hostname gpu-a02"])
+    assert problems_for(outputs) == ["gpu-a02: its hostname 'gpu-a02' is also the hostname of gpu-a03",
+                                     "gpu-a03: its hostname 'gpu-a02' is also the hostname of gpu-a02"]
+
+
+def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails():
+    from trainfleet.preflight import mesh_problems
+
+    cluster = Cluster.parse(CLUSTER_TEXT_WITH_USERS)
+    names = [n.name for n in cluster.nodes]
+    ok = {user: {peer: "ok" for peer in names} for user in ("root", "alice")}
+    assert mesh_problems(cluster, {n: ok for n in names}, names, 25) == []
+    one_way = {**ok, "alice": {**ok["alice"], "gpu-a03": "rc=255 alice@gpu-a03: Permission denied (publickey)."}}
+    partial = {"root": {"gpu-a01": "ok"}, "alice": ok["alice"]}  # peers the probe never reported
+    proofs = {"gpu-a01": one_way, "gpu-a02": partial, "gpu-a03": None}
+    assert [(p.node, p.cause) for p in mesh_problems(cluster, proofs, names, 25)] == [
+        ("gpu-a01", "as alice, cannot ssh to gpu-a03: rc=255 alice@gpu-a03: Permission denied (publickey)."),
+        ("gpu-a02", "as root, cannot ssh to gpu-a02: not probed"),
+        ("gpu-a02", "as root, cannot ssh to gpu-a03: not probed"),
+        ("gpu-a03", "its SSH probes gave no complete answer within 25 s"),
+    ]
+    # a node that could not be reached at all is named once, as unreachable, by the caller
+    assert mesh_problems(cluster, {n: ok for n in names[:2]}, names[:2], 25) == []
+
+
+def test_the_ssh_stage_reads_one_bundled_probe_per_node_and_a_cut_off_answer_is_no_pass():
+    from facts.fingerprint import MeshProofs
+
+    fact = MeshProofs()
+    command = fact.command(users=["root", "alice"], peers=["gpu-a01", "gpu-a02"]).get_raw_value()
+    assert command.count("BatchMode=yes") == 2 and "StrictHostKeyChecking=yes" in command
+    with pytest.raises(Exception):
+        fact.process([])  # killed by its bound before any section: nothing proven
+
+
+CLUSTER_TEXT_WITH_USERS = """\
+cluster: {mesh_users: [root, alice]}
+nodes:
+  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}
+  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}
+  - {name: gpu-a03, address: 192.0.2.13, gpus: 8}
+"""
