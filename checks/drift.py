@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCHER_FILES
 from trainfleet.model import Cluster
+from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
@@ -64,7 +66,7 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
         "openmpi": fp["openmpi"]["version"] or ABSENT,
     }
     for name, version in sorted(stack.get("packages", {}).items()):
-        if name.startswith(("libnccl", "libcudnn", "cuda-toolkit")):
+        if re.match(PINNED_PACKAGES, name):
             props[f"package {name}"] = version
     for user in users:
         state = fp[f"mesh_user:{user}"]

@@ -30,8 +30,8 @@ for user in plan.mesh:
 # pdsh: `pdsh -a` runs on every node, over ssh.
 pdsh.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)
 
-# Software stack: CUDA, cuDNN, NCCL, GCC and PyTorch exactly at the spec's pins, held.
-stack.software(name="Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)", pins=plan.stack.spec)
+# Software stack: CUDA, cuDNN, NCCL, OpenMPI, GCC and PyTorch exactly at the spec's pins, held.
+stack.software(name="Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)", pins=plan.stack.spec)
 
 # NCCL network environment: from each node's own network, where every rank sees it.
 nccl_env.nccl_env(name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",

@@ -9,6 +9,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block import SECTION, split_sections
 from trainfleet.osfamily import OsFamilyT, os_family
+from trainfleet.pins import PINNED_PACKAGES
 
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
@@ -19,10 +20,10 @@ _SCRIPT = r"""
 venv=$1 sep=$2 prof=$3 py=$4
 ( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
 if command -v dpkg-query >/dev/null 2>&1; then
-  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' 2>/dev/null
+  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 2>/dev/null
 fi
 if command -v rpm >/dev/null 2>&1; then
-  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' 2>/dev/null
+  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi 2>/dev/null
 fi
 for f in /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list; do
   [ -r "$f" ] && awk '/^[^#! ]/ { print "lock " $0 }' "$f"
@@ -69,7 +70,7 @@ if gpu:
 
 _NVCC = re.compile(r"release (\S+), V(\S+)")
 _GCC = re.compile(r"^\S+ \(.*?\) ((\d+)\.\d+\S*)")  # "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"
-_STACK_NAME = re.compile(r"^(cuda-toolkit-|libcudnn|libnccl)")
+_STACK_NAME = re.compile(PINNED_PACKAGES)
 
 
 class NvccT(TypedDict):
@@ -94,7 +95,7 @@ class GccT(TypedDict):
 
 class StackVersionsT(TypedDict):
     os: OsFamilyT
-    packages: dict[str, str]  # installed cuda-toolkit-*/libcudnn*/libnccl* -> version
+    packages: dict[str, str]  # installed cuda-toolkit-*/libcudnn*/libnccl*/openmpi(-bin) -> version
     held: list[str]  # those held (dpkg selection "hold") or version-locked (dnf/yum)
     keyring: bool  # the CUDA apt keyring is installed
     repos: dict[str, str]  # cuda*.list / cuda*.repo path -> content

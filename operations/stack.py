@@ -1,4 +1,4 @@
-"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL packages (held), gcc, torch venv.
+"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc, torch venv.
 
 Each operation reads the StackVersions fact once and yields only what must change.
 Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names and commands.
@@ -200,11 +200,11 @@ def _spec(family: str, name: str, version: str | None) -> QuoteString:
 @operation()
 def packages(pins: Mapping[str, str | None], allow_change: bool = False):
     """
-    Install the CUDA toolkit, cuDNN and NCCL at exactly the spec's versions, and hold them
+    Install the CUDA toolkit, cuDNN, NCCL and OpenMPI at exactly the spec's versions, and hold them
     (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add`` on RHEL-family).
 
-    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn`` and ``nccl`` are used, a null
-      one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
+    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn``, ``nccl`` and ``openmpi`` are
+      used, a null one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
       (package names and versions: see ``package_pins``)
     + allow_change: ``True`` lets a node that has a DIFFERENT version installed be moved to
       the pin (held packages are released and re-held). Without it such a node fails with a
@@ -393,7 +393,7 @@ def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | Non
 @operation()
 def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     """
-    The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL packages (exact, held), gcc
+    The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL/OpenMPI packages (exact, held), gcc
     and the torch venv, each only where the spec pins it, from ONE StackVersions fact.
 
     + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
@@ -406,7 +406,7 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
 
         stack.software(name="Pinned software stack", pins=cluster.stack)
     """
-    if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "gcc", "torch")):
+    if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch")):
         host.noop("no stack component is pinned")
         return
     commands = []
@@ -417,6 +417,7 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
             commands += cuda_repo._inner(
                 mirror=pins.get("cuda_repo") or NVIDIA_REPOS, insecure=bool(pins.get("insecure", False)),
                 keyring_fingerprint=pins.get("cuda_keyring_fingerprint") or CUDA_KEYRING_FINGERPRINT)
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi")):
             commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
         if pins.get("gcc"):
             commands += gcc._inner(major=pins["gcc"])

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>.
+# Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>;
+# OpenMPI's mpirun (its libraries come with it as dependencies).
 _NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
+_OPENMPI = {"debian": "openmpi-bin", "rhel": "openmpi"}
+PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi)"  # the names package_pins gives, as a regex
 
 Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
 
@@ -21,6 +24,7 @@ def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
     ``{"cuda-toolkit-12-4": None, "libcudnn9-cuda-12": "9.1.0.70-1",
     "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}``. A cuda of
     ``12.4.1`` pins ``cuda-toolkit-12-4=12.4.1-1``. A value with a ``-`` release is taken as is.
+    ``openmpi: 4.1.4-3+b1`` pins ``openmpi-bin`` (``openmpi`` on rhel) at exactly that version.
     Raises ValueError when cuDNN or NCCL is pinned without the CUDA version they are built for.
     """
     cuda, cudnn, nccl = stack.get("cuda"), stack.get("cudnn"), stack.get("nccl")
@@ -43,6 +47,8 @@ def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
         version = nccl if "+" in nccl else _release(nccl, "-1") + build
         for name in _NCCL[family]:
             pins[name] = version
+    if stack.get("openmpi"):
+        pins[_OPENMPI[family]] = stack["openmpi"]
     return pins
 
 

@@ -320,6 +320,11 @@ STACK = Section(
                      example="2.4.1", accepts="`2.4.1`, `2.4.1+cu124`"),
         "torch_cuda": Key((str, NULL), None, "PyTorch CUDA variant (wheel index).", check=pattern(r"cu\d{3,4}|cpu", "cu124"),
                           example="cu124", accepts="`cu124`, `cpu`"),
+        "openmpi": Key((str, NULL), None, "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and held: "
+                       "the runtime `mpirun.sh` and `horovod.sh` use.",
+                       check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"), example="4.1.4-3+b1",
+                       accepts="the package version with its release, as `apt-cache policy openmpi-bin` or `dnf list openmpi` "
+                               "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`"),
         "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
                    example="11", accepts="1-2 digits"),
         "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",

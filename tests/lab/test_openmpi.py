@@ -1,19 +1,22 @@
-"""OpenMPI on real nodes that each have a decoy NIC listed before the cluster one: mpirun
-from node1 over the SSH mesh, its network pinned from the same facts as NCCL; and stale
-System V shared memory, reported by node and removed only on request.
+"""OpenMPI on real nodes that each have a decoy NIC listed before the cluster one: installed
+by the deploy at the spec's exact version and held, mpirun from node1 over the SSH mesh, its
+network pinned from the same facts as NCCL; and stale System V shared memory, reported by
+node and removed only on request.
 
-OpenMPI is Debian's openmpi-bin (4.1.4), installed in the nodes from the host's apt cache
-(`make host-deps` downloads it), as a cluster's admins install their MPI.
+OpenMPI is Debian 12's openmpi-bin, which the nodes install from the host's apt cache
+(`make host-deps` downloads it): `stack.openmpi` pins it, nothing is installed by hand.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from tests.lab.harness import LAB_INVENTORY, deploy_twice, fact, on_every_node, pyinfra
+from checks.drift import report_path
+from tests.lab.harness import deploy_twice, fact, pyinfra
 
 DEPLOY = "deploy/cluster.py"
 CLEANUP = "deploy/shm_cleanup.py"
@@ -21,18 +24,33 @@ NODES = ["node1", "node2", "node3"]
 OP = "OpenMPI network (~/.openmpi/mca-params.conf)"
 MCA_FILE = "/root/.openmpi/mca-params.conf"
 USER_LINE = "mpi_show_mca_params = enviro"  # the admin's own line on node2: kept, below the block
-INSTALL = "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-download openmpi-bin >/dev/null 2>&1 && echo ok"
+OPENMPI = "4.1.4-3+b1"  # Debian 12's openmpi-bin, as `apt-cache policy openmpi-bin` shows it
+STACK_OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
 # Each rank prints where it runs and the UCX device its node gave it; bounded: never a hang.
 EVERY_RANK = "timeout 90 /etc/trainfleet/launch/mpirun.sh sh -c 'echo $(hostname) ${UCX_NET_DEVICES:-unset}'"
 
 
 @pytest.fixture(scope="module")
-def mpi(lab):
+def mpi(lab, tmp_path_factory):
     lab.fresh(3)
-    assert on_every_node(lab, NODES, INSTALL) == {n: "ok\n" for n in NODES}
+    assert lab.ssh("node1", "command -v mpirun || echo none").strip() == "none"
     lab.ssh("node2", f"mkdir -p /root/.openmpi && echo '{USER_LINE}' > {MCA_FILE}")
-    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
-    return SimpleNamespace(lab=lab, first=first)
+    inventory = lab.spec_inventory(tmp_path_factory.mktemp("openmpi"), stack={"openmpi": OPENMPI})
+    first, _ = deploy_twice(inventory, DEPLOY)
+    return SimpleNamespace(lab=lab, first=first, inventory=inventory)
+
+
+def test_the_deploy_installs_exactly_the_pinned_openmpi_and_holds_it(mpi):
+    lab = mpi.lab
+    assert sorted(mpi.first.changed()[STACK_OP]) == NODES
+    for node in NODES:
+        assert lab.ssh(node, "dpkg-query -W -f='${Version}' openmpi-bin") == OPENMPI
+        assert "openmpi-bin" in lab.ssh(node, "apt-mark showhold").split()
+        assert lab.ssh(node, "mpirun --version | head -n 1").strip() == "mpirun (Open MPI) 4.1.4"
+    drift = pyinfra(mpi.inventory, "deploy/drift.py")
+    assert drift.returncode == 0, drift.describe()
+    seen = json.loads(report_path("lab").read_text())["nodes"]
+    assert {node: seen[node]["properties"]["package openmpi-bin"] for node in NODES} == {n: OPENMPI for n in NODES}
 
 
 def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(mpi):
@@ -62,18 +80,18 @@ def test_a_stale_segment_is_reported_for_its_node_and_removed_only_on_request(mp
     lab = mpi.lab
     shmid = int(lab.ssh("node2", "ipcmk -M 65536").split(":")[1])  # created, then nobody attached
 
-    seen = fact(LAB_INVENTORY, "facts.shm.StaleSharedMemory")
+    seen = fact(mpi.inventory, "facts.shm.StaleSharedMemory")
     assert [(s["shmid"], s["bytes"]) for s in seen["node2"]] == [(shmid, 65536)]
     assert seen["node1"] == [] and seen["node3"] == []
 
     # The cluster deploy never removes it; neither does the cleanup while it is younger than its bound.
-    deploy = pyinfra(LAB_INVENTORY, DEPLOY)
+    deploy = pyinfra(mpi.inventory, DEPLOY)
     assert deploy.returncode == 0 and deploy.changed() == {}, deploy.describe()
-    young = pyinfra(LAB_INVENTORY, CLEANUP)
+    young = pyinfra(mpi.inventory, CLEANUP)
     assert young.returncode == 0 and young.changed() == {}
     assert str(shmid) in lab.ssh("node2", "ipcs -m")
 
-    first, _ = deploy_twice(LAB_INVENTORY, CLEANUP, data={"trainfleet_shm_min_idle": "0"})
+    first, _ = deploy_twice(mpi.inventory, CLEANUP, data={"trainfleet_shm_min_idle": "0"})
     assert list(first.changed().values()) == [["node2"]]
     assert str(shmid) not in lab.ssh("node2", "ipcs -m")
 
@@ -85,7 +103,7 @@ def test_differing_interface_names_pin_openmpi_to_the_cluster_subnet(mpi):
     for step in (["link", "set", "eth0", "down"], ["link", "set", "eth0", "name", "ens5"], ["link", "set", "ens5", "up"]):
         subprocess.run(["ip", "-n", netns, *step], check=True)
 
-    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+    first, _ = deploy_twice(mpi.inventory, DEPLOY)
 
     assert sorted(first.changed()[OP]) == NODES
     for node in NODES:

@@ -18,7 +18,7 @@ DEPLOY = "deploy/cluster.py"
 NODES = ["node1", "node2", "node3"]
 MIRROR = "/srv/nvidia-mirror"  # on every node, as a site mirror of NVIDIA's repos would be
 STACK = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "gcc": "11", "cuda_repo": f"file://{MIRROR}"}
-OP = "Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)"
+OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
 VERSIONS = "dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 cuda-toolkit-12-4"
 PINNED = {"libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4", "libcudnn9-cuda-12": "9.1.0.70-1",
           # `cuda: 12.4` pins the series: the newest 12.4 package the repository has, then held

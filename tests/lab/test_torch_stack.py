@@ -8,7 +8,7 @@ from checks.drift import report_path
 from tests.lab.harness import TORCH_STACK, deploy_twice, fact, pyinfra
 
 NODES = ["node1", "node2", "node3"]
-OP = "Pinned software stack (CUDA, cuDNN, NCCL, GCC, PyTorch)"
+OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
 VENV_PYTHON = "/opt/trainfleet/venv/bin/python"
 
 

@@ -86,6 +86,8 @@ def test_the_example_prod_spec_is_valid():
         ("stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch: 'latest' is not a valid version"),
         ("stack:\n  nccl: '2.21'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.nccl: '2.21' is not a valid version (expected the form '2.21.5-1')"),
         ("stack:\n  torch_cuda: 'cuda124'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch_cuda: 'cuda124' is not a valid version"),
+        ("stack:\n  openmpi: '4.1.4'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4' is not a valid version (expected the form '4.1.4-3+b1')"),
+        ("stack:\n  openmpi: '4.1.4-3 ; reboot'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4-3 ; reboot' is not a valid version"),
         ("stack:\n  gcc: '11.2'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.gcc: '11.2' is not a valid version"),
         ("nccl:\n  ib: maybe\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.ib: 'maybe' must be 'auto' or 'disable'"),
         ("nccl:\n  env: {FOO: 1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: nccl.env.FOO: 'FOO' is not an NCCL_"),

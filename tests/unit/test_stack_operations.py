@@ -41,6 +41,12 @@ def test_full_versions_are_taken_as_given():
                     "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}
 
 
+def test_openmpi_is_pinned_at_the_exact_package_version_on_each_family():
+    assert package_pins({"openmpi": "4.1.4-3+b1"}, "debian") == {"openmpi-bin": "4.1.4-3+b1"}
+    assert package_pins({"openmpi": "4.1.1-5.el9"}, "rhel") == {"openmpi": "4.1.1-5.el9"}
+    assert package_pins({**PROD, "openmpi": "4.1.4-3+b1"}, "debian")["openmpi-bin"] == "4.1.4-3+b1"
+
+
 def test_unmanaged_components_pin_nothing():
     assert package_pins({"cuda": None, "cudnn": None, "nccl": None}, "debian") == {}
     with pytest.raises(ValueError):
