@@ -18,7 +18,7 @@ from checks.report import publish
 from checks.report import report_path as report_file
 from facts.fingerprint import NodeFingerprint, plan_inputs
 from facts.gather import gather_fact, once_per_run
-from trainfleet.drift import ABSENT, Report, compare, digest
+from trainfleet.drift import ABSENT, PYTHON_PREFIX, Report, absent_everywhere_else, compare, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCHER_FILES
@@ -65,6 +65,8 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
         "gcc": (stack.get("gcc") or {}).get("version") or ABSENT,
         "openmpi": fp["openmpi"]["version"] or ABSENT,
     }
+    for name, version in stack.get("venv_packages", {}).items():
+        props[f"{PYTHON_PREFIX}{name}"] = version
     for name, version in sorted(stack.get("packages", {}).items()):
         if re.match(PINNED_PACKAGES, name):
             props[f"package {name}"] = version
@@ -122,6 +124,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     if plan.stack.spec.get("cuda"):
         props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
     props.update({f"package {name}": version for name, version in plan.stack.packages.items() if version})
+    props.update({f"{PYTHON_PREFIX}{name}": version for name, version in plan.stack.python.items()})
     return props
 
 
@@ -141,6 +144,7 @@ def _report(state, cluster: Cluster) -> Report:
         observed[name] = observe(fp, cluster.mesh_users)
         stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
+    absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: expect(plan.nodes[name]) for name in reachable}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
     _publish(report)

@@ -38,8 +38,9 @@ class NpuDeviceIps(FactBase[dict[int, str]]):
     Each NPU's device IP, {device_id: ip}, read as MindSpore's hccl_tools.py reads it: the live
     answer of ``hccn_tool -i <id> -ip -g`` (the driver's tool, else the one on PATH; its first
     line, ``ipaddr:<ip>``) for every /dev/davinci<id>, and /etc/hccn.conf's
-    ``address_<id>=<ip>`` lines where the tool gives no answer (hccl_tools falls back to the file when the tool fails; HCCL's guidance is that the
-    queried value wins over a rank table's). Parsed strictly: only ``address_<n>=<IPv4>`` lines
+    ``address_<id>=<ip>`` lines where the tool gives no answer (hccl_tools falls back to the
+    file when the tool fails; HCCL's guidance is that the queried value wins over a rank
+    table's). Parsed strictly: only ``address_<n>=<IPv4>`` lines
     of the file (netmask_/netdetect_/gateway_ lines and anything else are ignored), only a
     device's first tool line and only when it is ``ipaddr:<IPv4>``; an id the file gives two
     different addresses is left out. No tool and no file: {}.

@@ -10,6 +10,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from facts.managed_block import SECTION, split_sections
 from trainfleet.osfamily import OsFamilyT, os_family
 from trainfleet.pins import PINNED_PACKAGES
+from trainfleet.schema import normalized_dist
 
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
@@ -43,8 +44,17 @@ done
 exit 0
 """
 
-# Run by the venv's python. CUDA calls only when a GPU is usable; every call guarded.
+# Run by the venv's python: every distribution it has (importlib.metadata: no pip started),
+# then what torch reports. CUDA calls only when a GPU is usable; every call guarded.
 _PY = r"""
+try:
+    import importlib.metadata as metadata
+    for dist in metadata.distributions():
+        name, version = dist.metadata["Name"], dist.version
+        if isinstance(name, str) and isinstance(version, str):
+            print("pkg", name.replace(" ", "_"), version.replace(" ", "_"))
+except Exception:
+    pass
 try:
     import torch
 except Exception:
@@ -69,6 +79,7 @@ if gpu:
 """
 
 _NVCC = re.compile(r"release (\S+), V(\S+)")
+_PKG = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*) (\S+)", re.ASCII)
 _GCC = re.compile(r"^\S+ \(.*?\) ((\d+)\.\d+\S*)")  # "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"
 _STACK_NAME = re.compile(PINNED_PACKAGES)
 
@@ -101,6 +112,7 @@ class StackVersionsT(TypedDict):
     repos: dict[str, str]  # cuda*.list / cuda*.repo path -> content
     nvcc: NvccT | None
     venv: bool  # the venv's python exists
+    venv_packages: dict[str, str]  # every distribution in the venv, PEP 503 name -> version
     torch: TorchT | None
     gcc: GccT | None  # the active gcc, first on PATH (RHEL's /etc/bashrc may source a toolset)
     system_gcc: GccT | None  # /usr/bin/gcc (on Debian: the update-alternatives choice)
@@ -136,7 +148,7 @@ class StackVersions(FactBase[StackVersionsT]):
     (``apt-mark hold``, read from dpkg's selection state) or version-locked (the dnf/yum
     versionlock list files, read directly: ``dnf versionlock list`` loads every repo),
     the CUDA apt keyring and repo files, ``nvcc --version`` (PATH, then /usr/local/cuda/bin),
-    what the venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's,
+    every package in the venv and what the venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's,
     and trainfleet's profile.d file that enables a toolset. Absent tools are None, never errors.
 
     + venv: the node venv whose python is asked for torch
@@ -151,6 +163,7 @@ class StackVersions(FactBase[StackVersionsT]):
             "repos": {"/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list": "deb [...] ... /\\n"},
             "nvcc": {"path": "/usr/local/cuda/bin/nvcc", "release": "12.4", "version": "12.4.131"},
             "venv": True,
+            "venv_packages": {"filelock": "3.13.1", "torch": "2.4.1+cu124", ...},
             "torch": {"version": "2.4.1+cu124", "cuda": "12.4", "gpu": True, "cudnn": 90100, "nccl": "2.20.5"},
             "gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
             "system_gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
@@ -171,6 +184,7 @@ class StackVersions(FactBase[StackVersionsT]):
         locks: list[str] = []
         toolsets: dict[str, GccT] = {}
         torch: dict[str, str] = {}
+        venv_packages: dict[str, str] = {}
         lines_before, sections = split_sections(output, _SECTION)  # file sections come last
         files = {path: lines or [] for path, lines in sections.items()}
         for line in lines_before:
@@ -191,6 +205,10 @@ class StackVersions(FactBase[StackVersionsT]):
                 info = gcc_info(gcc_line.strip())
                 if info:
                     toolsets[name] = info
+            elif tag == "pkg":
+                match = _PKG.fullmatch(rest)
+                if match:
+                    venv_packages[normalized_dist(match.group(1))] = match.group(2)
             elif tag.startswith("torch"):
                 torch[tag] = rest.strip()
             else:
@@ -227,6 +245,7 @@ class StackVersions(FactBase[StackVersionsT]):
             "repos": {path: "\n".join(lines) + "\n" for path, lines in sorted(files.items())},
             "nvcc": nvcc,
             "venv": head.get("venv") == "yes",
+            "venv_packages": dict(sorted(venv_packages.items())),
             "torch": torch_info,
             "gcc": gcc_info(head.get("gcc", "")),
             "system_gcc": gcc_info(head.get("sysgcc", "")),

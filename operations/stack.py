@@ -21,7 +21,7 @@ from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import Pins, package_pins, torch_requirement
-from trainfleet.schema import fingerprint_problem, url_problem
+from trainfleet.schema import fingerprint_problem, normalized_dist, url_problem
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING_DEB = CUDA_KEYRING_DEB
@@ -388,13 +388,54 @@ def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | Non
                         QuoteString(requirement), *source)
 
 
+@operation()
+def python_packages(venv: str, packages: Mapping[str, str], keep: str | None = None,
+                    wheelhouse: str | None = None, allow_change: bool = False):
+    """
+    Install Python packages in the node venv at exactly the given versions.
+
+    + venv: the node venv (made by ``torch_venv``), e.g. ``"/opt/trainfleet/venv"``
+    + packages: PEP 503 name -> exact version, e.g. ``{"accelerate": "1.15.0", "deepspeed": "0.19.8"}``
+    + keep: ``torch==<build>``, given to pip beside them so that no package's
+      requirement can move torch
+    + wheelhouse: a directory on the node holding the wheels (``--no-index --find-links``);
+      None: the node's pip index (PyPI, or its pip.conf mirror)
+    + allow_change: replace a package installed at another version; without it the node fails
+      with every such package named, and nothing changes
+
+    **Example:**
+
+    .. code:: python
+
+        stack.python_packages(name="venv packages", venv=VENV_DIR, packages={"deepspeed": "0.19.8"})
+    """
+    current = _fact(venv)
+    have = current["venv_packages"]
+    missing = {name: version for name, version in packages.items() if name not in have}
+    changes = {name: version for name, version in packages.items() if name in have and have[name] != version}
+    if changes and not allow_change:
+        yield fail_command("python_packages: not changing installed versions (set stack.allow_change to replace): "
+                           + "; ".join(f"{name} is {have[name]} in {venv}, the pin is {version}"
+                                       for name, version in changes.items()))
+        return
+    wanted = {**missing, **changes}
+    if not wanted:
+        host.noop(f"{venv} has " + (", ".join(f"{n} {v}" for n, v in packages.items()) or "no other pinned package"))
+        return
+    source = ["--no-index", "--find-links", QuoteString(wheelhouse)] if wheelhouse else []
+    keep_torch = [QuoteString(keep)] if keep else []
+    yield StringCommand(QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input",
+                        *(QuoteString(f"{name}=={version}") for name, version in sorted(wanted.items())),
+                        *keep_torch, *source)
+
+
 # ---- the whole stack, reading the fact once ----------------------------------------------
 
 @operation()
 def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
     """
     The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL/OpenMPI packages (exact, held), gcc
-    and the torch venv, each only where the spec pins it, from ONE StackVersions fact.
+    and the torch venv with its other pinned Python packages, each only where the spec pins it, from ONE StackVersions fact.
 
     + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
       ``cuda_repo``, ``insecure``, ``cuda_keyring_fingerprint``, ``allow_change``)
@@ -425,6 +466,11 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
             commands += torch_venv._inner(venv=venv, torch_version=pins["torch"], variant=pins.get("torch_cuda") or "cpu",
                                           index_url=pins.get("torch_index"), wheelhouse=pins.get("wheelhouse"),
                                           allow_change=bool(pins.get("allow_change")))
+            if pins.get("python"):
+                commands += python_packages._inner(
+                    venv=venv, packages={normalized_dist(n): v for n, v in sorted(pins["python"].items())},
+                    keep=torch_requirement(pins["torch"], pins.get("torch_cuda") or "cpu"),
+                    wheelhouse=pins.get("wheelhouse"), allow_change=bool(pins.get("allow_change")))
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes
         yield refusals[0]

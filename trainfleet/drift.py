@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # Properties every node must share (majority vote names the odd node) ...
-IDENTICAL_PREFIXES = ("os", "kernel", "gpu driver", "cuda", "cudnn", "nccl", "torch", "gcc", "package ",
+PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
+IDENTICAL_PREFIXES = ("os", "kernel", "gpu driver", "cuda", "cudnn", "nccl", "torch", "gcc", "package ", PYTHON_PREFIX,
                       "hosts block", "known_hosts block", "authorized_keys", "pdsh nodes")
 # ... and properties no two nodes may share.
 UNIQUE = ("hostname", "boot_id", "machine-id")
@@ -99,6 +100,14 @@ class Report:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=False)
+
+
+def absent_everywhere_else(observed: dict[str, dict[str, str]], prefix: str) -> None:
+    """Properties under ``prefix`` that some node has and another lacks (a package in one
+    node's venv only) become ABSENT on the others, so the majority vote can name the odd node."""
+    seen = {p for props in observed.values() for p in props if p.startswith(prefix)}
+    for props in observed.values():
+        props.update({p: ABSENT for p in sorted(seen) if p not in props})
 
 
 def compare(cluster: str, nodes: list[str], observed: dict[str, dict[str, str]],

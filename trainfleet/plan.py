@@ -22,6 +22,7 @@ from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive_cluster, uniform_variables
 from trainfleet.pins import Pins, package_pins, torch_requirement
 from trainfleet.render import render, render_lines
+from trainfleet.schema import normalized_dist
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class StackPlan:
     spec: Mapping[str, Any]  # the spec's ``stack`` section, as operations/stack.py takes it
     packages: Pins  # the exact packages for the node's OS family (empty when it is unknown)
     torch: str | None  # the version ``torch.__version__`` must report
+    python: Mapping[str, str]  # the venv's other pinned packages: PEP 503 name -> exact version
     problems: list[str]
 
 
@@ -127,7 +129,8 @@ def stack_part(stack: Mapping[str, Any], family: str | None) -> StackPlan:
             problems.append(str(exc))
     torch = (torch_requirement(stack["torch"], stack.get("torch_cuda") or "cpu").split("==", 1)[1]
              if stack.get("torch") else None)
-    return StackPlan(spec=stack, packages=packages, torch=torch, problems=problems)
+    python = {normalized_dist(name): version for name, version in sorted((stack.get("python") or {}).items())}
+    return StackPlan(spec=stack, packages=packages, torch=torch, python=python, problems=problems)
 
 
 def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:

@@ -228,6 +228,31 @@ def tcp_include_problem(value: str) -> str | None:
     return None
 
 
+_DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?", re.ASCII)  # PEP 508 names
+# An exact PEP 440 release: N(.N)*, then optional pre/post/dev parts and a local label (+cpu)
+_DIST_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
+                           re.ASCII)
+
+
+def dist_name_problem(value: Any) -> str | None:
+    if not isinstance(value, str) or not _DIST_NAME.fullmatch(value):
+        return f"{value!r} is not a Python package name (e.g. 'deepspeed')"
+    if normalized_dist(value) == "torch":
+        return "torch is pinned by stack.torch"
+    return None
+
+
+def dist_version_problem(value: Any) -> str | None:
+    if not isinstance(value, str) or not _DIST_VERSION.fullmatch(value):
+        return f"{value!r} is not an exact version (e.g. '0.19.8'; quote it in YAML)"
+    return None
+
+
+def normalized_dist(name: str) -> str:
+    """PEP 503's normal form: what pip and importlib.metadata compare names by."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def mca_name_problem(value: Any) -> str | None:
     if not isinstance(value, str) or not _MCA_NAME.fullmatch(value):
         return f"{value!r} is not an MCA parameter name (e.g. 'pml')"
@@ -325,6 +350,11 @@ STACK = Section(
                        check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"), example="4.1.4-3+b1",
                        accepts="the package version with its release, as `apt-cache policy openmpi-bin` or `dnf list openmpi` "
                                "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`"),
+        "python": Key(dict, {}, "Python packages in the node venv beside torch, each at exactly this version "
+                      "(from `wheelhouse`, else the node's pip index); never upgraded silently.",
+                      each_key=dist_name_problem, each=dist_version_problem,
+                      example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
+                      accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`"),
         "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
                    example="11", accepts="1-2 digits"),
         "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",

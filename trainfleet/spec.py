@@ -240,6 +240,8 @@ def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
     for key in ("cudnn", "nccl"):
         if stack[key] and not stack["cuda"] and "+cuda" not in stack[key]:
             ctx.add(("stack", key), f"pinning {key} needs stack.cuda (its packages are built per CUDA version)")
+    if stack["python"] and not stack["torch"]:
+        ctx.add(("stack", "python"), "pinning python packages needs stack.torch (they go into its venv)")
     if stack["torch"] and not stack["torch_cuda"] and "+" not in stack["torch"]:
         ctx.add(("stack", "torch"), "pinning torch needs stack.torch_cuda (e.g. cu124, or cpu)")
     for key in ("cuda_repo", "torch_index"):

@@ -71,3 +71,22 @@ def test_the_table_shows_only_differing_rows_with_odd_values_marked_and_json_has
 def test_digests_are_stable_and_absent_is_absent():
     assert digest(["a", "b"]) == digest("a\nb") != digest(["a", "c"])
     assert digest(None) == "absent"
+
+
+def test_a_venv_package_one_node_lacks_or_has_alone_or_at_another_version_is_named_per_package():
+    from trainfleet.drift import absent_everywhere_else
+
+    seen = observed()
+    venv = {"python torch": "2.13.0+cpu", "python deepspeed": "0.19.8", "python accelerate": "1.15.0"}
+    for node in NODES:
+        seen[node].update(venv)
+    del seen["n1"]["python accelerate"]  # not installed there
+    seen["n2"]["python deepspeed"] = "0.19.7"  # another version
+    seen["n3"]["python einops"] = "0.8.1"  # on this node only
+    absent_everywhere_else(seen, "python ")
+    report = compare("c", NODES, seen, {n: {**want, "python deepspeed": "0.19.8"} for n, want in expected().items()})
+    assert [(f.node, f.property, f.kind, f.observed) for f in report.findings] == [
+        ("n1", "python accelerate", "majority", "absent"),
+        ("n2", "python deepspeed", "spec", "0.19.7"),
+        ("n3", "python einops", "majority", "0.8.1"),
+    ]

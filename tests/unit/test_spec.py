@@ -86,6 +86,10 @@ def test_the_example_prod_spec_is_valid():
         ("stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch: 'latest' is not a valid version"),
         ("stack:\n  nccl: '2.21'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.nccl: '2.21' is not a valid version (expected the form '2.21.5-1')"),
         ("stack:\n  torch_cuda: 'cuda124'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch_cuda: 'cuda124' is not a valid version"),
+        ("stack:\n  python: {deepspeed: 0.19}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: 0.19 is not an exact version"),
+        ("stack:\n  python: {deepspeed: '>=0.19'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: '>=0.19' is not an exact version"),
+        ("stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "is not a Python package name"),
+        ("stack:\n  python: {Torch: '2.4.1'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "torch is pinned by stack.torch"),
         ("stack:\n  openmpi: '4.1.4'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4' is not a valid version (expected the form '4.1.4-3+b1')"),
         ("stack:\n  openmpi: '4.1.4-3 ; reboot'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4-3 ; reboot' is not a valid version"),
         ("stack:\n  gcc: '11.2'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.gcc: '11.2' is not a valid version"),
@@ -175,6 +179,7 @@ def test_readme_spec_reference_matches_the_schema():
      "stack.torch_index: give stack.wheelhouse or stack.torch_index, not both"),
     ("stack: {nccl: '2.21.5-1'}\n", "stack.nccl: pinning nccl needs stack.cuda"),
     ("stack: {torch: '2.4.1'}\n", "stack.torch: pinning torch needs stack.torch_cuda"),
+    ("stack: {python: {deepspeed: '0.19.8'}}\n", "stack.python: pinning python packages needs stack.torch"),
     ("stack: {wheelhouse: wh}\n", "stack.wheelhouse: 'wh' must be an absolute path on the nodes"),
     ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu': trainfleet connects as root for now"),
 ])

@@ -56,3 +56,12 @@ def test_the_command_exits_zero_and_parses_with_tools_missing(bare, tmp_path):
     fact = StackVersions().process(result.stdout.splitlines())
     assert fact["venv"] is False and fact["torch"] is None
     assert fact["os"]["id"]  # os-release needs no tool
+
+
+def test_venv_packages_are_read_by_their_normal_names_and_a_malformed_line_is_dropped():
+    from facts.stack import StackVersions
+
+    seen = StackVersions().process(["id debian", "venv yes", "pkg Jinja2 3.1.6", "pkg typing_extensions 4.16.0",
+                                    "pkg two words 1.0 extra", "pkg ;rm 1.0", "torch 2.13.0+cpu"])
+    assert seen["venv_packages"] == {"jinja2": "3.1.6", "typing-extensions": "4.16.0"}
+    assert seen["torch"]["version"] == "2.13.0+cpu"

@@ -19,6 +19,7 @@ TestCudaRepo = make_operation_tests("operations", "stack.cuda_repo", FIXTURES / 
 TestPackages = make_operation_tests("operations", "stack.packages", FIXTURES / "packages")
 TestGcc = make_operation_tests("operations", "stack.gcc", FIXTURES / "gcc")
 TestTorchVenv = make_operation_tests("operations", "stack.torch_venv", FIXTURES / "torch_venv")
+TestPythonPackages = make_operation_tests("operations", "stack.python_packages", FIXTURES / "python_packages")
 # What deploy/cluster.py calls: the whole stack from one fact read; a refused part changes nothing.
 TestSoftware = make_operation_tests("operations", "stack.software", FIXTURES / "software")
 
