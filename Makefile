@@ -18,6 +18,10 @@ NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11
 # build this kind of machine serves from its own disk.
 WHEELHOUSE := /var/cache/trainfleet/wheelhouse
 NODE_TORCH := torch==2.13.0
+# The launch packages beside torch (tests/lab/harness.py: TORCH_STACK pins them). DeepSpeed is
+# an sdist: built once into a pure-Python wheel, without its compiled ops (DS_BUILD_OPS=0).
+NODE_PYTHON := accelerate==1.15.0 deepspeed==0.19.8
+DEEPSPEED := deepspeed==0.19.8
 
 .PHONY: venv host-deps demo test unit bench lab-down clean
 
@@ -41,6 +45,9 @@ $(VENV)/.host-deps: Makefile $(VENV)/.installed
 	fi
 	@apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --download-only $(NODE_PACKAGES) >/dev/null
 	@mkdir -p $(WHEELHOUSE) && $(VENV)/bin/pip download --quiet --dest $(WHEELHOUSE) '$(NODE_TORCH)'
+	@ls $(WHEELHOUSE)/deepspeed-0.19.8-*.whl >/dev/null 2>&1 || \
+	  DS_BUILD_OPS=0 $(VENV)/bin/pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) '$(DEEPSPEED)'
+	@$(VENV)/bin/pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) '$(NODE_TORCH)' $(NODE_PYTHON)
 	touch $@
 
 demo: venv host-deps

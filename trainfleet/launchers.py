@@ -5,6 +5,7 @@ Plain functions of the cluster model; operations/launchers.py only puts them in 
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import MappingProxyType
 
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
@@ -19,12 +20,18 @@ LAUNCHER_FILES = MappingProxyType({
     "torchrun.sh": ("launchers/torchrun.sh.j2", "755"),
     "mpirun.sh": ("launchers/mpirun.sh.j2", "755"),
     "colossalai.sh": ("launchers/colossalai.sh.j2", "755"),
+    "deepspeed.sh": ("launchers/deepspeed.sh.j2", "755"),
+    "accelerate.sh": ("launchers/accelerate.sh.j2", "755"),
     "horovod.sh": ("launchers/horovod.sh.j2", "755"),
     "README": ("launchers/README.j2", "644"),
     # Read by DeepSpeed's runner from the directory it is started in. Its parser accepts no
     # blank or comment lines, so the template writes KEY=VALUE lines only.
     ".deepspeed_env": ("launchers/deepspeed_env.j2", "644"),
+    # The smoke job every launcher can start: two DDP steps, checked (trainfleet/smoke/train.py)
+    "smoke_train.py": ("smoke/train.py", "644"),
 })
+VERBATIM = frozenset({"smoke_train.py"})  # copied as they are (paths under trainfleet/), not rendered
+_HERE = Path(__file__).resolve().parent
 
 
 def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None,
@@ -44,5 +51,6 @@ def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | Non
     context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
                "forward": sorted(forward), "forward_env": dict(sorted(forward.items())), "mca": mca,
                "nics": nics}
-    return {name: ("".join(f"{line}\n" for line in render_lines(template, **context)), mode)
-            for name, (template, mode) in LAUNCHER_FILES.items()}
+    return {name: ((_HERE / source).read_text() if name in VERBATIM else
+                   "".join(f"{line}\n" for line in render_lines(source, **context)), mode)
+            for name, (source, mode) in LAUNCHER_FILES.items()}

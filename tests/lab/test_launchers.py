@@ -1,0 +1,83 @@
+"""Every launcher the cluster is configured for starts a real job: the smoke job
+(/etc/trainfleet/launch/smoke_train.py, two DDP steps, an all_reduce and the weights checked)
+through each generated launch file, on the torch-pinned 3-node lab whose accelerate, DeepSpeed
+and OpenMPI the deploy installed; one rank per node, all of them reporting success, within a
+bound, nothing left running."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.lab.harness import on_every_node
+
+NODES = ["node1", "node2", "node3"]
+LAUNCH = "/etc/trainfleet/launch"
+SMOKE = f"{LAUNCH}/smoke_train.py"
+BOUND = 150  # seconds for one launch, DeepSpeed's imports included
+LEFTOVERS = "pgrep -f '[s]moke_train.py' || true"
+
+
+def ranks(output: str) -> list[dict]:
+    """The smoke job's one JSON line per rank, wherever the launcher put it (pdsh prefixes
+    'node2: ', accelerate and DeepSpeed add their own lines)."""
+    found = []
+    for line in output.splitlines():
+        start = line.find('{"smoke"')
+        if start >= 0:
+            found.append(json.loads(line[start:]))
+    return found
+
+
+def assert_trained_on_every_node(found: list[dict]) -> None:
+    assert sorted(r["host"] for r in found) == NODES, found
+    assert sorted(r["rank"] for r in found) == [0, 1, 2], found
+    for r in found:
+        assert (r["smoke"], r["world"], r["backend"], r["all_reduce"], r["weights_equal"], r["steps"]) == \
+            ("ok", 3, "gloo", 6.0, True, 2), r
+
+
+def assert_nothing_left_running(lab) -> None:
+    for node in NODES:
+        assert lab.ssh(node, LEFTOVERS).strip() == "", f"smoke job processes left on {node}"
+
+
+def launched(lab, command: str, everywhere: bool) -> list[dict]:
+    started = time.monotonic()
+    bounded = f"timeout -k 5 {BOUND} {command} 2>/dev/null"
+    if everywhere:
+        out = "\n".join(on_every_node(lab, NODES, bounded, timeout=BOUND + 30).values())
+    else:
+        out = lab.ssh("node1", bounded, timeout=BOUND + 30)
+    assert time.monotonic() - started < BOUND
+    return ranks(out)
+
+
+def test_torchrun_sh_on_every_node_trains(torch_lab):
+    lab, _ = torch_lab
+    assert_trained_on_every_node(launched(lab, f"{LAUNCH}/torchrun.sh {SMOKE}", everywhere=True))
+    assert_nothing_left_running(lab)
+
+
+def test_mpirun_sh_from_node1_trains_with_the_deployed_openmpi(torch_lab):
+    lab, _ = torch_lab
+    found = launched(lab, f"{LAUNCH}/mpirun.sh /opt/trainfleet/venv/bin/python {SMOKE} "
+                          "--master-addr 198.18.0.11 --master-port 29500", everywhere=False)
+    assert_trained_on_every_node(found)
+    assert {r["launcher_env"] for r in found} == {"openmpi"}
+    assert_nothing_left_running(lab)
+
+
+def test_deepspeed_sh_from_node1_trains_over_pdsh_from_any_directory(torch_lab):
+    lab, _ = torch_lab
+    # Started in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the cluster's);
+    # the runner starts every rank in that same directory, so it is one only root can write.
+    found = launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False)
+    assert_trained_on_every_node(found)
+    assert_nothing_left_running(lab)
+
+
+def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):
+    lab, _ = torch_lab
+    assert_trained_on_every_node(launched(lab, f"{LAUNCH}/accelerate.sh {SMOKE}", everywhere=True))
+    assert_nothing_left_running(lab)

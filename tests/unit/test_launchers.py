@@ -1,0 +1,57 @@
+"""Launcher files as rendered for a CPU-only and a GPU cluster: each launcher started the way
+its own runner needs (checked against the runners' source; run for real in
+tests/lab/test_launchers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from trainfleet import Cluster
+from trainfleet.launchers import render_launchers
+
+NODES = """\
+nodes:
+  - {name: gpu-a01, address: 192.0.2.11, gpus: GPUS}
+  - {name: gpu-a02, address: 192.0.2.12, gpus: GPUS}
+"""
+
+
+def files(gpus: int, node: int = 1) -> dict[str, str]:
+    cluster = Cluster.parse(NODES.replace("GPUS", str(gpus)))
+    return {name: text for name, (text, _) in render_launchers(cluster, cluster.nodes[node]).items()}
+
+
+def test_deepspeed_gets_the_cluster_address_as_master_and_the_env_file_wherever_it_starts():
+    script = files(0)["deepspeed.sh"]
+    assert "DS_ENV_FILE=/etc/trainfleet/launch/.deepspeed_env; export DS_ENV_FILE" in script
+    assert ("exec /opt/trainfleet/venv/bin/deepspeed --hostfile /etc/trainfleet/launch/hostfile \\\n"
+            "    --master_addr 192.0.2.11 --master_port 29500 \"$@\"") in script
+
+
+def test_accelerate_starts_a_multi_node_job_on_cpu_only_nodes_too():
+    cpu, gpu = files(0), files(8)
+    for rendered, use_cpu in ((cpu, True), (gpu, False)):
+        config = yaml.safe_load(rendered["accelerate.yaml"])
+        assert config["distributed_type"] == "MULTI_GPU" and config["use_cpu"] is use_cpu
+        assert config["machine_rank"] == 1 and config["num_machines"] == 2
+    assert config["num_processes"] == 16 and yaml.safe_load(cpu["accelerate.yaml"])["num_processes"] == 2
+    assert "ACCELERATE_USE_CPU=true; export ACCELERATE_USE_CPU" in cpu["accelerate.sh"]
+    assert "ACCELERATE_USE_CPU" not in gpu["accelerate.sh"]
+    assert cpu["accelerate.sh"].rstrip().endswith(
+        "exec /opt/trainfleet/venv/bin/accelerate launch --config_file /etc/trainfleet/launch/accelerate.yaml \"$@\"")
+
+
+def test_colossalai_runs_with_the_venv_first_on_the_path_its_remote_shells_get():
+    script = files(8)["colossalai.sh"]
+    path = script.index("PATH=/opt/trainfleet/venv/bin:$PATH; export PATH")
+    assert path < script.index("exec /opt/trainfleet/venv/bin/colossalai run --nproc_per_node 8")
+
+
+def test_every_script_names_the_venvs_own_launcher_and_the_smoke_job_ships_as_it_is():
+    rendered = files(0)
+    for name in ("torchrun.sh", "deepspeed.sh", "accelerate.sh", "colossalai.sh", "horovod.sh"):
+        assert "exec /opt/trainfleet/venv/bin/" in rendered[name], name
+    source = Path(__file__).resolve().parents[2] / "trainfleet" / "smoke" / "train.py"
+    assert rendered["smoke_train.py"] == source.read_text()
