@@ -1,5 +1,6 @@
 # trainfleet: the two commands of the README, and the set-up they need.
 #   make demo   venv + lab packages, a 3-node lab, the main job twice (the 2nd changes nothing)
+#               with the launch stack pinned, then drift and the preflight
 #   make test   venv + lab packages, then the whole suite (unit, fixture and lab tests)
 #   make bench  venv + lab packages, then the benchmark on labs of 1..16 nodes (docs/benchmark.*)
 SHELL := /bin/bash
@@ -52,12 +53,23 @@ $(VENV)/.host-deps: Makefile $(VENV)/.installed
 
 demo: venv host-deps
 	@$(PY) -m lab status --quiet || $(PY) -m lab up $(LAB_NODES)
-	$(VENV)/bin/pyinfra -y inventories/lab.py deploy/cluster.py
+	@echo "--> Provision: names, SSH mesh, pdsh, NCCL environment, launchers, and torch + accelerate + DeepSpeed + OpenMPI pinned"
+	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/cluster.py
 	@echo "--> Second run: a converged cluster must report no change"
-	$(VENV)/bin/pyinfra -y inventories/lab.py deploy/cluster.py
+	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/cluster.py
+	@echo "--> Drift: every node against the spec and the others (one command per node)"
+	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/drift.py
+	@echo "--> Preflight: names, ports, the SSH mesh and a real torch.distributed collective"
+	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/preflight.py
 	@echo
-	@echo "The lab is still up. Look inside:  $(PY) -m lab ssh node2 -- cat /etc/hosts"
-	@echo "                    Tear it down:  $(PY) -m lab down"
+	@echo "The lab is up and can train. Start the smoke job (two DDP steps, checked) with any launcher:"
+	@echo "  on node1:         $(PY) -m lab ssh node1 -- /etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py"
+	@echo "                    $(PY) -m lab ssh node1 -- /etc/trainfleet/launch/mpirun.sh /opt/trainfleet/venv/bin/python \\"
+	@echo "                        /etc/trainfleet/launch/smoke_train.py --master-addr 198.18.0.11 --master-port 29500"
+	@echo "  on every node:    $(PY) -m lab ssh nodeN -- /etc/trainfleet/launch/torchrun.sh /etc/trainfleet/launch/smoke_train.py"
+	@echo "                    $(PY) -m lab ssh nodeN -- /etc/trainfleet/launch/accelerate.sh /etc/trainfleet/launch/smoke_train.py"
+	@echo "Look inside:        $(PY) -m lab ssh node2 -- cat /etc/trainfleet/launch/README"
+	@echo "Tear it down:       $(PY) -m lab down"
 
 test: venv host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab

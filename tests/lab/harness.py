@@ -13,15 +13,12 @@ from typing import Any
 import yaml
 
 from lab.cluster import Lab
+from lab.stack import launch_stack
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 LAB_INVENTORY = str(REPO / "inventories/lab.py")
-WHEELHOUSE = "/var/cache/trainfleet/wheelhouse"  # filled by `make host-deps`
-# torch with the launch packages (the Makefile's NODE_PYTHON) and Debian 12's OpenMPI, all
-# from what `make host-deps` downloaded: one install shared by every torch test.
-TORCH_STACK = {"torch": "2.13.0", "torch_cuda": "cpu", "wheelhouse": WHEELHOUSE, "openmpi": "4.1.4-3+b1",
-               "python": {"accelerate": "1.15.0", "deepspeed": "0.19.8"}}
+TORCH_STACK = launch_stack()  # torch, accelerate, DeepSpeed, OpenMPI: one install shared by every torch test
 
 
 @dataclass
