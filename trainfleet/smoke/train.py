@@ -61,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rank 0's address when the launcher sets no MASTER_ADDR (mpirun)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
                         help="rank 0's port when the launcher sets no MASTER_PORT (mpirun)")
+    parser.add_argument("--expect-world", type=int, default=None,
+                        help="fail unless the job has exactly this many ranks (a launcher that "
+                             "started fewer, e.g. one process alone, passes otherwise)")
     # DeepSpeed's launcher (and torch.distributed.launch) append --local_rank=N to the
     # script's arguments; the environment already carries it, so it is accepted and unused.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
@@ -124,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                               "all_reduce": None, "weights_equal": False, "steps": 0,
                               "launcher_env": where.style}
     try:
+        if args.expect_world is not None and where.world != args.expect_world:
+            raise RuntimeError(f"{where.world} rank(s) in the job, expected {args.expect_world}")
         if backend == "nccl":
             torch.cuda.set_device(where.local_rank)
             device = torch.device("cuda", where.local_rank)
