@@ -21,7 +21,7 @@ from facts.gather import gather_fact, once_per_run
 from trainfleet.drift import ABSENT, PYTHON_PREFIX, Report, absent_everywhere_else, compare, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
-from trainfleet.launchers import LAUNCHER_FILES
+from trainfleet.launchers import LAUNCH_FILE_NAMES
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster
@@ -34,8 +34,8 @@ def _env_string(env: dict[str, str]) -> str:
 
 
 def _launchers_digest(files: dict[str, Any], sha_of: Any) -> str:
-    return digest([f"{name} {sha_of(files[name])}" for name in sorted(LAUNCHER_FILES) if name in files]
-                  if any(name in files for name in LAUNCHER_FILES) else None)
+    return digest([f"{name} {sha_of(files[name])}" for name in sorted(LAUNCH_FILE_NAMES) if name in files]
+                  if any(name in files for name in LAUNCH_FILE_NAMES) else None)
 
 
 def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:

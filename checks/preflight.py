@@ -43,6 +43,8 @@ from trainfleet.preflight import (
     printable,
     reachability_problems,
     shm_warnings,
+    smoke_problems,
+    smoke_reports,
 )
 
 STAGES = Path(__file__).resolve().parent / "preflight_stages"  # the scripts each stage runs on the nodes
@@ -58,8 +60,12 @@ _LISTEN = _stage("listen.sh")
 _END_LISTENERS = _stage("end_listeners.sh")
 _PROBE = _stage("probe.sh")
 _COLLECTIVE_RUN = _stage("collective.sh")
+_SMOKE = _stage("smoke.sh")
 PROBE_PORT_OFFSET = -1  # peers' probe listeners sit at master_port - 1 (29499 by default)
-BOUNDS = MappingProxyType({"hygiene": 15, "reachability": 20, "collective": 25, "isolation": 20})  # s per stage
+BOUNDS = MappingProxyType({"hygiene": 15, "reachability": 20, "collective": 25, "isolation": 20,
+                           "smoke": 120})  # s per stage (the smoke job's launchers import a lot)
+SMOKE_JOB = f"{LAUNCH_DIR}/smoke_train.py"
+SMOKE_FROM_MASTER = frozenset({"mpirun", "deepspeed", "colossalai"})  # runners that start every node's ranks
 
 # Every python the preflight starts gets a fresh working directory of its own under RUN_DIR
 # (root's only), never /tmp or a home directory, whose files another user may have planted.
@@ -333,12 +339,35 @@ def _isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
     report.problems += isolate(cluster, pair_ok)
 
 
-def cluster_preflight(cluster: Cluster) -> PreflightReport:
-    """Run every stage once per run, print the table and write the JSON report."""
-    return once_per_run("preflight", lambda state: _run(state, cluster))
+def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
+    """The smoke job through ``launcher``'s file in LAUNCH_DIR, bounded, from a private
+    directory (its stderr lands there) with the launch itself started from /."""
+    seconds = BOUNDS["smoke"]
+    job = [SMOKE_JOB, "--timeout", str(seconds // 2)]
+    if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told
+        job = [f"{VENV_DIR}/bin/python", *job, "--master-addr", cluster.master.address,
+               "--master-port", str(cluster.master_port)]
+    return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, f"{LAUNCH_DIR}/{launcher}.sh", *job, bound=seconds + 10)
 
 
-def _run(state: State, cluster: Cluster) -> PreflightReport:
+def _smoke(state: State, cluster: Cluster, report: PreflightReport, launcher: str) -> None:
+    """The smoke job trained through the launcher the team uses, from its generated file."""
+    starters = [cluster.master] if launcher in SMOKE_FROM_MASTER else cluster.nodes
+    out = run_everywhere(state, {n.name: smoke_command(cluster, launcher) for n in starters}, BOUNDS["smoke"])
+    report.details["smoke"] = {"launcher": launcher,
+                               "ranks": {rank: r for lines in out.values() for rank, r in smoke_reports(lines).items()}}
+    report.problems += _refusals("smoke", out) + smoke_problems(cluster, launcher, out)
+
+
+def cluster_preflight(cluster: Cluster, smoke: str | None = None) -> PreflightReport:
+    """Run every stage once per run, print the table and write the JSON report.
+
+    + smoke: also train the smoke job through this launcher (``SMOKE_LAUNCHERS``)
+    """
+    return once_per_run("preflight", lambda state: _run(state, cluster, smoke))
+
+
+def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightReport:
     report = PreflightReport(cluster=cluster.name, nodes=[n.name for n in cluster.nodes])
     active = {h.data.trainfleet_node for h in state.inventory.get_active_hosts()}
     for node in cluster.nodes:
@@ -364,6 +393,12 @@ def _run(state: State, cluster: Cluster) -> PreflightReport:
         if not ok and joined_all and not same_everywhere and len(cluster.nodes) > 2:
             _isolation(state, cluster, report)
             report.stages["isolation"] = "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
+    if smoke:
+        if report.stages.get("collective") == "ok":
+            _smoke(state, cluster, report, smoke)
+            report.stages["smoke"] = "failed" if any(p.stage == "smoke" for p in report.problems) else "ok"
+        else:
+            report.stages["smoke"] = "skipped"  # no launcher can train where the collective failed
     _publish(report)
     return report
 

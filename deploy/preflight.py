@@ -16,12 +16,21 @@ an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fres
 made there and removed, never in /tmp, so no module a node user planted is imported as root.
 """
 
+import sys
+
+from pyinfra import host
+
 from checks import preflight
 from operations import report
 from trainfleet.inventory import this_node
+from trainfleet.schema import smoke_launcher_problem
 
 cluster, node = this_node()
+smoke = host.data.get("trainfleet_smoke") or cluster.preflight["smoke"]
+if smoke and (problem := smoke_launcher_problem(smoke)):
+    print(f"trainfleet: trainfleet_smoke: {problem}; nothing was run", file=sys.stderr)
+    raise SystemExit(2)
 
-result = preflight.cluster_preflight(cluster)
+result = preflight.cluster_preflight(cluster, smoke=smoke)
 report.verdict(name="This node can train with the others", check="preflight",
                problems=[str(p) for p in result.problems_for(node.name)], passed="passed every preflight stage")

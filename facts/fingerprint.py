@@ -16,6 +16,7 @@ from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.launchers import LauncherFiles
 from facts.managed_block import ManagedBlock, decode_lines, split_sections
 from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
+from facts.npu import NpuDeviceIps
 from facts.openmpi import OpenMpiState
 from facts.pdsh import PdshState
 from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
@@ -81,6 +82,7 @@ def deploy_sections(users: list[str]) -> Parts:
         "launchers": (LauncherFiles, {"directory": LAUNCH_DIR}),
         "stack": (StackVersions, {"venv": VENV_DIR}),
         "openmpi": (OpenMpiState, {"users": list(users)}),
+        "npus": (NpuDeviceIps, {}),
     }
     for user in users:
         parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
@@ -93,7 +95,8 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
     readable = {node: found for node, found in gathered.items() if found}
     return Gathered(networks={node: found["network"] for node, found in readable.items()},
                     host_keys={node: found["host_keys"] for node, found in readable.items()},
-                    os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()})
+                    os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
+                    npu_ips={node: found["npus"] for node, found in readable.items()})
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:

@@ -30,7 +30,11 @@ LAUNCHER_FILES = MappingProxyType({
     # The smoke job every launcher can start: two DDP steps, checked (trainfleet/smoke/train.py)
     "smoke_train.py": ("smoke/train.py", "644"),
 })
-VERBATIM = frozenset({"smoke_train.py"})  # copied as they are (paths under trainfleet/), not rendered
+VERBATIM = frozenset({"smoke_train.py"})
+# Ascend clusters also get the HCCL rank table MindSpore reads (RANK_TABLE_FILE), built from
+# every NPU node's device IPs (trainfleet/plan.py: rank_table_part)
+RANK_TABLE = "rank_table.json"
+LAUNCH_FILE_NAMES = (*LAUNCHER_FILES, RANK_TABLE)  # every file trainfleet may keep in LAUNCH_DIR  # copied as they are (paths under trainfleet/), not rendered
 _HERE = Path(__file__).resolve().parent
 
 

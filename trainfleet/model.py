@@ -24,6 +24,7 @@ class Node:
     ssh: dict[str, Any]
     nccl: dict[str, Any]
     domain: str | None = None
+    npus: int = 0  # Ascend NPUs: the HCCL rank table's devices
 
     @property
     def fqdn(self) -> str | None:
@@ -51,6 +52,7 @@ class Cluster:
     stack: dict[str, Any]
     nccl: dict[str, Any]
     openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
+    preflight: dict[str, Any] = field(default_factory=lambda: {"smoke": None})
     nodes: list[Node] = field(default_factory=list)
     source: str = "<spec>"
 
@@ -63,6 +65,7 @@ class Cluster:
                 address=raw["address"],
                 rank=rank,
                 gpus=raw["gpus"],
+                npus=raw["npus"],
                 ssh={**spec["ssh"], **raw["ssh"]},
                 nccl={**spec["nccl"], **raw["nccl"]},
                 domain=domain,
@@ -77,6 +80,7 @@ class Cluster:
             stack=dict(spec["stack"]),
             nccl=dict(spec["nccl"]),
             openmpi=dict(spec["openmpi"]),
+            preflight=dict(spec["preflight"]),
             nodes=nodes,
             source=source,
         )

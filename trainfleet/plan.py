@@ -17,7 +17,8 @@ from typing import Any
 from trainfleet import mesh, openmpi
 from trainfleet.defaults import MESH_KEY_NAME
 from trainfleet.keystore import KeyPair, KeyStore
-from trainfleet.launchers import render_launchers
+from trainfleet.hccl import render_rank_table
+from trainfleet.launchers import RANK_TABLE, render_launchers
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive_cluster, uniform_variables
 from trainfleet.pins import Pins, package_pins, torch_requirement
@@ -33,11 +34,13 @@ class Gathered:
     + host_keys: the node's SSH host keys; None when no host keys were gathered at all (the
       preflight's plan needs none), so no fallback to the controller's known_hosts is made
     + os_families: ``debian`` | ``rhel`` | ``unknown``
+    + npu_ips: each node's Ascend device IPs (``/etc/hccn.conf``, ``hccn_tool``)
     """
 
     networks: Mapping[str, Any] = field(default_factory=dict)
     host_keys: Mapping[str, list[str]] | None = None
     os_families: Mapping[str, str] = field(default_factory=dict)
+    npu_ips: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # NpuDeviceIps: device id -> IP
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,31 @@ def stack_part(stack: Mapping[str, Any], family: str | None) -> StackPlan:
     return StackPlan(spec=stack, packages=packages, torch=torch, python=python, problems=problems)
 
 
+def rank_table_part(cluster: Cluster, npu_ips: Mapping[str, Mapping[int, str]]) -> tuple[str | None, list[str]]:
+    """The HCCL rank table of the cluster's NPU nodes, in spec order, each with devices
+    0..npus-1 at the IPs read on it: (the file, None when no node has NPUs; problems)."""
+    servers = [n for n in cluster.nodes if n.npus]
+    if not servers:
+        return None, []
+    problems = []
+    for node in servers:
+        if node.name not in npu_ips:
+            problems.append(f"{node.name}'s NPU device IPs could not be read")
+            continue
+        missing = [d for d in range(node.npus) if d not in npu_ips[node.name]]
+        if missing:
+            problems.append(f"{node.name} has no device IP for NPU {', '.join(map(str, missing))} "
+                            "(/etc/hccn.conf, hccn_tool -i N -ip -g)")
+    if problems:
+        return None, problems
+    try:
+        table = render_rank_table([(n.name, n.address, [(d, npu_ips[n.name][d]) for d in range(n.npus)])
+                                   for n in servers])
+    except ValueError as exc:
+        return None, [str(exc)]
+    return table + "\n", []
+
+
 def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:
     """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
     config, MCA parameters) are built once and shared by every node's plan.
@@ -166,14 +194,18 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
                   problems=mpi_problems)
     uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
     pdsh_nodes = [n.name for n in cluster.nodes]
+    rank_table, rank_table_problems = rank_table_part(cluster, gathered.npu_ips)
 
     plans = {}
     for node in cluster.nodes:
         mine = derived.get(node.name) or Derived(problems=["the node's network could not be read"])
         nccl = nccl_part(mine)
         forward = {k: v for k, v in mine.env.items() if k in uniform}
-        launchers = LaunchersPlan(files=render_launchers(cluster, node, forward=forward, mca=params),
-                                  problems=[f"NCCL environment: {p}" for p in nccl.problems])
+        files = render_launchers(cluster, node, forward=forward, mca=params)
+        if node.npus and rank_table:
+            files[RANK_TABLE] = (rank_table, "644")
+        launchers = LaunchersPlan(files=files, problems=[f"NCCL environment: {p}" for p in nccl.problems]
+                                  + ([f"rank table: {p}" for p in rank_table_problems] if node.npus else []))
         mesh_users = [MeshUserPlan(user=user, identity=mesh.identity(user, node, keys),
                                    authorized=authorized[user], config=config[user])
                       for user in users] if keys else []

@@ -387,6 +387,25 @@ CLUSTER = Section(
     },
 )
 
+SMOKE_LAUNCHERS = ("torchrun", "mpirun", "deepspeed", "accelerate", "colossalai")
+
+
+def smoke_launcher_problem(value: Any) -> str | None:
+    if value not in SMOKE_LAUNCHERS:
+        return f"{value!r} is not one of {', '.join(SMOKE_LAUNCHERS)}"
+    return None
+
+
+PREFLIGHT = Section(
+    doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
+    keys={
+        "smoke": Key((str, NULL), None, "Also train the smoke job (two DDP steps, checked) through this launcher's file in "
+                     "/etc/trainfleet/launch: \"the cluster can train with the launcher you use\". `--data trainfleet_smoke=NAME` "
+                     "overrides it for one run.",
+                     check=smoke_launcher_problem, example="deepspeed", accepts=", ".join(f"`{n}`" for n in SMOKE_LAUNCHERS)),
+    },
+)
+
 NODE = Section(
     doc="One entry per server, in rank order: the first node is the master.",
     keys={
@@ -396,6 +415,10 @@ NODE = Section(
                        example="192.0.2.11", accepts="IPv4 or IPv6, canonical form, no scope id"),
         "gpus": Key(int, 0, "GPUs in the node: launcher slots and processes per node.", check=non_negative, example=8,
                     accepts="0 or more"),
+        "npus": Key(int, 0, "Ascend NPUs in the node (device ids 0..N-1): listed, with the device IPs read on the node, "
+                    "in the HCCL rank table MindSpore reads (`/etc/trainfleet/launch/rank_table.json`).",
+                    check=lambda v: None if 0 <= v <= 8 else f"must be 0 to 8 (hccl_tools' limit), got {v}",
+                    example=8, accepts="0-8"),
         "ssh": SSH,
         "nccl": Section(doc="Per-node NCCL overrides (same keys as `nccl`).", keys=NCCL.keys),
     },
@@ -409,6 +432,7 @@ SPEC = Section(
         "stack": STACK,
         "nccl": NCCL,
         "openmpi": OPENMPI,
+        "preflight": PREFLIGHT,
         # `nodes` is a list of NODE sections; handled by the validator.
     },
 )

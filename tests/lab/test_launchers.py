@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import time
 
-from tests.lab.harness import on_every_node
+from checks.preflight import report_path
+from tests.lab.harness import on_every_node, pyinfra
 
 NODES = ["node1", "node2", "node3"]
 LAUNCH = "/etc/trainfleet/launch"
@@ -81,3 +82,23 @@ def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):
     lab, _ = torch_lab
     assert_trained_on_every_node(launched(lab, f"{LAUNCH}/accelerate.sh {SMOKE}", everywhere=True))
     assert_nothing_left_running(lab)
+
+
+def test_the_preflight_trains_the_smoke_job_through_the_launcher_asked_for(torch_lab):
+    lab, inventory = torch_lab
+    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": "deepspeed"}, timeout=240)
+    assert run.returncode == 0, run.describe()
+    report = json.loads(report_path("lab").read_text())
+    assert report["stages"]["smoke"] == "ok" and report["ok"] is True
+    ranks = report["details"]["smoke"]["ranks"]
+    assert sorted((int(rank), r["host"], r["smoke"]) for rank, r in ranks.items()) == [
+        (0, "node1", "ok"), (1, "node2", "ok"), (2, "node3", "ok")]
+    assert_nothing_left_running(lab)
+
+
+def test_a_smoke_launcher_trainfleet_does_not_know_is_refused_before_anything_runs(torch_lab):
+    lab, inventory = torch_lab
+    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": "horovod; reboot"})
+    assert run.returncode != 0
+    assert ("trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, deepspeed, "
+            "accelerate, colossalai; nothing was run") in run.stderr

@@ -196,3 +196,50 @@ def test_a_node_without_the_tool_or_the_file_exits_zero_with_no_devices(tmp_path
     code, output = _run(NpuDeviceIps(), tmp_path / "no-hccn.conf", tmp_path, str(tmp_path / "bin"))
     assert (code, output) == (0, [])
     assert NpuDeviceIps().process(output) == NpuDeviceIps.default() == {}
+
+
+# ---- the rank table in every NPU node's plan ------------------------------------------------
+
+NPU_CLUSTER = """\
+nodes:
+  - {name: npu-a01, address: 192.0.2.11, npus: 4}
+  - {name: npu-a02, address: 192.0.2.12, npus: 4}
+  - {name: cpu-a03, address: 192.0.2.13}
+"""
+
+
+def rank_table_problems(plan) -> list[str]:
+    # (this plan reads no network, so every node also has an NCCL problem: not this test's)
+    return [p for p in plan.launchers.problems if p.startswith("rank table")]
+
+
+def _npu_plan(npu_ips):
+    from trainfleet import Cluster
+    from trainfleet.plan import Gathered, plan_cluster
+
+    cluster = Cluster.parse(NPU_CLUSTER)
+    return plan_cluster(cluster, Gathered(npu_ips=npu_ips))
+
+
+def test_every_npu_node_gets_the_same_rank_table_from_the_device_ips_read_on_each():
+    conf = {int(k): v for k, v in json.loads(
+        (NPU / "facts" / "physical_8p_hccn_conf_no_tool.json").read_text())["fact"].items()}
+    ips = {"npu-a01": {d: conf[d] for d in range(4)}, "npu-a02": {d: conf[d + 4] for d in range(4)}}
+    plan = _npu_plan(ips)
+    tables = {name: p.launchers.files.get("rank_table.json") for name, p in plan.nodes.items()}
+    assert tables["cpu-a03"] is None
+    assert tables["npu-a01"] == tables["npu-a02"] and tables["npu-a01"][1] == "644"
+    table = json.loads(tables["npu-a01"][0])
+    assert table["server_count"] == "2" and [s["server_id"] for s in table["server_list"]] == ["192.0.2.11", "192.0.2.12"]
+    assert [(d["device_ip"], d["rank_id"]) for s in table["server_list"] for d in s["device"]] == \
+        [(conf[r], str(r)) for r in range(8)]
+    assert all(not rank_table_problems(p) for p in plan.nodes.values())
+
+
+def test_a_node_missing_a_device_ip_fails_every_npu_nodes_launcher_files_with_the_reason():
+    plan = _npu_plan({"npu-a01": {0: "192.168.10.21", 1: "192.168.20.21", 2: "192.168.30.21", 3: "192.168.40.21"},
+                      "npu-a02": {0: "192.168.10.22", 1: "192.168.20.22"}})
+    want = ["rank table: npu-a02 has no device IP for NPU 2, 3 (/etc/hccn.conf, hccn_tool -i N -ip -g)"]
+    assert rank_table_problems(plan.nodes["npu-a01"]) == want and rank_table_problems(plan.nodes["npu-a02"]) == want
+    assert rank_table_problems(plan.nodes["cpu-a03"]) == []
+    assert "rank_table.json" not in plan.nodes["npu-a01"].launchers.files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -369,3 +370,53 @@ nodes:
   - {name: gpu-a02, address: 192.0.2.12, gpus: 8}
   - {name: gpu-a03, address: 192.0.2.13, gpus: 8}
 """
+
+
+# ---- the smoke stage ------------------------------------------------------------------------
+
+def _rank(rank: int, host: str, ok: bool = True, world: int = 24) -> str:
+    line = {"smoke": "ok" if ok else "fail", "rank": rank, "world": world, "host": host, "backend": "nccl"}
+    if not ok:
+        line["error"] = "DistStoreError: Timed out after 61 seconds waiting for clients. 2/3 clients joined."
+    return json.dumps(line)
+
+
+def test_every_rank_of_every_node_must_report_ok_from_the_smoke_job():
+    from trainfleet.preflight import rank_owners, smoke_problems
+
+    owners = rank_owners(CLUSTER)
+    assert (owners[0], owners[7], owners[8], owners[23]) == ("gpu-a01", "gpu-a01", "gpu-a02", "gpu-a03")
+    # DeepSpeed's pdsh prefixes each line with the node; its own log lines surround them.
+    lines = ["[INFO] [runner.py:618:main] cmd = pdsh -S -f 1024 -w gpu-a01,gpu-a02,gpu-a03 ..."]
+    lines += [f"{owners[r]}: {_rank(r, owners[r])}" for r in range(24)]
+    assert smoke_problems(CLUSTER, "deepspeed", {"gpu-a01": lines + ["exit 0"]}) == []
+
+    broken = [line for line in lines if not line.startswith("gpu-a03")] + [
+        f"gpu-a02: {_rank(9, 'gpu-a02', ok=False)}", "exit 1",
+        "stderr gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed"]
+    found = [(p.node, p.cause) for p in smoke_problems(CLUSTER, "deepspeed", {"gpu-a01": broken})]
+    assert found[0] == ("gpu-a02", "through deepspeed: rank 9 failed: DistStoreError: Timed out after 61 seconds "
+                                   "waiting for clients. 2/3 clients joined.")
+    assert found[1:] == [("gpu-a03", f"through deepspeed: rank {r} never reported (its launcher exited with status 1: "
+                                     "gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed)")
+                         for r in range(16, 24)]
+
+
+def test_a_smoke_job_in_the_wrong_world_or_silent_is_no_pass():
+    from trainfleet.preflight import smoke_problems
+
+    small = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    assert [p.cause for p in smoke_problems(small, "torchrun", {"a": [_rank(0, "a", world=1)], "b": []})] == [
+        "through torchrun: rank 0 ran in a world of 1, the cluster has 2 ranks",
+        "through torchrun: rank 1 never reported (its launcher gave no answer)"]
+
+
+def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_them():
+    import checks.preflight as preflight
+
+    deepspeed = preflight.smoke_command(CLUSTER, "deepspeed").get_raw_value()
+    assert "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60" in deepspeed
+    assert "cd / && exec timeout -k 5" in deepspeed and "mktemp -d /run/trainfleet/" in deepspeed
+    mpirun = preflight.smoke_command(CLUSTER, "mpirun").get_raw_value()
+    assert ("/etc/trainfleet/launch/mpirun.sh /opt/trainfleet/venv/bin/python /etc/trainfleet/launch/smoke_train.py "
+            "--timeout 60 --master-addr 192.0.2.11 --master-port 29500") in mpirun
