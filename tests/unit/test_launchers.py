@@ -18,9 +18,9 @@ nodes:
 """
 
 
-def files(gpus: int, node: int = 1) -> dict[str, str]:
+def files(gpus: int, node: int = 1, forward: dict[str, str] | None = None) -> dict[str, str]:
     cluster = Cluster.parse(NODES.replace("GPUS", str(gpus)))
-    return {name: text for name, (text, _) in render_launchers(cluster, cluster.nodes[node]).items()}
+    return {name: text for name, (text, _) in render_launchers(cluster, cluster.nodes[node], forward=forward).items()}
 
 
 def test_deepspeed_gets_the_cluster_address_as_master_and_the_env_file_wherever_it_starts():
@@ -55,3 +55,22 @@ def test_every_script_names_the_venvs_own_launcher_and_the_smoke_job_ships_as_it
         assert "exec /opt/trainfleet/venv/bin/" in rendered[name], name
     source = Path(__file__).resolve().parents[2] / "trainfleet" / "smoke" / "train.py"
     assert rendered["smoke_train.py"] == source.read_text()
+
+
+def test_horovod_sh_means_to_horovodruns_own_parser_what_the_cluster_is(monkeypatch):
+    import shlex
+    import sys
+
+    from horovod.runner import launch  # the runner's parser (horovod 0.28.1, installed without a build)
+
+    # the interface is given only when every node's is the same (GLOO_SOCKET_IFNAME forwarded)
+    for gpus, forward, nics in ((8, {"GLOO_SOCKET_IFNAME": "eth0"}, {"eth0"}), (0, {}, None)):
+        script = files(gpus, forward=forward)["horovod.sh"]
+        (exec_line,) = [line for line in script.splitlines() if line.startswith("exec ")]
+        words = shlex.split(exec_line)
+        assert words[:2] == ["exec", "/opt/trainfleet/venv/bin/horovodrun"] and words[-1] == "$@"
+        monkeypatch.setattr(sys, "argv", ["horovodrun", *words[2:-1], "python", "train.py"])
+        args = launch.parse_args()
+        slots = max(gpus, 1)
+        assert (args.num_proc, args.hosts, args.nics, args.command) == (
+            2 * slots, f"gpu-a01:{slots},gpu-a02:{slots}", nics, ["python", "train.py"])
