@@ -51,13 +51,13 @@ def launched(lab, command: str, everywhere: bool) -> list[dict]:
     else:
         out = lab.ssh("node1", bounded, timeout=BOUND + 30)
     assert time.monotonic() - started < BOUND
+    assert_nothing_left_running(lab)
     return ranks(out)
 
 
 def test_torchrun_sh_on_every_node_trains(torch_lab):
     lab, _ = torch_lab
     assert_trained_on_every_node(launched(lab, f"{LAUNCH}/torchrun.sh {SMOKE}", everywhere=True))
-    assert_nothing_left_running(lab)
 
 
 def test_mpirun_sh_from_node1_trains_with_the_deployed_openmpi(torch_lab):
@@ -66,22 +66,18 @@ def test_mpirun_sh_from_node1_trains_with_the_deployed_openmpi(torch_lab):
                           "--master-addr 198.18.0.11 --master-port 29500", everywhere=False)
     assert_trained_on_every_node(found)
     assert {r["launcher_env"] for r in found} == {"openmpi"}
-    assert_nothing_left_running(lab)
 
 
 def test_deepspeed_sh_from_node1_trains_over_pdsh_from_any_directory(torch_lab):
     lab, _ = torch_lab
     # Started in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the cluster's);
     # the runner starts every rank in that same directory, so it is one only root can write.
-    found = launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False)
-    assert_trained_on_every_node(found)
-    assert_nothing_left_running(lab)
+    assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False))
 
 
 def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):
     lab, _ = torch_lab
     assert_trained_on_every_node(launched(lab, f"{LAUNCH}/accelerate.sh {SMOKE}", everywhere=True))
-    assert_nothing_left_running(lab)
 
 
 def test_the_preflight_trains_the_smoke_job_through_the_launcher_asked_for(torch_lab):
