@@ -19,10 +19,14 @@ NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11
 # build this kind of machine serves from its own disk.
 WHEELHOUSE := /var/cache/trainfleet/wheelhouse
 NODE_TORCH := torch==2.13.0
-# The launch packages beside torch (tests/lab/harness.py: TORCH_STACK pins them). DeepSpeed is
-# an sdist: built once into a pure-Python wheel, without its compiled ops (DS_BUILD_OPS=0).
-NODE_PYTHON := accelerate==1.15.0 deepspeed==0.19.8
+# The launch packages beside torch (lab/stack.py pins them). DeepSpeed and ColossalAI are
+# sdists: built once into pure-Python wheels, without compiled ops (DS_BUILD_OPS=0,
+# BUILD_EXT=0). ColossalAI's requirements (torch<=2.5.1, ...) are not downloaded: the nodes
+# install it without them, beside what its runner imports (click, fabric; numpy, psutil and
+# packaging come with DeepSpeed).
+NODE_PYTHON := accelerate==1.15.0 deepspeed==0.19.8 click==8.5.1 fabric==3.2.3
 DEEPSPEED := deepspeed==0.19.8
+COLOSSALAI := colossalai==0.5.0
 
 .PHONY: venv host-deps demo test unit bench lab-down clean
 
@@ -48,12 +52,14 @@ $(VENV)/.host-deps: Makefile $(VENV)/.installed
 	@mkdir -p $(WHEELHOUSE) && $(VENV)/bin/pip download --quiet --dest $(WHEELHOUSE) '$(NODE_TORCH)'
 	@ls $(WHEELHOUSE)/deepspeed-0.19.8-*.whl >/dev/null 2>&1 || \
 	  DS_BUILD_OPS=0 $(VENV)/bin/pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) '$(DEEPSPEED)'
+	@ls $(WHEELHOUSE)/colossalai-0.5.0-*.whl >/dev/null 2>&1 || \
+	  BUILD_EXT=0 $(VENV)/bin/pip wheel --quiet --no-deps --wheel-dir $(WHEELHOUSE) '$(COLOSSALAI)'
 	@$(VENV)/bin/pip download --quiet --dest $(WHEELHOUSE) --find-links $(WHEELHOUSE) '$(NODE_TORCH)' $(NODE_PYTHON)
 	touch $@
 
 demo: venv host-deps
 	@$(PY) -m lab status --quiet || $(PY) -m lab up $(LAB_NODES)
-	@echo "--> Provision: names, SSH mesh, pdsh, NCCL environment, launchers, and torch + accelerate + DeepSpeed + OpenMPI pinned"
+	@echo "--> Provision: names, SSH mesh, pdsh, NCCL environment, launchers; torch, accelerate, DeepSpeed, ColossalAI, OpenMPI pinned"
 	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/cluster.py
 	@echo "--> Second run: a converged cluster must report no change"
 	$(VENV)/bin/pyinfra -y inventories/lab_launch.py deploy/cluster.py
@@ -64,6 +70,7 @@ demo: venv host-deps
 	@echo
 	@echo "The lab is up and can train. Start the smoke job (two DDP steps, checked) with any launcher:"
 	@echo "  on node1:         $(PY) -m lab ssh node1 -- /etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py"
+	@echo "                    $(PY) -m lab ssh node1 -- /etc/trainfleet/launch/colossalai.sh /etc/trainfleet/launch/smoke_train.py"
 	@echo "                    $(PY) -m lab ssh node1 -- /etc/trainfleet/launch/mpirun.sh /opt/trainfleet/venv/bin/python \\"
 	@echo "                        /etc/trainfleet/launch/smoke_train.py --master-addr 198.18.0.11 --master-port 29500"
 	@echo "  on every node:    $(PY) -m lab ssh nodeN -- /etc/trainfleet/launch/torchrun.sh /etc/trainfleet/launch/smoke_train.py"

@@ -10,7 +10,10 @@ WHEELHOUSE = "/var/cache/trainfleet/wheelhouse"  # on the host, seen by the node
 
 
 def launch_stack() -> dict[str, Any]:
-    """The spec's ``stack`` section: torch (CPU build) with accelerate and DeepSpeed beside it
-    from the wheelhouse, and Debian 12's OpenMPI from the host's apt cache."""
+    """The spec's ``stack`` section: torch (CPU build) with accelerate, DeepSpeed and ColossalAI
+    beside it from the wheelhouse, and Debian 12's OpenMPI from the host's apt cache.
+    ColossalAI 0.5.0 requires torch<=2.5.1: it goes in without its requirements, beside the
+    two its runner imports that nothing else brings (click, fabric)."""
     return {"torch": "2.13.0", "torch_cuda": "cpu", "wheelhouse": WHEELHOUSE, "openmpi": "4.1.4-3+b1",
-            "python": {"accelerate": "1.15.0", "deepspeed": "0.19.8"}}
+            "python": {"accelerate": "1.15.0", "deepspeed": "0.19.8", "click": "8.5.1", "fabric": "3.2.3",
+                       "colossalai": {"version": "0.5.0", "deps": False}}}

@@ -7,7 +7,7 @@ Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,8 +20,8 @@ from facts.gather import fact, lent
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
-from trainfleet.pins import Pins, package_pins, torch_requirement
-from trainfleet.schema import fingerprint_problem, normalized_dist, url_problem
+from trainfleet.pins import Pins, package_pins, torch_requirement, venv_pins, without_requirements
+from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING_DEB = CUDA_KEYRING_DEB
@@ -390,7 +390,7 @@ def torch_venv(venv: str, torch_version: str, variant: str, index_url: str | Non
 
 @operation()
 def python_packages(venv: str, packages: Mapping[str, str], keep: str | None = None,
-                    wheelhouse: str | None = None, allow_change: bool = False):
+                    wheelhouse: str | None = None, allow_change: bool = False, no_deps: Collection[str] = ()):
     """
     Install Python packages in the node venv at exactly the given versions.
 
@@ -402,6 +402,8 @@ def python_packages(venv: str, packages: Mapping[str, str], keep: str | None = N
       None: the node's pip index (PyPI, or its pip.conf mirror)
     + allow_change: replace a package installed at another version; without it the node fails
       with every such package named, and nothing changes
+    + no_deps: packages installed without their requirements (``pip install --no-deps``), after
+      the others: ColossalAI 0.5.0 requires torch<=2.5.1, yet its runner works beside a newer one
 
     **Example:**
 
@@ -424,9 +426,15 @@ def python_packages(venv: str, packages: Mapping[str, str], keep: str | None = N
         return
     source = ["--no-index", "--find-links", QuoteString(wheelhouse)] if wheelhouse else []
     keep_torch = [QuoteString(keep)] if keep else []
-    yield StringCommand(QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input",
-                        *(QuoteString(f"{name}=={version}") for name, version in sorted(wanted.items())),
-                        *keep_torch, *source)
+    pip = [QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input"]
+    resolved = {name: version for name, version in sorted(wanted.items()) if name not in no_deps}
+    alone = {name: version for name, version in sorted(wanted.items()) if name in no_deps}
+    if resolved:
+        yield StringCommand(*pip, *(QuoteString(f"{name}=={version}") for name, version in resolved.items()),
+                            *keep_torch, *source)
+    if alone:
+        yield StringCommand(*pip, "--no-deps", *(QuoteString(f"{name}=={version}") for name, version in alone.items()),
+                            *source)
 
 
 # ---- the whole stack, reading the fact once ----------------------------------------------
@@ -468,7 +476,7 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
                                           allow_change=bool(pins.get("allow_change")))
             if pins.get("python"):
                 commands += python_packages._inner(
-                    venv=venv, packages={normalized_dist(n): v for n, v in sorted(pins["python"].items())},
+                    venv=venv, packages=venv_pins(pins["python"]), no_deps=without_requirements(pins["python"]),
                     keep=torch_requirement(pins["torch"], pins.get("torch_cuda") or "cpu"),
                     wheelhouse=pins.get("wheelhouse"), allow_change=bool(pins.get("allow_change")))
     refusals = [c for c in commands if isinstance(c, FailCommand)]

@@ -7,6 +7,9 @@ them, drift expects them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+
+from trainfleet.schema import normalized_dist
 
 # Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>;
 # OpenMPI's mpirun (its libraries come with it as dependencies).
@@ -59,3 +62,15 @@ def _release(version: str, suffix: str) -> str:
 def torch_requirement(torch_version: str, variant: str) -> str:
     """``torch==2.4.1+cu124``: the exact build ``torch.__version__`` reports."""
     return f"torch=={torch_version if '+' in torch_version else f'{torch_version}+{variant}'}"
+
+
+def venv_pins(python: Mapping[str, Any]) -> dict[str, str]:
+    """The spec's ``stack.python`` as PEP 503 name -> exact version."""
+    return {normalized_dist(name): pin["version"] if isinstance(pin, Mapping) else pin
+            for name, pin in sorted(python.items())}
+
+
+def without_requirements(python: Mapping[str, Any]) -> list[str]:
+    """The ``stack.python`` packages pinned with ``deps: false`` (PEP 503 names)."""
+    return sorted(normalized_dist(name) for name, pin in python.items()
+                  if isinstance(pin, Mapping) and pin.get("deps") is False)

@@ -21,9 +21,8 @@ from trainfleet.hccl import render_rank_table
 from trainfleet.launchers import RANK_TABLE, render_launchers
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive_cluster, uniform_variables
-from trainfleet.pins import Pins, package_pins, torch_requirement
+from trainfleet.pins import Pins, package_pins, torch_requirement, venv_pins
 from trainfleet.render import render, render_lines
-from trainfleet.schema import normalized_dist
 
 
 @dataclass(frozen=True)
@@ -132,7 +131,7 @@ def stack_part(stack: Mapping[str, Any], family: str | None) -> StackPlan:
             problems.append(str(exc))
     torch = (torch_requirement(stack["torch"], stack.get("torch_cuda") or "cpu").split("==", 1)[1]
              if stack.get("torch") else None)
-    python = {normalized_dist(name): version for name, version in sorted((stack.get("python") or {}).items())}
+    python = venv_pins(stack.get("python") or {})
     return StackPlan(spec=stack, packages=packages, torch=torch, python=python, problems=problems)
 
 

@@ -248,6 +248,18 @@ def dist_version_problem(value: Any) -> str | None:
     return None
 
 
+def python_pin_problem(value: Any) -> str | None:
+    """One ``stack.python`` value: an exact version, or ``{version: V, deps: false}`` for a
+    package installed without its declared requirements (ColossalAI pins an older torch)."""
+    if isinstance(value, dict):
+        if set(value) - {"version", "deps"} or "version" not in value:
+            return f"{value!r} must be a version or {{version: V, deps: false}}"
+        if not isinstance(value.get("deps", True), bool):
+            return f"deps must be true or false, got {value['deps']!r}"
+        return dist_version_problem(value["version"])
+    return dist_version_problem(value)
+
+
 def normalized_dist(name: str) -> str:
     """PEP 503's normal form: what pip and importlib.metadata compare names by."""
     return re.sub(r"[-_.]+", "-", name).lower()
@@ -352,9 +364,10 @@ STACK = Section(
                                "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`"),
         "python": Key(dict, {}, "Python packages in the node venv beside torch, each at exactly this version "
                       "(from `wheelhouse`, else the node's pip index); never upgraded silently.",
-                      each_key=dist_name_problem, each=dist_version_problem,
+                      each_key=dist_name_problem, each=python_pin_problem,
                       example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
-                      accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`"),
+                      accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`, "
+                              "or `{version: V, deps: false}` to install one without its requirements"),
         "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
                    example="11", accepts="1-2 digits"),
         "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",

@@ -1,7 +1,7 @@
 """Every launcher the cluster is configured for starts a real job: the smoke job
 (/etc/trainfleet/launch/smoke_train.py, two DDP steps, an all_reduce and the weights checked)
-through each generated launch file, on the torch-pinned 3-node lab whose accelerate, DeepSpeed
-and OpenMPI the deploy installed; one rank per node, all of them reporting success, within a
+through each generated launch file, on the torch-pinned 3-node lab whose accelerate, DeepSpeed,
+ColossalAI and OpenMPI the deploy installed; one rank per node, all of them reporting success, within a
 bound, nothing left running."""
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def test_deepspeed_sh_from_node1_trains_over_pdsh_from_any_directory(torch_lab):
     # Started in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the cluster's);
     # the runner starts every rank in that same directory, so it is one only root can write.
     assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False))
+
+
+def test_colossalai_sh_from_node1_trains_over_ssh_with_the_venv_on_the_path(torch_lab):
+    lab, _ = torch_lab
+    # ColossalAI runs a bare `torchrun` on every host in the directory it was started in.
+    assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/colossalai.sh {SMOKE}'", everywhere=False))
 
 
 def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):

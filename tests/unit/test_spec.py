@@ -89,6 +89,8 @@ def test_the_example_prod_spec_is_valid():
         ("stack:\n  python: {deepspeed: 0.19}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: 0.19 is not an exact version"),
         ("stack:\n  python: {deepspeed: '>=0.19'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: '>=0.19' is not an exact version"),
         ("stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "is not a Python package name"),
+        ("stack:\n  python: {colossalai: {version: '0.5.0', deps: no-thanks}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "deps must be true or false, got 'no-thanks'"),
+        ("stack:\n  python: {colossalai: {deps: false}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "must be a version or {version: V, deps: false}"),
         ("stack:\n  python: {Torch: '2.4.1'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "torch is pinned by stack.torch"),
         ("stack:\n  openmpi: '4.1.4'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4' is not a valid version (expected the form '4.1.4-3+b1')"),
         ("stack:\n  openmpi: '4.1.4-3 ; reboot'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4-3 ; reboot' is not a valid version"),

@@ -187,3 +187,11 @@ def test_mirror_schemes():
     assert mirror_problem("http://mirror.example.com/cuda", insecure=True) is None
     assert mirror_problem("ftp://mirror.example.com/cuda", insecure=True)
     assert mirror_problem("mirror.example.com/cuda")
+
+
+def test_venv_pins_take_plain_versions_and_packages_installed_without_their_requirements():
+    from trainfleet.pins import venv_pins, without_requirements
+
+    python = {"DeepSpeed": "0.19.8", "colossalai": {"version": "0.5.0", "deps": False}, "Fabric": {"version": "3.2.3"}}
+    assert venv_pins(python) == {"colossalai": "0.5.0", "deepspeed": "0.19.8", "fabric": "3.2.3"}
+    assert without_requirements(python) == ["colossalai"]
