@@ -23,7 +23,7 @@ from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
 from trainfleet.model import Cluster
-from trainfleet.pins import PINNED_PACKAGES
+from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
@@ -146,6 +146,11 @@ def _report(state, cluster: Cluster) -> Report:
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: expect(plan.nodes[name]) for name in reachable}
+    for name, want in expected.items():  # a venv pin means what pip's == means (1.0 is 1.0.0)
+        for prop, pin in want.items():
+            have = observed[name].get(prop)
+            if prop.startswith(PYTHON_PREFIX) and have not in (None, ABSENT) and satisfies(have, pin):
+                want[prop] = have
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
     _publish(report)
     return report

@@ -31,6 +31,7 @@ from facts.nccl_env import NcclNetwork
 from facts.shm import parse_sysvipc_shm
 from trainfleet.defaults import LAUNCH_DIR, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, RUN_DIR, VENV_DIR
 from trainfleet.model import Cluster
+from trainfleet.schema import smoke_launcher_problem
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
     PreflightReport,
@@ -41,6 +42,7 @@ from trainfleet.preflight import (
     listener_pids,
     mesh_problems,
     printable,
+    rank_failure,
     reachability_problems,
     shm_warnings,
     smoke_problems,
@@ -268,11 +270,11 @@ def _reachability(state: State, cluster: Cluster, report: PreflightReport, maste
         run_everywhere(state, {node: end_listeners_command(token, pids.get(node, [])) for node in started}, 5)
 
 
-def mesh_bound(nodes: int) -> int:
-    """Seconds the SSH stage may take: every peer probed (a bounded number at once, each
-    within MESH_PROBE_TIMEOUT), one retry round, and a margin."""
-    rounds = -(-nodes // MESH_PROBE_PARALLEL) + 1
-    return MESH_PROBE_TIMEOUT * rounds + 5
+def mesh_bound(nodes: int, users: int = 1) -> int:
+    """Seconds the SSH stage may take: for each mesh user in turn, every peer probed (a bounded
+    number at once, each within MESH_PROBE_TIMEOUT), two rounds of retries, and a margin."""
+    rounds = -(-nodes // MESH_PROBE_PARALLEL) + 2
+    return max(1, users) * MESH_PROBE_TIMEOUT * rounds + 5
 
 
 def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: set[str]) -> None:
@@ -280,7 +282,7 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
     prompt: the path pdsh, DeepSpeed's runner, mpirun and Horovod take to start ranks. A node
     that cannot be reached is named once, as unreachable, not again by each of its peers."""
     peers = [n.name for n in cluster.nodes if n.name in active]
-    seconds = mesh_bound(len(peers))
+    seconds = mesh_bound(len(peers), len(cluster.mesh_users))
     facts = {name: MeshProofs() for name in peers}
     out = run_everywhere(state, {
         node: StringCommand("timeout", "-k", "2", str(seconds), "sh", "-c",
@@ -333,8 +335,7 @@ def _isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
     out = run_everywhere(state, commands, seconds)
     pair_ok = {}
     for i, node in enumerate(others):
-        theirs = _steps(out.get(node.name, []))
-        pair_ok[node.name] = bool(theirs) and theirs[-1].get("step") == "done"
+        pair_ok[node.name] = rank_failure(_steps(out.get(node.name, []))) is None
     report.details["isolation"] = pair_ok
     report.problems += isolate(cluster, pair_ok)
 
@@ -342,11 +343,17 @@ def _isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
 def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
     """The smoke job through ``launcher``'s file in LAUNCH_DIR, bounded, from a private
     directory (its stderr lands there) with the launch itself started from /."""
+    if problem := smoke_launcher_problem(launcher):
+        raise ValueError(f"smoke launcher: {problem}")
     seconds = BOUNDS["smoke"]
-    job = [SMOKE_JOB, "--timeout", str(seconds // 2)]
-    if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told
+    # --deadline: ranks a runner started over ssh on other nodes outlive its timeout; they end themselves
+    job = [SMOKE_JOB, "--timeout", str(seconds // 2), "--deadline", str(seconds - 10)]
+    if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told; its daemons' session
+        # files go in root's RUN_DIR (every earlier stage made it), not a /tmp a user can reach first
         job = [f"{VENV_DIR}/bin/python", *job, "--master-addr", cluster.master.address,
                "--master-port", str(cluster.master_port)]
+        return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, f"{LAUNCH_DIR}/mpirun.sh", "--mca",
+                   "orte_tmpdir_base", RUN_DIR, *job, bound=seconds + 10)
     return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, f"{LAUNCH_DIR}/{launcher}.sh", *job, bound=seconds + 10)
 
 

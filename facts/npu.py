@@ -22,7 +22,7 @@ if [ -n "$t" ] && [ -x "$t" ]; then
   for d in "$dev"/davinci[0-9]*; do
     i=${d##*/davinci}
     case $i in ''|*[!0-9]*) continue ;; esac
-    "$t" -i "$i" -ip -g 2>/dev/null | awk -v i="$i" '{ print "tool " i " " $0 }'
+    timeout 5 "$t" -i "$i" -ip -g 2>/dev/null | awk -v i="$i" '{ print "tool " i " " $0 }'
   done
 fi
 exit 0

@@ -208,7 +208,8 @@ class StackVersions(FactBase[StackVersionsT]):
             elif tag == "pkg":
                 match = _PKG.fullmatch(rest)
                 if match:
-                    venv_packages[normalized_dist(match.group(1))] = match.group(2)
+                    # the first on the path is what imports and pip see (a stale .dist-info comes later)
+                    venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
             elif tag.startswith("torch"):
                 torch[tag] = rest.strip()
             else:

@@ -20,7 +20,7 @@ from facts.gather import fact, lent
 from operations.remote import FailCommand, fail_command, write_file_command
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
-from trainfleet.pins import Pins, package_pins, torch_requirement, venv_pins, without_requirements
+from trainfleet.pins import Pins, package_pins, satisfies, torch_requirement, venv_pins, without_requirements
 from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -414,7 +414,7 @@ def python_packages(venv: str, packages: Mapping[str, str], keep: str | None = N
     current = _fact(venv)
     have = current["venv_packages"]
     missing = {name: version for name, version in packages.items() if name not in have}
-    changes = {name: version for name, version in packages.items() if name in have and have[name] != version}
+    changes = {name: version for name, version in packages.items() if name in have and not satisfies(have[name], version)}
     if changes and not allow_change:
         yield fail_command("python_packages: not changing installed versions (set stack.allow_change to replace): "
                            + "; ".join(f"{name} is {have[name]} in {venv}, the pin is {version}"

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from trainfleet.schema import normalized_dist
 
 # Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>;
@@ -74,3 +76,12 @@ def without_requirements(python: Mapping[str, Any]) -> list[str]:
     """The ``stack.python`` packages pinned with ``deps: false`` (PEP 503 names)."""
     return sorted(normalized_dist(name) for name, pin in python.items()
                   if isinstance(pin, Mapping) and pin.get("deps") is False)
+
+
+def satisfies(installed: str, pin: str) -> bool:
+    """Whether ``installed`` is what pip's ``==pin`` accepts (PEP 440): ``1.0`` is ``1.0.0``, and
+    a pin without a local label accepts any (``0.19.1`` is ``0.19.1+cu124``)."""
+    try:
+        return SpecifierSet(f"=={pin}").contains(installed, prereleases=True)
+    except InvalidSpecifier:
+        return installed == pin

@@ -273,7 +273,7 @@ def smoke_problems(cluster: Cluster, launcher: str, out: dict[str, list[str]]) -
 
 
 def _last_words(lines: list[str]) -> str:
-    code = next((line[len("exit "):] for line in lines if line.startswith("exit ")), None)
+    code = next((line[len("exit "):] for line in reversed(lines) if line.startswith("exit ")), None)
     stderr = [line[len("stderr "):] for line in lines if line.startswith("stderr ")]
     if code is None:
         return " (its launcher gave no answer)"

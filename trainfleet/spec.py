@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from trainfleet.schema import NODE, SPEC, Key, Section, cluster_name_problem, type_name
+from trainfleet.schema import NODE, SPEC, Key, Section, cluster_name_problem, normalized_dist, type_name
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
@@ -240,6 +240,12 @@ def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
     for key in ("cudnn", "nccl"):
         if stack[key] and not stack["cuda"] and "+cuda" not in stack[key]:
             ctx.add(("stack", key), f"pinning {key} needs stack.cuda (its packages are built per CUDA version)")
+    seen_dists: dict[str, str] = {}
+    for name in stack["python"]:
+        other = seen_dists.setdefault(normalized_dist(name), name)
+        if other != name:
+            ctx.add(("stack", "python", name), f"{name!r} is the same package as {other!r} (pip compares names "
+                                                "case- and separator-blind)")
     if stack["python"] and not stack["torch"]:
         ctx.add(("stack", "python"), "pinning python packages needs stack.torch (they go into its venv)")
     if stack["torch"] and not stack["torch_cuda"] and "+" not in stack["torch"]:

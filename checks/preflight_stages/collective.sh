@@ -6,5 +6,5 @@ python=$1 seconds=$2 script=$3; shift 3
 if [ ! -x "$python" ]; then echo "nopython"; exit 2; fi
 timeout -k 2 "$seconds" "$python" -I -c "$script" "$@" 2>stderr
 rc=$?
-if [ "$rc" != 0 ]; then echo "exit $rc"; tail -n 3 stderr | sed 's/^/stderr /'; fi
+if [ "$rc" != 0 ]; then printf '\nexit %s\n' "$rc"; tail -n 3 stderr | sed 's/^/stderr /'; fi
 exit "$rc"

@@ -4,5 +4,5 @@
 # (each rank's JSON line among its logs), then its exit status and its stderr's last lines.
 seconds=$1; shift
 ( cd / && exec timeout -k 5 "$seconds" "$@" ) 2>"$TMPDIR/stderr"
-echo "exit $?"
+printf '\nexit %s\n' "$?"  # on its own line, whatever the launcher printed last
 tail -n 3 "$TMPDIR/stderr" | sed 's/^/stderr /'

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from checks.preflight import report_path
 from tests.lab.harness import on_every_node, pyinfra
 
@@ -86,9 +88,10 @@ def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):
     assert_trained_on_every_node(launched(lab, f"{LAUNCH}/accelerate.sh {SMOKE}", everywhere=True))
 
 
-def test_the_preflight_trains_the_smoke_job_through_the_launcher_asked_for(torch_lab):
+@pytest.mark.parametrize("launcher", ["deepspeed", "mpirun"])
+def test_the_preflight_trains_the_smoke_job_through_the_launcher_asked_for(torch_lab, launcher):
     lab, inventory = torch_lab
-    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": "deepspeed"}, timeout=240)
+    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": launcher}, timeout=240)
     assert run.returncode == 0, run.describe()
     report = json.loads(report_path("lab").read_text())
     assert report["stages"]["smoke"] == "ok" and report["ok"] is True

@@ -311,6 +311,8 @@ def test_what_a_failing_rank_printed_reaches_the_report_escaped_and_silence_is_a
     steps = preflight._steps(['{"step": "start"}', "exit 1", "stderr \x1b]0;owned\x07 Traceback"])
     assert causes(steps) == ["python exited with status 1 after 'start': \\x1b]0;owned\\x07 Traceback"]
     assert causes(preflight._steps(['{"step": "start"}', "exit 124"])) == ["stopped after 'start' (timed out)"]
+    # a rank that finished, then exited non-zero (its teardown failed), did finish
+    assert causes(preflight._steps(['{"step": "done"}', "", "exit 134", "stderr terminate called"])) == []
     assert causes([]) == ["stopped after 'no output' (timed out)"]
     assert preflight._steps(["[1, 2]", "exit 9999", "nonsense"]) == []
 
@@ -415,8 +417,11 @@ def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_t
     import checks.preflight as preflight
 
     deepspeed = preflight.smoke_command(CLUSTER, "deepspeed").get_raw_value()
-    assert "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60" in deepspeed
+    assert "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110" in deepspeed
     assert "cd / && exec timeout -k 5" in deepspeed and "mktemp -d /run/trainfleet/" in deepspeed
     mpirun = preflight.smoke_command(CLUSTER, "mpirun").get_raw_value()
-    assert ("/etc/trainfleet/launch/mpirun.sh /opt/trainfleet/venv/bin/python /etc/trainfleet/launch/smoke_train.py "
-            "--timeout 60 --master-addr 192.0.2.11 --master-port 29500") in mpirun
+    assert ("/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet /opt/trainfleet/venv/bin/python "
+            "/etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110 --master-addr 192.0.2.11 "
+            "--master-port 29500") in mpirun
+    with pytest.raises(ValueError):
+        preflight.smoke_command(CLUSTER, "../../tmp/x")

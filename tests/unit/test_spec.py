@@ -182,6 +182,8 @@ def test_readme_spec_reference_matches_the_schema():
     ("stack: {nccl: '2.21.5-1'}\n", "stack.nccl: pinning nccl needs stack.cuda"),
     ("stack: {torch: '2.4.1'}\n", "stack.torch: pinning torch needs stack.torch_cuda"),
     ("stack: {python: {deepspeed: '0.19.8'}}\n", "stack.python: pinning python packages needs stack.torch"),
+    ("stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: '0.19.7'}}\n",
+     "stack.python.deep-speed: 'deep-speed' is the same package as 'Deep_Speed'"),
     ("stack: {wheelhouse: wh}\n", "stack.wheelhouse: 'wh' must be an absolute path on the nodes"),
     ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu': trainfleet connects as root for now"),
 ])

@@ -195,3 +195,10 @@ def test_venv_pins_take_plain_versions_and_packages_installed_without_their_requ
     python = {"DeepSpeed": "0.19.8", "colossalai": {"version": "0.5.0", "deps": False}, "Fabric": {"version": "3.2.3"}}
     assert venv_pins(python) == {"colossalai": "0.5.0", "deepspeed": "0.19.8", "fabric": "3.2.3"}
     assert without_requirements(python) == ["colossalai"]
+
+
+def test_a_venv_pin_means_what_pips_double_equals_means():
+    from trainfleet.pins import satisfies
+
+    assert satisfies("0.19.1+cu124", "0.19.1") and satisfies("1.0.0", "1.0") and satisfies("2.1.0rc1", "2.1.0rc1")
+    assert not satisfies("0.19.2", "0.19.1") and not satisfies("0.19.1+cu121", "0.19.1+cu124")

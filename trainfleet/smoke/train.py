@@ -15,6 +15,7 @@ and exits 1 when anything failed (the line then has "smoke": "fail" and an "erro
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import contextlib
 import json
 import os
@@ -62,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="rank 0's address when the launcher sets no MASTER_ADDR (mpirun)")
     parser.add_argument("--master-port", "--master_port", type=int, default=None,
                         help="rank 0's port when the launcher sets no MASTER_PORT (mpirun)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds after which this rank ends itself, whatever it is doing (ranks "
+                             "a runner started over ssh outlive the runner's own timeout)")
     parser.add_argument("--expect-world", type=int, default=None,
                         help="fail unless the job has exactly this many ranks (a launcher that "
                              "started fewer, e.g. one process alone, passes otherwise)")
@@ -122,6 +126,8 @@ def train(where: Placement, device: torch.device) -> tuple[float, bool]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.deadline:  # dumps where it hung to stderr, then exits 1: the launcher sees a failure
+        faulthandler.dump_traceback_later(args.deadline, exit=True)
     where = placement(os.environ)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     report: dict[str, Any] = {"smoke": "fail", "rank": where.rank, "world": where.world,
