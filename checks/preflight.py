@@ -347,14 +347,14 @@ def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
         raise ValueError(f"smoke launcher: {problem}")
     seconds = BOUNDS["smoke"]
     # --deadline: ranks a runner started over ssh on other nodes outlive its timeout; they end themselves
+    launch = [f"{LAUNCH_DIR}/{launcher}.sh"]
     job = [SMOKE_JOB, "--timeout", str(seconds // 2), "--deadline", str(seconds - 10)]
     if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told; its daemons' session
         # files go in root's RUN_DIR (every earlier stage made it), not a /tmp a user can reach first
+        launch += ["--mca", "orte_tmpdir_base", RUN_DIR]
         job = [f"{VENV_DIR}/bin/python", *job, "--master-addr", cluster.master.address,
                "--master-port", str(cluster.master_port)]
-        return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, f"{LAUNCH_DIR}/mpirun.sh", "--mca",
-                   "orte_tmpdir_base", RUN_DIR, *job, bound=seconds + 10)
-    return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, f"{LAUNCH_DIR}/{launcher}.sh", *job, bound=seconds + 10)
+    return _sh(private_workdir(RUN_DIR) + _SMOKE, seconds, *launch, *job, bound=seconds + 10)
 
 
 def _smoke(state: State, cluster: Cluster, report: PreflightReport, launcher: str) -> None:

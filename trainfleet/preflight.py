@@ -224,6 +224,9 @@ def collective_problems(cluster: Cluster, steps: dict[str, list[dict[str, Any]]]
     return problems
 
 
+TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace period
+
+
 def rank_owners(cluster: Cluster) -> dict[int, str]:
     """Global rank -> node, as every launcher numbers them: the nodes in spec (hostfile)
     order, each with its slots."""
@@ -273,15 +276,12 @@ def smoke_problems(cluster: Cluster, launcher: str, out: dict[str, list[str]]) -
 
 
 def _last_words(lines: list[str]) -> str:
-    code = next((line[len("exit "):] for line in reversed(lines) if line.startswith("exit ")), None)
+    code = next((line[len("exit "):] for line in reversed(lines) if re.fullmatch(r"exit [0-9]{1,3}", line)), None)
     stderr = [line[len("stderr "):] for line in lines if line.startswith("stderr ")]
     if code is None:
         return " (its launcher gave no answer)"
-    ended = "timed out" if code in ("124", "137") else f"exited with status {code}"
+    ended = "timed out" if int(code) in TIMEOUT_EXITS else f"exited with status {code}"
     return f" (its launcher {ended}{': ' + printable(stderr[-1]) if stderr else ''})"
-
-
-TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace period
 
 
 def rank_failure(steps: list[dict[str, Any]]) -> str | None:
