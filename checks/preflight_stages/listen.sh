@@ -10,6 +10,10 @@ s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(128)
 while True:
     c, _ = s.accept(); c.close()
 ' "$1" "$2" "$token" >/dev/null 2>&1 &
-  echo "pid $!"
+  pid=$!
+  # Print the PID once it listens (at most 5 s): the probes start as soon as this returns.
+  n=0
+  while [ $n -lt 50 ] && ! ss -Hltn "src $1:$2" 2>/dev/null | grep -q .; do sleep 0.1; n=$((n + 1)); done
+  echo "pid $pid"
   shift 2
 done
