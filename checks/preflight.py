@@ -118,7 +118,9 @@ def run_everywhere(state: State, commands: dict[str, StringCommand], seconds: fl
 
     def one(name: str) -> tuple[str, list[str]]:
         try:
-            status, output = hosts[name].run_shell_command(commands[name], _timeout=seconds + 10)
+            host = hosts[name]  # a sudo login (ssh.become) runs the stage as root, as the deploy does
+            status, output = host.run_shell_command(commands[name], _timeout=seconds + 10,
+                                                    _sudo=bool(host.data.get("_sudo")))
         except Exception:  # timeout or lost connection: the stage's verdict names the node
             return name, []
         return name, output.stdout_lines

@@ -28,6 +28,10 @@ def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
         "trainfleet_rank": node.rank,
         "trainfleet_gpus": node.gpus,
     }
+    if ssh["become"] == "sudo":
+        # pyinfra runs every operation and fact through `sudo -H -n` (never prompting);
+        # facts/gather.py proves passwordless sudo first, so a password prompt is an error.
+        data["_sudo"] = True
     if ssh["key"]:
         data["ssh_key"] = str(Path(ssh["key"]).expanduser())
     if ssh["known_hosts"]:

@@ -52,7 +52,9 @@ class Cluster:
     stack: dict[str, Any]
     nccl: dict[str, Any]
     openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
-    preflight: dict[str, Any] = field(default_factory=lambda: {"smoke": None})
+    preflight: dict[str, Any] = field(default_factory=lambda: {"smoke": None, "min_busbw_gbps": None})
+    gpu: dict[str, Any] = field(default_factory=lambda: {"persistence": True, "fabric_manager": "auto", "peermem": "auto",
+                                                          "memlock": "unlimited", "max_clock_offset_ms": 100})
     nodes: list[Node] = field(default_factory=list)
     source: str = "<spec>"
 
@@ -81,6 +83,7 @@ class Cluster:
             nccl=dict(spec["nccl"]),
             openmpi=dict(spec["openmpi"]),
             preflight=dict(spec["preflight"]),
+            gpu=dict(spec["gpu"]),
             nodes=nodes,
             source=source,
         )

@@ -303,8 +303,12 @@ VERSION = "digits and dots, as in the example"
 SSH = Section(
     doc="How the controller (and the SSH mesh) reaches a node. Per node, override any key.",
     keys={
-        "user": Key(str, "root", "User pyinfra connects as (root: trainfleet writes /etc; sudo is not supported yet).",
+        "user": Key(str, "root", "User pyinfra connects as: root, or a user with passwordless sudo (`become: sudo`).",
                     check=user_problem, accepts="user name: `[a-z_][a-z0-9_-]{0,31}`"),
+        "become": Key((str, NULL), None, "`sudo`: every command, upload and check runs as root through the login user's "
+                      "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear error, never "
+                      "waits); null: `user` is root.",
+                      check=lambda v: None if v == "sudo" else f"{v!r} must be 'sudo' (or null)", accepts="`sudo`, or null"),
         "port": Key(int, 22, "sshd port of the node.", check=port_problem, accepts="1-65535"),
         "key": Key((str, NULL), None, "Private key the controller uses (path); null: ssh-agent / default keys.",
                    check=controller_path_problem, accepts="controller path, one line"),
@@ -368,6 +372,10 @@ STACK = Section(
                       example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
                       accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`, "
                               "or `{version: V, deps: false}` to install one without its requirements"),
+        "driver": Key((str, NULL), None, "NVIDIA driver on nodes with GPUs: a branch (`550`: its newest release) or an exact "
+                      "version, installed and held; at least what `stack.cuda` needs (CUDA 12.x: 525.60.13).",
+                      check=pattern(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", "550.54.15"), example="550.54.15",
+                      accepts="`550`, `550.54.15`"),
         "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
                    example="11", accepts="1-2 digits"),
         "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
@@ -409,9 +417,45 @@ def smoke_launcher_problem(value: Any) -> str | None:
     return None
 
 
+def memlock_problem(value: Any) -> str | None:
+    if value == "unlimited" or (isinstance(value, int) and not isinstance(value, bool) and value >= 64):
+        return None
+    return f"{value!r} must be 'unlimited' or KiB (64 or more)"
+
+
+def positive_number(value: Any) -> str | None:
+    return None if value > 0 else f"must be more than 0, got {value}"
+
+
+GPU = Section(
+    doc="Node settings multi-node GPU jobs depend on; set where the node has GPUs (`memlock`: every node).",
+    keys={
+        "persistence": Key(bool, True, "`nvidia-persistenced` enabled and active: the driver stays loaded between jobs "
+                           "(`nvidia-smi -q`: Persistence Mode Enabled).", accepts="`true`, `false` (unmanaged)"),
+        "fabric_manager": Key(str, "auto", "`auto`: a node whose GPUs sit on NVSwitches gets `nvidia-fabricmanager` at exactly "
+                              "the driver's version, active (a mismatch is CUDA error 802); `off`: unmanaged.",
+                              check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+                              accepts="`auto`, `off`"),
+        "peermem": Key(str, "auto", "`auto`: a GPU node with active InfiniBand/RoCE loads `nvidia_peermem` now and at boot "
+                       "(GPUDirect RDMA; without it NCCL copies through the host); `off`: unmanaged.",
+                       check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+                       accepts="`auto`, `off`"),
+        "memlock": Key((str, int, NULL), "unlimited", "Locked-memory limit of every session (`/etc/security/limits.d`), as a "
+                       "non-login ssh session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
+                       check=memlock_problem, accepts="`unlimited`, or KiB (64 or more)"),
+        "max_clock_offset_ms": Key(int, 100, "Largest clock offset a node may report (chrony/timesyncd), and spread "
+                                   "between nodes' clocks the preflight accepts.", check=positive_number,
+                                   accepts="1 or more"),
+    },
+)
+
 PREFLIGHT = Section(
     doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
     keys={
+        "min_busbw_gbps": Key((int, float, NULL), None, "Bus bandwidth floor (GB/s, as nccl-tests reports busbw) of the timed "
+                              "all_reduce between each pair of nodes; a slower pair names its node or link. null: measured "
+                              "and reported, no floor (CPU nodes: gloo).",
+                              check=positive_number, example=40, accepts="a number above 0"),
         "smoke": Key((str, NULL), None, "Also train the smoke job (two DDP steps, checked) through this launcher's file in "
                      "/etc/trainfleet/launch: \"the cluster can train with the launcher you use\". `--data trainfleet_smoke=NAME` "
                      "overrides it for one run.",
@@ -445,6 +489,7 @@ SPEC = Section(
         "stack": STACK,
         "nccl": NCCL,
         "openmpi": OPENMPI,
+        "gpu": GPU,
         "preflight": PREFLIGHT,
         # `nodes` is a list of NODE sections; handled by the validator.
     },
@@ -452,7 +497,8 @@ SPEC = Section(
 
 
 def type_name(t: type | tuple[type, ...]) -> str:
-    names = {str: "string", int: "integer", list: "list", dict: "mapping", bool: "boolean", NULL: "null"}
+    names = {str: "string", int: "integer", float: "number", list: "list", dict: "mapping", bool: "boolean",
+             NULL: "null"}
     if isinstance(t, tuple):
         return " or ".join(names.get(x, x.__name__) for x in t)
     return names.get(t, t.__name__)

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from trainfleet.driver import driver_for_cuda_problem
 from trainfleet.schema import NODE, SPEC, Key, Section, cluster_name_problem, normalized_dist, type_name
 
 EXIT_BAD_SPEC = 2
@@ -232,6 +233,7 @@ def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
     _mesh_user_rules(spec["cluster"]["mesh_users"], ctx)
     _fqdn_rules(spec, ctx)
     _ssh_user_rules(spec, ctx)
+    _driver_rules(spec["stack"], ctx)
 
 
 def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
@@ -271,12 +273,23 @@ def _fqdn_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
 
 
 def _ssh_user_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
-    paths = [("ssh",)] + [("nodes", i, "ssh") for i, n in enumerate(spec["nodes"]) if "user" in n.get("ssh", {})]
-    for path in paths:
-        section = spec["ssh"] if path == ("ssh",) else spec["nodes"][path[1]]["ssh"]
-        if section.get("user", "root") != "root":
-            ctx.add(path + ("user",), f"{section['user']!r}: trainfleet connects as root for now "
-                                      "(it writes /etc; sudo is not supported yet)")
+    """A login user other than root needs ``become: sudo``: trainfleet writes /etc as root."""
+    if spec["ssh"]["user"] != "root" and spec["ssh"]["become"] != "sudo":
+        ctx.add(("ssh", "user"), f"{spec['ssh']['user']!r} is not root: trainfleet writes /etc as root, so set "
+                                 "ssh.become: sudo (passwordless sudo for that user) or connect as root")
+    for i, node in enumerate(spec["nodes"]):
+        if not isinstance(node.get("ssh"), dict) or not ({"user", "become"} & set(node["ssh"])):
+            continue
+        ssh = {**spec["ssh"], **node["ssh"]}
+        if ssh["user"] != "root" and ssh["become"] != "sudo":
+            ctx.add(("nodes", i, "ssh", "user"), f"{ssh['user']!r} is not root: trainfleet writes /etc as root, so set "
+                                                 "ssh.become: sudo (passwordless sudo for that user) or connect as root")
+
+
+def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
+    """A pinned driver older than the pinned CUDA needs is refused here, with both versions."""
+    if stack["cuda"] and stack["driver"] and (problem := driver_for_cuda_problem(stack["driver"], stack["cuda"])):
+        ctx.add(("stack", "driver"), problem)
 
 
 def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:

@@ -38,7 +38,8 @@ def test_a_good_spec_gets_every_default():
     assert spec["cluster"]["name"] == "prod"
     assert spec["cluster"]["mesh_users"] == ["root"]
     assert spec["cluster"]["master_port"] == 29500
-    assert spec["ssh"] == {"user": "root", "port": 22, "key": None, "known_hosts": None}
+    assert spec["ssh"] == {"user": "root", "become": None, "port": 22, "key": None, "known_hosts": None}
+    assert spec["gpu"]["memlock"] == "unlimited" and spec["preflight"]["min_busbw_gbps"] is None
     assert spec["nccl"]["socket_ifname"] == "auto"
     assert spec["stack"]["cuda"] is None
 
@@ -136,7 +137,7 @@ def test_per_node_overrides_apply_only_to_that_node():
           - {name: b, address: 192.0.2.2}
         """))
     a, b = cluster.nodes
-    assert a.ssh == {"user": "root", "port": 22, "key": "/keys/admin", "known_hosts": None}
+    assert a.ssh == {"user": "root", "become": None, "port": 22, "key": "/keys/admin", "known_hosts": None}
     assert b.ssh["port"] == 2222
     assert a.nccl["socket_ifname"] == "=ens9" and b.nccl["socket_ifname"] == "=ens1"
     assert a.nccl["ib"] == "auto"
@@ -185,7 +186,17 @@ def test_readme_spec_reference_matches_the_schema():
     ("stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: '0.19.7'}}\n",
      "stack.python.deep-speed: 'deep-speed' is the same package as 'Deep_Speed'"),
     ("stack: {wheelhouse: wh}\n", "stack.wheelhouse: 'wh' must be an absolute path on the nodes"),
-    ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu': trainfleet connects as root for now"),
+    ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu' is not root: trainfleet writes /etc as root, so set ssh.become: sudo"),
+    ("ssh: {user: ubuntu, become: doas}\n", "ssh.become: 'doas' must be 'sudo'"),
+    ("stack: {cuda: '12.4', driver: '470.82.01'}\n",
+     "stack.driver: driver 470.82.01 is older than CUDA 12.4 needs (525.60.13 or newer)"),
+    ("stack: {cuda: '13.0', driver: '575'}\n", "stack.driver: driver 575 is older than CUDA 13.0 needs (580.65.06 or newer)"),
+    ("stack: {driver: '55'}\n", "stack.driver: '55' is not a valid version"),
+    ("gpu: {memlock: 8}\n", "gpu.memlock: 8 must be 'unlimited' or KiB (64 or more)"),
+    ("gpu: {memlock: 'unlimited; reboot'}\n", "gpu.memlock: 'unlimited; reboot' must be 'unlimited' or KiB"),
+    ("gpu: {fabric_manager: yes}\n", "gpu.fabric_manager: must be a string"),
+    ("preflight: {min_busbw_gbps: true}\n", "preflight.min_busbw_gbps: must be a integer or number or null"),
+    ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
 ])
 def test_rules_between_keys_are_checked_before_any_host(text, expected):
     found = problems(text + "nodes:\n  - {name: a, address: 192.0.2.1}\n")
@@ -196,3 +207,17 @@ def test_full_package_versions_are_valid_pins():
     spec = parse_spec("stack: {cuda: '12.4', nccl: '2.21.5-1+cuda12.4', cudnn: '9.1.0.70-1'}\n"
                       "nodes:\n  - {name: a, address: 192.0.2.1}\n")
     assert spec["stack"]["nccl"] == "2.21.5-1+cuda12.4"
+
+
+def test_a_sudo_login_is_accepted_cluster_wide_or_per_node():
+    spec = parse_spec("ssh: {user: admin, become: sudo}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
+                      "  - {name: b, address: 192.0.2.2, ssh: {user: root, become: null}}\n")
+    assert spec["ssh"]["become"] == "sudo"
+    found = problems("nodes:\n  - {name: a, address: 192.0.2.1, ssh: {user: ops}}\n")
+    assert any("nodes[0].ssh.user: 'ops' is not root" in p for p in found), found
+
+
+@pytest.mark.parametrize("driver, cuda", [("525.60.13", "12.4"), ("535", "12.8"), ("550.54.15", "12.4"),
+                                          ("580.65.06", "13.0"), ("450.80.02", "11.8")])
+def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
+    parse_spec(f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: 192.0.2.1}}\n")

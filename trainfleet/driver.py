@@ -1,0 +1,52 @@
+"""The NVIDIA driver a CUDA pin needs, and how driver versions compare.
+
+NVIDIA's CUDA compatibility guide ("CUDA Toolkit and Minimum Required Driver Version for
+CUDA Minor Version Compatibility", docs.nvidia.com/deploy/cuda-compatibility): every CUDA
+release of a major version runs on that major's first driver or newer. That is why the
+data-center LTS branch R535 carries CUDA 12.4 to 12.9 on real clusters, and why a
+toolkit's own bundled driver (550.54.14 for 12.4) is not the floor.
+"""
+
+from __future__ import annotations
+
+import re
+
+# CUDA major -> the oldest driver that runs every release of it (Linux x86_64).
+MIN_DRIVER_FOR_CUDA = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+
+_VERSION = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", re.ASCII)
+
+
+def driver_key(version: str) -> tuple[int, ...]:
+    """``550.54.15`` -> (550, 54, 15): compared part by part, as numbers."""
+    return tuple(int(part) for part in version.split("."))
+
+
+def driver_branch(version: str) -> str:
+    """``550.54.15`` -> ``550``: the branch a version belongs to."""
+    return version.split(".")[0]
+
+
+def satisfies_driver(installed: str, pin: str) -> bool:
+    """An installed driver matches a pin: the same version, or any release of a branch pin."""
+    return installed == pin or ("." not in pin and driver_branch(installed) == pin)
+
+
+def min_driver(cuda: str) -> str | None:
+    return MIN_DRIVER_FOR_CUDA.get(int(cuda.split(".")[0]))
+
+
+def driver_for_cuda_problem(driver: str, cuda: str) -> str | None:
+    """Why ``driver`` cannot run CUDA ``cuda`` (both named), or None. A branch pin is
+    judged by the branch: its newest release is what gets installed."""
+    if not _VERSION.fullmatch(driver):
+        return f"{driver!r} is not a driver version"
+    needed = min_driver(cuda)
+    if needed is None:
+        return f"CUDA {cuda}: no known minimum driver (trainfleet knows CUDA {', '.join(map(str, MIN_DRIVER_FOR_CUDA))})"
+    have = driver_key(driver)
+    want = driver_key(needed)
+    older = have[:1] < want[:1] if len(have) == 1 else have < want
+    if older:
+        return f"driver {driver} is older than CUDA {cuda} needs ({needed} or newer)"
+    return None
