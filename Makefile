@@ -13,7 +13,7 @@ LAB_NODES ?= 3
 HOST_PACKAGES := iproute2 openssh-server openssh-client tini python3-venv
 # Debian packages lab tests install inside nodes, pre-downloaded into the host's apt cache
 # because nodes have no network.
-NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11
+NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11 sudo
 # PyTorch and its dependencies for the nodes' venvs, as an air-gapped cluster gets them:
 # a wheelhouse (nodes read it through the host's / below them). torch 2.13.0 is the CPU
 # build this kind of machine serves from its own disk.

@@ -19,6 +19,7 @@ from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
 from facts.fingerprint import DeployState, plan_inputs
+from facts.sudo import sudo_probe_command, sudo_refusal
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, plan_cluster
@@ -35,6 +36,7 @@ class RunFacts:
         self.once: dict[str, AsyncResult] = {}
         self.read: dict[str, dict[tuple[Any, ...], Any]] = {}  # host name -> {fact key: value}
         self.lent: dict[str, dict[tuple[Any, ...], Any]] = {}
+        self.sudo: dict[str, str | None] = {}  # host name -> None (proved) or why its sudo was refused
 
 
 def run_facts(state: State) -> RunFacts:
@@ -56,6 +58,8 @@ def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     if hosts and all(store is not None and key in store for store in stores):
         return {h.data.get("trainfleet_node", h.name): store[key] for h, store in zip(hosts, stores)}
 
+    hosts = [h for h in hosts if h not in prove_sudo(state, hosts)]
+
     def one(host):
         with ctx_host.use(host):
             return get_fact(state, host, fact, kwargs=kwargs)
@@ -63,6 +67,36 @@ def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     pool = gevent.pool.Pool(max(1, min(len(hosts), state.config.PARALLEL or len(hosts))))
     results = pool.map(one, hosts)
     return {host.data.get("trainfleet_node", host.name): result for host, result in zip(hosts, results)}
+
+
+def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
+    """The hosts whose sudo login (``ssh.become: sudo``) cannot act as root without a
+    password, proved once per run before their first fact, all at once. Each is failed with
+    one clear error and taken out of the run, its sudo switched off so nothing later prompts
+    for a password; a run left with no host ends with pyinfra's "No hosts remaining!"."""
+    proofs = run_facts(state).sudo
+    unproved = [h for h in hosts if h.name not in proofs]
+
+    def probe(host: Any) -> tuple[str, str | None]:
+        if not host.data.get("_sudo"):
+            return host.name, None
+        _, output = host.run_shell_command(sudo_probe_command(), _timeout=30)
+        return host.name, sudo_refusal(output.stdout_lines, str(host.data.get("ssh_user")))
+
+    if unproved:
+        proofs.update(gevent.pool.Pool(len(unproved)).map(probe, unproved))
+    refused = {h for h in hosts if proofs.get(h.name)}
+    for host in refused:
+        logger.error(f"{host.print_prefix}trainfleet: {proofs[host.name]}")
+        host.data._sudo = False
+    state.fail_hosts(refused)
+    return refused
+
+
+def refused_sudo(state: State) -> dict[str, str]:
+    """{node name: why} for the nodes whose sudo login was refused this run."""
+    return {h.data.get("trainfleet_node", h.name): why for h in state.inventory
+            if (why := run_facts(state).sudo.get(h.name))}
 
 
 def once_per_run(name: str, compute: Callable[[State], T]) -> T:

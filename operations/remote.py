@@ -19,6 +19,9 @@ Every file trainfleet writes goes through ``write_command``:
 Content travels base64-encoded (any byte, no quoting question): as an argument when small
 and public, else uploaded to a unique name in /run/trainfleet (root only) and fed to the
 writer on its standard input. Private keys are always uploaded, never on a command line.
+A sudo login (``ssh.become: sudo``) cannot write there over SFTP: pyinfra uploads to a temp
+file and copies it with sudo, so that temp file goes to the login user's own 0700 directory
+that root makes in /run (never /tmp, where others could read a key or plant the name).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from io import BytesIO
 
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
+from pyinfra.context import ctx_host
 
 from trainfleet.defaults import RUN_DIR
 
@@ -44,6 +48,16 @@ r=$1
 if [ ! -e "$r" ] && [ ! -L "$r" ]; then mkdir -m 700 "$r" 2>/dev/null || true; fi
 if [ -L "$r" ] || [ ! -d "$r" ] || [ "$(stat -c '%u %a' "$r")" != "0 700" ]; then
   echo "trainfleet: $r must be a directory owned by root with mode 700 (remove it and re-run)" >&2; exit 1
+fi
+"""
+
+# A sudo login's upload directory ($2: the login user): made by root in /run, where nobody
+# else can make a name, owned by that user alone; anything else there is refused.
+UPLOAD_DIR_SCRIPT = r"""
+u=/run/trainfleet-upload.$2
+if [ ! -e "$u" ] && [ ! -L "$u" ]; then install -d -m 700 -o "$2" -g "$(id -g -- "$2")" "$u" 2>/dev/null || true; fi
+if [ -L "$u" ] || [ ! -d "$u" ] || [ "$(stat -c '%U %a' "$u")" != "$2 700" ]; then
+  echo "trainfleet: $u must be a directory owned by $2 with mode 700 (remove it and re-run)" >&2; exit 1
 fi
 """
 
@@ -143,9 +157,25 @@ def _locked(script: str, env: dict[str, str], args: list[str], user: str | None 
     )
 
 
-def run_dir_command() -> StringCommand:
-    """Make sure /run/trainfleet is root's own 0700 directory (before an upload into it)."""
+def run_dir_command(login: str | None = None) -> StringCommand:
+    """Make sure /run/trainfleet is root's own 0700 directory (before an upload into it), and
+    a sudo ``login``'s upload directory is that user's own."""
+    if login:
+        return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT + UPLOAD_DIR_SCRIPT), "trainfleet", RUN_DIR,
+                             QuoteString(login))
     return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT), "trainfleet", RUN_DIR)
+
+
+def upload_dir(login: str) -> str:
+    return f"/run/trainfleet-upload.{login}"
+
+
+def sudo_login() -> str | None:
+    """The current host's login user when it acts as root through sudo, else None."""
+    if not ctx_host.isset():  # composing a command outside a deploy (tests, tools)
+        return None
+    data = ctx_host.get().data
+    return str(data.get("ssh_user")) if data.get("_sudo") else None
 
 
 def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str = "644",
@@ -163,8 +193,11 @@ def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str 
     encoded = base64.b64encode(data).decode()
     if not secret and len(encoded) <= INLINE_LIMIT:
         return [_locked(_WRITE, {"TF_DATA": encoded}, args, user)]
-    staged = f"{RUN_DIR}/stage.{uuid.uuid4().hex}"
-    return [run_dir_command(), FileUploadCommand(BytesIO(encoded.encode()), staged),
+    name = f"stage.{uuid.uuid4().hex}"
+    staged = f"{RUN_DIR}/{name}"
+    login = sudo_login()
+    temp = f"{upload_dir(login)}/{name}" if login else None  # pyinfra's sudo upload: SFTP here, then cp
+    return [run_dir_command(login), FileUploadCommand(BytesIO(encoded.encode()), staged, remote_temp_filename=temp),
             _locked(_WRITE, {"TF_DATA": ""}, args, user, staged=staged)]
 
 

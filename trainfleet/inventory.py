@@ -29,9 +29,12 @@ def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
         "trainfleet_gpus": node.gpus,
     }
     if ssh["become"] == "sudo":
-        # pyinfra runs every operation and fact through `sudo -H -n` (never prompting);
+        # pyinfra runs every operation and fact through `sudo -H -n -E` (never prompting);
         # facts/gather.py proves passwordless sudo first, so a password prompt is an error.
+        # -E keeps the login session's environment (pam_env's /etc/environment, as every
+        # non-login ssh session gets it), so checks see what ranks see, not sudo's reset one.
         data["_sudo"] = True
+        data["_preserve_sudo_env"] = True
     if ssh["key"]:
         data["ssh_key"] = str(Path(ssh["key"]).expanduser())
     if ssh["known_hosts"]:

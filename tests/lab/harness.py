@@ -117,12 +117,13 @@ class LabController:
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
 
-    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None, timeout: int = 60) -> str:
+    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None, timeout: int = 60,
+            user: str = "root") -> str:
         """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return stdout."""
         address = self.lab.node(node).address
         argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                f"root@{address}", command]
+                f"{user}@{address}", command]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
                                 input=input if input is not None else "")
         if check:
