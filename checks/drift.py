@@ -17,8 +17,10 @@ from typing import Any
 from checks.report import publish
 from checks.report import report_path as report_file
 from facts.fingerprint import NodeFingerprint, plan_inputs
-from facts.gather import gather_fact, once_per_run
+from facts.gather import gather_fact, once_per_run, refused_sudo
+from trainfleet import gpu_node
 from trainfleet.drift import ABSENT, PYTHON_PREFIX, Report, absent_everywhere_else, compare, digest
+from trainfleet.driver import satisfies_driver
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
@@ -125,7 +127,24 @@ def expect(plan: NodePlan) -> dict[str, str]:
         props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
     props.update({f"package {name}": version for name, version in plan.stack.packages.items() if version})
     props.update({f"{PYTHON_PREFIX}{name}": version for name, version in plan.stack.python.items()})
+    if not plan.gpu.problems:
+        props.update(gpu_node.expected(plan.gpu))
+    if plan.gpu.driver:  # a branch pin is met by any release of it (pins_met)
+        props["gpu driver"] = plan.gpu.driver
     return props
+
+
+def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
+    """``want`` with each pin the node meets replaced by what it has: a venv pin means what pip's
+    == means (1.0 is 1.0.0), a driver branch pin (550) any release of that branch."""
+    met = dict(want)
+    for prop, pin in want.items():
+        have = seen.get(prop)
+        if have in (None, ABSENT, "none"):
+            continue
+        if (prop.startswith(PYTHON_PREFIX) and satisfies(have, pin)) or (prop == "gpu driver" and satisfies_driver(have, pin)):
+            met[prop] = have
+    return met
 
 
 def cluster_report(cluster: Cluster) -> Report:
@@ -137,20 +156,19 @@ def cluster_report(cluster: Cluster) -> Report:
 def _report(state, cluster: Cluster) -> Report:
     fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[n.name for n in cluster.nodes])
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
-    unreachable = {n.name: "could not connect or read its facts" for n in cluster.nodes if n.name not in reachable}
+    refused = refused_sudo(state)
+    unreachable = {n.name: refused.get(n.name, "could not connect or read its facts")
+                   for n in cluster.nodes if n.name not in reachable}
     plan = plan_cluster(cluster, plan_inputs(reachable), KeyStore(cluster.name))
     observed = {}
     for name, fp in reachable.items():
         observed[name] = observe(fp, cluster.mesh_users)
         stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
+        observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
+                                                cluster.gpu.get("max_clock_offset_ms", 100)))
     absent_everywhere_else(observed, PYTHON_PREFIX)
-    expected = {name: expect(plan.nodes[name]) for name in reachable}
-    for name, want in expected.items():  # a venv pin means what pip's == means (1.0 is 1.0.0)
-        for prop, pin in want.items():
-            have = observed[name].get(prop)
-            if prop.startswith(PYTHON_PREFIX) and have not in (None, ABSENT) and satisfies(have, pin):
-                want[prop] = have
+    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in reachable}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
     _publish(report)
     return report

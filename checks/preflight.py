@@ -16,6 +16,7 @@ import json
 import re
 import secrets
 import shlex
+import time
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -26,7 +27,7 @@ from pyinfra.api import QuoteString, State, StringCommand
 from checks.report import publish
 from checks.report import report_path as report_file
 from facts.fingerprint import MeshProofs
-from facts.gather import gather_fact, once_per_run
+from facts.gather import gather_fact, once_per_run, prove_sudo, refused_sudo
 from facts.nccl_env import NcclNetwork
 from facts.shm import parse_sysvipc_shm
 from trainfleet.defaults import LAUNCH_DIR, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, RUN_DIR, VENV_DIR
@@ -36,14 +37,25 @@ from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
     PreflightReport,
     Problem,
+    bandwidth_failures,
+    bandwidth_problems,
+    clock_problems,
     collective_problems,
+    failed_before_the_network,
     hygiene_problems,
+    ib_port_problems,
     isolate,
     listener_pids,
     mesh_problems,
+    mtu_problems,
+    pair_figures,
+    pair_name,
+    pair_rounds,
     printable,
     rank_failure,
+    rank_layout,
     reachability_problems,
+    nccl_socket_problems,
     shm_warnings,
     smoke_problems,
     smoke_reports,
@@ -65,7 +77,11 @@ _COLLECTIVE_RUN = _stage("collective.sh")
 _SMOKE = _stage("smoke.sh")
 PROBE_PORT_OFFSET = -1  # peers' probe listeners sit at master_port - 1 (29499 by default)
 BOUNDS = MappingProxyType({"hygiene": 15, "reachability": 20, "collective": 25, "isolation": 20,
+                           "bandwidth": 30,  # s per round of node pairs (two rounds, three for an odd count)
                            "smoke": 120})  # s per stage (the smoke job's launchers import a lot)
+# The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
+# busbw flattens from a few hundred MiB), small enough that gloo on CPU nodes takes seconds.
+BANDWIDTH_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 16 << 20})
 SMOKE_JOB = f"{LAUNCH_DIR}/smoke_train.py"
 SMOKE_FROM_MASTER = frozenset({"mpirun", "deepspeed", "colossalai"})  # runners that start every node's ranks
 
@@ -112,17 +128,23 @@ cd {work} && export TMPDIR={work} || exit 97
 
 
 
-def run_everywhere(state: State, commands: dict[str, StringCommand], seconds: float) -> dict[str, list[str]]:
-    """Run one command per node, all at once; {node: stdout lines} (nodes that failed: [])."""
+def run_everywhere(state: State, commands: dict[str, StringCommand], seconds: float,
+                   windows: dict[str, tuple[float, float]] | None = None) -> dict[str, list[str]]:
+    """Run one command per node, all at once; {node: stdout lines} (nodes that failed: []).
+    ``windows`` gets each node's (sent, answered) controller wall-clock times."""
     hosts = {h.data.trainfleet_node: h for h in state.inventory.get_active_hosts()}
 
     def one(name: str) -> tuple[str, list[str]]:
+        sent = time.time()
         try:
             host = hosts[name]  # a sudo login (ssh.become) runs the stage as root, as the deploy does
             status, output = host.run_shell_command(commands[name], _timeout=seconds + 10,
-                                                    _sudo=bool(host.data.get("_sudo")))
+                                                    _sudo=bool(host.data.get("_sudo")),
+                                                    _preserve_sudo_env=bool(host.data.get("_preserve_sudo_env")))
         except Exception:  # timeout or lost connection: the stage's verdict names the node
             return name, []
+        if windows is not None:
+            windows[name] = (sent, time.time())
         return name, output.stdout_lines
 
     pool = gevent.pool.Pool(max(1, len(commands)))
@@ -139,9 +161,12 @@ def _python(script: str, *args: Any, bound: int | None = None) -> StringCommand:
     return _sh(private_workdir(RUN_DIR) + script, *args, bound=bound)
 
 
-def _collective_command(rank: int, world: int, master: str, port: int, backend: str, seconds: int) -> StringCommand:
-    return _python(_COLLECTIVE_RUN, f"{VENV_DIR}/bin/python", seconds + 5, COLLECTIVE,
-                   rank, world, master, port, backend, seconds, bound=seconds + 10)
+def _collective_command(first: int, count: int, world: int, master: str, port: int, backend: str, seconds: int,
+                        nbytes: int = 0) -> StringCommand:
+    """``count`` ranks on one node, global ranks ``first``.. of ``world``; with ``nbytes``, each
+    also times an all_reduce of that size (the bandwidth stage)."""
+    return _python(_COLLECTIVE_RUN, f"{VENV_DIR}/bin/python", seconds + 5, COLLECTIVE, first, count,
+                   world, master, port, backend, seconds, *([nbytes] if nbytes else []), bound=seconds + 10)
 
 
 def _refusals(stage: str, out: dict[str, list[str]]) -> list[Problem]:
@@ -167,6 +192,8 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
             steps.append({"step": "exit", "code": int(exited.group(1))})
         elif line.startswith("stderr "):
             steps.append({"step": "stderr", "text": printable(line[len("stderr "):])})
+        elif line.startswith("nccl "):  # a line of NCCL's INFO log (its host part is the node's to name)
+            steps.append({"step": "nccl", "text": printable(line[len("nccl "):], 300)})
         else:
             try:
                 step = json.loads(line)
@@ -175,6 +202,23 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
             if isinstance(step, dict):
                 steps.append(step)
     return steps
+
+
+_RANK_LINE = re.compile(r"([0-9]{1,3}) (.*)", re.ASCII | re.DOTALL)
+
+
+def node_steps(lines: list[str], count: int) -> list[list[dict[str, Any]]]:
+    """Each local rank's steps from collective.sh's output: a rank's lines carry its local rank
+    ("3 {...}", "3 exit 1"); a line without one (``nopython``) is the node's, for every rank."""
+    mine: list[list[str]] = [[] for _ in range(count)]
+    shared: list[str] = []
+    for line in lines:
+        tagged = _RANK_LINE.fullmatch(line)
+        if tagged and int(tagged.group(1)) < count:
+            mine[int(tagged.group(1))].append(tagged.group(2))
+        elif not tagged:
+            shared.append(line)
+    return [_steps(shared + rank) for rank in mine]
 
 
 def parse_hygiene(lines: list[str]) -> dict[str, Any]:
@@ -204,6 +248,8 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
         elif kind == "env":
             key, _, value = rest.partition("=")
             data["env"][key] = value
+        elif kind == "clock" and re.fullmatch(r"[0-9]{9,11}\.[0-9]{1,9}", rest, re.ASCII):
+            data["clock"] = float(rest)
         elif kind == "slots" and re.fullmatch(r"[0-9]{1,6}", rest.strip(), re.ASCII):
             data["slots"] = int(rest)
     if data.get("cuda_visible_devices") and "visible_gpus" in data:
@@ -211,27 +257,35 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
     return data
 
 
-def preflight_plan(state: State, cluster: Cluster) -> ClusterPlan:
+def preflight_plan(state: State, cluster: Cluster, networks: dict[str, Any] | None = None) -> ClusterPlan:
     """The plan's names and NCCL environments, from one NcclNetwork read per node (no key store:
     the preflight plans no SSH mesh, and reading the store would create keys)."""
-    return plan_cluster(cluster, Gathered(networks=gather_fact(state, NcclNetwork)))
+    return plan_cluster(cluster, Gathered(networks=gather_fact(state, NcclNetwork) if networks is None else networks))
 
 
-def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> None:
+def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> dict[str, Any]:
+    """Stage 1; returns each node's NcclNetwork fact (the collective judges NCCL's choice by it)."""
     names = [name for n in cluster.nodes for name in n.names]
+    windows: dict[str, tuple[float, float]] = {}
     out = run_everywhere(state, {
         n.name: _sh(_HYGIENE, cluster.master_port, int(n.rank == 0), n.name, f"{LAUNCH_DIR}/hostfile", *names,
                     bound=BOUNDS["hygiene"])
-        for n in cluster.nodes}, BOUNDS["hygiene"])
+        for n in cluster.nodes}, BOUNDS["hygiene"], windows)
     seen = {node: parse_hygiene(lines) for node, lines in out.items() if lines}
+    clocks = {node: (data["clock"], *windows[node]) for node, data in seen.items() if "clock" in data and node in windows}
+    report.problems += clock_problems(clocks, cluster.gpu["max_clock_offset_ms"], expected=set(seen))
     for node in set(out) - set(seen):
         report.problems.append(Problem("hygiene", node, f"no answer within {BOUNDS['hygiene']} s"))
     slots = {node: data.pop("slots") for node, data in seen.items() if "slots" in data}
-    plan = preflight_plan(state, cluster)
+    networks = gather_fact(state, NcclNetwork)
+    plan = preflight_plan(state, cluster, networks)
     expected = {name: p.nccl.env for name, p in plan.nodes.items() if not p.nccl.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
+    report.problems += ib_port_problems(cluster, networks)
+    report.problems += mtu_problems(cluster, networks)
     report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")
+    return networks
 
 
 def _reachability(state: State, cluster: Cluster, report: PreflightReport, master_port_free: bool) -> None:
@@ -308,38 +362,111 @@ def end_listeners_command(token: str, pids: list[int]) -> StringCommand:
     return _sh(_END_LISTENERS, f"{RUN_DIR}/{token}", token, *(str(int(pid)) for pid in pids))
 
 
-def _collective(state: State, cluster: Cluster, report: PreflightReport) -> bool:
-    backend = "nccl" if cluster.uses_gpus else "gloo"
+def _backend(cluster: Cluster) -> str:
+    return "nccl" if cluster.uses_gpus else "gloo"
+
+
+def _collective(state: State, cluster: Cluster, report: PreflightReport, networks: dict[str, Any]) -> bool:
+    """One rank per GPU (per CPU node) over the whole cluster; True when every rank finished
+    with the right sum and the same versions. Then NCCL's own choice of network is judged."""
+    backend = _backend(cluster)
     seconds = BOUNDS["collective"]
-    world = len(cluster.nodes)
+    layout = rank_layout(cluster.nodes)
     out = run_everywhere(state, {
-        n.name: _collective_command(n.rank, world, cluster.master.address, cluster.master_port, backend, seconds)
+        n.name: _collective_command(*layout[n.name], cluster.total_slots, cluster.master.address, cluster.master_port,
+                                    backend, seconds)
         for n in cluster.nodes}, seconds)
-    steps = {node: _steps(lines) for node, lines in out.items()}
-    report.details["collective"] = {"backend": backend, "world": world, "steps": steps}
-    problems = collective_problems(cluster, steps)
+    steps = {node: node_steps(lines, layout[node][1]) for node, lines in out.items() if node in layout}
+    report.details["collective"] = {"backend": backend, "world": cluster.total_slots, "steps": steps}
+    problems = _refusals("collective", out) + collective_problems(cluster, steps)
     report.problems += problems
+    if backend == "nccl" and not problems:
+        report.problems += nccl_socket_problems(cluster, nccl_logs(steps), networks)
     return not problems
 
 
+def nccl_logs(steps: dict[str, list[list[dict[str, Any]]]]) -> dict[str, list[list[str]]]:
+    """Each node's finished ranks' NCCL INFO lines (a rank that failed proves nothing about them)."""
+    return {node: [[s.get("text", "") for s in rank if s.get("step") == "nccl"] for rank in ranks
+                   if rank_failure(rank) is None]
+            for node, ranks in steps.items()}
+
+
 def _isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
-    """2-rank collectives between the master and each node, all at once on separate ports."""
-    backend = "nccl" if cluster.uses_gpus else "gloo"
+    """2-rank collectives between the master and each node (one rank each), all at once on separate ports."""
+    backend = _backend(cluster)
     seconds = BOUNDS["isolation"]
     master = cluster.master
     others = [n for n in cluster.nodes if n.name != master.name]
-    master_side = [_collective_command(0, 2, master.address, cluster.master_port + 1 + i, backend, seconds)
+    master_side = [_collective_command(0, 1, 2, master.address, cluster.master_port + 1 + i, backend, seconds)
                    for i, _ in enumerate(others)]
     commands = {master.name: StringCommand(*[part for c in master_side for part in ("(", c, ")", ">/dev/null", "2>&1", "&")],
                                            "wait")}
     for i, node in enumerate(others):
-        commands[node.name] = _collective_command(1, 2, master.address, cluster.master_port + 1 + i, backend, seconds)
+        commands[node.name] = _collective_command(1, 1, 2, master.address, cluster.master_port + 1 + i, backend,
+                                                  seconds)
     out = run_everywhere(state, commands, seconds)
     pair_ok = {}
     for i, node in enumerate(others):
-        pair_ok[node.name] = rank_failure(_steps(out.get(node.name, []))) is None
+        pair_ok[node.name] = rank_failure(node_steps(out.get(node.name, []), 1)[0]) is None
     report.details["isolation"] = pair_ok
     report.problems += isolate(cluster, pair_ok)
+
+
+def bandwidth_commands(cluster: Cluster, pairs: list[tuple[str, ...]], seconds: int) -> dict[str, StringCommand]:
+    """One round's commands: each pair (or a lone node, intra-node) runs every GPU of its nodes
+    (one rank per CPU node) in a job of its own, its rendezvous on its first node's cluster
+    address, on a port of its own (master_port + 1 + its index in the round)."""
+    backend = _backend(cluster)
+    commands = {}
+    for index, pair in enumerate(pairs):
+        nodes = [cluster.node(name) for name in pair]
+        layout = rank_layout(nodes)
+        world = sum(n.slots for n in nodes)
+        for node in nodes:
+            commands[node.name] = _collective_command(*layout[node.name], world, nodes[0].address,
+                                                      cluster.master_port + 1 + index, backend, seconds,
+                                                      BANDWIDTH_BYTES[backend])
+    return commands
+
+
+def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str | None]:
+    """The rounds of pairs to measure, or none and why: a single node measures its GPUs alone."""
+    names = [n.name for n in cluster.nodes]
+    if len(names) > 1:
+        return pair_rounds(names), None
+    if cluster.nodes[0].slots > 1:
+        return [[(names[0],)]], None
+    what = "one GPU" if cluster.uses_gpus else "one CPU rank (gloo)"
+    return [], f"a single node with {what}: no link to measure"
+
+
+def _bandwidth(state: State, cluster: Cluster, report: PreflightReport) -> None:
+    """Bus bandwidth of a timed all_reduce per node pair, round by round; with the spec's floor
+    (``preflight.min_busbw_gbps``) the slow node or link is named, without one it is reported."""
+    backend = _backend(cluster)
+    floor = cluster.preflight.get("min_busbw_gbps")
+    rounds, skipped = bandwidth_plan(cluster)
+    details: dict[str, Any] = {"backend": backend, "bytes": BANDWIDTH_BYTES[backend], "floor_gbps": floor, "pairs": {}}
+    report.details["bandwidth"] = details
+    if skipped:
+        details["note"] = skipped
+        report.stages["bandwidth"] = "skipped"
+        return
+    measured: dict[tuple[str, ...], float] = {}
+    for pairs in rounds:
+        out = run_everywhere(state, bandwidth_commands(cluster, pairs, BOUNDS["bandwidth"]), BOUNDS["bandwidth"])
+        report.problems += _refusals("bandwidth", out)
+        for pair in pairs:
+            steps = {node: node_steps(out.get(node, []), cluster.node(node).slots) for node in pair}
+            figures = pair_figures([rank for node in pair for rank in steps[node]])
+            if figures is None:
+                report.problems += bandwidth_failures(cluster, pair, steps)
+                continue
+            measured[pair] = figures["busbw_gbps"]
+            details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
+    report.problems += bandwidth_problems(measured, floor)
+    report.stages["bandwidth"] = "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
 
 
 def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
@@ -378,11 +505,15 @@ def cluster_preflight(cluster: Cluster, smoke: str | None = None) -> PreflightRe
 
 def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightReport:
     report = PreflightReport(cluster=cluster.name, nodes=[n.name for n in cluster.nodes])
+    prove_sudo(state, list(state.inventory.get_active_hosts()))  # before any stage runs through sudo
+    refused = refused_sudo(state)
     active = {h.data.trainfleet_node for h in state.inventory.get_active_hosts()}
     for node in cluster.nodes:
-        if node.name not in active:
+        if node.name in refused:
+            report.problems.append(Problem("unreachable", node.name, refused[node.name]))
+        elif node.name not in active:
             report.problems.append(Problem("unreachable", node.name, "cannot be reached over SSH"))
-    _hygiene(state, cluster, report)
+    networks = _hygiene(state, cluster, report)
     report.stages["hygiene"] = "failed" if any(p.stage == "hygiene" for p in report.problems) else "ok"
     master_port_free = not report.details["hygiene"].get(cluster.master.name, {}).get("port_holder")
     _reachability(state, cluster, report, master_port_free)
@@ -392,16 +523,9 @@ def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightR
         report.stages["ssh"] = "failed" if any(p.stage == "ssh" for p in report.problems) else "ok"
     if len(active) < len(cluster.nodes) or not master_port_free:
         report.stages["collective"] = "skipped"  # it cannot succeed: the cause is named above
+        report.stages["bandwidth"] = "skipped"
     else:
-        ok = _collective(state, cluster, report)
-        report.stages["collective"] = "ok" if ok else "failed"
-        joined_all = not any("never joined" in p.cause for p in report.problems)
-        # The same error on every rank is the venv's or the script's, not a link's.
-        causes = {p.cause for p in report.problems if p.stage == "collective"}
-        same_everywhere = len(causes) == 1 and len([p for p in report.problems if p.stage == "collective"]) == len(active)
-        if not ok and joined_all and not same_everywhere and len(cluster.nodes) > 2:
-            _isolation(state, cluster, report)
-            report.stages["isolation"] = "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
+        _collective_stages(state, cluster, report, networks, active)
     if smoke:
         if report.stages.get("collective") == "ok":
             _smoke(state, cluster, report, smoke)
@@ -412,12 +536,46 @@ def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightR
     return report
 
 
+def _collective_stages(state: State, cluster: Cluster, report: PreflightReport, networks: dict[str, Any],
+                       active: set[str]) -> None:
+    """The collective; when it fails for a link's sake, isolation; when it passes, bandwidth."""
+    finished = _collective(state, cluster, report, networks)
+    mine = [p for p in report.problems if p.stage == "collective"]
+    report.stages["collective"] = "failed" if mine else "ok"
+    joined_all = not any("never joined" in p.cause for p in report.problems)
+    # The same error on every rank is the venv's or the script's, not a link's; so is a rank
+    # that failed before the network (no venv, no torch), whose own words are named already.
+    same_everywhere = len({p.cause for p in mine}) == 1 and len(mine) == len(active)
+    on_their_own = {p.node for p in mine} <= failed_before_the_network(report.details["collective"]["steps"])
+    if not finished and joined_all and not same_everywhere and not on_their_own and len(cluster.nodes) > 2:
+        _isolation(state, cluster, report)
+        report.stages["isolation"] = "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
+    if finished:  # (NCCL over sockets is measured too: the figure shows what it costs)
+        _bandwidth(state, cluster, report)
+    else:
+        report.stages["bandwidth"] = "skipped"
+
+
 def report_path(cluster: str) -> Path:
     return report_file("preflight", cluster)
 
 
+def bandwidth_lines(details: dict[str, Any]) -> list[str]:
+    """The measured figures for people, one line per pair (the floor, if any, after them)."""
+    floor = details.get("floor_gbps")
+    lines = [f"busbw {name}: {p['busbw_gbps']:.2f} GB/s (algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
+             f"{details.get('backend')}, {p['bytes'] >> 20} MiB)" for name, p in details.get("pairs", {}).items()]
+    if lines:
+        lines.append(f"busbw floor: {floor:g} GB/s" if floor is not None else
+                     "busbw floor: none (preflight.min_busbw_gbps): measured and reported only")
+    elif details.get("note"):
+        lines.append(f"bandwidth not measured: {details['note']}")
+    return lines
+
+
 def _publish(result: PreflightReport) -> None:
-    lines = [f"[{p.node}] {p}" for p in result.problems] + [f"[{w.node}] warning: {w}" for w in result.warnings]
+    lines = bandwidth_lines(result.details.get("bandwidth", {}))
+    lines += [f"[{p.node}] {p}" for p in result.problems] + [f"[{w.node}] warning: {w}" for w in result.warnings]
     if result.ok:
         lines.append("the cluster can train: every stage passed")
     publish(f"Preflight for {result.cluster}", result.table(), lines, result.dumps(), report_path(result.cluster),

@@ -5,9 +5,8 @@ operation lives in operations/<capability>.py, its facts in facts/<capability>.p
 templates in templates/<capability>/.
 """
 
-from facts.gather import deploy_plan
-from operations import hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
-from trainfleet.inventory import this_node
+from facts.gather import deploy_plan, this_node
+from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
 from trainfleet.keystore import KeyStore
 
 cluster, node = this_node()
@@ -44,3 +43,10 @@ openmpi.mca_params(name="OpenMPI network (~/.openmpi/mca-params.conf)", users=pl
 
 # Launchers: DeepSpeed, OpenMPI, Horovod, accelerate, torchrun and ColossalAI, all from the spec.
 launchers.launcher_files(name="Launcher configs", files=plan.launchers.files, problems=plan.launchers.problems)
+
+# GPU node settings: memlock for RDMA (every node); on GPU nodes persistence mode, the NVSwitch
+# fabric manager at exactly the driver's version, nvidia_peermem where InfiniBand/RoCE is active.
+gpu_node.settings(name="GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
+                  memlock_conf=plan.gpu.memlock_conf, persistence_on=plan.gpu.persistence, fabric=plan.gpu.fabric_manager,
+                  peermem_on=plan.gpu.peermem, allow_change=bool(plan.stack.spec.get("allow_change")),
+                  problems=plan.gpu.problems)

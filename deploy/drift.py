@@ -9,7 +9,7 @@ fails: the run exits non-zero. Nothing on any node is changed.
 
 from checks import drift
 from operations import report
-from trainfleet.inventory import this_node
+from facts.gather import this_node
 
 cluster, node = this_node()
 

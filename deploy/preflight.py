@@ -6,10 +6,16 @@ Stages, each bounded in time, all nodes at once:
 2. reachability: every node connects to every peer on its cluster address, and to the
    master's rendezvous port (temporary listeners);
 3. ssh: every node logs in to every node by name as each mesh user (host keys verified);
-4. a real torch.distributed collective (nccl on GPUs, gloo otherwise): all_reduce of a known
-   tensor checked for the right sum, all_gather of every rank's versions compared; a rank
-   that cannot run (no venv, no torch, a python that cannot start) says why in its own words;
-5. when 4 fails: 2-rank collectives of the master with each node name the one at fault.
+4. a real torch.distributed collective, one rank per GPU (CUDA_VISIBLE_DEVICES honoured; nccl)
+   or per CPU node (gloo): all_reduce of a known tensor checked for the right sum, all_gather
+   of every rank's versions compared; a rank that cannot run (no venv, no torch, a python that
+   cannot start) says why in its own words, by node and local rank/GPU; NCCL's own INFO log
+   says which network it used: sockets where IB/RoCE ports are active are named;
+5. when 4 fails: 2-rank collectives of the master with each node name the one at fault;
+6. when 4 passes: the bus bandwidth (nccl-tests' busbw) of a timed all_reduce between each
+   pair of nodes, every GPU of both, in rounds; under ``preflight.min_busbw_gbps`` the slow
+   node (slow in every pair) or the slow link is named, without a floor the figures are
+   reported. An InfiniBand port down on one node while its peers' are active is named (1).
 A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json.
 A node with a problem fails the run. Nothing is left running and nothing is changed, but for
 an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fresh directory
@@ -22,7 +28,7 @@ from pyinfra import host
 
 from checks import preflight
 from operations import report
-from trainfleet.inventory import this_node
+from facts.gather import this_node
 from trainfleet.schema import smoke_launcher_problem
 
 cluster, node = this_node()

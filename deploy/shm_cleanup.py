@@ -10,7 +10,7 @@ change that with ``--data trainfleet_shm_min_idle=SECONDS``. Never part of deplo
 from pyinfra import host
 
 from operations import shm
-from trainfleet.inventory import this_node
+from facts.gather import this_node
 
 cluster, node = this_node()
 

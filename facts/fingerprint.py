@@ -12,6 +12,7 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
+from facts.gpu_node import GpuNodeState
 from facts.hosts import HOSTS_PURPOSE, HostnameState
 from facts.launchers import LauncherFiles
 from facts.managed_block import ManagedBlock, decode_lines, split_sections
@@ -27,14 +28,14 @@ from trainfleet.plan import Gathered
 _MARK = "--trainfleet-fingerprint--"
 
 # Identity and hardware: what makes this machine this machine. GPU lines come from
-# nvidia-smi's CSV query (absent on CPU nodes).
+# nvidia-smi's CSV query (absent on CPU nodes), bounded: a wedged GPU hangs nvidia-smi.
 _IDENTITY = r"""
 echo "boot_id $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
 echo "machine_id $(cat /etc/machine-id 2>/dev/null)"
 echo "kernel $(uname -r)"
 echo "os $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown}")"
 if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /'
+  timeout -k 5 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /'
 fi
 true
 """
@@ -83,6 +84,7 @@ def deploy_sections(users: list[str]) -> Parts:
         "stack": (StackVersions, {"venv": VENV_DIR}),
         "openmpi": (OpenMpiState, {"users": list(users)}),
         "npus": (NpuDeviceIps, {}),
+        "gpu_node": (GpuNodeState, {}),
     }
     for user in users:
         parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
@@ -96,7 +98,8 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
     return Gathered(networks={node: found["network"] for node, found in readable.items()},
                     host_keys={node: found["host_keys"] for node, found in readable.items()},
                     os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
-                    npu_ips={node: found["npus"] for node, found in readable.items()})
+                    npu_ips={node: found["npus"] for node, found in readable.items()},
+                    gpu_nodes={node: found["gpu_node"] for node, found in readable.items()})
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:

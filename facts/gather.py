@@ -21,7 +21,8 @@ from pyinfra.context import ctx_host, ctx_state
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo import sudo_probe_command, sudo_refusal
 from trainfleet.keystore import KeyStore
-from trainfleet.model import Cluster
+from trainfleet import inventory
+from trainfleet.model import Cluster, Node
 from trainfleet.plan import ClusterPlan, plan_cluster
 
 T = TypeVar("T")
@@ -91,6 +92,14 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
         host.data._sudo = False
     state.fail_hosts(refused)
     return refused
+
+
+def this_node() -> tuple[Cluster, Node]:
+    """The cluster and the node this deploy runs for (``trainfleet.inventory.this_node``),
+    once every sudo login of the run has proved it acts as root without a password: every
+    deploy file starts here, before any fact or stage could make pyinfra prompt for one."""
+    once_per_run("sudo proved", lambda state: prove_sudo(state, list(state.inventory.get_active_hosts())))
+    return inventory.this_node()
 
 
 def refused_sudo(state: State) -> dict[str, str]:

@@ -16,7 +16,10 @@ from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
 _NETWORK_SCRIPT = r"""
 root=$1
 ip -o addr show 2>/dev/null | while read -r idx name family addr rest; do echo "addr ${name%%@*} $family $addr"; done
-for d in "$root"/class/net/*; do [ -d "$d/bridge" ] && echo "bridge ${d##*/}"; done
+for d in "$root"/class/net/*; do
+  [ -d "$d/bridge" ] && echo "bridge ${d##*/}"
+  [ -r "$d/mtu" ] && echo "mtu ${d##*/} $(cat "$d/mtu" 2>/dev/null)"
+done
 for p in "$root"/class/infiniband/*/ports/*; do
   [ -d "$p" ] || continue
   dev=${p%/ports/*}; dev=${dev##*/}; port=${p##*/}
@@ -29,6 +32,11 @@ for p in "$root"/class/infiniband/*/ports/*; do
     echo "gid $dev $port $i $type $(cat "$p/gids/$i" 2>/dev/null) $(cat "$p/gid_attrs/ndevs/$i" 2>/dev/null)"
   done
 done
+# Each port's active MTU (sysfs has none): ibv_devinfo, bounded (a wedged HCA must not hang the run).
+if command -v ibv_devinfo >/dev/null 2>&1; then
+  timeout 10 ibv_devinfo 2>/dev/null | awk '$1 == "hca_id:" { d = $2 } $1 == "port:" { p = $2 }
+    $1 == "active_mtu:" { print "ibmtu", d, p, $2 }'
+fi
 """
 
 _FILES_SCRIPT = FILE_FN + r"""
@@ -43,8 +51,9 @@ class NcclNetworkT(TypedDict):
 
 class NcclNetwork(FactBase[NcclNetworkT]):
     """
-    What the node's network offers NCCL: interfaces with their addresses, bridges, and
-    every InfiniBand/RoCE port with its state, link layer and GID table, in one command.
+    What the node's network offers NCCL: interfaces with their addresses and MTU, bridges, and
+    every InfiniBand/RoCE port with its state, link layer, GID table and active MTU
+    (``ibv_devinfo``, where installed), in one command.
 
     + sysfs: the sysfs root (tests point it at fixture trees copied from real machines)
 
@@ -52,7 +61,7 @@ class NcclNetwork(FactBase[NcclNetworkT]):
 
         {
             "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"], "cidrs": ["198.18.0.11/24"],
-                            "bridge": False}],
+                            "bridge": False, "mtu": 9000}],
             "ib_ports": [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet", "state": "4:ACTIVE",
                           "gids": [{"index": 3, "type": "RoCE_v2", "gid": "0000:...:ffff:c612:000b", "ndev": "ens1f0"}]}],
         }
@@ -64,12 +73,17 @@ class NcclNetwork(FactBase[NcclNetworkT]):
     def process(self, output: list[str]) -> NcclNetworkT:
         interfaces: dict[str, Interface] = {}
         ports: dict[tuple[str, int], IbPort] = {}
+        active_mtu: dict[tuple[str, int], int] = {}
         for line in output:
             kind, *fields = line.split()
             if kind == "addr" and len(fields) >= 3:
                 iface = interfaces.setdefault(fields[0], {"name": fields[0], "addresses": [], "bridge": False})
                 iface["addresses"].append(fields[2].split("/")[0])
                 iface.setdefault("cidrs", []).append(fields[2])
+            elif kind == "mtu" and len(fields) == 2 and fields[1].isdigit():
+                interfaces.setdefault(fields[0], {"name": fields[0], "addresses": [], "bridge": False})["mtu"] = int(fields[1])
+            elif kind == "ibmtu" and len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit():
+                active_mtu[(fields[0], int(fields[1]))] = int(fields[2])
             elif kind == "bridge":
                 interfaces.setdefault(fields[0], {"name": fields[0], "addresses": [], "bridge": False})["bridge"] = True
             elif kind == "port" and len(fields) >= 3:
@@ -81,6 +95,10 @@ class NcclNetwork(FactBase[NcclNetworkT]):
                     "index": int(fields[2]), "type": fields[3], "gid": fields[4],
                     "ndev": fields[5] if len(fields) > 5 else None})
 
+        for key, mtu in active_mtu.items():
+            if key in ports:
+                ports[key]["active_mtu"] = mtu
+        # interfaces that only had an MTU line (no address, no bridge) are still interfaces
         return {"interfaces": list(interfaces.values()), "ib_ports": list(ports.values())}
 
 

@@ -21,10 +21,10 @@ _SCRIPT = r"""
 venv=$1 sep=$2 prof=$3 py=$4
 ( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
 if command -v dpkg-query >/dev/null 2>&1; then
-  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 2>/dev/null
+  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 'cuda-drivers*' 2>/dev/null
 fi
 if command -v rpm >/dev/null 2>&1; then
-  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi 2>/dev/null
+  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi 'cuda-drivers*' 2>/dev/null
 fi
 for f in /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list; do
   [ -r "$f" ] && awk '/^[^#! ]/ { print "lock " $0 }' "$f"
@@ -106,7 +106,7 @@ class GccT(TypedDict):
 
 class StackVersionsT(TypedDict):
     os: OsFamilyT
-    packages: dict[str, str]  # installed cuda-toolkit-*/libcudnn*/libnccl*/openmpi(-bin) -> version
+    packages: dict[str, str]  # installed cuda-toolkit-*/libcudnn*/libnccl*/openmpi(-bin)/cuda-drivers* -> version
     held: list[str]  # those held (dpkg selection "hold") or version-locked (dnf/yum)
     keyring: bool  # the CUDA apt keyring is installed
     repos: dict[str, str]  # cuda*.list / cuda*.repo path -> content

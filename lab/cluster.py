@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import stat
@@ -264,6 +265,11 @@ class Lab:
             "ssh": {"user": "root", "port": 22, "key": str(self.key), "known_hosts": str(self.known_hosts)},
             "nodes": [{"name": n.name, "address": n.address, "gpus": 0} for n in nodes],
         }
+        _, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        if hard != resource.RLIM_INFINITY:
+            # pam_limits raises a hard limit only with CAP_SYS_RESOURCE, which a container
+            # running the lab may lack: the lab asks for what its sshd can give.
+            spec["gpu"] = {"memlock": max(64, hard // 1024)}
         self.spec.write_text("# Written by `python -m lab up`; read by inventories/lab.py.\n"
                              + yaml.safe_dump(spec, sort_keys=False))
 

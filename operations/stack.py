@@ -200,11 +200,11 @@ def _spec(family: str, name: str, version: str | None) -> QuoteString:
 @operation()
 def packages(pins: Mapping[str, str | None], allow_change: bool = False):
     """
-    Install the CUDA toolkit, cuDNN, NCCL and OpenMPI at exactly the spec's versions, and hold them
+    Install the CUDA toolkit, cuDNN, NCCL, OpenMPI and the NVIDIA driver at exactly the spec's versions, and hold them
     (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add`` on RHEL-family).
 
-    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn``, ``nccl`` and ``openmpi`` are
-      used, a null one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
+    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn``, ``nccl``, ``openmpi`` and ``driver``
+      (the plan gives it to GPU nodes only) are used, a null one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
       (package names and versions: see ``package_pins``)
     + allow_change: ``True`` lets a node that has a DIFFERENT version installed be moved to
       the pin (held packages are released and re-held). Without it such a node fails with a
@@ -455,18 +455,18 @@ def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
 
         stack.software(name="Pinned software stack", pins=cluster.stack)
     """
-    if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch")):
+    if not any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch", "driver")):
         host.noop("no stack component is pinned")
         return
     commands = []
     current = fact(StackVersions, venv=venv)
     # Lent under the venv the torch part asks with and the default the package parts ask with.
     with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
-        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl")):
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "driver")):
             commands += cuda_repo._inner(
                 mirror=pins.get("cuda_repo") or NVIDIA_REPOS, insecure=bool(pins.get("insecure", False)),
                 keyring_fingerprint=pins.get("cuda_keyring_fingerprint") or CUDA_KEYRING_FINGERPRINT)
-        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi")):
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "driver")):
             commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
         if pins.get("gcc"):
             commands += gcc._inner(major=pins["gcc"])

@@ -15,7 +15,10 @@ from typing import Any
 # Properties every node must share (majority vote names the odd node) ...
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
 IDENTICAL_PREFIXES = ("os", "kernel", "gpu driver", "cuda", "cudnn", "nccl", "torch", "gcc", "package ", PYTHON_PREFIX,
-                      "hosts block", "known_hosts block", "authorized_keys", "pdsh nodes")
+                      "hosts block", "known_hosts block", "authorized_keys", "pdsh nodes",
+                      # GPU node settings every node shares (GPU-only ones are the spec's to expect)
+                      "memlock", "cluster MTU", "ib ports active", "ib active MTU", "clock sync", "clock offset",
+                      "persistence mode")
 # ... and properties no two nodes may share.
 UNIQUE = ("hostname", "boot_id", "machine-id")
 ABSENT = "absent"

@@ -27,6 +27,7 @@ class Interface(TypedDict):
     addresses: list[str]
     bridge: bool
     cidrs: NotRequired[list[str]]  # the addresses with their prefix length, e.g. "198.18.0.11/24"
+    mtu: NotRequired[int]  # /sys/class/net/<name>/mtu
 
 
 class Gid(TypedDict):
@@ -42,6 +43,7 @@ class IbPort(TypedDict):
     link_layer: str  # "InfiniBand" | "Ethernet" (RoCE)
     state: str  # "4:ACTIVE", "1:DOWN", ...
     gids: list[Gid]
+    active_mtu: NotRequired[int]  # ibv_devinfo's active_mtu (absent where it is not installed)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from trainfleet.schema import normalized_dist
 # OpenMPI's mpirun (its libraries come with it as dependencies).
 _NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
 _OPENMPI = {"debian": "openmpi-bin", "rhel": "openmpi"}
-PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi)"  # the names package_pins gives, as a regex
+PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi|cuda-drivers)"  # the names package_pins gives, as a regex
 
 Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
 
@@ -54,7 +54,26 @@ def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
             pins[name] = version
     if stack.get("openmpi"):
         pins[_OPENMPI[family]] = stack["openmpi"]
+    if stack.get("driver"):
+        pins.update(driver_pins(stack["driver"], family))
     return pins
+
+
+def driver_pins(driver: str, family: str) -> Pins:
+    """The NVIDIA driver from NVIDIA's CUDA repository, as its install guide installs a branch:
+    the ``cuda-drivers-<branch>`` meta-package on apt (it pulls that branch's driver, utilities
+    and libraries together, so they cannot drift apart), at ``<version>-1`` for an exact pin
+    (any release of the branch, held, for a branch pin). On dnf the branch is a module stream
+    (``nvidia-driver:550-dkms``), which trainfleet does not switch: an exact ``cuda-drivers``
+    version is pinned and version-locked, a branch pin is refused.
+    """
+    exact = "." in driver
+    if family == "debian":
+        return {f"cuda-drivers-{driver.split('.')[0]}": f"{driver}-1" if exact else None}
+    if not exact:
+        raise ValueError(f"stack.driver {driver!r}: on RHEL-family nodes pin an exact driver version "
+                         "(e.g. 550.54.15); branches are dnf module streams, not switched by trainfleet")
+    return {"cuda-drivers": f"{driver}-1"}
 
 
 def _release(version: str, suffix: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from trainfleet import mesh, openmpi
 from trainfleet.defaults import MESH_KEY_NAME
 from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.gpu_node import GpuNodePlan, gpu_part
 from trainfleet.hccl import render_rank_table
 from trainfleet.launchers import RANK_TABLE, render_launchers
 from trainfleet.model import Cluster, Node
@@ -34,12 +35,14 @@ class Gathered:
       preflight's plan needs none), so no fallback to the controller's known_hosts is made
     + os_families: ``debian`` | ``rhel`` | ``unknown``
     + npu_ips: each node's Ascend device IPs (``/etc/hccn.conf``, ``hccn_tool``)
+    + gpu_nodes: the GpuNodeState fact (driver, NVSwitches, persistence, peermem, memlock, clock)
     """
 
     networks: Mapping[str, Any] = field(default_factory=dict)
     host_keys: Mapping[str, list[str]] | None = None
     os_families: Mapping[str, str] = field(default_factory=dict)
     npu_ips: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # NpuDeviceIps: device id -> IP
+    gpu_nodes: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ class LaunchersPlan:
 
 @dataclass(frozen=True)
 class StackPlan:
-    spec: Mapping[str, Any]  # the spec's ``stack`` section, as operations/stack.py takes it
+    spec: Mapping[str, Any]  # the spec's ``stack`` section as operations/stack.py takes it (``driver`` on GPU nodes only)
     packages: Pins  # the exact packages for the node's OS family (empty when it is unknown)
     torch: str | None  # the version ``torch.__version__`` must report
     python: Mapping[str, str]  # the venv's other pinned packages: PEP 503 name -> exact version
@@ -100,6 +103,7 @@ class NodePlan:
     nccl: NcclPlan
     mpi: MpiPlan
     launchers: LaunchersPlan
+    gpu: GpuNodePlan
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,10 @@ def nccl_part(derived: Derived) -> NcclPlan:
                     nccl_conf=render_lines("nccl_env/nccl.conf.j2", env=env))
 
 
-def stack_part(stack: Mapping[str, Any], family: str | None) -> StackPlan:
+def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> StackPlan:
     problems: list[str] = []
+    if not gpus and stack.get("driver"):  # the NVIDIA driver is for nodes with GPUs only
+        stack = {key: value for key, value in stack.items() if key != "driver"}
     packages: Pins = {}
     if family in ("debian", "rhel"):
         try:
@@ -210,6 +216,8 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
                       for user in users] if keys else []
         plans[node.name] = NodePlan(
             node=node, hostname=node.name, hosts=hosts, known_hosts=known_hosts, mesh=mesh_users,
-            pdsh_nodes=pdsh_nodes, stack=stack_part(cluster.stack, gathered.os_families.get(node.name)),
-            nccl=nccl, mpi=mpi, launchers=launchers)
+            pdsh_nodes=pdsh_nodes, stack=stack_part(cluster.stack, gathered.os_families.get(node.name), node.gpus),
+            nccl=nccl, mpi=mpi, launchers=launchers,
+            gpu=gpu_part(cluster.gpu, cluster.stack, node.gpus, gathered.gpu_nodes.get(node.name),
+                         gathered.networks.get(node.name), gathered.os_families.get(node.name)))
     return ClusterPlan(nodes=plans, notes=notes)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from trainfleet.model import Cluster
+from trainfleet.gpu_node import mtu_values
+from trainfleet.model import Cluster, Node
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,30 @@ def hygiene_problems(cluster: Cluster, seen: dict[str, dict[str, Any]], expected
     return problems
 
 
+def clock_problems(readings: dict[str, tuple[float, float, float]], max_ms: int, expected: set[str]) -> list[Problem]:
+    """Clocks compared across nodes, without trusting any node's own sync status: each node
+    read its clock between the controller's sending the stage and its answer, so its offset
+    from the controller is known to within half that window. A node further from the median
+    node than ``max_ms`` plus both uncertainties is named (rank timeouts, log order and
+    certificates assume one time). ``readings``: {node: (its clock, sent, answered)}; a
+    node in ``expected`` that gave no reading fails: a check that saw nothing never passes."""
+    problems = [Problem("hygiene", node, "printed no clock reading (date +%s.%N)")
+                for node in sorted(expected - set(readings))]
+    if len(readings) < 2:
+        return problems
+    offsets = {node: clock - (sent + answered) / 2 for node, (clock, sent, answered) in readings.items()}
+    unsure = {node: (answered - sent) / 2 for node, (_, sent, answered) in readings.items()}
+    middle = statistics.median(offsets.values())
+    slack = max_ms / 1000 + statistics.median(unsure.values())
+    for node, offset in sorted(offsets.items()):
+        apart = offset - middle
+        if abs(apart) > slack + unsure[node]:
+            problems.append(Problem("hygiene", node, f"its clock is {abs(apart) * 1000:.0f} ms "
+                                                     f"{'ahead of' if apart > 0 else 'behind'} the other nodes' "
+                                                     f"(gpu.max_clock_offset_ms: {max_ms}; is chrony/timesyncd running?)"))
+    return problems
+
+
 def duplicate_hostnames(hostnames: dict[str, str]) -> list[Problem]:
     """Nodes that report the same hostname: ranks, pdsh and DeepSpeed's runner tell nodes
     apart by it (torch.distributed's error messages, MPI's host lists), so each is named."""
@@ -199,29 +226,98 @@ def printable(text: str, limit: int = 200) -> str:
                    for c in text[:limit])
 
 
-def collective_problems(cluster: Cluster, steps: dict[str, list[dict[str, Any]]]) -> list[Problem]:
-    """Stage 3: every rank got through all_reduce (right sum) and all_gather (same versions)."""
+def collective_problems(cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]]) -> list[Problem]:
+    """Stage 3: every rank of every node (``steps[node][local rank]``) got through all_reduce
+    (right sum) and all_gather (same versions). A node whose ranks all failed alike is named
+    once with that cause; otherwise each failing rank is named by its local rank and GPU."""
     problems: list[Problem] = []
     names = [n.name for n in cluster.nodes]
-    causes = {node: rank_failure(steps.get(node, [])) for node in names}
-    rendezvous = next((s for node in names for s in steps.get(node, []) if s.get("stage") == "rendezvous"), None)
+    places = rank_places(cluster)
+    causes = {node: [rank_failure(s) for s in _ranks_of(cluster, steps, node)] for node in names}
+    rendezvous = next((s for node in names for rank in steps.get(node, []) for s in rank
+                       if s.get("stage") == "rendezvous"), None)
     if rendezvous:
-        missing = [names[r] for r in rendezvous["missing"] if 0 <= r < len(names)]
-        for node in missing:
-            own = causes[node]  # a rank that failed on its own (no venv, no torch) says why
-            problems.append(Problem("collective", node, own if own and "timed out" not in own else
-                                    f"never joined the rendezvous at {cluster.master.name}:{cluster.master_port} "
-                                    f"(joined: {', '.join(names[r] for r in rendezvous['joined'] if 0 <= r < len(names)) or 'none'})"))
-        return problems
-    problems += [Problem("collective", node, cause) for node, cause in causes.items() if cause]
+        return _rendezvous_problems(cluster, steps, causes, rendezvous)
     for node in names:
-        for step in steps.get(node, []):
-            if step.get("step") == "all_reduce" and not step.get("ok"):
-                problems.append(Problem("collective", node, f"all_reduce gave {step['got']}, expected {step['expected']}"))
-    gathered = next((s["versions"] for node in names for s in steps.get(node, []) if s.get("step") == "all_gather"), None)
+        problems += [Problem("collective", node, cause) for cause in _node_causes(cluster, steps, node, causes[node])]
+        for local, rank in enumerate(_ranks_of(cluster, steps, node)):
+            for step in rank:
+                if step.get("step") == "all_reduce" and not step.get("ok"):
+                    problems.append(Problem("collective", node, f"{_who(cluster, steps, node, local)}all_reduce gave "
+                                                                f"{step.get('got')}, expected {step.get('expected')}"))
+    gathered = next((s["versions"] for node in names for rank in steps.get(node, []) for s in rank
+                     if s.get("step") == "all_gather" and isinstance(s.get("versions"), list)), None)
     if gathered:
-        problems += version_problems(names, gathered)
+        problems += version_problems([places.get(r, ("?", 0))[0] for r in range(len(gathered))], gathered)
     return problems
+
+
+def _ranks_of(cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]], node: str) -> list[list[dict[str, Any]]]:
+    """The node's ranks' steps, one list per local rank (a rank that printed nothing: [])."""
+    mine = steps.get(node, [])
+    return [mine[i] if i < len(mine) else [] for i in range(cluster.node(node).slots)]
+
+
+def gpu_label(rank: list[dict[str, Any]], local: int) -> str:
+    """The GPU a rank ran on, as it reported it (its CUDA_VISIBLE_DEVICES entry), else its index."""
+    start = next((s for s in rank if s.get("step") == "start"), {})
+    gpu = start.get("gpu")
+    return printable(str(gpu), 40) if gpu is not None else str(local)
+
+
+def _who(cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]], node: str, local: int) -> str:
+    """"local rank 3 (GPU 3): " on a node of several ranks, nothing on a node of one."""
+    if cluster.node(node).slots == 1:
+        return ""
+    return f"local rank {local} (GPU {gpu_label(_ranks_of(cluster, steps, node)[local], local)}): "
+
+
+def _node_causes(cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]], node: str,
+                 causes: list[str | None]) -> list[str]:
+    """One cause for the node when every rank failed alike (no venv, no torch), else one per failing rank."""
+    if causes and all(causes) and len(set(causes)) == 1:
+        return [str(causes[0])]
+    return [f"{_who(cluster, steps, node, local)}{cause}" for local, cause in enumerate(causes) if cause]
+
+
+def _rendezvous_problems(cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]],
+                         causes: dict[str, list[str | None]], rendezvous: dict[str, Any]) -> list[Problem]:
+    """The ranks the master's store never saw, by node; a rank that failed on its own (no venv,
+    no torch) says why instead."""
+    places = rank_places(cluster)
+    joined_nodes = sorted({places[r][0] for r in _ints(rendezvous.get("joined")) if r in places},
+                          key=lambda n: cluster.node(n).rank)
+    missing: dict[str, list[int]] = {}
+    for r in _ints(rendezvous.get("missing")):
+        if r in places:
+            missing.setdefault(places[r][0], []).append(places[r][1])
+    problems = []
+    joined = ", ".join(joined_nodes) or "none"
+    where = f"the rendezvous at {cluster.master.name}:{cluster.master_port} (joined: {joined})"
+    for node, locals_ in missing.items():
+        slots = cluster.node(node).slots
+        own = [causes[node][i] if i in locals_ and "timed out" not in str(causes[node][i]) else None
+               for i in range(slots)]
+        problems += [Problem("collective", node, cause) for cause in _node_causes(cluster, steps, node, own)]
+        silent = [i for i in locals_ if own[i] is None]
+        if silent and len(silent) == slots:
+            problems.append(Problem("collective", node, f"never joined {where}"))
+        elif silent:
+            ranks = ", ".join(map(str, silent))
+            problems.append(Problem("collective", node, f"local ranks {ranks} never joined {where}"))
+    return problems
+
+
+def _ints(values: Any) -> list[int]:
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)] if isinstance(values, list) else []
+
+
+def failed_before_the_network(steps: dict[str, list[list[dict[str, Any]]]]) -> set[str]:
+    """Nodes every rank of which failed before touching the network (no venv, torch not
+    importable): their own cause is named, and no pair test can say more about a link."""
+    return {node for node, ranks in steps.items()
+            if ranks and all(any(s.get("step") == "error" and s.get("stage") in ("python", "import") for s in rank)
+                             for rank in ranks)}
 
 
 TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace period
@@ -230,10 +326,24 @@ TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace
 def rank_owners(cluster: Cluster) -> dict[int, str]:
     """Global rank -> node, as every launcher numbers them: the nodes in spec (hostfile)
     order, each with its slots."""
-    owners: dict[int, str] = {}
-    for node in cluster.nodes:
-        owners.update({len(owners) + i: node.name for i in range(node.slots)})
-    return owners
+    return {rank: node for rank, (node, _) in rank_places(cluster).items()}
+
+
+def rank_layout(nodes: list[Node]) -> dict[str, tuple[int, int]]:
+    """Node -> (its first global rank, its number of ranks) for a job over ``nodes`` in this
+    order: one rank per GPU (one on a CPU node), numbered as launchers number them."""
+    layout: dict[str, tuple[int, int]] = {}
+    first = 0
+    for node in nodes:
+        layout[node.name] = (first, node.slots)
+        first += node.slots
+    return layout
+
+
+def rank_places(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """Global rank -> (node, local rank) over the whole cluster."""
+    return {first + local: (node, local) for node, (first, count) in rank_layout(cluster.nodes).items()
+            for local in range(count)}
 
 
 def smoke_reports(lines: list[str]) -> dict[int, dict[str, Any]]:
@@ -286,7 +396,7 @@ def _last_words(lines: list[str]) -> str:
 
 def rank_failure(steps: list[dict[str, Any]]) -> str | None:
     """Why one rank did not finish, in the words of what failed (None: it finished)."""
-    progress = [s for s in steps if s.get("step") not in ("exit", "stderr")]
+    progress = [s for s in steps if s.get("step") not in ("exit", "stderr", "nccl")]
     last = progress[-1] if progress else {"step": "no output"}
     if last.get("step") == "done":
         return None
@@ -300,17 +410,20 @@ def rank_failure(steps: list[dict[str, Any]]) -> str | None:
     return f"python exited with status {code} after {last.get('step')!r}{said}"
 
 
-def version_problems(names: list[str], versions: list[dict[str, Any]]) -> list[Problem]:
-    """The odd node out of the versions every rank reported (majority wins)."""
-    problems = []
+def version_problems(owners: list[str], versions: list[dict[str, Any]]) -> list[Problem]:
+    """The odd node out of the versions every rank reported (majority wins); ``owners[rank]``
+    is the rank's node. A node is named once per differing value, however many ranks it runs."""
+    problems: list[Problem] = []
     for key in ("torch", "cuda", "nccl"):
-        values = [v.get(key) for v in versions]
+        values = [v.get(key) if isinstance(v, dict) else None for v in versions]
         if len(set(values)) < 2:
             continue
         majority = max(set(values), key=values.count)
-        for node, value in zip(names, values):
-            if value != majority:
-                problems.append(Problem("collective", node, f"{key} {value} differs from the other ranks' {majority}"))
+        for node, value in zip(owners, values):
+            problem = Problem("collective", node, f"{key} {printable(str(value))} differs from the other ranks' "
+                                                  f"{printable(str(majority))}")
+            if value != majority and problem not in problems:
+                problems.append(problem)
     return problems
 
 
@@ -322,3 +435,250 @@ def isolate(cluster: Cluster, pair_ok: dict[str, bool]) -> list[Problem]:
         return [Problem("isolation", cluster.master.name, "every pair with the master fails: the master is at fault")]
     return [Problem("isolation", node, f"a 2-rank collective between {cluster.master.name} and {node} fails: "
                                        f"the link to {node} (or {node} itself) is at fault") for node in failing]
+
+
+# ---- bandwidth: node pairs, bus bandwidth, the slow node or link -----------------------------
+
+def busbw(algbw: float, ranks: int) -> float:
+    """nccl-tests' bus bandwidth of an all_reduce: algbw * 2(n-1)/n, the traffic each rank's
+    link carries, comparable across world sizes (0 for a single rank: no bus)."""
+    return algbw * 2 * (ranks - 1) / ranks if ranks > 0 else 0.0
+
+
+def pair_rounds(nodes: list[str]) -> list[list[tuple[str, str]]]:
+    """The node pairs of the bandwidth stage, in rounds of disjoint pairs (a node is in at most
+    one pair per round, so pairs of a round run at once without sharing a NIC): the ring
+    (0,1), (1,2), ... (N-1,0), so every node is in two pairs when N > 2 and a slow node can be
+    told from a slow link. Each pair is (lower-ranked, higher-ranked)."""
+    n = len(nodes)
+    if n < 2:
+        return []
+    if n == 2:
+        return [[(nodes[0], nodes[1])]]
+    rounds = [[(nodes[i], nodes[i + 1]) for i in range(start, n - 1, 2)] for start in (0, 1)]
+    if n % 2:  # the wrap pair shares a node with both rounds above
+        rounds.append([(nodes[0], nodes[n - 1])])
+    else:
+        rounds[1].append((nodes[0], nodes[n - 1]))
+    return [r for r in rounds if r]
+
+
+def pair_name(pair: tuple[str, ...]) -> str:
+    return "-".join(pair)
+
+
+def pair_figures(ranks: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """algbw and busbw (GB/s, 1e9 bytes as nccl-tests) of one pair's timed all_reduce, from
+    every rank's ``bandwidth`` step; the time is the ranks' mean (nccl-tests' default). None
+    unless every rank reported one sane figure for the same buffer: a partial run is no measure."""
+    reports = [next((s for s in rank if s.get("step") == "bandwidth"), None) for rank in ranks]
+    if not reports or any(r is None for r in reports):
+        return None
+    sizes = {r.get("bytes") for r in reports if r}
+    seconds = [r.get("seconds") for r in reports if r]
+    if len(sizes) != 1 or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in seconds):
+        return None
+    (size,) = sizes
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return None
+    mean = sum(seconds) / len(seconds)
+    algbw = size / mean / 1e9
+    return {"ranks": len(ranks), "bytes": size, "seconds": mean, "algbw_gbps": round(algbw, 4),
+            "busbw_gbps": round(busbw(algbw, len(ranks)), 4)}
+
+
+def bandwidth_failures(cluster: Cluster, pair: tuple[str, ...], steps: dict[str, list[list[dict[str, Any]]]]
+                       ) -> list[Problem]:
+    """A pair whose timed all_reduce gave no figure: each failing rank named in its own words,
+    by node (and local rank); with no rank failing, the missing figure itself (no pass)."""
+    problems = []
+    together = f"with {pair[1]}" if len(pair) == 2 else "alone"
+    for node in pair:
+        causes = [rank_failure(rank) for rank in _ranks_of(cluster, steps, node)]
+        with_peer = f"with {_peer(pair, node)}" if len(pair) == 2 else "its GPUs alone"
+        problems += [Problem("bandwidth", node, f"the timed all_reduce {with_peer} did not finish: {cause}")
+                     for cause in _node_causes(cluster, steps, node, causes)]
+    if not problems:
+        problems = [Problem("bandwidth", node, f"the timed all_reduce of {pair[0]} {together} reported no usable "
+                                               "figure") for node in pair]
+    return problems
+
+
+def bandwidth_problems(measured: dict[tuple[str, ...], float], floor: float | None) -> list[Problem]:
+    """With a floor (GB/s): each pair under it fails. A node under the floor in every pair it is
+    in (two or more) is the slow node; a slow pair of two nodes that reach the floor elsewhere
+    is a slow link, named on both its nodes; with two nodes only, the pair is named (nothing
+    tells the node from the link). ``measured``: pair (one node: intra-node) -> busbw."""
+    if floor is None:
+        return []
+    slow = {pair: bw for pair, bw in measured.items() if bw < floor}
+    pairs_of: dict[str, list[tuple[str, ...]]] = {}
+    for pair in measured:
+        for node in pair:
+            pairs_of.setdefault(node, []).append(pair)
+    slow_nodes = [node for node, pairs in pairs_of.items() if len(pairs) >= 2 and all(p in slow for p in pairs)]
+    problems = []
+    for node in slow_nodes:
+        figures = ", ".join(f"with {_peer(p, node)}: {measured[p]:.2f}" for p in pairs_of[node])
+        problems.append(Problem("bandwidth", node, f"bus bandwidth under the floor of {floor:g} GB/s in every pair it "
+                                                   f"is in ({figures} GB/s): the node is slow"))
+    for pair, bw in slow.items():
+        if any(node in slow_nodes for node in pair):
+            continue
+        if len(pair) == 1:
+            cause = f"its GPUs' bus bandwidth {bw:.2f} GB/s is under the floor of {floor:g} GB/s"
+        elif len(pairs_of[pair[0]]) < 2 or len(pairs_of[pair[1]]) < 2:
+            cause = (f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor of {floor:g} "
+                     "GB/s (no third node to tell the slow node from the slow link)")
+        else:
+            cause = (f"the link {pair_name(pair)} is slow: bus bandwidth {bw:.2f} GB/s, under the floor of {floor:g} "
+                     "GB/s, while both nodes reach it with their other peer")
+        problems += [Problem("bandwidth", node, cause) for node in pair]
+    return problems
+
+
+def _peer(pair: tuple[str, ...], node: str) -> str:
+    return next((n for n in pair if n != node), node)
+
+
+# ---- NCCL's own choice of network, from its INFO log -----------------------------------------
+
+# What NCCL prints at init (NCCL_DEBUG=INFO, subsystems INIT,NET), strongest evidence first:
+# "Using network IB" (2.4+; "Using internal Network Socket" before), then the transport of
+# each connection ("Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0", "Ring 00 : ... via
+# NET/IB/0"), then which transports found devices ("NET/IB : Using [0]mlx5_0:1/IB ...").
+_NAME = r"([A-Za-z][A-Za-z0-9_. -]{0,39}?)"  # "IB", "Socket", "IBext_v8", "AWS Libfabric"
+_USING_NETWORK = re.compile(r"NCCL INFO Using (?:internal )?[Nn]etwork " + _NAME + r"\s*$")
+_VIA_NET = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9]{1,3}(?:/[0-9]{1,3})? : .* via NET/" + _NAME + "/")
+_NET_IB_USING = re.compile(r"NCCL INFO NET/IB ?: ?Using \[?[0-9]")
+_NET_SOCKET_USING = re.compile(r"NCCL INFO NET/Socket ?: ?Using \[?[0-9]")
+
+
+def nccl_network(lines: list[str]) -> tuple[str | None, str | None]:
+    """(the network NCCL used, the log line that says so), or (None, None) when the log does not
+    tell. Old NCCL prints "NET/Socket : Using" for its bootstrap even when it then uses IB, so
+    a transport's device list counts only when nothing stronger was printed, IB's first."""
+    for pattern in (_USING_NETWORK, _VIA_NET):
+        for line in lines:
+            if found := pattern.search(line):
+                return found.group(1), line
+    for pattern, network in ((_NET_IB_USING, "IB"), (_NET_SOCKET_USING, "Socket")):
+        for line in lines:
+            if pattern.search(line):
+                return network, line
+    return None, None
+
+
+def active_ib_ports(network: dict[str, Any] | None) -> list[str]:
+    """``mlx5_0 port 1`` for each ACTIVE InfiniBand/RoCE port of a node's NcclNetwork fact."""
+    ports = (network or {}).get("ib_ports") or []
+    return [f"{p['device']} port {p['port']}" for p in ports if "ACTIVE" in str(p.get("state", "")).upper()]
+
+
+def nccl_socket_problems(cluster: Cluster, logs: dict[str, list[list[str]]],
+                         networks: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """A node whose NCCL ranks went over sockets although it has an active IB/RoCE port ("GPU at
+    100% but slow"), and one whose log names no network at all (fail closed): ``logs[node]`` is
+    each of its ranks' NCCL INFO lines, from ranks that finished their collective. Nodes the
+    spec keeps off IB (``nccl.ib: disable``), and single-node clusters (no network), are not
+    judged."""
+    if len(cluster.nodes) < 2:
+        return []
+    problems = []
+    for node in cluster.nodes:
+        active = active_ib_ports(networks.get(node.name))
+        ranks = logs.get(node.name) or []
+        if not active or node.nccl.get("ib") == "disable" or not ranks:
+            continue
+        chosen = [nccl_network(lines) for lines in ranks]
+        sockets = [line for network, line in chosen if network == "Socket"]
+        ports = f"{', '.join(active)} {'is' if len(active) == 1 else 'are'} active"
+        if sockets:
+            problems.append(Problem("collective", node.name, f"NCCL went over sockets although {ports} "
+                                                             f"({printable(_info(str(sockets[0])), 160)}): training "
+                                                             "runs at a fraction of the fabric's speed; check "
+                                                             "NCCL_IB_DISABLE, NCCL_IB_HCA and the RDMA libraries "
+                                                             "NCCL loads"))
+        elif any(network is None for network, _ in chosen):
+            problems.append(Problem("collective", node.name, f"NCCL's INFO log names no network although {ports}: "
+                                                             "whether it used them is unknown"))
+    return problems
+
+
+def _info(line: str) -> str:
+    """The part of an NCCL log line after its host:pid:tid [dev] prefix (which a user may name)."""
+    at = line.find("NCCL INFO ")
+    return line[at:] if at >= 0 else line
+
+
+# ---- InfiniBand ports down on one node while its peers' are active ---------------------------
+
+def ib_port_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """A port (device, port) that is ACTIVE on a peer with the same HCA layout (the same set of
+    ports), or on most nodes, but DOWN/INIT or missing on one node: named for that node. NCCL
+    would silently run that node without it (NCCL_IB_HCA leaves it out; with no active port
+    left, NCCL_IB_DISABLE=1 on that node alone). Nodes whose spec disables IB are not judged."""
+    judged = {n.name: _ports(networks[n.name]) for n in cluster.nodes
+              if networks.get(n.name) is not None and n.nccl.get("ib") != "disable"}
+    problems = []
+    for node, ports in judged.items():
+        peers = {peer: p for peer, p in judged.items() if peer != node}
+        for key in sorted({k for p in judged.values() for k in p}):
+            if "ACTIVE" in ports.get(key, "").upper():
+                continue
+            active_on = sorted((peer for peer, p in peers.items() if "ACTIVE" in p.get(key, "").upper()),
+                               key=lambda n: cluster.node(n).rank)
+            alike = [peer for peer in active_on if set(peers[peer]) == set(ports)]
+            if not active_on or not (alike or len(active_on) > len(judged) / 2):
+                continue
+            state = f"is {_state(ports[key])}" if key in ports else "is missing"
+            problems.append(Problem("hygiene", node, f"InfiniBand {key[0]} port {key[1]} {state} here but ACTIVE on "
+                                                     f"{', '.join(active_on)}: NCCL on this node would run without it"))
+    return problems
+
+
+def mtu_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None]) -> list[Problem]:
+    """Every node's cluster interface has the same MTU, and so has each active IB/RoCE port
+    on every node that has it: one node at 1500 among 9000s fragments or drops NCCL's and
+    Gloo's traffic (RoCE: drops). The odd node is named against the majority; a node whose
+    cluster interface's MTU cannot be read fails (a check that saw nothing never passes)."""
+    problems: list[Problem] = []
+    readings: dict[str, dict[str, str]] = {}
+    for node in cluster.nodes:
+        network = networks.get(node.name)
+        if network is None:
+            continue  # unreachable: named by the stages that need it
+        mtu = mtu_values(network, node.address)["cluster MTU"]
+        if not mtu.isdigit():
+            problems.append(Problem("hygiene", node.name, f"the MTU of the interface holding {node.address} cannot be read"))
+            continue
+        readings.setdefault("the cluster interface's MTU", {})[node.name] = mtu
+        for port in network.get("ib_ports") or []:
+            if "ACTIVE" in str(port.get("state", "")).upper() and port.get("active_mtu"):
+                key = f"{printable(str(port['device']), 32)} port {port['port']}'s active MTU"
+                readings.setdefault(key, {})[node.name] = printable(str(port["active_mtu"]), 16)
+    for what, values in readings.items():
+        counts = Counter(values.values())
+        if len(counts) < 2:
+            continue
+        (top, top_count), (_, second_count) = counts.most_common(2)
+        if top_count == second_count:
+            problems += [Problem("hygiene", node, f"{what} is {value}, and no MTU is on most nodes "
+                                                  f"({', '.join(f'{v} on {c}' for v, c in counts.most_common())})")
+                         for node, value in sorted(values.items())]
+            continue
+        others = sorted((n for n, v in values.items() if v == top), key=lambda n: cluster.node(n).rank)
+        problems += [Problem("hygiene", node, f"{what} is {value}, {top} on {', '.join(others)}: traffic between "
+                                              "them fragments or is dropped")
+                     for node, value in sorted(values.items()) if value != top]
+    return problems
+
+
+def _ports(network: dict[str, Any] | None) -> dict[tuple[str, int], str]:
+    return {(str(p["device"]), int(p["port"])): str(p.get("state", "")) for p in (network or {}).get("ib_ports") or []}
+
+
+def _state(state: str) -> str:
+    """``4:ACTIVE`` -> ``DOWN (1:DOWN)`` style: the name, then the kernel's text."""
+    name = state.partition(":")[2] or state or "in no known state"
+    return f"{printable(name, 20)} ({printable(state, 20)})" if state else name

@@ -1,9 +1,12 @@
-# The preflight's collective, run by every node's pinned venv python at once (one rank per
-# node). Prints one JSON line per step, so the controller knows how far each rank got even
-# when the run is cut off. Arguments: RANK WORLD MASTER_ADDR MASTER_PORT BACKEND TIMEOUT
+# The preflight's collective, run by the pinned venv python of every rank at once (one rank per
+# GPU, one per CPU node). Prints one JSON line per step, so the controller knows how far each
+# rank got even when the run is cut off. Arguments: RANK LOCAL_RANK WORLD MASTER_ADDR
+# MASTER_PORT BACKEND TIMEOUT [BYTES]: with BYTES, a timed all_reduce of that many bytes
+# follows (the bandwidth stage).
 # Run as `python -I -c` in a private root-only directory: no module a node user planted in the
 # working directory (or named in PYTHON* variables) is imported instead of the standard library's.
 import json
+import os
 import socket
 import sys
 import time
@@ -14,16 +17,49 @@ def say(step, **data):
     print(json.dumps({"step": step, **data}), flush=True)
 
 
-rank, world, master, port, backend, limit = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                             int(sys.argv[4]), sys.argv[5], float(sys.argv[6]))
+rank, local, world, master, port, backend, limit = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                                                    int(sys.argv[5]), sys.argv[6], float(sys.argv[7]))
+nbytes = int(sys.argv[8]) if len(sys.argv) > 8 else 0
 deadline = time.monotonic() + limit
-say("start", rank=rank, host=socket.gethostname())
+visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+gpu = (visible[local] if local < len(visible) else f"none (CUDA_VISIBLE_DEVICES lists {len(visible)})") if visible else local
+say("start", rank=rank, local=local, host=socket.gethostname(), gpu=gpu if backend == "nccl" else None)
 try:
     import torch
     import torch.distributed as dist
 except Exception as exc:  # the venv itself is broken: its own words, e.g. "No module named 'torch'"
     say("error", stage="import", error=f"{type(exc).__name__}: {exc}")
     sys.exit(2)
+
+
+def sync():
+    if backend == "nccl":
+        torch.cuda.synchronize()
+
+
+def timed_all_reduce(device):
+    """Warm-up, then all_reduce of an nbytes buffer repeated for about a second (the same count
+    on every rank: the slowest warm-up decides), seconds per all_reduce on this rank."""
+    buf = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(buf)  # checked: a large buffer arrives whole, not only a small one
+    if not bool(torch.all(buf == world * (world + 1) / 2)):
+        say("error", stage="bandwidth", error="the large all_reduce gave a wrong sum")
+        sys.exit(4)
+    buf.zero_()
+    started = time.perf_counter()
+    for _ in range(2):
+        dist.all_reduce(buf)
+    sync()
+    warm = torch.tensor([(time.perf_counter() - started) / 2], dtype=torch.float64, device=device)
+    dist.all_reduce(warm, op=dist.ReduceOp.MAX)
+    iters = max(3, min(20, int(1.0 / max(float(warm[0]), 1e-6))))
+    dist.barrier()
+    started = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(buf)
+    sync()
+    return (time.perf_counter() - started) / iters, iters
+
 
 # Rendezvous through the master's store first, so that on a timeout the master can say
 # which ranks joined and which did not.
@@ -38,10 +74,12 @@ try:
             sys.exit(3)
         time.sleep(0.1)
     say("joined")
+    if backend == "nccl":
+        torch.cuda.set_device(local)  # local rank i: the i-th device CUDA_VISIBLE_DEVICES leaves visible
     dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                             timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())))
     say("initialised", backend=backend)
-    device = torch.device("cuda", 0) if backend == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     value = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(value)
     expected = world * (world + 1) / 2
@@ -54,6 +92,9 @@ try:
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     say("all_gather", versions=[json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered])
+    if nbytes > 0:
+        seconds, iters = timed_all_reduce(device)
+        say("bandwidth", bytes=nbytes // 4 * 4, seconds=seconds, iters=iters)
     dist.barrier()
     dist.destroy_process_group()
     say("done")

@@ -1,5 +1,6 @@
-"""The preflight on a torch-pinned 3-node lab: a real gloo all_reduce across the nodes, and
-each injected fault named by node and cause in bounded time, with nothing left running."""
+"""The preflight on a torch-pinned 3-node lab: a real gloo all_reduce across the nodes, the
+bus bandwidth of every node pair measured, and each injected fault named by node and cause in
+bounded time, with nothing left running."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import subprocess
 import time
 
 from checks.preflight import report_path
-from tests.lab.harness import PYINFRA, REPO, deploy_twice, pyinfra
+from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, deploy_twice, pyinfra
 
 NODES = ["node1", "node2", "node3"]
 PREFLIGHT = "deploy/preflight.py"
 BOUND = 60  # seconds: the issue's limit for naming any of these faults
+HEALTHY_STAGES = {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok", "bandwidth": "ok"}
 # Our remote processes, by their scripts ("[p]" keeps pgrep from matching this very shell).
 LEFTOVERS = "pgrep -f \"[p]reflight's collective|s[.]listen[(]128[)]\" || true"
 # Modules a node user (or anyone who could write there) leaves where a `python -c` started in
@@ -44,16 +46,43 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     run, report, _ = preflight(inventory)
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
-    assert report["stages"] == {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok"}
+    assert report["stages"] == HEALTHY_STAGES
     assert report["details"]["ssh"] == {node: {"root": {peer: "ok" for peer in NODES}} for node in NODES}
     steps = report["details"]["collective"]["steps"]
     assert report["details"]["collective"]["backend"] == "gloo"
     for node in NODES:
-        reduce = next(s for s in steps[node] if s["step"] == "all_reduce")
+        (rank,) = steps[node]  # one gloo rank per CPU node
+        reduce = next(s for s in rank if s["step"] == "all_reduce")
         assert reduce["ok"] and reduce["got"] == 6.0  # 1 + 2 + 3
-    gathered = next(s for s in steps["node1"] if s["step"] == "all_gather")["versions"]
+    gathered = next(s for s in steps["node1"][0] if s["step"] == "all_gather")["versions"]
     assert [v["torch"] for v in gathered] == ["2.13.0+cpu"] * 3
+    # every node pair measured with gloo: a real figure per pair, reported, no floor
+    bandwidth = report["details"]["bandwidth"]
+    assert (bandwidth["backend"], bandwidth["bytes"], bandwidth["floor_gbps"]) == ("gloo", 16 << 20, None)
+    assert set(bandwidth["pairs"]) == {"node1-node2", "node2-node3", "node1-node3"}
+    for pair in bandwidth["pairs"].values():
+        assert pair["ranks"] == 2 and pair["busbw_gbps"] > 0 and pair["busbw_gbps"] == pair["algbw_gbps"]
+    print("lab busbw (GB/s):", {name: p["busbw_gbps"] for name, p in bandwidth["pairs"].items()})
+    assert "busbw node1-node2: " in run.stderr and "busbw floor: none" in run.stderr  # for people, too
     assert run.changed() == {}
+    assert_nothing_left_running(lab)
+
+
+def test_an_impossible_bandwidth_floor_names_every_node_as_slow(torch_lab, tmp_path):
+    lab, _ = torch_lab
+    inventory = lab.spec_inventory(tmp_path, stack=TORCH_STACK, preflight={"min_busbw_gbps": 100000})
+    run, report, seconds = preflight(inventory)
+    assert run.returncode != 0
+    bandwidth = [(node, cause) for node, stage, cause in problems(report) if stage == "bandwidth"]
+    assert [node for node, _ in bandwidth] == NODES, bandwidth
+    assert all(cause.startswith("bus bandwidth under the floor of 100000 GB/s in every pair it is in (with ")
+               and cause.endswith("GB/s): the node is slow") for _, cause in bandwidth), bandwidth
+    assert {p[1] for p in problems(report)} == {"bandwidth"}
+    assert report["stages"] == {**HEALTHY_STAGES, "bandwidth": "failed"}
+    assert len(report["details"]["bandwidth"]["pairs"]) == 3
+    # every node fails its verdict (pyinfra then has no host left and prints no --json report)
+    assert all(f"[{node}] trainfleet: preflight: bandwidth: " in run.stderr for node in NODES), run.describe()
+    assert seconds < BOUND
     assert_nothing_left_running(lab)
 
 
@@ -238,7 +267,7 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
         assert ran == {node: [] for node in NODES}, "planted modules ran as root"
         assert run.returncode == 0, run.describe()
         assert report["ok"] is True
-        assert report["stages"] == {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok"}
+        assert report["stages"] == HEALTHY_STAGES
         for node in NODES:
             # The private working directories are made under a root-only directory and removed.
             assert lab.ssh(node, "stat -c '%u %a %F' /run/trainfleet").strip() == "0 700 directory"

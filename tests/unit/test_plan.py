@@ -20,7 +20,7 @@ import facts.gather
 import operations
 import trainfleet.inventory
 from checks.drift import _env_string, expect
-from operations import hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
+from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
 from operations.launchers import launcher_files as apply_launcher_files
 from operations.nccl_env import nccl_env as apply_nccl_env
 from operations.remote import FailCommand
@@ -79,11 +79,11 @@ def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPla
     def recorder(name: str):
         return lambda **kwargs: calls.setdefault(name, []).append(kwargs)
 
-    monkeypatch.setattr(trainfleet.inventory, "this_node", lambda: (cluster, cluster.node(node_name)))
+    monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
     monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster, _keys: plan)
     for module, names in ((hosts, ["hostname", "hosts_block"]), (ssh_mesh, ["known_hosts", "mesh_user"]),
                           (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
-                          (openmpi, ["mca_params"]), (launchers, ["launcher_files"])):
+                          (openmpi, ["mca_params"]), (launchers, ["launcher_files"]), (gpu_node, ["settings"])):
         for name in names:
             monkeypatch.setattr(module, name, recorder(f"{module.__name__.split('.')[-1]}.{name}"))
     runpy.run_path(str(ROOT / "deploy/cluster.py"))
@@ -96,6 +96,7 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     (hostname,), (block,), (known,) = calls["hosts.hostname"], calls["hosts.hosts_block"], calls["ssh_mesh.known_hosts"]
     (pdsh_call,), (software,), (nccl,) = calls["pdsh.pdsh"], calls["stack.software"], calls["nccl_env.nccl_env"]
     (mpi,), (files,) = calls["openmpi.mca_params"], calls["launchers.launcher_files"]
+    (gpu,) = calls["gpu_node.settings"]
     given = {
         "hostname": hostname["hostname"],
         "hostname (persistent)": hostname["hostname"],
@@ -115,6 +116,8 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     if not files["problems"]:
         given["launcher files"] = digest([f"{name} {hashlib.sha256(content.encode()).hexdigest()}"
                                           for name, (content, _) in sorted(files["files"].items())])
+    if gpu["memlock_conf"] is not None and not gpu["problems"]:
+        given["memlock file"] = digest(gpu["memlock_conf"])
     for user in calls["ssh_mesh.mesh_user"]:
         name = user["user"]
         given[f"authorized_keys ({name})"] = digest(user["authorized"])
@@ -126,7 +129,8 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
 
 
 # Properties drift checks that no operation writes: the node's own answers.
-OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)"}
+OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)",
+                 "memlock (non-login ssh)"}  # the limit a session gets once the file is in place
 
 
 def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -79,20 +80,108 @@ def test_a_name_resolving_elsewhere_is_named():
     assert problems_for(outputs) == ["gpu-a02: gpu-a03 resolves to 192.0.2.99, not 192.0.2.13"]
 
 
-def done(versions=None):
-    v = versions or {"torch": "2.4.1+cu124", "cuda": "12.4", "nccl": "2.20.5"}
-    return [{"step": "start"}, {"step": "joined"}, {"step": "all_reduce", "ok": True, "got": 6.0, "expected": 6.0},
-            {"step": "all_gather", "versions": [v, v, {**v, "torch": "2.3.1+cu121"}]}, {"step": "done"}]
+V = {"torch": "2.4.1+cu124", "cuda": "12.4", "nccl": "2.20.5"}
 
 
-def test_the_collective_names_a_rank_with_other_versions_and_ranks_that_never_joined():
-    steps = {n.name: done() for n in CLUSTER.nodes}
+def finished(world: int = 24, versions: list | None = None, gpu: str | None = None) -> list[dict]:
+    """One rank's steps through the whole collective."""
+    total = world * (world + 1) / 2
+    return [{"step": "start", "gpu": gpu}, {"step": "joined"}, {"step": "all_reduce", "ok": True, "got": total,
+                                                                 "expected": total},
+            {"step": "all_gather", "versions": versions or [V] * world}, {"step": "done"}]
+
+
+def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_never_joined():
+    versions = [V] * 16 + [{**V, "torch": "2.3.1+cu121"}] * 8  # every GPU rank of gpu-a03
+    steps = {n.name: [finished(versions=versions) for _ in range(8)] for n in CLUSTER.nodes}
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
         ("gpu-a03", "torch 2.3.1+cu121 differs from the other ranks' 2.4.1+cu124")]
-    timeout = {"step": "timeout", "stage": "rendezvous", "joined": [0, 1], "missing": [2]}
-    steps = {"gpu-a01": [{"step": "start"}, timeout], "gpu-a02": [{"step": "start"}], "gpu-a03": []}
+    timeout = {"step": "timeout", "stage": "rendezvous", "joined": list(range(16)), "missing": list(range(16, 24))}
+    steps = {"gpu-a01": [[{"step": "start"}, timeout]] + [[{"step": "start"}]] * 7,
+             "gpu-a02": [[{"step": "start"}]] * 8, "gpu-a03": []}
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
         ("gpu-a03", "never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02)")]
+    # two GPUs of gpu-a02 (global ranks 13 and 14) never came: named by their local ranks
+    timeout = {**timeout, "joined": [r for r in range(24) if r not in (13, 14)], "missing": [13, 14]}
+    steps["gpu-a01"][0] = [{"step": "start"}, timeout]
+    assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
+        ("gpu-a02", "local ranks 5, 6 never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02, "
+                    "gpu-a03)")]
+
+
+def test_one_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_cuda_visible_devices_gave_it():
+    steps = {n.name: [finished(gpu=str(i)) for i in range(8)] for n in CLUSTER.nodes}
+    # CUDA_VISIBLE_DEVICES=4,5,6,7,0,1,2,3 on gpu-a02: local rank 1 runs on GPU 5
+    steps["gpu-a02"] = [finished(gpu=str((i + 4) % 8)) for i in range(8)]
+    steps["gpu-a02"][1] = [{"step": "start", "gpu": "5"}, {"step": "joined"},
+                           {"step": "error", "stage": "collective",
+                            "error": "DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"}]
+    assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
+        ("gpu-a02", "local rank 1 (GPU 5): collective failed: DistBackendError: NCCL error: unhandled cuda error "
+                    "(run with NCCL_DEBUG=INFO)")]
+
+
+def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node():
+    from trainfleet.preflight import rank_layout, rank_places
+
+    assert rank_layout(CLUSTER.nodes) == {"gpu-a01": (0, 8), "gpu-a02": (8, 8), "gpu-a03": (16, 8)}
+    mixed = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1, gpus: 4}\n  - {name: b, address: 192.0.2.2}\n"
+                          "  - {name: c, address: 192.0.2.3, gpus: 2}\n")
+    assert rank_layout(mixed.nodes) == {"a": (0, 4), "b": (4, 1), "c": (5, 2)}
+    assert rank_places(mixed)[5] == ("c", 0) and len(rank_places(mixed)) == mixed.total_slots == 7
+
+
+def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_come_back_by_local_rank(
+        planted, monkeypatch, tmp_path):
+    preflight, _, cwd = planted
+    # A stand-in python: prints what the collective's first step would (its arguments and the
+    # environment it got), then rank 10 fails as a rank whose GPU is gone would.
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\nshift 3\n"
+                      "echo \"{\\\"step\\\": \\\"start\\\", \\\"rank\\\": $1, \\\"local\\\": $2, "
+                      "\\\"args\\\": \\\"$*\\\", \\\"debug\\\": \\\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\\"}\"\n"
+                      "echo \"$(hostname):1:1 [$2] NCCL INFO Using network Socket\" > \"$NCCL_DEBUG_FILE\"\n"
+                      "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; }\n"
+                      "echo '{\"step\": \"done\"}'\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(preflight, "VENV_DIR", str(tmp_path / "venv"))
+    command = preflight._collective_command(8, 4, 24, "192.0.2.11", 29500, "nccl", 5)
+    ranks = preflight.node_steps(_run_stage(command, cwd).stdout.splitlines(), 4)
+    assert [r[0]["rank"] for r in ranks] == [8, 9, 10, 11] and [r[0]["local"] for r in ranks] == [0, 1, 2, 3]
+    assert ranks[0][0]["args"] == "8 0 24 192.0.2.11 29500 nccl 5" and ranks[0][0]["debug"] == "INFO INIT,NET"
+    assert [s["step"] for s in ranks[2]] == ["start", "exit", "stderr", "nccl"]
+    assert ranks[2][2]["text"] == "RuntimeError: CUDA error: no CUDA-capable device"
+    assert ranks[3][-1]["text"].endswith("[3] NCCL INFO Using network Socket")
+    assert [preflight.rank_failure(r) for r in ranks] == [
+        None, None, "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable device", None]
+
+
+def test_the_real_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_lists_at_its_local_rank(
+        planted, monkeypatch, tmp_path):
+    preflight, _, cwd = planted
+    venv = tmp_path / "venv"  # a venv without torch: each rank gets as far as its first step
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    monkeypatch.setattr(preflight, "VENV_DIR", str(venv))
+    command = preflight._collective_command(8, 2, 16, "127.0.0.1", 1, "nccl", 5)
+    out = _run_stage(command, cwd, CUDA_VISIBLE_DEVICES="GPU-5b7a1c3e,GPU-0c2d4f1a").stdout.splitlines()
+    ranks = preflight.node_steps(out, 2)
+    assert [(r[0]["rank"], r[0]["local"], r[0]["gpu"]) for r in ranks] == [(8, 0, "GPU-5b7a1c3e"), (9, 1, "GPU-0c2d4f1a")]
+    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, gpus: 2}\n")
+    # both ranks of b failed alike: b is named once, in python's words
+    steps = {"a": [finished(16)] * 8, "b": ranks}
+    assert [(p.node, p.cause) for p in collective_problems(two, steps)] == [
+        ("b", "import failed: ModuleNotFoundError: No module named 'torch'")]
+    from trainfleet.preflight import failed_before_the_network
+
+    assert failed_before_the_network(steps) == {"b"}  # no pair test (isolation) can say more
+
+
+def test_lines_of_ranks_a_node_does_not_run_are_dropped_and_a_node_wide_line_reaches_every_rank():
+    import checks.preflight as preflight
+
+    ranks = preflight.node_steps(["nopython", '0 {"step": "start"}', '7 {"step": "done"}', "1x exit 3"], 2)
+    assert [[s["step"] for s in r] for r in ranks] == [["error", "start"], ["error"]]
 
 
 def test_isolation_blames_the_failing_pairs_node_or_the_master_when_all_fail():
@@ -250,7 +339,7 @@ def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
     for name, script in scripts.items():
         starts = re.findall(r'(?:python3|"\$python")( -\S+)? -c', script)
         assert starts and all(flag == " -I" for flag in starts), name
-    collective = preflight._collective_command(0, 3, "192.0.2.11", 29500, "gloo", 25).get_raw_value()
+    collective = preflight._collective_command(0, 1, 3, "192.0.2.11", 29500, "gloo", 25).get_raw_value()
     assert "/tmp" not in collective.replace(preflight.COLLECTIVE, "") and "mktemp -d /run/trainfleet/" in collective
     assert " -I -c " in collective and "/opt/trainfleet/venv/bin/python" in collective
 
@@ -265,13 +354,13 @@ def test_a_port_holders_name_reaches_the_report_without_control_characters():
 def _collective_on(preflight, venv, cwd) -> list[dict]:
     """Run the real collective command of rank 0 of 1 with ``venv`` as the node venv."""
     preflight.VENV_DIR = str(venv)
-    command = preflight._collective_command(0, 1, "127.0.0.1", 1, "gloo", 5)
-    return preflight._steps(_run_stage(command, cwd).stdout.splitlines())
+    command = preflight._collective_command(0, 1, 1, "127.0.0.1", 1, "gloo", 5)
+    return preflight.node_steps(_run_stage(command, cwd).stdout.splitlines(), 1)[0]
 
 
 def causes(steps: list[dict]) -> list[str]:
     one = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n")
-    return [p.cause for p in collective_problems(one, {"gpu-a01": steps})]
+    return [p.cause for p in collective_problems(one, {"gpu-a01": [steps]})]
 
 
 def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(planted, monkeypatch, tmp_path):
@@ -318,9 +407,9 @@ def test_what_a_failing_rank_printed_reaches_the_report_escaped_and_silence_is_a
 
 
 def test_a_rank_that_never_joined_because_its_python_is_missing_says_so():
-    timeout = {"step": "timeout", "stage": "rendezvous", "joined": [0, 1], "missing": [2]}
+    timeout = {"step": "timeout", "stage": "rendezvous", "joined": list(range(16)), "missing": list(range(16, 24))}
     missing = {"step": "error", "stage": "python", "error": "no python at /opt/trainfleet/venv/bin/python"}
-    steps = {"gpu-a01": [{"step": "start"}, timeout], "gpu-a02": [{"step": "start"}], "gpu-a03": [missing]}
+    steps = {"gpu-a01": [[{"step": "start"}, timeout]], "gpu-a02": [[{"step": "start"}]], "gpu-a03": [[missing]] * 8}
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
         ("gpu-a03", "python failed: no python at /opt/trainfleet/venv/bin/python")]
 
@@ -425,3 +514,369 @@ def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_t
             "--master-port 29500") in mpirun
     with pytest.raises(ValueError):
         preflight.smoke_command(CLUSTER, "../../tmp/x")
+
+
+# ---- the bandwidth stage: node pairs, busbw, the slow node or link ---------------------------
+
+def test_busbw_is_nccl_tests_all_reduce_bus_bandwidth():
+    from trainfleet.preflight import busbw
+
+    assert busbw(10.0, 2) == 10.0  # two ranks: each link carries the buffer once each way
+    assert busbw(10.0, 16) == 18.75  # 2 * 15 / 16
+    assert busbw(10.0, 1) == 0.0
+
+
+def test_a_pairs_figures_are_its_ranks_mean_time_and_a_partial_pair_has_none():
+    from trainfleet.preflight import pair_figures
+
+    mib64 = 64 << 20
+    ranks = [[{"step": "bandwidth", "bytes": mib64, "seconds": t}, {"step": "done"}] for t in (0.003, 0.005) * 8]
+    figures = pair_figures(ranks)
+    algbw = mib64 / 0.004 / 1e9  # 16.78 GB/s
+    assert figures == {"ranks": 16, "bytes": mib64, "seconds": 0.004, "algbw_gbps": round(algbw, 4),
+                       "busbw_gbps": round(algbw * 30 / 16, 4)}
+    assert pair_figures(ranks[:-1] + [[{"step": "done"}]]) is None  # one rank gave no figure
+    assert pair_figures([[{"step": "bandwidth", "bytes": mib64, "seconds": 0}]] * 2) is None
+    assert pair_figures([[{"step": "bandwidth", "bytes": mib64, "seconds": "1"}]] * 2) is None
+    assert pair_figures([[{"step": "bandwidth", "bytes": b, "seconds": 1.0}] for b in (mib64, 1)]) is None
+    assert pair_figures([]) is None
+
+
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8])
+def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(count):
+    from trainfleet.preflight import pair_rounds
+
+    nodes = [f"n{i}" for i in range(count)]
+    rounds = pair_rounds(nodes)
+    pairs = [pair for r in rounds for pair in r]
+    for r in rounds:
+        members = [n for pair in r for n in pair]
+        assert len(members) == len(set(members))
+    assert all(nodes.index(a) < nodes.index(b) for a, b in pairs)  # rendezvous on the lower-ranked node
+    assert len(set(pairs)) == len(pairs)
+    if count == 2:
+        assert rounds == [[("n0", "n1")]]
+    else:
+        assert {n: sum(n in p for p in pairs) for n in nodes} == {n: 2 for n in nodes}
+        assert len(rounds) == (2 if count % 2 == 0 else 3)
+    assert pair_rounds(["n0"]) == []
+
+
+def test_pair_rounds_of_the_lab_and_of_four_nodes():
+    from trainfleet.preflight import pair_rounds
+
+    assert pair_rounds(["node1", "node2", "node3"]) == [[("node1", "node2")], [("node2", "node3")],
+                                                        [("node1", "node3")]]
+    assert pair_rounds(["a", "b", "c", "d"]) == [[("a", "b"), ("c", "d")], [("b", "c"), ("a", "d")]]
+
+
+def test_a_node_slow_in_every_pair_is_named_as_the_slow_node():
+    from trainfleet.preflight import bandwidth_problems
+
+    measured = {("a", "b"): 180.0, ("b", "c"): 41.5, ("a", "c"): 40.2}
+    assert [(p.stage, p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [
+        ("bandwidth", "c", "bus bandwidth under the floor of 150 GB/s in every pair it is in (with b: 41.50, "
+                           "with a: 40.20 GB/s): the node is slow")]
+
+
+def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_nodes():
+    from trainfleet.preflight import bandwidth_problems
+
+    measured = {("a", "b"): 182.0, ("c", "d"): 181.0, ("b", "c"): 12.5, ("a", "d"): 179.9}
+    cause = ("the link b-c is slow: bus bandwidth 12.50 GB/s, under the floor of 150 GB/s, while both nodes reach it "
+             "with their other peer")
+    assert [(p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [("b", cause), ("c", cause)]
+
+
+def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
+    from trainfleet.preflight import bandwidth_problems
+
+    assert bandwidth_problems({("a", "b"): 0.5, ("b", "c"): 0.4, ("a", "c"): 0.3}, None) == []
+    assert [(p.node, p.cause) for p in bandwidth_problems({("a", "b"): 9.0}, 10)] == [
+        (n, "bus bandwidth 9.00 GB/s between a and b is under the floor of 10 GB/s (no third node to tell the slow "
+            "node from the slow link)") for n in ("a", "b")]
+    assert bandwidth_problems({("a", "b"): 10.0}, 10) == []  # at the floor passes
+    assert [(p.node, p.cause) for p in bandwidth_problems({("a",): 99.5}, 100.0)] == [
+        ("a", "its GPUs' bus bandwidth 99.50 GB/s is under the floor of 100 GB/s")]
+
+
+def _bandwidth_lines(rank: int, world: int, seconds: float, nbytes: int = 16 << 20) -> list[str]:
+    total = world * (world + 1) / 2
+    steps = [{"step": "start", "rank": rank}, {"step": "joined"},
+             {"step": "all_reduce", "ok": True, "got": total, "expected": total},
+             {"step": "bandwidth", "bytes": nbytes, "seconds": seconds, "iters": 10}, {"step": "done"}]
+    return [f"0 {json.dumps(s)}" for s in steps]
+
+
+def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_slow_node(monkeypatch):
+    import checks.preflight as preflight
+
+    lab = Cluster.parse("preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
+                        "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n")
+    rounds: list[dict[str, str]] = []
+    slow = {"node3": 0.2}  # seconds per 16 MiB all_reduce with node3 in the pair; 0.02 elsewhere
+
+    def run_everywhere(state, commands, seconds):
+        rounds.append({node: c.get_raw_value() for node, c in commands.items()})
+        seconds_of = max(slow.get(node, 0.02) for node in commands)
+        return {node: _bandwidth_lines(i, 2, seconds_of) for i, node in enumerate(commands)}
+
+    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="lab", nodes=[n.name for n in lab.nodes])
+    preflight._bandwidth(None, lab, report)
+    assert [sorted(r) for r in rounds] == [["node1", "node2"], ["node2", "node3"], ["node1", "node3"]]
+    # each pair: 1 rank per CPU node, world 2, rendezvous on its lower node, 16 MiB; port master_port + 1
+    assert "' trainfleet /opt/trainfleet/venv/bin/python 35 " in rounds[1]["node3"]  # python's own bound
+    assert rounds[1]["node2"].endswith(" 0 1 2 198.18.0.12 29501 gloo 30 16777216")
+    assert rounds[1]["node3"].endswith(" 1 1 2 198.18.0.12 29501 gloo 30 16777216")
+    pairs = report.details["bandwidth"]["pairs"]
+    assert {name: p["busbw_gbps"] for name, p in pairs.items()} == {
+        "node1-node2": round((16 << 20) / 0.02 / 1e9, 4), "node2-node3": round((16 << 20) / 0.2 / 1e9, 4),
+        "node1-node3": round((16 << 20) / 0.2 / 1e9, 4)}
+    assert [(p.node, p.cause) for p in report.problems] == [
+        ("node3", "bus bandwidth under the floor of 0.5 GB/s in every pair it is in (with node2: 0.08, with node1: "
+                  "0.08 GB/s): the node is slow")]
+    assert report.stages["bandwidth"] == "failed"
+
+
+def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nodes():
+    import checks.preflight as preflight
+
+    four = Cluster.parse("nodes:\n" + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4)))
+    commands = preflight.bandwidth_commands(four, [("g1", "g2"), ("g0", "g3")], 30)
+    raw = {node: c.get_raw_value() for node, c in commands.items()}
+    assert raw["g1"].endswith(" 0 8 16 192.0.2.1 29501 nccl 30 268435456")
+    assert raw["g2"].endswith(" 8 8 16 192.0.2.1 29501 nccl 30 268435456")
+    assert raw["g0"].endswith(" 0 8 16 192.0.2.0 29502 nccl 30 268435456")
+    assert raw["g3"].endswith(" 8 8 16 192.0.2.0 29502 nccl 30 268435456")
+
+
+def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(monkeypatch):
+    import checks.preflight as preflight
+
+    one_gpu_node = Cluster.parse("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
+    assert preflight.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
+    cpu = Cluster.parse("nodes:\n  - {name: c, address: 192.0.2.1}\n")
+    monkeypatch.setattr(preflight, "run_everywhere", lambda *a: pytest.fail("nothing to run"))
+    report = PreflightReport(cluster="c", nodes=["c"])
+    preflight._bandwidth(None, cpu, report)
+    assert report.stages["bandwidth"] == "skipped" and report.problems == []
+    assert report.details["bandwidth"]["note"] == "a single node with one CPU rank (gloo): no link to measure"
+
+
+def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass(monkeypatch):
+    import checks.preflight as preflight
+
+    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+
+    def run_everywhere(state, commands, seconds):
+        return {"a": _bandwidth_lines(0, 2, 0.1)[:3], "b": ['0 {"step": "start"}', "0 exit 124"]}
+
+    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="c", nodes=["a", "b"])
+    preflight._bandwidth(None, two, report)
+    assert [(p.node, p.cause) for p in report.problems] == [
+        ("a", "the timed all_reduce with b did not finish: stopped after 'all_reduce' (timed out)"),
+        ("b", "the timed all_reduce with a did not finish: stopped after 'start' (timed out)")]
+    assert report.details["bandwidth"]["pairs"] == {}
+
+
+# ---- NCCL's own choice of network, read from real NCCL_DEBUG=INFO logs ------------------------
+
+NCCL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_debug"
+
+
+def nccl_log(name: str) -> list[str]:
+    return (NCCL_LOGS / name).read_text().splitlines()
+
+
+@pytest.mark.parametrize(("log", "network", "evidence"), [
+    ("nccl-2.7.8_gcp_socket.log", "Socket", "NCCL INFO Using network Socket"),
+    ("nccl-2.25.1_ib_disabled_socket.log", "Socket", "NCCL INFO Using network Socket"),
+    ("nccl-2.3.7_ipoib_internal_socket.log", "Socket", "NCCL INFO Using internal Network Socket"),
+    ("nccl-952_socket_channels.log", "Socket", "[receive] via NET/Socket/0"),
+    ("nccl-2.19.3_dgxh100_roce.log", "IB", "NCCL INFO Using network IB"),
+    ("nccl-2.27_roce_mpirun.log", "IB", "NCCL INFO Using network IB"),
+    ("nccl-2.4.7_ib_bootstrap_socket.log", "IB", "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>"),
+    ("nccl-1453_ibext_plugin_channels.log", "IBext_v8", "[send] via NET/IBext_v8/7/GDRDMA"),
+    ("nccl-efa_aws_libfabric_ring.log", "AWS Libfabric", "[send] via NET/AWS Libfabric/0"),
+    ("nccl-1597_efa_libfabric.log", "Libfabric", "NCCL INFO Using network Libfabric"),
+])
+def test_the_network_nccl_used_is_read_from_its_real_info_logs(log, network, evidence):
+    from trainfleet.preflight import nccl_network
+
+    found, line = nccl_network(nccl_log(log))
+    assert found == network and line.endswith(evidence)
+    assert nccl_network(["NCCL version 2.20.5+cuda12.4", "garbage NCCL INFO Using network"]) == (None, None)
+
+
+def _two_ib_nodes(ib: str = "auto") -> Cluster:
+    return Cluster.parse(f"nccl: {{ib: {ib}}}\nnodes:\n  - {{name: gpu-a01, address: 192.0.2.11, gpus: 2}}\n"
+                         "  - {name: gpu-a02, address: 192.0.2.12, gpus: 2}\n")
+
+
+def _network(tree: str) -> dict:
+    from tests.unit.test_nccl_env import ib_ports
+
+    return {"interfaces": [], "ib_ports": ib_ports(tree)}
+
+
+def test_ranks_that_went_over_sockets_on_a_node_with_active_ib_are_named():
+    from trainfleet.preflight import nccl_socket_problems
+
+    cluster = _two_ib_nodes()
+    networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
+    ib = nccl_log("nccl-2.19.3_dgxh100_roce.log")
+    socket_ = nccl_log("nccl-2.7.8_gcp_socket.log")
+    assert nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [ib, ib]}, networks) == []
+    found = nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [socket_, socket_]}, networks)
+    assert [(p.stage, p.node, p.cause) for p in found] == [
+        ("collective", "gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1 are active (NCCL "
+                                  "INFO Using network Socket): training runs at a fraction of the fabric's speed; "
+                                  "check NCCL_IB_DISABLE, NCCL_IB_HCA and the RDMA libraries NCCL loads")]
+    # a log that names no network is no pass where IB is active
+    assert [p.cause for p in nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [[], ib]}, networks)] == [
+        "NCCL's INFO log names no network although mlx5_0 port 1, mlx5_1 port 1 are active: whether it used them "
+        "is unknown"]
+
+
+def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_there_is_one_node():
+    from trainfleet.preflight import nccl_socket_problems
+
+    socket_ = nccl_log("nccl-2.25.1_ib_disabled_socket.log")
+    logs = {"gpu-a01": [socket_], "gpu-a02": [socket_]}
+    down = {"gpu-a01": _network("ib_port_down"), "gpu-a02": _network("ib_port_down")}
+    assert nccl_socket_problems(_two_ib_nodes(), logs, down) == []
+    active = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
+    assert nccl_socket_problems(_two_ib_nodes("disable"), logs, active) == []
+    one = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n")
+    assert nccl_socket_problems(one, logs, active) == []
+
+
+def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(monkeypatch):
+    import checks.preflight as preflight
+
+    cluster = _two_ib_nodes()
+    networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
+    socket_ = [line for line in nccl_log("nccl-2.7.8_gcp_socket.log") if "NET/" in line or "Using network" in line]
+    ib = [line for line in nccl_log("nccl-2.19.3_dgxh100_roce.log") if "NET/IB" in line or "Using network" in line]
+
+    def run_everywhere(state, commands, seconds):
+        out = {}
+        for node, command in commands.items():
+            first = 0 if node == "gpu-a01" else 2
+            out[node] = [f"{i} {json.dumps(s)}" for i in range(2) for s in finished(4)] + [
+                f"{i} nccl {line}" for i in range(2) for line in (socket_ if node == "gpu-a02" else ib)]
+            assert f" {first} 2 4 192.0.2.11 29500 nccl 25" in command.get_raw_value()
+        return out
+
+    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="c", nodes=["gpu-a01", "gpu-a02"])
+    assert preflight._collective(None, cluster, report, networks) is True  # every rank finished
+    assert [(p.node, p.cause[:60]) for p in report.problems] == [
+        ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1")]
+
+
+# ---- an InfiniBand port down on one node while its peers' are active --------------------------
+
+def test_a_port_down_on_one_node_while_active_on_its_peers_is_named_with_its_state():
+    from trainfleet.preflight import ib_port_problems
+
+    networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_one_of_two_down"),
+                "gpu-a03": _network("ib_two_hcas")}
+    assert [(p.stage, p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)] == [
+        ("hygiene", "gpu-a02", "InfiniBand mlx5_1 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01, gpu-a03: "
+                               "NCCL on this node would run without it")]
+    alike = {n.name: _network("ib_two_hcas") for n in CLUSTER.nodes}
+    assert ib_port_problems(CLUSTER, alike) == []
+
+
+def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_are_named():
+    from trainfleet.preflight import ib_port_problems
+
+    networks = {"gpu-a01": _network("roce_v2_cx6"), "gpu-a02": _network("ib_port_down"),
+                "gpu-a03": {"interfaces": [], "ib_ports": []}}
+    found = [(p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)]
+    # ib_port_down's mlx5_0 port 1 is DOWN where roce_v2_cx6's is ACTIVE: the same HCA layout
+    assert found == [("gpu-a02", "InfiniBand mlx5_0 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01: NCCL on "
+                                 "this node would run without it")]
+    # an HCA missing altogether counts once most nodes have it active
+    networks["gpu-a02"] = _network("roce_v2_cx6")
+    assert [(p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)] == [
+        ("gpu-a03", "InfiniBand mlx5_0 port 1 is missing here but ACTIVE on gpu-a01, gpu-a02: NCCL on this node "
+                    "would run without it")]
+    # nodes whose spec keeps NCCL off IB, and nodes whose facts could not be read, are not judged
+    networks["gpu-a03"] = None
+    assert ib_port_problems(CLUSTER, networks) == []
+
+
+def test_the_measured_figures_are_printed_for_people_with_the_floor_or_its_absence():
+    import checks.preflight as preflight
+
+    pair = {"nodes": ["node1", "node2"], "ranks": 2, "bytes": 16 << 20, "seconds": 0.016, "algbw_gbps": 1.0486,
+            "busbw_gbps": 1.0486}
+    details = {"backend": "gloo", "bytes": 16 << 20, "floor_gbps": None, "pairs": {"node1-node2": pair}}
+    assert preflight.bandwidth_lines(details) == [
+        "busbw node1-node2: 1.05 GB/s (algbw 1.05 GB/s, 2 ranks gloo, 16 MiB)",
+        "busbw floor: none (preflight.min_busbw_gbps): measured and reported only"]
+    assert preflight.bandwidth_lines({**details, "floor_gbps": 150})[-1] == "busbw floor: 150 GB/s"
+    assert preflight.bandwidth_lines({"pairs": {}, "note": "a single node with one GPU: no link to measure"}) == [
+        "bandwidth not measured: a single node with one GPU: no link to measure"]
+    assert preflight.bandwidth_lines({}) == []
+
+
+# ---- clocks and MTUs compared across nodes (hygiene) --------------------------------------------
+
+def test_a_node_whose_clock_is_seconds_off_is_named_and_read_windows_widen_the_slack():
+    from trainfleet.preflight import clock_problems
+
+    sent = 1_700_000_000.0
+    readings = {"a": (sent + 0.05, sent, sent + 0.1), "b": (sent + 0.06, sent, sent + 0.1),
+                "c": (sent + 3.05, sent, sent + 0.1)}
+    (problem,) = clock_problems(readings, 100, expected={"a", "b", "c"})
+    assert problem.node == "c" and "2990 ms ahead of the other nodes'" in problem.cause
+    # 150 ms apart but read within a 1 s window: not provably off, so not named.
+    slow = {"a": (sent + 0.5, sent, sent + 1.0), "b": (sent + 0.65, sent, sent + 1.0)}
+    assert clock_problems(slow, 100, expected={"a", "b"}) == []
+    behind = {"a": (sent + 0.05, sent, sent + 0.1), "b": (sent + 0.05, sent, sent + 0.1),
+              "c": (sent - 0.9, sent, sent + 0.1)}
+    assert "behind" in clock_problems(behind, 100, expected={"a", "b", "c"})[0].cause
+
+
+def test_a_node_that_printed_no_clock_fails_and_the_hygiene_line_is_read_strictly():
+    from trainfleet.preflight import clock_problems
+
+    (problem,) = clock_problems({"a": (1.0, 0.0, 2.0)}, 100, expected={"a", "b"})
+    assert problem.node == "b" and "no clock reading" in problem.cause
+    assert parse_hygiene(["clock 1700000000.123456789"])["clock"] == pytest.approx(1700000000.123456789)
+    assert "clock" not in parse_hygiene(["clock 1e9"]) and "clock" not in parse_hygiene(["clock nan"])
+
+
+def _mtu_network(address: str, mtu: int | None, ports: list[dict] | None = None) -> dict:
+    return {"interfaces": [{"name": "eth0", "addresses": [address], "bridge": False, "mtu": mtu}],
+            "ib_ports": ports or []}
+
+
+def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
+    from trainfleet.preflight import mtu_problems
+
+    three = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+                          "  - {name: c, address: 192.0.2.3}\n")
+    port = lambda mtu: {"device": "mlx5_0", "port": 1, "state": "4: ACTIVE", "active_mtu": mtu}
+    networks = {"a": _mtu_network("192.0.2.1", 9000, [port(4096)]), "b": _mtu_network("192.0.2.2", 1500, [port(4096)]),
+                "c": _mtu_network("192.0.2.3", 9000, [port(2048)])}
+    found = {(p.node, p.cause) for p in mtu_problems(three, networks)}
+    assert found == {("b", "the cluster interface's MTU is 1500, 9000 on a, c: traffic between them fragments or is dropped"),
+                     ("c", "mlx5_0 port 1's active MTU is 2048, 4096 on a, b: traffic between them fragments or is dropped")}
+    same = {n: _mtu_network(f"192.0.2.{i}", 9000) for i, n in enumerate("abc", start=1)}
+    assert mtu_problems(three, same) == []
+
+
+def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
+    from trainfleet.preflight import mtu_problems
+
+    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    (problem,) = mtu_problems(two, {"a": _mtu_network("192.0.2.1", None), "b": _mtu_network("192.0.2.2", 9000)})
+    assert problem.node == "a" and "cannot be read" in problem.cause
+    split = mtu_problems(two, {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)})
+    assert {p.node for p in split} == {"a", "b"} and all("no MTU is on most nodes" in p.cause for p in split)

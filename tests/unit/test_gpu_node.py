@@ -1,0 +1,270 @@
+"""GPU node settings: the GpuNodeState fact over real captured tool output, the plan's rules,
+the drift properties and verdicts, and the operations against fact data (tests/fixtures/gpu_node)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra_testing.facts import make_fact_tests
+from pyinfra_testing.operations import make_operation_tests
+
+from facts.gpu_node import GpuNodeState
+from facts.nccl_env import NcclNetwork
+from tests.unit.gpu_node_captures import CAPTURES, FIXTURES, SCENARIOS, run_scenario
+from tests.unit.test_nccl_env import SYSFS
+from trainfleet import gpu_node
+from trainfleet.drift import compare
+from trainfleet.gpu_node import FabricManagerPlan, expected, gpu_part, observed
+
+TestGpuNodeState = make_fact_tests("facts", "gpu_node.GpuNodeState", FIXTURES / "facts")
+TestMemlock = make_operation_tests("operations", "gpu_node.memlock", FIXTURES / "memlock")
+TestPersistence = make_operation_tests("operations", "gpu_node.persistence", FIXTURES / "persistence")
+TestPeermem = make_operation_tests("operations", "gpu_node.peermem", FIXTURES / "peermem")
+TestFabricManager = make_operation_tests("operations", "gpu_node.fabric_manager", FIXTURES / "fabric_manager")
+
+GPU = {"persistence": True, "fabric_manager": "auto", "peermem": "auto", "memlock": "unlimited", "max_clock_offset_ms": 100}
+ADDRESS = "198.18.0.11"
+
+
+def fact(name: str) -> dict:
+    return json.loads((FIXTURES / "facts" / f"{name}.json").read_text())["fact"]
+
+
+def network(ports: list | None = None, mtu: int = 9000) -> dict:
+    return {"interfaces": [{"name": "eno1", "addresses": ["203.0.113.9"], "bridge": False, "mtu": 1500},
+                           {"name": "eth0", "addresses": [ADDRESS], "bridge": False, "mtu": mtu}],
+            "ib_ports": ports or []}
+
+
+def port(device: str, state: str = "4:ACTIVE", mtu: int | None = 4096) -> dict:
+    return {"device": device, "port": 1, "link_layer": "InfiniBand", "state": state, "gids": [],
+            **({"active_mtu": mtu} if mtu else {})}
+
+
+# ---- the fact over real captures --------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_each_fixtures_output_is_what_the_script_prints_over_its_captures(name, tmp_path):
+    output = run_scenario(tmp_path, SCENARIOS[name], timeout=2)
+    recorded = json.loads((FIXTURES / "facts" / f"{name}.json").read_text())["output"]
+    # `ulimit -l` is this machine's own answer, not the capture's
+    strip = lambda lines: [line for line in lines if not line.startswith("memlock ")]
+    assert strip(output) == strip(recorded)
+    assert any(line.startswith("memlock ") for line in output)
+
+
+def test_the_hgx_capture_reads_eight_persistent_gpus_on_a_ready_fabric_and_the_nvswitches():
+    hgx = fact("hgx_h100_converged")
+    assert (hgx["smi"], hgx["driver"], len(hgx["gpus"])) == ("ok", "565.57.01", 8)
+    assert {(g["persistence"], g["fabric_state"], g["fabric_status"]) for g in hgx["gpus"]} == {
+        ("Enabled", "Completed", "Success")}
+    assert hgx["nvswitches"] == ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0"]  # not the GPUs, not the NIC
+    assert hgx["peermem_loaded"] and hgx["peermem_boot"] == ["/etc/modules-load.d/trainfleet-peermem.conf"]
+    assert hgx["clock"]["offset_ms"] == pytest.approx(0.260112)
+
+
+def test_a_pcie_node_has_no_nvswitch_and_a_fabric_that_is_not_applicable():
+    nvl = fact("pcie_h100_nvl_timesyncd_1s_slow")
+    assert nvl["nvswitches"] == [] and {g["fabric_state"] for g in nvl["gpus"]} == {"N/A"}
+    assert nvl["clock"]["offset_ms"] == pytest.approx(-1087.495)  # timesyncd's "Offset: -1.087495s"
+
+
+def test_missing_tools_read_as_absent_and_a_hung_nvidia_smi_is_a_failure_not_a_pass():
+    lab, hung = fact("lab_node_no_systemd"), fact("nvidia_smi_hangs")
+    assert (lab["smi"], lab["systemd"], lab["clock"]["offset_ms"]) == ("absent", False, None)
+    assert hung["smi"] == "failed (exit 124)" and hung["gpus"] == []
+    assert gpu_node.persistence_value(hung).startswith("unreadable")
+    assert GpuNodeState.default()["smi"] == "absent"
+
+
+def test_a_line_a_tool_prints_cannot_pose_as_another_tools():
+    # chronyc's output is prefixed "chrony ": a line inside it reading "memlock unlimited" stays chrony's
+    state = GpuNodeState().process(["smi_rc absent", "chrony memlock unlimited unlimited", "chrony peermem_loaded yes",
+                                    "memlock 64 64"])
+    assert state["memlock"] == "64" and state["peermem_loaded"] is False
+
+
+def test_the_network_fact_reads_each_interfaces_mtu_and_each_ports_active_mtu(tmp_path):
+    tree = tmp_path / "sys"
+    for name, mtu in (("eth0", "9000"), ("ib0", "4092")):
+        (tree / "class/net" / name).mkdir(parents=True)
+        (tree / "class/net" / name / "mtu").write_text(mtu + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "ibv_devinfo"
+    stub.write_text(f"#!/bin/sh\ncat '{CAPTURES / 'ibv_devinfo_azure-hb120rs-v3.txt'}'\n")
+    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    script = NcclNetwork().command(sysfs=str(tree)).get_raw_value()
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin"}).stdout
+    seen = NcclNetwork().process(out.splitlines() + ["port mlx5_0 1 InfiniBand 4:ACTIVE", "port mlx5_1 1 Ethernet 4:ACTIVE"])
+    assert {i["name"]: i.get("mtu") for i in seen["interfaces"] if i["name"] in ("eth0", "ib0")} == {"eth0": 9000, "ib0": 4092}
+    assert {p["device"]: p["active_mtu"] for p in seen["ib_ports"]} == {"mlx5_0": 4096, "mlx5_1": 1024}
+
+
+def test_ib_ports_from_the_real_sysfs_trees_name_only_the_active_ones():
+    from tests.unit.test_nccl_env import ib_ports
+
+    assert gpu_node.active_ports({"ib_ports": ib_ports("ib_one_of_two_down")}) == ["mlx5_0:1"]
+    assert gpu_node.active_ports({"ib_ports": ib_ports("ib_two_hcas")}) == ["mlx5_0:1", "mlx5_1:1"]
+    assert SYSFS.is_dir()
+
+
+# ---- the plan ---------------------------------------------------------------------------------
+
+def test_an_nvswitch_node_wants_the_fabric_manager_at_exactly_its_running_drivers_version():
+    plan = gpu_part(GPU, {"driver": "565"}, 8, fact("hgx_h100_converged"), network([port("mlx5_0")]), "debian")
+    assert plan.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-565", "565.57.01")
+    assert plan.persistence and plan.peermem and plan.driver == "565" and plan.problems == []
+    rhel = gpu_part(GPU, {}, 8, fact("hgx_h100_converged"), None, "rhel")
+    assert rhel.fabric_manager == FabricManagerPlan("nvidia-fabric-manager", "565.57.01") and not rhel.peermem
+    assert gpu_part({**GPU, "fabric_manager": "off"}, {}, 8, fact("hgx_h100_converged"), None, "debian").fabric_manager is None
+
+
+def test_no_nvswitch_no_fabric_manager_and_no_active_port_no_peermem():
+    plan = gpu_part(GPU, {}, 2, fact("pcie_h100_nvl_timesyncd_1s_slow"), network([port("mlx5_0", "1:DOWN")]), "debian")
+    assert plan.fabric_manager is None and plan.peermem is False and plan.persistence is True
+
+
+def test_nvswitches_without_a_readable_driver_are_a_problem_not_a_guess():
+    hung = copy.deepcopy(fact("hgx_h100_converged"))
+    hung["driver"] = None
+    plan = gpu_part(GPU, {"driver": "565"}, 8, hung, None, "debian")  # a branch pin names no exact version
+    assert plan.fabric_manager is None and "driver version could not be read" in plan.problems[0]
+    pinned = gpu_part(GPU, {"driver": "565.57.01"}, 8, hung, None, "debian")
+    assert pinned.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-565", "565.57.01")
+
+
+def test_a_cpu_node_gets_memlock_only_and_null_leaves_memlock_unmanaged():
+    cpu = gpu_part(GPU, {"driver": "565"}, 0, fact("cpu_node_chrony_7s_slow"), network([port("mlx5_0")]), "debian")
+    assert (cpu.persistence, cpu.fabric_manager, cpu.peermem, cpu.driver) == (False, None, False, None)
+    assert "* soft memlock unlimited" in " ".join(cpu.memlock_conf.split()) and "root hard memlock unlimited" in cpu.memlock_conf
+    assert expected(cpu) == {"memlock (non-login ssh)": "unlimited", "memlock file": gpu_node.digest(cpu.memlock_conf)}
+    assert gpu_part({**GPU, "memlock": None}, {}, 0, None, None, None).memlock_conf is None
+    assert gpu_part({**GPU, "memlock": 65536}, {}, 0, None, None, None).memlock == "65536"
+
+
+# ---- drift ------------------------------------------------------------------------------------
+
+def test_a_converged_hgx_node_matches_what_its_plan_expects():
+    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state["memlock"] = "unlimited"
+    plan = gpu_part(GPU, {}, 8, state, network([port("mlx5_0")]), "debian")
+    state["memlock_conf"] = plan.memlock_conf
+    seen = observed(state, network([port("mlx5_0")]), ADDRESS, 100)
+    assert {prop: seen.get(prop) for prop in expected(plan)} == expected(plan)
+    assert seen["fabric manager"] == "565.57.01, active, held"
+    assert (seen["cluster MTU"], seen["ib ports active"], seen["ib active MTU"]) == ("9000", "mlx5_0:1", "mlx5_0:1 4096")
+
+
+def test_each_gpu_setting_off_spec_is_a_finding_with_both_values():
+    state = copy.deepcopy(fact("hgx_h100_converged"))
+    plan = gpu_part(GPU, {}, 8, state, network([port("mlx5_0")]), "debian")
+    state["gpus"][5]["persistence"] = "Disabled"
+    state["fabricmanager"] = {"nvidia-fabricmanager-565": "565.57.00-1"}
+    state["peermem_loaded"] = False
+    state["memlock"] = "8192"
+    report = compare("c", ["n1"], {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)}, {"n1": expected(plan)})
+    found = {f.property: (f.observed, f.expected) for f in report.findings}
+    assert found["persistence mode"] == ("off on 1 of 8 GPUs", "on")
+    assert found["fabric manager"] == ("565.57.00, active, held", "565.57.01, active, held")
+    assert found["nvidia_peermem"] == ("not loaded, at boot", "loaded, at boot")
+    assert found["memlock (non-login ssh)"] == ("8192", "unlimited")
+
+
+def test_a_gpu_node_whose_nvidia_smi_hangs_or_vanished_fails_every_gpu_property():
+    plan = gpu_part(GPU, {}, 8, fact("hgx_h100_converged"), network([port("mlx5_0")]), "debian")
+    for state in (fact("nvidia_smi_hangs"), fact("lab_node_no_systemd")):
+        report = compare("c", ["n1"], {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)}, {"n1": expected(plan)})
+        assert {"persistence mode", "fabric manager", "nvidia_peermem", "clock offset"} <= {f.property for f in report.findings}
+
+
+def test_the_odd_node_is_named_for_a_port_down_an_mtu_and_a_slow_clock():
+    nodes = ["n1", "n2", "n3"]
+    good = fact("hgx_h100_converged")
+    slow = copy.deepcopy(good)
+    slow["clock"]["offset_ms"] = -7810.5
+    seen = {"n1": observed(good, network([port("mlx5_0"), port("mlx5_1")]), ADDRESS, 100),
+            "n2": observed(slow, network([port("mlx5_0"), port("mlx5_1", "1:DOWN")]), ADDRESS, 100),
+            "n3": observed(good, network([port("mlx5_0"), port("mlx5_1")], mtu=1500), ADDRESS, 100)}
+    report = compare("c", nodes, seen, {})
+    found = {(f.node, f.property): f.observed for f in report.findings}
+    assert found == {("n2", "ib ports active"): "mlx5_0:1", ("n2", "ib active MTU"): "mlx5_0:1 4096",
+                     ("n2", "clock offset"): "-7810 ms", ("n3", "cluster MTU"): "1500"}
+
+
+def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nodes_agree():
+    seen = {"gpu": observed(fact("hgx_h100_converged"), network(), ADDRESS, 100),
+            "cpu1": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100),
+            "cpu2": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100)}
+    assert "persistence mode" not in seen["cpu1"] and "persistence mode" in seen["gpu"]
+    report = compare("c", list(seen), seen, {})
+    gpu_only = {"persistence mode", "fabric manager", "nvidia_peermem"}
+    assert not gpu_only & {f.property for f in report.findings}  # two CPU nodes do not outvote the GPU node
+    assert ("gpu", "memlock file") in {(f.node, f.property) for f in report.findings}  # every node's is compared
+    lab = {n: observed(fact("lab_node_no_systemd"), network(), ADDRESS, 100) for n in ("node1", "node2", "node3")}
+    assert not compare("lab", list(lab), lab, {}).findings
+    assert lab["node1"]["clock sync"] == "none" and lab["node1"]["clock offset"] == "unreadable"
+
+
+# ---- the driver pin (the stack capability: trainfleet/pins.py, operations/stack.py) -----------
+
+def test_the_driver_pin_is_nvidias_cuda_drivers_meta_package_on_gpu_nodes_only():
+    from trainfleet.pins import package_pins
+    from trainfleet.plan import stack_part
+
+    assert package_pins({"driver": "550.54.15"}, "debian") == {"cuda-drivers-550": "550.54.15-1"}
+    assert package_pins({"driver": "550"}, "debian") == {"cuda-drivers-550": None}  # newest of the branch, held
+    assert package_pins({"driver": "550.54.15"}, "rhel") == {"cuda-drivers": "550.54.15-1"}
+    with pytest.raises(ValueError, match="exact driver version"):
+        package_pins({"driver": "550"}, "rhel")
+    stack = {"cuda": "12.4", "driver": "550.54.15"}
+    assert "cuda-drivers-550" in stack_part(stack, "debian", gpus=8).packages
+    cpu = stack_part(stack, "debian", gpus=0)
+    assert "cuda-drivers-550" not in cpu.packages and "driver" not in cpu.spec  # what the deploy installs, too
+
+
+def test_drift_takes_any_release_of_a_branch_pin_and_names_another_branch():
+    from checks.drift import pins_met
+    from trainfleet.driver import satisfies_driver
+
+    assert satisfies_driver("550.54.15", "550") and not satisfies_driver("535.183.01", "550")
+    plan = gpu_part(GPU, {"driver": "550"}, 8, fact("hgx_h100_converged"), None, "debian")
+    assert plan.driver == "550"
+    assert gpu_part(GPU, {"driver": "550"}, 0, None, None, "debian").driver is None
+    assert pins_met({"gpu driver": "550.54.15"}, {"gpu driver": "550"}) == {"gpu driver": "550.54.15"}
+    assert pins_met({"gpu driver": "535.183.01"}, {"gpu driver": "550"}) == {"gpu driver": "550"}  # a finding
+    assert pins_met({"gpu driver": "none"}, {"gpu driver": "550"}) == {"gpu driver": "550"}
+    assert pins_met({"python torch": "2.4.1+cu124"}, {"python torch": "2.4.1"}) == {"python torch": "2.4.1+cu124"}
+
+
+def test_through_sudo_memlock_is_read_from_the_login_session_not_sudos_own(tmp_path):
+    # A stand-in sudo (a shell named sudo) whose own limit is lowered, as sudo's PAM session
+    # may set it: the fact must report the limit of the session above sudo (this test's).
+    import resource
+    import shutil
+
+    fake_sudo = tmp_path / "sudo"
+    shutil.copy("/bin/sh", fake_sudo)
+    soft, hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    command = str(GpuNodeState().command(root=str(tmp_path / "root")).get_raw_value())
+
+    def lower() -> None:
+        resource.setrlimit(resource.RLIMIT_MEMLOCK, (64 * 1024, hard))
+
+    def run(env: dict[str, str]) -> dict:
+        out = subprocess.run([str(fake_sudo), "-c", command], capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", **env}, preexec_fn=lower)
+        return GpuNodeState().process(out.stdout.splitlines())
+
+    def kib(limit: int) -> str:
+        return "unlimited" if limit == resource.RLIM_INFINITY else str(limit // 1024)
+
+    through_sudo = run({"SUDO_UID": "1000"})
+    assert (through_sudo["memlock"], through_sudo["memlock_hard"]) == (kib(soft), kib(hard))
+    assert run({})["memlock"] == "64"  # without sudo: this session's own limit
