@@ -127,8 +127,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
         props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
     props.update({f"package {name}": version for name, version in plan.stack.packages.items() if version})
     props.update({f"{PYTHON_PREFIX}{name}": version for name, version in plan.stack.python.items()})
-    if not plan.gpu.problems:
-        props.update(gpu_node.expected(plan.gpu))
+    props.update(gpu_node.expected(plan.gpu))  # a part that cannot be planned (fabric manager) is left out
+    props["GPU settings plan"] = "ok"  # its problems show as this property's value
     if plan.gpu.driver:  # a branch pin is met by any release of it (pins_met)
         props["gpu driver"] = plan.gpu.driver
     return props
@@ -167,6 +167,7 @@ def _report(state, cluster: Cluster) -> Report:
         observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
         observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
                                                 cluster.gpu.get("max_clock_offset_ms", 100)))
+        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in reachable}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)

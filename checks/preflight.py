@@ -266,13 +266,17 @@ def preflight_plan(state: State, cluster: Cluster, networks: dict[str, Any] | No
 def _hygiene(state: State, cluster: Cluster, report: PreflightReport) -> dict[str, Any]:
     """Stage 1; returns each node's NcclNetwork fact (the collective judges NCCL's choice by it)."""
     names = [name for n in cluster.nodes for name in n.names]
-    windows: dict[str, tuple[float, float]] = {}
     out = run_everywhere(state, {
         n.name: _sh(_HYGIENE, cluster.master_port, int(n.rank == 0), n.name, f"{LAUNCH_DIR}/hostfile", *names,
                     bound=BOUNDS["hygiene"])
-        for n in cluster.nodes}, BOUNDS["hygiene"], windows)
+        for n in cluster.nodes}, BOUNDS["hygiene"])
     seen = {node: parse_hygiene(lines) for node, lines in out.items() if lines}
-    clocks = {node: (data["clock"], *windows[node]) for node, data in seen.items() if "clock" in data and node in windows}
+    # Clocks: a command of its own, so the window the controller brackets each read with is one
+    # round trip (tens of ms), not the whole stage.
+    windows: dict[str, tuple[float, float]] = {}
+    read = run_everywhere(state, {node: _sh('echo "clock $(date +%s.%N)"', bound=5) for node in seen}, 5, windows)
+    clocks = {node: (clock, *windows[node]) for node, lines in read.items()
+              if node in windows and (clock := parse_hygiene(lines).get("clock")) is not None}
     report.problems += clock_problems(clocks, cluster.gpu["max_clock_offset_ms"], expected=set(seen))
     for node in set(out) - set(seen):
         report.problems.append(Problem("hygiene", node, f"no answer within {BOUNDS['hygiene']} s"))

@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block import FILE_FN, file_text, read_file_lines
 from facts.stack import lock_name
+from trainfleet.preflight import printable
 
 MEMLOCK_CONF = "/etc/security/limits.d/90-trainfleet-memlock.conf"
 PEERMEM_CONF = "/etc/modules-load.d/trainfleet-peermem.conf"
@@ -79,6 +80,12 @@ if [ -n "${SUDO_UID:-}" ]; then
 else
   echo "memlock $(ulimit -S -l 2>/dev/null) $(ulimit -H -l 2>/dev/null)"
 fi
+# Other memlock lines: pam_limits ranks a later file's (or a user's own) line above ours, so
+# a site file can give ranks less than the check above reads (it reads root's or the login's).
+for f in "$r"/etc/security/limits.conf "$r"/etc/security/limits.d/*.conf; do
+  [ -f "$f" ] && [ "${f#"$r"}" != "$memlock" ] || continue
+  awk -v f="${f#"$r"}" '{ sub(/#.*/, "") } tolower($3) == "memlock" { print "memlock_other", f ":", $1, $2, $3, $4 }' "$f"
+done | head -n 20
 if command -v chronyc >/dev/null 2>&1; then
   timeout 10 chronyc tracking 2>/dev/null | sed 's/^/chrony /'
 fi
@@ -126,6 +133,7 @@ class GpuNodeStateT(TypedDict):
     memlock: str | None  # soft `ulimit -l` of this non-login session: "unlimited" | KiB
     memlock_hard: str | None
     memlock_conf: str | None  # MEMLOCK_CONF's content
+    memlock_other: list[str]  # memlock lines of other limits files: "FILE: DOMAIN TYPE memlock VALUE"
     peermem_conf: str | None  # PEERMEM_CONF's content
     clock: ClockT
 
@@ -210,6 +218,8 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
             elif tag == "memlock":
                 soft, _, hard = rest.partition(" ")
                 state["memlock"], state["memlock_hard"] = soft.strip() or None, hard.strip() or None
+            elif tag == "memlock_other":
+                state["memlock_other"].append(printable(rest.strip()))
             elif tag == "chrony":
                 clock["chrony"] = True
                 key, _, value = rest.partition(":")
@@ -231,5 +241,5 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
         """Nothing read at all: every value absent (a check reading it fails, never passes)."""
         return {"smi": "absent", "driver": None, "gpus": [], "nvswitches": [], "systemd": False, "units": {},
                 "fabricmanager": {}, "fabricmanager_held": [], "peermem_loaded": False, "peermem_boot": [],
-                "memlock": None, "memlock_hard": None, "memlock_conf": None, "peermem_conf": None,
+                "memlock": None, "memlock_hard": None, "memlock_conf": None, "memlock_other": [], "peermem_conf": None,
                 "clock": {"chrony": False, "offset_ms": None, "leap": None, "ntp_synchronized": None}}

@@ -54,6 +54,9 @@ def memlock(conf: str | None):
     yield write_file_command(MEMLOCK_CONF, conf)
 
 
+STARTED_AT_BOOT = ("enabled", "static", "indirect")  # static: started by udev, as Ubuntu's unit is
+
+
 @operation()
 def persistence(wanted: bool):
     """
@@ -71,14 +74,20 @@ def persistence(wanted: bool):
         return
     unit = state["units"].get("nvidia-persistenced") or {"enabled": "none", "active": "none"}
     gpus_on = bool(state["gpus"]) and all(g["persistence"] == "Enabled" for g in state["gpus"])
-    if unit["enabled"] == "enabled" and unit["active"] == "active" and gpus_on:
+    at_boot = unit["enabled"] in STARTED_AT_BOOT
+    if at_boot and unit["active"] == "active" and gpus_on:
         host.noop("nvidia-persistenced is enabled and every GPU is in persistence mode")
         return
-    if unit["active"] == "active" and not gpus_on:  # running, yet a GPU is not persistent: restart it
-        yield StringCommand("systemctl", "enable", "nvidia-persistenced", "&&", "systemctl", "restart",
-                            "nvidia-persistenced")
-        return
-    yield StringCommand("systemctl", "enable", "--now", "nvidia-persistenced")
+    if unit["enabled"] == "static":  # Ubuntu's packaging: udev starts it; nothing to enable
+        if unit["active"] != "active":
+            yield StringCommand("systemctl", "start", "nvidia-persistenced")
+    elif not at_boot or unit["active"] != "active":
+        yield StringCommand("systemctl", "enable", "--now", "nvidia-persistenced")
+    if not gpus_on:
+        # A daemon started with --no-persistence-mode (Ubuntu's unit) leaves GPUs off; asked
+        # through nvidia-smi, the running daemon turns persistence on (lost at its restart:
+        # drift then shows it, and the next deploy sets it again).
+        yield StringCommand("nvidia-smi", "-pm", "1")
 
 
 @operation()

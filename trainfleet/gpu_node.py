@@ -8,6 +8,8 @@ the same rules.
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +116,7 @@ def persistence_value(state: Mapping[str, Any]) -> str:
     if off:
         return f"off on {len(off)} of {len(state['gpus'])} GPUs"
     unit = state["units"].get("nvidia-persistenced")
-    if state["systemd"] and (unit is None or unit["enabled"] != "enabled"):
+    if state["systemd"] and (unit is None or unit["enabled"] not in ("enabled", "static", "indirect")):
         return "on, nvidia-persistenced not enabled (lost at reboot)"
     return "on"
 
@@ -126,12 +128,13 @@ def fabric_manager_value(state: Mapping[str, Any]) -> str:
         return why
     if not state["nvswitches"]:
         return "no NVSwitch"
-    versions = sorted(v.split("-")[0] for v in state["fabricmanager"].values())
+    # the daemon's package only: a -dev/-devel package beside it is neither planned nor held
+    daemon = {name: v for name, v in state["fabricmanager"].items() if not re.search(r"-dev(el)?(-|$)", name)}
+    versions = sorted(v.split("-")[0] for v in daemon.values())
     unit = state["units"].get("nvidia-fabricmanager")
     parts = [" ".join(versions) or "not installed",
              (unit or {}).get("active", "none") if state["systemd"] else "no systemd",
-             "held" if state["fabricmanager"] and set(state["fabricmanager"]) <= set(state["fabricmanager_held"])
-             else "not held"]
+             "held" if daemon and set(daemon) <= set(state["fabricmanager_held"]) else "not held"]
     waiting = sorted({g["fabric_state"] or "none" for g in state["gpus"] if g["fabric_state"] not in FABRIC_READY})
     if waiting:
         parts.append("fabric " + "/".join(waiting))
@@ -155,6 +158,13 @@ def clock_sync_value(state: Mapping[str, Any]) -> str:
 
 
 def clock_offset_value(state: Mapping[str, Any], max_ms: int) -> str:
+    """``within N ms`` only for a clock that is synchronised and that close: an unsynchronised
+    chrony reports an offset of 0, and no sync service measures nothing (both fail)."""
+    sync = clock_sync_value(state)
+    if sync == "none":
+        return "not synchronised (no chrony or timesyncd active)"
+    if sync.endswith("not synchronised"):
+        return "not synchronised"
     offset = state["clock"]["offset_ms"]
     if offset is None:
         return UNREADABLE
@@ -192,6 +202,7 @@ def observed(state: Mapping[str, Any] | None, network: Mapping[str, Any] | None,
                 "clock offset": UNREADABLE}
     props["memlock (non-login ssh)"] = state["memlock"] or UNREADABLE
     props["memlock file"] = _digest(state["memlock_conf"])
+    props["memlock set elsewhere"] = "; ".join(state.get("memlock_other") or []) or "none"
     props["clock sync"] = clock_sync_value(state)
     props["clock offset"] = clock_offset_value(state, max_clock_offset_ms)
     if state["smi"] != "absent":
@@ -208,6 +219,7 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
     if plan.memlock is not None:
         props["memlock (non-login ssh)"] = plan.memlock
         props["memlock file"] = _digest(plan.memlock_conf)
+        props["memlock set elsewhere"] = "none"  # another file's line could override ours for the ranks
     if not plan.gpu_node:
         return props
     props["clock offset"] = within(plan.max_clock_offset_ms)

@@ -516,7 +516,12 @@ def bandwidth_problems(measured: dict[tuple[str, ...], float], floor: float | No
     for pair in measured:
         for node in pair:
             pairs_of.setdefault(node, []).append(pair)
-    slow_nodes = [node for node, pairs in pairs_of.items() if len(pairs) >= 2 and all(p in slow for p in pairs)]
+    # A node reaches the floor somewhere: it is not the slow one in its slow pairs. A node slow
+    # in every pair is the slow node only if each of those peers reaches the floor elsewhere
+    # (two slow neighbours would make a healthy node look slow in a ring).
+    fine = {node for node, pairs in pairs_of.items() if any(p not in slow for p in pairs)}
+    slow_nodes = [node for node, pairs in pairs_of.items() if len(pairs) >= 2 and all(p in slow for p in pairs)
+                  and all(_peer(p, node) in fine for p in pairs)]
     problems = []
     for node in slow_nodes:
         figures = ", ".join(f"with {_peer(p, node)}: {measured[p]:.2f}" for p in pairs_of[node])
@@ -530,9 +535,12 @@ def bandwidth_problems(measured: dict[tuple[str, ...], float], floor: float | No
         elif len(pairs_of[pair[0]]) < 2 or len(pairs_of[pair[1]]) < 2:
             cause = (f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor of {floor:g} "
                      "GB/s (no third node to tell the slow node from the slow link)")
-        else:
+        elif all(node in fine for node in pair):
             cause = (f"the link {pair_name(pair)} is slow: bus bandwidth {bw:.2f} GB/s, under the floor of {floor:g} "
                      "GB/s, while both nodes reach it with their other peer")
+        else:
+            cause = (f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor of {floor:g} GB/s, "
+                     "and not both reach it with another peer: a slow node or link among them, not told apart")
         problems += [Problem("bandwidth", node, cause) for node in pair]
     return problems
 
@@ -619,7 +627,8 @@ def ib_port_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None
     would silently run that node without it (NCCL_IB_HCA leaves it out; with no active port
     left, NCCL_IB_DISABLE=1 on that node alone). Nodes whose spec disables IB are not judged."""
     judged = {n.name: _ports(networks[n.name]) for n in cluster.nodes
-              if networks.get(n.name) is not None and n.nccl.get("ib") != "disable"}
+              if networks.get(n.name) is not None and n.nccl.get("ib") != "disable"
+              and (n.gpus > 0 or _ports(networks[n.name]))}  # a CPU node without HCAs runs gloo
     problems = []
     for node, ports in judged.items():
         peers = {peer: p for peer, p in judged.items() if peer != node}

@@ -287,9 +287,14 @@ def _ssh_user_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
 
 
 def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
-    """A pinned driver older than the pinned CUDA needs is refused here, with both versions."""
-    if stack["cuda"] and stack["driver"] and (problem := driver_for_cuda_problem(stack["driver"], stack["cuda"])):
-        ctx.add(("stack", "driver"), problem)
+    """A pinned driver older than the pinned CUDA needs is refused here, with both versions;
+    without a toolkit pin, the CUDA that torch's wheels are built for (``cu124``: 12.4)."""
+    cuda = stack["cuda"]
+    variant = stack["torch_cuda"]
+    if not cuda and isinstance(variant, str) and re.fullmatch(r"cu[0-9]{3,4}", variant, re.ASCII):
+        cuda = f"{variant[2:-1]}.{variant[-1]}"
+    if cuda and stack["driver"] and (problem := driver_for_cuda_problem(stack["driver"], cuda)):
+        ctx.add(("stack", "driver"), problem + ("" if stack["cuda"] else f" (torch_cuda: {variant})"))
 
 
 def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:

@@ -1,7 +1,6 @@
 # Hygiene: master port holder ($2 = 1 on the master), how every cluster name resolves, GPUs
-# visible, CUDA_VISIBLE_DEVICES, its clock, this node's hostname, the NCCL/Gloo environment, this node's hostfile slots, SysV shm.
+# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's hostfile slots, SysV shm.
 port=$1 is_master=$2 me=$3 hostfile=$4; shift 4
-echo "clock $(date +%s.%N)"  # first: the controller brackets it with its own clock
 if [ "$is_master" = 1 ]; then ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1 | sed 's/^/holder /'; fi
 for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1}')"; done
 echo "hostname $(hostname)"

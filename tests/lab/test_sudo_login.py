@@ -94,13 +94,16 @@ def test_a_login_without_sudo_gets_one_clear_error_per_node_and_changes_nothing(
     lab, admin, stranger = sudo_lab
     before = {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES}
 
-    run = pyinfra(stranger, "deploy/cluster.py", timeout=120)
+    # Every entry point proves sudo before anything runs through it: the deploy, drift and
+    # the preflight (whose first stage would otherwise run through sudo and prompt).
+    for deploy in ("deploy/cluster.py", "deploy/drift.py", "deploy/preflight.py"):
+        run = pyinfra(stranger, deploy, timeout=120)
 
-    assert run.returncode != 0
-    for node in NODES:
-        lines = [line for line in run.stderr.splitlines()
-                 if f"[{node}]" in line and "nosudo cannot act as root without a password" in line]
-        assert len(lines) == 1, run.describe()
-        assert "sudo -n said: sudo: a password is required" in lines[0]
-    assert "sudo password:" not in run.stdout + run.stderr  # pyinfra never prompted
+        assert run.returncode != 0, run.describe()
+        for node in NODES:
+            lines = [line for line in run.stderr.splitlines()
+                     if f"[{node}]" in line and "nosudo cannot act as root without a password" in line]
+            assert len(lines) == 1, run.describe()
+            assert "sudo -n said: sudo: a password is required" in lines[0]
+        assert "sudo password:" not in run.stdout + run.stderr  # pyinfra never prompted
     assert {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES} == before

@@ -144,7 +144,8 @@ def test_a_cpu_node_gets_memlock_only_and_null_leaves_memlock_unmanaged():
     cpu = gpu_part(GPU, {"driver": "565"}, 0, fact("cpu_node_chrony_7s_slow"), network([port("mlx5_0")]), "debian")
     assert (cpu.persistence, cpu.fabric_manager, cpu.peermem, cpu.driver) == (False, None, False, None)
     assert "* soft memlock unlimited" in " ".join(cpu.memlock_conf.split()) and "root hard memlock unlimited" in cpu.memlock_conf
-    assert expected(cpu) == {"memlock (non-login ssh)": "unlimited", "memlock file": gpu_node.digest(cpu.memlock_conf)}
+    assert expected(cpu) == {"memlock (non-login ssh)": "unlimited", "memlock file": gpu_node.digest(cpu.memlock_conf),
+                             "memlock set elsewhere": "none"}
     assert gpu_part({**GPU, "memlock": None}, {}, 0, None, None, None).memlock_conf is None
     assert gpu_part({**GPU, "memlock": 65536}, {}, 0, None, None, None).memlock == "65536"
 
@@ -209,7 +210,8 @@ def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nod
     assert ("gpu", "memlock file") in {(f.node, f.property) for f in report.findings}  # every node's is compared
     lab = {n: observed(fact("lab_node_no_systemd"), network(), ADDRESS, 100) for n in ("node1", "node2", "node3")}
     assert not compare("lab", list(lab), lab, {}).findings
-    assert lab["node1"]["clock sync"] == "none" and lab["node1"]["clock offset"] == "unreadable"
+    assert lab["node1"]["clock sync"] == "none"
+    assert lab["node1"]["clock offset"] == "not synchronised (no chrony or timesyncd active)"
 
 
 # ---- the driver pin (the stack capability: trainfleet/pins.py, operations/stack.py) -----------
@@ -268,3 +270,40 @@ def test_through_sudo_memlock_is_read_from_the_login_session_not_sudos_own(tmp_p
     through_sudo = run({"SUDO_UID": "1000"})
     assert (through_sudo["memlock"], through_sudo["memlock_hard"]) == (kib(soft), kib(hard))
     assert run({})["memlock"] == "64"  # without sudo: this session's own limit
+
+
+def test_an_unsynchronised_chrony_reporting_zero_offset_is_not_within_the_bound():
+    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state["clock"].update({"leap": "Not synchronised", "offset_ms": 0.0})
+    assert gpu_node.clock_offset_value(state, 100) == "not synchronised"
+    assert gpu_node.clock_sync_value(state) == "chrony not synchronised"
+    state["clock"]["chrony"] = False  # nor timesyncd active: nothing measured the clock
+    state["units"].pop("systemd-timesyncd", None)
+    assert gpu_node.clock_offset_value(state, 100).startswith("not synchronised")
+
+
+def test_a_site_file_setting_memlock_for_the_ranks_is_read_and_named_by_drift(tmp_path):
+    # pam_limits lets a later file's line win over ours for every user but root: the check
+    # that reads root's (or the login's) limit cannot see it, so such lines are listed.
+    limits = tmp_path / "etc/security/limits.d"
+    limits.mkdir(parents=True)
+    (limits / "95-site.conf").write_text("# site\n*    hard   memlock   65536   # for the DB\n@hpc - nofile 4096\n")
+    (limits / "90-trainfleet-memlock.conf").write_text("* soft memlock unlimited\n")
+    (tmp_path / "etc/security/limits.conf").write_text("#*  soft  memlock  1\n")
+    command = str(GpuNodeState().command(root=str(tmp_path)).get_raw_value())
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+    state = GpuNodeState().process(out.stdout.splitlines())
+    assert state["memlock_other"] == ["/etc/security/limits.d/95-site.conf: * hard memlock 65536"]
+    cpu = gpu_part(GPU, {}, 0, state, network(), "debian")
+    seen = observed(state, network(), ADDRESS, 100)
+    assert seen["memlock set elsewhere"] == "/etc/security/limits.d/95-site.conf: * hard memlock 65536"
+    assert [(f.property, f.expected) for f in compare("c", ["n"], {"n": seen}, {"n": expected(cpu)}).findings
+            if f.property == "memlock set elsewhere"] == [("memlock set elsewhere", "none")]
+
+
+def test_a_fabric_manager_dev_package_beside_the_daemon_is_not_judged():
+    state = copy.deepcopy(fact("hgx_h100_converged"))
+    value = gpu_node.fabric_manager_value(state)
+    (name, version), = state["fabricmanager"].items()
+    state["fabricmanager"][name.replace("fabricmanager", "fabricmanager-dev")] = version  # installed, not held
+    assert gpu_node.fabric_manager_value(state) == value and "not held" not in value and ", held" in value

@@ -130,7 +130,9 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
 
 # Properties drift checks that no operation writes: the node's own answers.
 OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)",
-                 "memlock (non-login ssh)"}  # the limit a session gets once the file is in place
+                 "memlock (non-login ssh)",  # the limit a session gets once the file is in place
+                 "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
+                 "memlock set elsewhere"}  # "none": other files' memlock lines, which no operation writes
 
 
 def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch):

@@ -588,6 +588,21 @@ def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_n
     assert [(p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [("b", cause), ("c", cause)]
 
 
+def test_a_healthy_node_between_two_slow_neighbours_is_not_called_slow():
+    from trainfleet.preflight import bandwidth_problems
+
+    # b and d are slow: every pair of the 4-node ring touches one of them, so a and c look
+    # slow in every pair too; with no node reaching the floor anywhere, nobody is "the slow node".
+    measured = {("a", "b"): 20.0, ("c", "d"): 21.0, ("b", "c"): 19.0, ("a", "d"): 22.0}
+    found = bandwidth_problems(measured, 150)
+    assert not any("the node is slow" in p.cause for p in found)
+    assert sorted(p.node for p in found) == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    assert all("a slow node or link among them, not told apart" in p.cause for p in found)
+    # Only b slow: its peers a and c reach the floor with their other peer, so b is named.
+    only_b = {("a", "b"): 20.0, ("c", "d"): 181.0, ("b", "c"): 19.0, ("a", "d"): 182.0}
+    assert [(p.node, p.cause.endswith("the node is slow")) for p in bandwidth_problems(only_b, 150)] == [("b", True)]
+
+
 def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
     from trainfleet.preflight import bandwidth_problems
 
@@ -808,6 +823,21 @@ def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_ar
     # nodes whose spec keeps NCCL off IB, and nodes whose facts could not be read, are not judged
     networks["gpu-a03"] = None
     assert ib_port_problems(CLUSTER, networks) == []
+
+
+def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node_is():
+    from trainfleet.preflight import ib_port_problems
+
+    mixed = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n"
+                          "  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n")
+    networks = {"gpu-a01": _network("roce_v2_cx6"), "gpu-a02": _network("roce_v2_cx6"),
+                "cpu-a03": {"interfaces": [], "ib_ports": []}}
+    assert ib_port_problems(mixed, networks) == []  # it runs gloo: no HCA is no fault
+    networks["gpu-a02"] = {"interfaces": [], "ib_ports": []}
+    assert [p.node for p in ib_port_problems(mixed, {**networks, "gpu-a03": None})] == []  # no majority, no alike peer
+    three_gpu = {n.name: _network("roce_v2_cx6") for n in CLUSTER.nodes}
+    three_gpu["gpu-a03"] = {"interfaces": [], "ib_ports": []}
+    assert [p.node for p in ib_port_problems(CLUSTER, three_gpu)] == ["gpu-a03"]
 
 
 def test_the_measured_figures_are_printed_for_people_with_the_floor_or_its_absence():

@@ -192,6 +192,8 @@ def test_readme_spec_reference_matches_the_schema():
      "stack.driver: driver 470.82.01 is older than CUDA 12.4 needs (525.60.13 or newer)"),
     ("stack: {cuda: '13.0', driver: '575'}\n", "stack.driver: driver 575 is older than CUDA 13.0 needs (580.65.06 or newer)"),
     ("stack: {driver: '55'}\n", "stack.driver: '55' is not a valid version"),
+    ("stack: {torch: '2.4.1', torch_cuda: cu124, driver: '470'}\n",
+     "stack.driver: driver 470 is older than CUDA 12.4 needs (525.60.13 or newer) (torch_cuda: cu124)"),
     ("gpu: {memlock: 8}\n", "gpu.memlock: 8 must be 'unlimited' or KiB (64 or more)"),
     ("gpu: {memlock: 'unlimited; reboot'}\n", "gpu.memlock: 'unlimited; reboot' must be 'unlimited' or KiB"),
     ("gpu: {fabric_manager: yes}\n", "gpu.fabric_manager: must be a string"),
