@@ -3,7 +3,8 @@
 CUDA cannot be installed here (no GPU, no network), but the pinning and hold mechanics
 can be exercised with real apt and dpkg: this builds empty packages named and versioned
 exactly as NVIDIA's CUDA repository names them (libnccl2 2.21.5-1+cuda12.4, libcudnn9-cuda-12
-9.1.0.70-1, cuda-toolkit-12-4 12.4.1-1, cuda-keyring 1.1-1), each also in a NEWER version, as
+9.1.0.70-1, cuda-toolkit-12-4 12.4.1-1, cuda-drivers-550 550.54.15-1,
+cuda-keyring 1.1-1), each also in a NEWER version, as
 the real repository always has newer ones than a cluster's pin. Laid out as NVIDIA's flat
 repos (``<root>/debian12/x86_64/`` with Packages and a signed InRelease), so the deploy's
 ``stack.cuda_repo`` points at it with ``cuda_repo: file://<root>`` like at a mirror. The
@@ -24,9 +25,11 @@ KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"  # where NVIDIA's cuda-
 
 # (name, version, depends): the pinned versions first, then the newer ones apt would pick.
 PINNED = {"libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4",
-          "libcudnn9-cuda-12": "9.1.0.70-1", "cuda-toolkit-12-4": "12.4.1-1"}
+          "libcudnn9-cuda-12": "9.1.0.70-1", "cuda-toolkit-12-4": "12.4.1-1",
+          "cuda-drivers-550": "550.54.15-1"}  # the driver branch's meta-package, as NVIDIA's repo versions it
 NEWER = {"libnccl2": "2.23.4-1+cuda12.6", "libnccl-dev": "2.23.4-1+cuda12.6",
-         "libcudnn9-cuda-12": "9.5.1.17-1", "cuda-toolkit-12-4": "12.4.1-2"}
+         "libcudnn9-cuda-12": "9.5.1.17-1", "cuda-toolkit-12-4": "12.4.1-2",
+         "cuda-drivers-550": "550.90.07-1"}
 
 
 def _deb(out: Path, name: str, version: str, depends: str = "", files: dict[str, bytes] | None = None) -> None:
@@ -71,6 +74,7 @@ def build(root: Path) -> str:
             _deb(repo, "libnccl-dev", versions["libnccl-dev"], depends=f"libnccl2 (= {versions['libnccl2']})")
             _deb(repo, "libcudnn9-cuda-12", versions["libcudnn9-cuda-12"])
             _deb(repo, "cuda-toolkit-12-4", versions["cuda-toolkit-12-4"])
+            _deb(repo, "cuda-drivers-550", versions["cuda-drivers-550"])
         packages = subprocess.run(["dpkg-scanpackages", "--multiversion", "."], cwd=repo, check=True,
                                   capture_output=True).stdout
         (repo / "Packages").write_bytes(packages)

@@ -1,6 +1,7 @@
 """The pinned stack's package branch with real apt and dpkg on Debian 12 nodes: NVIDIA's
 repository (a local stand-in, see tests/lab/nvidia_repo.py: NVIDIA's package names and
-version strings, and newer versions beside the pinned ones), exact versions, holds that
+version strings, and newer versions beside the pinned ones), exact versions (the NVIDIA
+driver's branch meta-package at an exact release included), holds that
 survive `apt-get upgrade`, a node moved off its pin refused; and gcc-11 installed beside
 Debian's default gcc 12 (from the host's apt cache) and selected with update-alternatives.
 """
@@ -17,12 +18,20 @@ from tests.lab.harness import deploy_twice, fact, pyinfra
 DEPLOY = "deploy/cluster.py"
 NODES = ["node1", "node2", "node3"]
 MIRROR = "/srv/nvidia-mirror"  # on every node, as a site mirror of NVIDIA's repos would be
-STACK = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "gcc": "11", "cuda_repo": f"file://{MIRROR}"}
+STACK = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "gcc": "11", "cuda_repo": f"file://{MIRROR}",
+         "driver": "550.54.15"}
+# The driver is planned for GPU nodes only: the nodes declare one GPU each, with the GPU
+# settings that need a GPU and systemd (persistence, fabric manager, peermem) left unmanaged.
+AS_GPU_NODES = {node: {"gpus": 1} for node in NODES}
+GPU = {"persistence": False, "fabric_manager": "off", "peermem": "off"}
 OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
-VERSIONS = "dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 cuda-toolkit-12-4"
+VERSIONS = ("dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 cuda-toolkit-12-4 "
+            "cuda-drivers-550")
 PINNED = {"libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4", "libcudnn9-cuda-12": "9.1.0.70-1",
           # `cuda: 12.4` pins the series: the newest 12.4 package the repository has, then held
-          "cuda-toolkit-12-4": nvidia_repo.NEWER["cuda-toolkit-12-4"]}
+          "cuda-toolkit-12-4": nvidia_repo.NEWER["cuda-toolkit-12-4"],
+          # an exact driver pin: that release, not the branch's newest
+          "cuda-drivers-550": "550.54.15-1"}
 
 
 def versions(lab, node: str) -> dict[str, str]:
@@ -37,7 +46,8 @@ def pinned(lab, tmp_path_factory):
     for node in NODES:
         lab.copy_tree(node, work / "mirror", MIRROR)
     # The keyring .deb is checked before dpkg -i: against the lab key's fingerprint, not NVIDIA's.
-    inventory = lab.spec_inventory(work, stack={**STACK, "cuda_keyring_fingerprint": fingerprint})
+    inventory = lab.spec_inventory(work, node_settings=AS_GPU_NODES, gpu=GPU,
+                                   stack={**STACK, "cuda_keyring_fingerprint": fingerprint})
     first, _ = deploy_twice(inventory, DEPLOY)
     return SimpleNamespace(lab=lab, inventory=inventory, first=first, work=work, fingerprint=fingerprint)
 
@@ -92,8 +102,8 @@ def test_a_node_moved_off_its_pin_is_refused_unchanged_then_moved_back_when_allo
     assert f"libnccl2 is {newer['libnccl2']} here, the pin is {PINNED['libnccl2']}" in refused.stderr
     assert versions(lab, "node3")["libnccl2"] == newer["libnccl2"]  # nothing changed on it
 
-    allowed = lab.spec_inventory(tmp_path, stack={**STACK, "cuda_keyring_fingerprint": pinned.fingerprint,
-                                                  "allow_change": True})
+    allowed = lab.spec_inventory(tmp_path, node_settings=AS_GPU_NODES, gpu=GPU,
+                                 stack={**STACK, "cuda_keyring_fingerprint": pinned.fingerprint, "allow_change": True})
     first, _ = deploy_twice(allowed, DEPLOY)
     assert first.changed()[OP] == ["node3"]
     assert versions(lab, "node3") == PINNED
