@@ -132,13 +132,14 @@ def compare(cluster: str, nodes: list[str], observed: dict[str, dict[str, str]],
         if prop in UNIQUE:
             report.findings += _duplicates(prop, values)
         elif prop.startswith(IDENTICAL_PREFIXES):
-            report.findings += [f for f in _majority(prop, values) if (f.node, f.property) not in spec_findings]
+            report.findings += [f for f in majority(prop, values) if (f.node, f.property) not in spec_findings]
     order = {n: i for i, n in enumerate(nodes)}
     report.findings.sort(key=lambda f: (order.get(f.node, len(order)), f.property))
     return report
 
 
-def _majority(prop: str, values: dict[str, str]) -> list[Finding]:
+def majority(prop: str, values: dict[str, str]) -> list[Finding]:
+    """The nodes whose value differs from most nodes' (a tie: every node, kind ``tie``)."""
     counts = Counter(values.values())
     if len(counts) < 2:
         return []

@@ -201,7 +201,7 @@ def observed(state: Mapping[str, Any] | None, network: Mapping[str, Any] | None,
         return {**props, "memlock (non-login ssh)": UNREADABLE, "clock sync": UNREADABLE,
                 "clock offset": UNREADABLE}
     props["memlock (non-login ssh)"] = state["memlock"] or UNREADABLE
-    props["memlock file"] = _digest(state["memlock_conf"])
+    props["memlock file"] = digest(state["memlock_conf"])
     props["memlock set elsewhere"] = "; ".join(state.get("memlock_other") or []) or "none"
     props["clock sync"] = clock_sync_value(state)
     props["clock offset"] = clock_offset_value(state, max_clock_offset_ms)
@@ -218,7 +218,7 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
     props: dict[str, str] = {}
     if plan.memlock is not None:
         props["memlock (non-login ssh)"] = plan.memlock
-        props["memlock file"] = _digest(plan.memlock_conf)
+        props["memlock file"] = digest(plan.memlock_conf)
         props["memlock set elsewhere"] = "none"  # another file's line could override ours for the ranks
     if not plan.gpu_node:
         return props
@@ -230,7 +230,3 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
     if plan.peermem:
         props["nvidia_peermem"] = "loaded, at boot"
     return props
-
-
-def _digest(text: str | None) -> str:
-    return digest(text)

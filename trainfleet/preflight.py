@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import re
 import statistics
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainfleet.drift import majority
 from trainfleet.gpu_node import mtu_values
 from trainfleet.model import Cluster, Node
 
@@ -667,19 +667,15 @@ def mtu_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None]) -
                 key = f"{printable(str(port['device']), 32)} port {port['port']}'s active MTU"
                 readings.setdefault(key, {})[node.name] = printable(str(port["active_mtu"]), 16)
     for what, values in readings.items():
-        counts = Counter(values.values())
-        if len(counts) < 2:
-            continue
-        (top, top_count), (_, second_count) = counts.most_common(2)
-        if top_count == second_count:
-            problems += [Problem("hygiene", node, f"{what} is {value}, and no MTU is on most nodes "
-                                                  f"({', '.join(f'{v} on {c}' for v, c in counts.most_common())})")
-                         for node, value in sorted(values.items())]
-            continue
-        others = sorted((n for n, v in values.items() if v == top), key=lambda n: cluster.node(n).rank)
-        problems += [Problem("hygiene", node, f"{what} is {value}, {top} on {', '.join(others)}: traffic between "
-                                              "them fragments or is dropped")
-                     for node, value in sorted(values.items()) if value != top]
+        for finding in majority(what, values):
+            if finding.kind == "tie":
+                spread = finding.expected.replace("'", "")  # "1500 on 1, 9000 on 1"
+                problems.append(Problem("hygiene", finding.node, f"{what} is {finding.observed}, and no MTU is on most "
+                                                                 f"nodes ({spread})"))
+            else:
+                others = sorted((n for n, v in values.items() if v == finding.expected), key=lambda n: cluster.node(n).rank)
+                problems.append(Problem("hygiene", finding.node, f"{what} is {finding.observed}, {finding.expected} on "
+                                                                 f"{', '.join(others)}: traffic between them fragments or is dropped"))
     return problems
 
 
