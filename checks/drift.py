@@ -9,6 +9,7 @@ changes a node.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from pathlib import Path
@@ -24,6 +25,7 @@ from trainfleet.driver import satisfies_driver
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
+from trainfleet.mesh import FULL_PROBE_ENV, STRIDE_ENV, probe_env_problems, probe_stride, probe_targets
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster
@@ -153,8 +155,39 @@ def cluster_report(cluster: Cluster) -> Report:
     return once_per_run("drift report", lambda state: _report(state, cluster))
 
 
+def mesh_probe(names: list[str], previous: dict[str, Any] | None, env: dict[str, str]) -> dict[str, Any]:
+    """Which peers each node's live SSH probe logs in to this run: ``{"mode", "stride",
+    "rotation", "logins_per_node"}``. By default a ring and a stride (``probe_targets``), the
+    stride one step further than the last run's (its JSON report), so a constant number of
+    logins per node covers every pair over the runs; ``full`` on request. The static half
+    (every node holds exactly the planned keys, known hosts and config) is checked every run."""
+    nodes = len(names)
+    problems = probe_env_problems(nodes, env)
+    if problems:  # the inventory refused these before any host was contacted
+        raise ValueError("; ".join(problems))
+    if env.get(FULL_PROBE_ENV) == "full":
+        return {"mode": "full", "stride": 0, "rotation": None, "logins_per_node": nodes}
+    last = (previous or {}).get("mesh_probe") or {}
+    rotation = last["rotation"] + 1 if isinstance(last.get("rotation"), int) and last["rotation"] >= 0 else 0
+    stride = probe_stride(nodes, rotation)
+    if env.get(STRIDE_ENV) and nodes >= 4:
+        stride = int(env[STRIDE_ENV])
+    logins = len(probe_targets(names, names[0], stride)) if names else 0
+    return {"mode": "sampled", "stride": stride, "rotation": rotation, "logins_per_node": logins}
+
+
+def _previous(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _report(state, cluster: Cluster) -> Report:
-    fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[n.name for n in cluster.nodes])
+    names = [n.name for n in cluster.nodes]
+    probe = mesh_probe(names, _previous(report_path(cluster.name)), dict(os.environ))
+    fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[],
+                               per_node=lambda name: {"peers": probe_targets(names, name, probe["stride"])})
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
     refused = refused_sudo(state)
     unreachable = {n.name: refused.get(n.name, "could not connect or read its facts")
@@ -170,7 +203,8 @@ def _report(state, cluster: Cluster) -> Report:
         observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in reachable}
-    report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
+    report = compare(cluster.name, names, observed, expected, unreachable)
+    report.mesh_probe = probe
     _publish(report)
     return report
 

@@ -47,8 +47,12 @@ def run_facts(state: State) -> RunFacts:
     return facts
 
 
-def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
+def gather_fact(state: State, fact: type, per_node: Callable[[str], dict[str, Any]] | None = None,
+                **kwargs: Any) -> dict[str, Any]:
     """``{node name: fact}`` from every active host, one remote command each, in parallel.
+
+    + per_node: the arguments that differ between nodes, ``node name -> kwargs`` (drift's
+      mesh probe: each node its own peers); such a read is never answered from ``read_once``
 
     pyinfra's own ``get_facts`` spawns into the state's pool, which deploy code already
     occupies while it runs (it deadlocks there); a pool of our own does not.
@@ -56,14 +60,15 @@ def gather_fact(state: State, fact: type, **kwargs: Any) -> dict[str, Any]:
     hosts = list(state.inventory.get_active_hosts())
     key = _key(fact, kwargs)
     stores = [run_facts(state).read.get(h.name) for h in hosts]
-    if hosts and all(store is not None and key in store for store in stores):
+    if hosts and per_node is None and all(store is not None and key in store for store in stores):
         return {h.data.get("trainfleet_node", h.name): store[key] for h, store in zip(hosts, stores)}
 
     hosts = [h for h in hosts if h not in prove_sudo(state, hosts)]
 
     def one(host):
+        mine = {**kwargs, **per_node(host.data.get("trainfleet_node", host.name))} if per_node else kwargs
         with ctx_host.use(host):
-            return get_fact(state, host, fact, kwargs=kwargs)
+            return get_fact(state, host, fact, kwargs=mine)
 
     pool = gevent.pool.Pool(max(1, min(len(hosts), state.config.PARALLEL or len(hosts))))
     results = pool.map(one, hosts)

@@ -59,6 +59,7 @@ class Report:
     nodes: list[str]
     observed: dict[str, dict[str, str]]  # node -> property -> value (reachable nodes only)
     findings: list[Finding] = field(default_factory=list)
+    mesh_probe: dict[str, Any] | None = None  # which peers the live SSH probe reached (checks/drift.py)
 
     @property
     def drift(self) -> bool:
@@ -74,6 +75,7 @@ class Report:
             "nodes": {n: {"reachable": n in self.observed, "properties": self.observed.get(n, {})}
                       for n in self.nodes},
             "findings": [asdict(f) for f in self.findings],
+            **({"mesh_probe": self.mesh_probe} if self.mesh_probe else {}),
         }
 
     def table(self, all_rows: bool = False) -> str:

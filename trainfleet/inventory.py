@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from trainfleet.controller import configure_pyinfra
+from trainfleet.mesh import probe_env_problems
 from trainfleet.model import Cluster, Node
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
 
@@ -43,6 +46,9 @@ def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
 
 
 def pyinfra_hosts(cluster: Cluster) -> list[HostT]:
+    """Every node as a pyinfra host, the controller made ready for that many (open files,
+    parallelism: trainfleet/controller.py)."""
+    configure_pyinfra(len(cluster.nodes))
     return [(node.name, host_data(cluster, node)) for node in cluster.nodes]
 
 
@@ -52,12 +58,20 @@ def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
     This runs while pyinfra loads the inventory, before any host is connected to.
     """
     try:
-        return Cluster.load(spec_path)
+        cluster = Cluster.load(spec_path)
     except SpecError as exc:
-        for problem in exc.problems:
-            print(f"trainfleet: {problem}", file=sys.stderr)
-        print(f"trainfleet: {len(exc.problems)} problem(s) in the spec; no host was contacted.", file=sys.stderr)
-        raise SystemExit(EXIT_BAD_SPEC) from None
+        _refuse(exc.problems, "in the spec")
+    problems = probe_env_problems(len(cluster.nodes), os.environ)
+    if problems:
+        _refuse(problems, "in the environment")
+    return cluster
+
+
+def _refuse(problems: list[str], where: str) -> NoReturn:
+    for problem in problems:
+        print(f"trainfleet: {problem}", file=sys.stderr)
+    print(f"trainfleet: {len(problems)} problem(s) {where}; no host was contacted.", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_SPEC) from None
 
 
 def this_node() -> tuple[Cluster, Node]:

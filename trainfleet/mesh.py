@@ -6,6 +6,7 @@ the operations in operations/ssh_mesh.py only put these lines in place.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import paramiko
@@ -60,3 +61,37 @@ def controller_known_keys(address: str, port: int, known_hosts: str | None) -> l
         return []
     entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+
+FULL_PROBE_ENV = "TRAINFLEET_DRIFT_MESH"  # "full": drift's probe logs in from every node to every node
+STRIDE_ENV = "TRAINFLEET_DRIFT_STRIDE"  # pin the sampled probe's stride (2..N-1) instead of rotating it
+
+
+def probe_env_problems(nodes: int, env: Mapping[str, str]) -> list[str]:
+    """What is wrong with the probe settings in ``env`` for a cluster of ``nodes`` (checked
+    when the inventory loads, before any host is contacted)."""
+    problems = []
+    if env.get(FULL_PROBE_ENV, "") not in ("", "full", "sampled"):
+        problems.append(f"{FULL_PROBE_ENV} is {env[FULL_PROBE_ENV]!r}: use full or sampled")
+    pinned = env.get(STRIDE_ENV, "")
+    if pinned and (not pinned.isdigit() or not 2 <= int(pinned) <= max(2, nodes - 1)):
+        problems.append(f"{STRIDE_ENV} is {pinned!r}: a stride is 2..{max(2, nodes - 1)} for {nodes} nodes")
+    return problems
+
+
+def probe_stride(nodes: int, rotation: int) -> int:
+    """The stride of drift's sampled mesh probe, one step further each run (``rotation``):
+    2..N-1, so over N-2 runs every ordered pair of nodes is probed once (below four nodes
+    the ring and the stride already reach every peer)."""
+    return min(nodes - 1, 2) if nodes < 4 else 2 + rotation % (nodes - 2)
+
+
+def probe_targets(names: list[str], node: str, stride: int) -> list[str]:
+    """The peers ``node`` probes: its successor in the ring and the node ``stride`` places on,
+    so every node is probed as source and as target by a constant number of logins per node
+    (one node: itself). Stride 0: every node, itself included (the full N x N probe)."""
+    if not stride:
+        return list(names)
+    at = names.index(node)
+    return list(dict.fromkeys(names[(at + step) % len(names)] for step in (1, stride)))

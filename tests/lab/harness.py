@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -59,10 +60,11 @@ class Run:
 
 
 def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300,
-            data: dict[str, str] | None = None) -> Run:
+            data: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Run:
     extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
     argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), *extra, inventory, *deploys]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          env={**os.environ, **env} if env else None)
     report: dict[str, Any] | None = None
     error = "no JSON in the output"
     start = proc.stdout.find("{")

@@ -30,8 +30,8 @@ def converged(lab):
     return SimpleNamespace(lab=lab)
 
 
-def drift_run():
-    run = pyinfra(LAB_INVENTORY, DRIFT)
+def drift_run(**env):
+    run = pyinfra(LAB_INVENTORY, DRIFT, env=env or None)
     report = json.loads(report_path("lab").read_text())
     return run, report
 
@@ -49,9 +49,18 @@ def test_a_drift_run_on_a_converged_cluster_passes_and_changes_nothing(converged
     assert report["drift"] is False and report["findings"] == []
     assert run.changed() == {} and run.errors() == {}
     assert "no drift: 3 nodes match the spec and each other" in run.stderr
+    assert report["mesh_probe"]["mode"] == "sampled" and report["mesh_probe"]["logins_per_node"] == 2
     assert {n: converged.lab.ssh(n, MANAGED) for n in NODES} == before
     dry = pyinfra(LAB_INVENTORY, CLUSTER, dry=True)
     assert dry.returncode == 0 and dry.report["plan"] and dry.planned_changes() == {}
+
+
+def test_the_full_mesh_probe_runs_on_request_and_the_sampled_one_rotates(converged):
+    run, report = drift_run(TRAINFLEET_DRIFT_MESH="full")
+    assert run.returncode == 0, run.describe()
+    assert report["mesh_probe"] == {"mode": "full", "stride": 0, "rotation": None, "logins_per_node": 3}
+    rotations = [drift_run()[1]["mesh_probe"]["rotation"] for _ in range(2)]
+    assert rotations == [0, 1]
 
 
 @pytest.mark.parametrize("deploy", [CLUSTER, DRIFT])

@@ -41,3 +41,14 @@ def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
     assert f"{spec}:3: nodes[1].name: duplicate name 'a'" in result.stderr
     assert f"{spec}:3: nodes[1].address: duplicate address" in result.stderr
     assert "Connecting" not in result.stdout + result.stderr
+
+
+def test_a_bad_drift_probe_setting_stops_pyinfra_with_status_2_before_connecting():
+    env = {**__import__("os").environ, "TRAINFLEET_DRIFT_STRIDE": "1", "TRAINFLEET_DRIFT_MESH": "all"}
+    result = subprocess.run([PYINFRA, "-y", "inventories/prod.py", "deploy/drift.py"], capture_output=True,
+                            text=True, cwd=REPO, timeout=60, env=env)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "trainfleet: TRAINFLEET_DRIFT_MESH is 'all': use full or sampled" in result.stderr
+    assert "trainfleet: TRAINFLEET_DRIFT_STRIDE is '1': a stride is 2..2 for 2 nodes" in result.stderr
+    assert "2 problem(s) in the environment; no host was contacted." in result.stderr
+    assert "Connecting" not in result.stdout + result.stderr
