@@ -7,14 +7,12 @@ templates in templates/<capability>/.
 
 from facts.gather import deploy_plan, this_node
 from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
-from trainfleet.keystore import KeyStore
 
 cluster, node = this_node()
-keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])  # retires removed nodes' keys
 
 # What this node must be: from the spec, the key store and every node's facts (one remote
 # command per node, read once per run); the operations below bring it there.
-plan = deploy_plan(cluster, keys).nodes[node.name]
+plan = deploy_plan(cluster).nodes[node.name]
 
 # Names: every node knows itself and every peer by name.
 hosts.hostname(name="Hostname is the node's spec name", hostname=plan.hostname)

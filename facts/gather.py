@@ -158,10 +158,12 @@ def read_once(bundle: type[FactBase], **kwargs: Any) -> dict[str, Any]:
     return once_per_run(f"read once: {bundle.__name__}", compute)
 
 
-def deploy_plan(cluster: Cluster, keys: KeyStore) -> ClusterPlan:
+def deploy_plan(cluster: Cluster) -> ClusterPlan:
     """This run's plan of every node, from the facts the deploy reads (``DeployState``, one
-    remote command per node), built once per run; its notes are logged once."""
+    remote command per node) and the key store (whose removed nodes' keys are retired), built
+    once per run however many hosts deploy; its notes are logged once."""
     def compute(state: State) -> ClusterPlan:
+        keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])
         built = plan_cluster(cluster, plan_inputs(read_once(DeployState, users=cluster.mesh_users)), keys)
         for note in built.notes:
             logger.warning(note)

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.model import Cluster, Node
-from trainfleet.render import render_lines
+from trainfleet.render import render_lines, variables
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType({
@@ -39,13 +40,17 @@ _HERE = Path(__file__).resolve().parent
 
 
 def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | None = None,
-                     mca: dict[str, str] | None = None) -> dict[str, tuple[str, str]]:
+                     mca: dict[str, str] | None = None,
+                     shared: dict[tuple[Any, ...], str] | None = None) -> dict[str, tuple[str, str]]:
     """Every launcher file for ``node``: name -> (content, mode).
 
     + forward: variables with the same value on every node, which launchers may pass on to
       every rank (``mpirun -x``, ``.deepspeed_env``); per-node values (interface names) are
       left to each node's own environment
     + mca: OpenMPI's MCA parameters (the same on every node), repeated on the mpirun line
+    + shared: the files already rendered for other nodes of the same cluster, reused where a
+      template does not read ``node`` (hostfiles list every node: rendering them once per
+      node would cost N x N)
     """
     forward = forward or {}
     mca = mca or {}
@@ -55,6 +60,17 @@ def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | Non
     context = {"cluster": cluster, "node": node, "launch_dir": LAUNCH_DIR, "venv": VENV_DIR,
                "forward": sorted(forward), "forward_env": dict(sorted(forward.items())), "mca": mca,
                "nics": nics}
-    return {name: ((_HERE / source).read_text() if name in VERBATIM else
-                   "".join(f"{line}\n" for line in render_lines(source, **context)), mode)
+    same_for = (id(cluster), tuple(sorted(forward.items())), tuple(sorted(mca.items())))
+    shared = {} if shared is None else shared
+
+    def content(source: str) -> str:
+        names = variables(source)
+        if names is None or "node" in names:
+            return "".join(f"{line}\n" for line in render_lines(source, **context))
+        key = (source, *same_for)
+        if key not in shared:
+            shared[key] = "".join(f"{line}\n" for line in render_lines(source, **context))
+        return shared[key]
+
+    return {name: ((_HERE / source).read_text() if name in VERBATIM else content(source), mode)
             for name, (source, mode) in LAUNCHER_FILES.items()}

@@ -202,11 +202,12 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
     rank_table, rank_table_problems = rank_table_part(cluster, gathered.npu_ips)
 
     plans = {}
+    shared_files: dict[tuple[Any, ...], str] = {}  # launcher files every node shares, rendered once
     for node in cluster.nodes:
         mine = derived.get(node.name) or Derived(problems=["the node's network could not be read"])
         nccl = nccl_part(mine)
         forward = {k: v for k, v in mine.env.items() if k in uniform}
-        files = render_launchers(cluster, node, forward=forward, mca=params)
+        files = render_launchers(cluster, node, forward=forward, mca=params, shared=shared_files)
         if node.npus and rank_table:
             files[RANK_TABLE] = (rank_table, "644")
         launchers = LaunchersPlan(files=files, problems=[f"NCCL environment: {p}" for p in nccl.problems]

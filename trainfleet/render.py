@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.meta
 import yaml
 
 from trainfleet.schema import text_problem
@@ -77,6 +79,17 @@ _env.filters["shell_quote"] = shell_quote
 _env.filters["pam_env_quote"] = pam_env_quote
 _env.filters["ssh_config_word"] = ssh_config_word
 _env.filters["yaml_scalar"] = yaml_scalar
+
+
+@cache
+def variables(template: str) -> frozenset[str] | None:
+    """The names a template reads from its context (what its output can depend on); None
+    when it includes another template, whose names it does not see."""
+    source = _env.loader.get_source(_env, template)[0]  # type: ignore[union-attr]
+    parsed = _env.parse(source)
+    if any(True for _ in jinja2.meta.find_referenced_templates(parsed)):
+        return None
+    return frozenset(jinja2.meta.find_undeclared_variables(parsed))
 
 
 def render(template: str, **context: Any) -> str:

@@ -74,3 +74,21 @@ def test_horovod_sh_means_to_horovodruns_own_parser_what_the_cluster_is(monkeypa
         slots = max(gpus, 1)
         assert (args.num_proc, args.hosts, args.nics, args.command) == (
             2 * slots, f"gpu-a01:{slots},gpu-a02:{slots}", nics, ["python", "train.py"])
+
+
+def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster():
+    from trainfleet.launchers import LAUNCHER_FILES
+    from trainfleet.render import variables
+
+    cluster = Cluster.parse(NODES.replace("GPUS", "8"))
+    shared: dict = {}
+    first = render_launchers(cluster, cluster.nodes[0], shared=shared)
+    second = render_launchers(cluster, cluster.nodes[1], shared=shared)
+    assert first == render_launchers(cluster, cluster.nodes[0])  # the same files as rendering alone
+    per_node = {name for name, (source, _) in LAUNCHER_FILES.items()
+                if name != "smoke_train.py" and "node" in (variables(source) or {"node"})}
+    assert {"hostfile", "mpirun.sh", "horovod.sh", "deepspeed.sh"} <= set(LAUNCHER_FILES) - per_node
+    assert len(shared) == len(set(LAUNCHER_FILES) - per_node - {"smoke_train.py"})
+    for name in set(LAUNCHER_FILES) - per_node - {"smoke_train.py"}:
+        assert first[name][0] is second[name][0]  # the same string, not rendered again
+    assert first["accelerate.yaml"] != second["accelerate.yaml"]  # machine_rank is each node's own

@@ -80,7 +80,7 @@ def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPla
         return lambda **kwargs: calls.setdefault(name, []).append(kwargs)
 
     monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
-    monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster, _keys: plan)
+    monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
     for module, names in ((hosts, ["hostname", "hosts_block"]), (ssh_mesh, ["known_hosts", "mesh_user"]),
                           (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
                           (openmpi, ["mca_params"]), (launchers, ["launcher_files"]), (gpu_node, ["settings"])):
