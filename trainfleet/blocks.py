@@ -51,30 +51,40 @@ def _lines(text: str) -> list[str]:
 def split_block(text: str, purpose: str) -> Split:
     """Split a file's whole text around the block for ``purpose``; raise BrokenBlock if ambiguous."""
     begin, end = markers(purpose)
-    # Anything that looks like one of this purpose's markers but is not exactly one.
     lookalike = re.compile(rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])")
+    # Only lines that hold the purpose's marker text can be markers or look like one: they
+    # are found with str.find (a file of N lines is not walked line by line in Python) and
+    # each is then judged whole. Lines are split on "\n" only.
+    needle = f"trainfleet managed block: {purpose}"
     starts: list[int] = []
     ends: list[int] = []
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if line == begin:
-            starts.append(number)
-        elif line == end:
-            ends.append(number)
-        elif lookalike.search(line):
-            raise BrokenBlock(f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}")
+    offsets: list[tuple[int, int]] = []  # (start, end) of each marker line in the text
+    at = text.find(needle)
+    while at != -1:
+        line_start = text.rfind("\n", 0, at) + 1
+        line_end = text.find("\n", at)
+        line_end = len(text) if line_end == -1 else line_end
+        line = text[line_start:line_end]
+        if line in (begin, end) or lookalike.search(line):
+            number = text.count("\n", 0, line_start) + 1
+            if line == begin:
+                starts.append(number)
+            elif line == end:
+                ends.append(number)
+            else:
+                raise BrokenBlock(f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}")
+            offsets.append((line_start, line_end))
+        at = text.find(needle, line_end)
     if not starts and not ends:
         return Split(before="", block=None, after=text)
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
         where = ", ".join([f"BEGIN at line {n}" for n in starts] + [f"END at line {n}" for n in ends])
         raise BrokenBlock(f"expected one BEGIN followed by one END marker, found {where}")
-    start, stop = starts[0] - 1, ends[0] - 1
-    if stop == len(lines) - 1:  # the END marker is the last line and has no newline
-        after = ""
-    else:
-        after = "\n".join(lines[stop + 1:])
-    before = "".join(line + "\n" for line in lines[:start])
-    return Split(before=before, block=lines[start + 1:stop], after=after)
+    (begin_at, begin_stop), (end_at, end_stop) = offsets
+    inside = text[begin_stop + 1:end_at]  # the lines between the markers, each ending in "\n"
+    block = inside[:-1].split("\n") if inside else []
+    # After the END marker: the rest of the file byte for byte (no final newline: nothing)
+    return Split(before=text[:begin_at], block=block, after=text[end_stop + 1:])
 
 
 def with_block(split: Split, purpose: str, lines: list[str] | None, top: bool = False) -> str:

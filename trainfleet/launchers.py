@@ -62,6 +62,8 @@ def render_launchers(cluster: Cluster, node: Node, forward: dict[str, str] | Non
                "nics": nics}
     same_for = (id(cluster), tuple(sorted(forward.items())), tuple(sorted(mca.items())))
     shared = {} if shared is None else shared
+    # Every node's name, comma-separated: joined once per cluster, not once per node.
+    context["host_list"] = shared.setdefault(("host list", id(cluster)), ",".join(n.name for n in cluster.nodes))
 
     def content(source: str) -> str:
         names = variables(source)

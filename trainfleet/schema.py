@@ -44,6 +44,8 @@ _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 def text_problem(value: str) -> str | None:
     """Any string: no character that could start a new line or hide text (see _UNSAFE_CATEGORIES)."""
+    if value.isascii() and value.isprintable():  # the common case, at C speed: U+0020..U+007E only
+        return None
     for char in value:
         if unicodedata.category(char) in _UNSAFE_CATEGORIES:
             return f"{value!r} contains the control or line-separator character U+{ord(char):04X}"

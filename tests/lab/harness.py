@@ -62,7 +62,9 @@ class Run:
 def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300,
             data: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Run:
     extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
-    argv = [PYINFRA, "-y", "--json", *(["--dry"] if dry else []), *extra, inventory, *deploys]
+    # --dry without -y: pyinfra's -y turns change-checking off, so a dry run with it plans
+    # no change whatever the nodes hold (a dry run never prompts, so no -y is needed).
+    argv = [PYINFRA, *(["--dry"] if dry else ["-y"]), "--json", *extra, inventory, *deploys]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout,
                           env={**os.environ, **env} if env else None)
     report: dict[str, Any] | None = None

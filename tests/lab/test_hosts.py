@@ -95,3 +95,17 @@ def test_a_dry_run_on_a_converged_cluster_plans_no_change(named):
     assert run.returncode == 0, run.describe()
     assert run.report["plan"], "the dry run planned no operations at all"
     assert run.planned_changes() == {}
+
+
+def test_a_dry_run_plans_the_change_a_hand_edit_needs_and_makes_none(named):
+    lab3 = named.lab
+    before = lab3.ssh("node2", "sha256sum /etc/hosts")
+    lab3.ssh("node2", "sed -i 's/^198.18.0.13 /198.18.0.99 /' /etc/hosts")
+    edited = lab3.ssh("node2", "sha256sum /etc/hosts")
+    run = pyinfra(LAB_INVENTORY, DEPLOY, dry=True)
+    assert run.returncode == 0, run.describe()
+    changes = run.planned_changes()
+    assert list(changes.values()) == [["node2"]], changes  # the hosts block of node2, nothing else
+    assert lab3.ssh("node2", "sha256sum /etc/hosts") == edited  # a dry run changes nothing
+    deploy_twice(LAB_INVENTORY, DEPLOY)
+    assert lab3.ssh("node2", "sha256sum /etc/hosts") == before

@@ -88,7 +88,7 @@ def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster
     per_node = {name for name, (source, _) in LAUNCHER_FILES.items()
                 if name != "smoke_train.py" and "node" in (variables(source) or {"node"})}
     assert {"hostfile", "mpirun.sh", "horovod.sh", "deepspeed.sh"} <= set(LAUNCHER_FILES) - per_node
-    assert len(shared) == len(set(LAUNCHER_FILES) - per_node - {"smoke_train.py"})
+    assert len([key for key in shared if key[0] != "host list"]) == len(set(LAUNCHER_FILES) - per_node - {"smoke_train.py"})
     for name in set(LAUNCHER_FILES) - per_node - {"smoke_train.py"}:
         assert first[name][0] is second[name][0]  # the same string, not rendered again
     assert first["accelerate.yaml"] != second["accelerate.yaml"]  # machine_rank is each node's own

@@ -1,0 +1,470 @@
+"""A synthetic N-node cluster, its plan, and what each of its nodes answers.
+
+The answers are the recorded lab node's (``recorded.json``) with every cluster-dependent part
+replaced by what trainfleet's plan says a converged node holds: names, /etc/hosts, host keys,
+known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
+variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof.
+Files are rebuilt from the recorded bytes with trainfleet's own block functions, as
+operations/managed_block.py writes them, and sent in the facts' own framing. Everything is
+built once per N, before any timed run; the runs only look answers up.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import os
+import pickle
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from facts.fingerprint import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
+from facts.hosts import HOSTS_PURPOSE
+from facts.managed_block import file_text, read_file_line
+from facts.openmpi import MCA_PURPOSE
+from facts.pdsh import PDSH_PURPOSE
+from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
+from trainfleet.blocks import split_block, with_block
+from trainfleet.defaults import (MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE,
+                                 PDSH_GENDERS, PDSH_MACHINES)
+from trainfleet.inventory import host_data
+from trainfleet.keystore import KeyStore
+from trainfleet.mesh import probe_stride, probe_targets
+from trainfleet.model import Cluster, Node
+from trainfleet.nccl import ENV_PURPOSE
+from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
+
+MARK = "--trainfleet-fingerprint--"
+CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
+NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
+# How each bundle's command is told apart (pyinfra's fake connector: substring, first match wins).
+FINGERPRINT_KEY = f"{MARK} identity"  # NodeFingerprint only
+DEPLOY_STATE_KEY = f"{MARK} hostname"  # DeployState (NodeFingerprint is matched before it)
+HOSTNAME_KEY = "uname -n"  # pyinfra's server.Hostname (the floor)
+
+
+def node_names(nodes: int) -> list[str]:
+    return [f"node{i:04d}" for i in range(1, nodes + 1)]
+
+
+def node_address(index: int) -> str:
+    """198.18.0.1 ... 198.18.4.24 for 1..1024 (never connected to; valid for the spec grammar)."""
+    i = index - 1
+    return f"198.18.{i // 250}.{i % 250 + 1}"
+
+
+def decoy_address(index: int) -> str:
+    """The second NIC the lab gives every node (a dead-end subnet), off the cluster network."""
+    i = index - 1
+    return f"198.19.{i // 250}.{i % 250 + 1}"
+
+
+# -- text and framing ------------------------------------------------------------------------
+
+
+def text_lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def joined(lines: list[str]) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+def b64(text: str | bytes) -> str:
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+    return base64.b64encode(data).decode()
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False) -> str:
+    """A ``file NAME ...`` line whose file holds ``block`` where operations/managed_block.py
+    would put it (the recorded file's other bytes kept)."""
+    name, read = read_file_line(line)
+    new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
+    return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
+
+
+def whole_file(name: str, text: str) -> str:
+    return f"file {name} regular - {b64(text)}"
+
+
+def map_files(text: str, rewrite: dict[str, Callable[[str], str]]) -> str:
+    """``text`` with each ``file NAME`` line whose NAME is in ``rewrite`` replaced."""
+    out = []
+    for line in text_lines(text):
+        name = line.split(" ", 2)[1] if line.startswith("file ") else None
+        out.append(rewrite[name](line) if name in rewrite else line)
+    return joined(out)
+
+
+def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
+    """A bundle's stdout lines: each section's marker, then its output as ONE base64 line.
+    ``memo`` shares the encoded line of a text every node has (one object, pickled once)."""
+    out = []
+    for name in order:
+        text = texts[name]
+        encoded = memo.get(text)
+        if encoded is None:
+            encoded = memo[text] = b64(text)
+        out += [f"{MARK} {name}", encoded]
+    return out
+
+
+# -- one node ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Machine:
+    """What makes a fake node this machine: its host keys and identity."""
+
+    index: int
+    host_keys: list[str]  # as /etc/ssh/ssh_host_*_key.pub hold them
+    boot_id: str
+    machine_id: str
+
+
+def host_key(kind: str, comment: str) -> str:
+    key: Any = ed25519.Ed25519PrivateKey.generate() if kind == "ssh-ed25519" else ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    if not public.startswith(kind + " "):
+        raise ValueError(f"cannot make a {kind} host key")
+    return f"{public} {comment}"
+
+
+def machine(index: int, name: str, kinds: list[str]) -> Machine:
+    return Machine(index=index, host_keys=[host_key(kind, f"root@{name}") for kind in kinds],
+                   boot_id=str(uuid.uuid4()), machine_id=uuid.uuid4().hex)
+
+
+@dataclass
+class Recorded:
+    """The lab node the answers come from."""
+
+    node: str
+    address: str
+    spec: dict[str, Any]
+    fresh: dict[str, str]  # DeployState sections of the freshly booted node
+    converged: dict[str, str]  # DeployState sections + the fingerprint's own, after the deploy
+
+    @classmethod
+    def of(cls, document: dict[str, Any]) -> Recorded:
+        lab = document["header"]["lab"]
+        converged = {**document["converged"]["fingerprint"], **document["converged"]["deploy_state"]}
+        return cls(node=lab["node"], address=lab["address"], spec=lab["spec"],
+                   fresh=dict(document["fresh"]["deploy_state"]), converged=converged)
+
+    def key_kinds(self) -> list[str]:
+        return [line.split()[0] for line in text_lines(self.converged["host_keys"])]
+
+
+def _network(text: str, recorded: Recorded, node: Node, mine: Machine) -> str:
+    """The node's own address on the cluster interface (all nodes on one /16), the decoy
+    NIC's on a dead-end subnet of its own; loopback and MTUs as recorded."""
+    out = []
+    for line in text_lines(text):
+        fields = line.split(" ")
+        if fields[0] == "addr" and len(fields) == 4 and fields[2] == "inet":
+            address, _, prefix = fields[3].partition("/")
+            if address == recorded.address:
+                fields[3] = f"{node.address}/{CLUSTER_PREFIX}"
+            elif not ipaddress.ip_address(address).is_loopback:
+                fields[3] = f"{decoy_address(mine.index)}/{prefix}"
+        out.append(" ".join(fields))
+    return joined(out)
+
+
+def _hostname(text: str, old: str, new: str) -> str:
+    return joined([new if line == old else line for line in text_lines(text)])
+
+
+def machine_sections(base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, fresh: bool) -> dict[str, str]:
+    """The parts that are this machine whatever trainfleet did: names a fresh node boots with,
+    host keys, network."""
+    # A fresh lab node boots with a DHCP-style name (lab/cluster.py: ip-198-18-0-11).
+    old, new = ((f"ip-{recorded.address.replace('.', '-')}", f"ip-{node.address.replace('.', '-')}") if fresh
+                else (recorded.node, node.name))
+    return {**base, "hostname": _hostname(base["hostname"], old, new), "host_keys": joined(mine.host_keys),
+            "network": _network(base["network"], recorded, node, mine)}
+
+
+def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: int) -> str:
+    """A line whose field ``field_at`` is one base64 line of a script run as the user (tf_as)."""
+    fields = line.split(" ")
+    inner = base64.b64decode(fields[field_at]).decode("utf-8", "surrogateescape")
+    fields[field_at] = b64(joined(rewrite(text_lines(inner))))
+    return " ".join(fields)
+
+
+def _mesh_user(text: str, user: Any) -> str:
+    def inner(lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            fields = line.split(" ")
+            if fields[0] in ("identity", "identity_pub") and len(fields) == 4 and user.identity:
+                # the sha256 of exactly the bytes operations/ssh_mesh.py writes
+                fields[3] = sha256(user.identity.private if fields[0] == "identity" else user.identity.public + "\n")
+                line = " ".join(fields)
+            elif line.startswith("file authorized_keys "):
+                line = with_plan_block(line, AUTHORIZED_PURPOSE, user.authorized)
+            elif line.startswith("file config "):
+                line = with_plan_block(line, CONFIG_PURPOSE, user.config, top=True)
+            out.append(line)
+        return out
+
+    return joined([_user_part(line, inner, 1) if line.startswith("user ") else line for line in text_lines(text)])
+
+
+def _openmpi(text: str, plan: NodePlan) -> str:
+    def inner(lines: list[str]) -> list[str]:
+        return [with_plan_block(line, MCA_PURPOSE, plan.mpi.lines, top=True) if line.startswith("file params ")
+                else line for line in lines]
+
+    return joined([_user_part(line, inner, 5) if line.startswith("user ") and len(line.split(" ")) == 6 else line
+                   for line in text_lines(text)])
+
+
+def _launchers(text: str, plan: NodePlan) -> str:
+    files = {name: (mode, sha256(content)) for name, (content, mode) in plan.launchers.files.items()}
+    out = []
+    for line in text_lines(text):
+        _, _, name = line.split(" ", 2)
+        if name in files:
+            mode, digest = files.pop(name)
+            line = f"{mode} {digest} {name}"
+        out.append(line)
+    out += [f"{mode} {digest} {name}" for name, (mode, digest) in sorted(files.items())]
+    return joined(out)
+
+
+def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str:
+    """The NCCL variables every shell sees are the plan's; the session's own address is the node's."""
+    planned = [f"{k}={v}" for k, v in sorted(plan.nccl.env.items())]
+    address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
+    out: list[str] = []
+    for line in text_lines(text):
+        if line.startswith("@"):
+            out += [line, *planned]
+        elif not line.startswith(NCCL_PREFIXES):
+            out.append(address.sub(node.address, line))
+    return joined(out)
+
+
+def _identity(text: str, mine: Machine) -> str:
+    values = {"boot_id": mine.boot_id, "machine_id": mine.machine_id}
+    return joined([f"{key} {values[key]}" if (key := line.split(" ", 1)[0]) in values else line
+                   for line in text_lines(text)])
+
+
+def mesh_proof(peers: list[str]) -> str:
+    """What SshMeshProof's script prints when every peer let the mesh user in."""
+    return joined([f"probing {len(peers)}", *(f"ok {peer} " for peer in peers)])
+
+
+def converged_sections(base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, plan: NodePlan,
+                       peers: list[str], everyone: list[str]) -> tuple[dict[str, str], str]:
+    """Every section of a converged node (deploy sections and the fingerprint's own) from
+    ``base``, its ``machine_sections``, with the mesh proof of ``peers``; and the proof of
+    ``everyone`` (the full N x N probe)."""
+    out = dict(base)
+    out["hosts"] = map_files(base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)})
+    out["known_hosts"] = map_files(base["known_hosts"], {
+        "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(l, KNOWN_HOSTS_PURPOSE, plan.known_hosts)})
+    out["pdsh"] = map_files(base["pdsh"], {
+        PDSH_GENDERS: lambda l: with_plan_block(l, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)),
+        PDSH_MACHINES: lambda l: with_plan_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes))})
+    out["nccl_files"] = map_files(base["nccl_files"], {
+        NCCL_PROFILE: lambda l: whole_file(NCCL_PROFILE, plan.nccl.profile),
+        NCCL_ENVIRONMENT: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.environment),
+        NCCL_CONF: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.nccl_conf)})
+    out["launchers"] = _launchers(base["launchers"], plan)
+    out["openmpi"] = _openmpi(base["openmpi"], plan)
+    if plan.gpu.memlock_conf is not None:
+        memlock = plan.gpu.memlock_conf
+        out["gpu_node"] = map_files(base["gpu_node"], {"memlock_conf": lambda l: whole_file("memlock_conf", memlock)})
+    for user in plan.mesh:
+        out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
+        out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
+    out["identity"] = _identity(base["identity"], mine)
+    out["nccl_seen"] = _nccl_seen(base["nccl_seen"], plan, recorded, node)
+    return out, mesh_proof(everyone)
+
+
+# -- the fleet -------------------------------------------------------------------------------
+
+
+@dataclass
+class Answers:
+    """One node's answers: stdout lines per command kind."""
+
+    deploy_state: list[str]
+    fingerprint: list[str] = field(default_factory=list)  # the probe of probe_targets(stride)
+    # the probe of every node (TRAINFLEET_DRIFT_MESH=full, or a drift that probes every peer)
+    fingerprint_full: list[str] = field(default_factory=list)
+    targets: list[str] = field(default_factory=list)
+    hostname: str = ""
+
+    def responses(self) -> dict[Any, Any]:
+        """pyinfra's ``fake_responses``: first match wins, so the fingerprint asked for exactly
+        this node's probe targets comes first, any other fingerprint next, DeployState after."""
+        out: dict[Any, Any] = {}
+        if self.fingerprint:
+            args = " ".join(["trainfleet", str(MESH_PROBE_PARALLEL), str(MESH_PROBE_TIMEOUT), *self.targets])
+            # the last target must end the probe's arguments (")" of the bundle, or su's quote), so
+            # a longer peer list that merely starts with these names is not taken for them
+            out[re.compile(re.escape(" " + args) + r"(?=\s*\)|')")] = self.fingerprint
+            out[FINGERPRINT_KEY] = self.fingerprint_full
+        out[DEPLOY_STATE_KEY] = self.deploy_state
+        out[HOSTNAME_KEY] = [self.hostname]
+        return out
+
+
+@dataclass
+class Fleet:
+    nodes: int
+    spec: Path
+    home: Path  # TRAINFLEET_HOME: the key store the deploy reads, drift's reports
+    cluster: Cluster
+    plan: ClusterPlan
+    stride: int  # TRAINFLEET_DRIFT_STRIDE: the mesh probe's stride, pinned
+    converged: dict[str, Answers]
+    fresh: dict[str, Answers]
+
+    def inventory(self, state: str) -> list[tuple[str, dict[str, Any]]]:
+        """pyinfra hosts: ``@fake/<node>`` with trainfleet's host data and the node's answers."""
+        answers = self.converged if state == "converged" else self.fresh
+        return [(f"@fake/{node.name}", {**host_data(self.cluster, node), "fake_responses": answers[node.name].responses(),
+                                        "fake_delay": 0, "fake_delay_jitter": 0})
+                for node in self.cluster.nodes]
+
+    def write_inventory(self, state: str, path: Path) -> Path:
+        with open(path, "wb") as handle:
+            pickle.dump(self.inventory(state), handle, protocol=pickle.HIGHEST_PROTOCOL)
+        return path
+
+    def env(self) -> dict[str, str]:
+        return {"TRAINFLEET_HOME": str(self.home), "TRAINFLEET_DRIFT_STRIDE": str(self.stride)}
+
+
+@contextmanager
+def _unsynced() -> Iterator[None]:
+    """The key store fsyncs every key it makes (right for real keys); this store is a throwaway
+    temp dir, and 3 fsyncs a node cost minutes at 1024 nodes on this disk."""
+    saved = os.fsync
+    os.fsync = lambda fd: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os.fsync = saved
+
+
+def write_spec(nodes: int, workdir: Path, recorded: Recorded) -> Path:
+    """The lab's spec (cluster, settings) with N nodes; ssh as root, never connected to."""
+    spec = {key: value for key, value in recorded.spec.items() if key not in ("nodes", "ssh")}
+    spec["ssh"] = {"user": "root", "port": 22}
+    spec["nodes"] = [{"name": name, "address": node_address(i), "gpus": 0}
+                     for i, name in enumerate(node_names(nodes), 1)]
+    path = workdir / f"fleet-{nodes}.yml"
+    path.write_text(f"# The controller benchmark's synthetic {nodes}-node cluster (bench/controller/fleet.py).\n"
+                    + yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def parse_bundle(kind: str, stdout: list[str], users: list[str], peers: list[str] | None = None) -> dict[str, Any]:
+    """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them."""
+    bundle = DeployState() if kind == "deploy_state" else NodeFingerprint()
+    if kind == "deploy_state":
+        bundle.command(users=users)
+    else:
+        bundle.command(users=users, peers=peers or [])
+    return bundle.process(stdout)
+
+
+def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[str], None] = lambda _: None) -> Fleet:
+    """The fleet of ``nodes``: spec, keys (generated here, under ``workdir``/home), the plan
+    exactly as the deploy builds it, and every node's converged and fresh answers."""
+    recorded = Recorded.of(document)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = write_spec(nodes, workdir, recorded)
+    cluster = Cluster.load(spec)
+    users = cluster.mesh_users
+    home = workdir / "home"
+    keys = KeyStore(cluster.name, root=home / "keys", nodes=[n.name for n in cluster.nodes])
+    kinds = recorded.key_kinds()
+    machines = {node.name: machine(i, node.name, kinds) for i, node in enumerate(cluster.nodes, 1)}
+    deploy_order = list(deploy_sections(users))
+    memo: dict[str, str] = {}
+
+    # The plan from what the nodes answer (network, host keys, OS, NPUs, GPU state), as
+    # facts/gather.deploy_plan builds it; the key store makes each node's mesh keys once.
+    base = {name: machine_sections(recorded.converged, recorded, node, machines[name], fresh=False)
+            for name, node in ((n.name, n) for n in cluster.nodes)}
+    gathered = {name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo), users)
+                for name, texts in base.items()}
+    with _unsynced():
+        plan = plan_cluster(cluster, plan_inputs(gathered), keys)
+    log(f"N={nodes}: plan built ({len(plan.nodes)} nodes, notes: {plan.notes or 'none'})")
+
+    names = [n.name for n in cluster.nodes]
+    stride = probe_stride(nodes, 0)
+    order = list(sections(users, []))
+    converged, fresh = {}, {}
+    for node in cluster.nodes:
+        mine = machines[node.name]
+        targets = probe_targets(names, node.name, stride)
+        texts, full_proof = converged_sections(base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names)
+        full_texts = {**texts, **{f"mesh_proof:{user}": full_proof for user in users}}
+        converged[node.name] = Answers(deploy_state=bundle_stdout(deploy_order, texts, memo),
+                                       fingerprint=bundle_stdout(order, texts, memo),
+                                       fingerprint_full=bundle_stdout(order, full_texts, memo),
+                                       targets=targets, hostname=node.name)
+        fresh_texts = machine_sections(recorded.fresh, recorded, node, mine, fresh=True)
+        fresh[node.name] = Answers(deploy_state=bundle_stdout(deploy_order, fresh_texts, memo),
+                                   hostname=text_lines(fresh_texts["hostname"])[0])
+    return Fleet(nodes=nodes, spec=spec, home=home, cluster=cluster, plan=plan, stride=stride,
+                 converged=converged, fresh=fresh)
+
+
+def stdout_bytes(lines: list[str]) -> int:
+    """Bytes of stdout those lines are (UTF-8, one newline each)."""
+    return sum(len(line.encode("utf-8", "surrogateescape")) + 1 for line in lines)
+
+
+def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> Any:
+    """Drift's comparison of the fleet's converged answers, without pyinfra: each node's
+    fingerprint stdout through NodeFingerprint's own parsing, then checks/drift.py's
+    ``observe``/``expect`` and trainfleet.drift's ``compare``, as checks/drift.py's report does.
+    Returns the ``trainfleet.drift.Report``."""
+    from checks.drift import expect, observe, pins_met
+    from trainfleet import gpu_node
+    from trainfleet.drift import PYTHON_PREFIX, absent_everywhere_else, compare
+    from trainfleet.etc_hosts import stale_lines
+
+    cluster, users = fleet.cluster, fleet.cluster.mesh_users
+    answers = answers or fleet.converged
+    fingerprints = {name: parse_bundle("fingerprint", a.fingerprint, users, a.targets) for name, a in answers.items()}
+    plan = plan_cluster(cluster, plan_inputs(fingerprints), KeyStore(cluster.name, root=fleet.home / "keys"))
+    observed = {}
+    for name, fp in fingerprints.items():
+        observed[name] = observe(fp, users)
+        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
+        observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
+        observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
+                                                cluster.gpu.get("max_clock_offset_ms", 100)))
+        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
+    absent_everywhere_else(observed, PYTHON_PREFIX)
+    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
+    return compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, {})

@@ -1,0 +1,255 @@
+"""docs/controller-benchmark.{md,png} from the raw results (``--render`` redraws them from the JSON)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import describe_machine, describe_source
+
+TASKS = ("floor", "pyinfra baseline", "re-run", "first-provision plan", "drift")
+WHAT = {
+    "floor": "`pyinfra INVENTORY fact server.Hostname`: load the inventory, one command per node, exit",
+    "pyinfra baseline": "`bench/controller/noop_deploy.py`: the deploy's 10 operations (one mesh user) as "
+                        "no-ops that read no fact: pyinfra's own cost per host and operation",
+    "re-run": "`deploy/cluster.py` on nodes answering as converged (must change nothing)",
+    "first-provision plan": "`pyinfra --json --dry ... deploy/cluster.py` on nodes answering as freshly booted "
+                            "(every node must get changes; no `-y`: with it pyinfra never evaluates an operation)",
+    "drift": "`deploy/drift.py` on nodes answering as converged (must find nothing)",
+}
+GROWTH_LIMIT = 2.0 * 1.15  # each doubling of N at most doubles CPU, +15%
+GROWTH_TASKS = ("re-run", "first-provision plan", "drift")
+GROWTH_FROM, GROWTH_TO = 64, 1024
+RATIO_LIMIT = 1.5  # re-run and drift CPU at the largest N within 1.5x the baseline's
+RATIO_TASKS = ("re-run", "drift")
+
+
+@dataclass
+class Cell:
+    nodes: int
+    task: str
+    runs: int  # valid measurements
+    failed: list[str]  # why the others are not
+    wall: float | None
+    cpu: float | None
+    rss_mb: float | None
+    busy: float | None
+
+
+def cells(results: dict[str, Any]) -> dict[tuple[int, str], Cell]:
+    grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for s in results["samples"]:
+        grouped.setdefault((s["nodes"], s["task"]), []).append(s)
+    out = {}
+    for (nodes, task), samples in grouped.items():
+        good = [s for s in samples if s["ok"]]
+        median = lambda key: round(statistics.median(s[key] for s in good), 3) if good else None  # noqa: E731
+        busy = [s["machine_busy"] for s in good if s.get("machine_busy") is not None]
+        failed = [f"run {s['round'] + 1}: {s['problem']}" for s in samples if not s["ok"]]
+        out[(nodes, task)] = Cell(nodes, task, len(good), failed,
+                                  median("seconds"), median("cpu_seconds"),
+                                  round(max(s["maxrss_kb"] for s in samples) / 1024, 1),
+                                  statistics.median(busy) if busy else None)
+    return out
+
+
+def growth(points: dict[int, float]) -> tuple[float | None, list[tuple[int, int, float]]]:
+    """(k of CPU ∝ N^k fitted on log2-log2, per-doubling CPU ratios between consecutive Ns)."""
+    ns = sorted(points)
+    steps = [(a, b, (points[b] / points[a]) ** (1 / math.log2(b / a))) for a, b in zip(ns, ns[1:]) if points[a] > 0]
+    if len(ns) < 2:
+        return None, steps
+    xs, ys = [math.log2(n) for n in ns], [math.log2(points[n]) for n in ns]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    k = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return k, steps
+
+
+def growth_points(table: dict[tuple[int, str], Cell], task: str) -> dict[int, float]:
+    return {n: c.cpu for (n, t), c in table.items() if t == task and c.cpu and GROWTH_FROM <= n <= GROWTH_TO}
+
+
+def _f(value: float | None, fmt: str = ".2f") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
+def _mb(count: int) -> str:
+    return f"{count / 2**20:.1f}"
+
+
+def render_markdown(results: dict[str, Any]) -> str:
+    table = cells(results)
+    ns = sorted({n for n, _ in table})
+    setups = {s["nodes"]: s for s in results["setups"]}
+    largest = max(ns) if ns else None
+    out = [
+        "# Controller benchmark",
+        "",
+        (f"Measured on {describe_machine(results['machine'])}, at {describe_source(results.get('source'))}, by "
+         f"`{results['command']}` ({results['total_minutes']:.0f} minutes in all). Raw samples: "
+         "`docs/controller-benchmark.json`."),
+        "",
+        ("pyinfra drives N fake hosts (pyinfra's `@fake` connector, no delay) that answer trainfleet's fact "
+         "commands with the outputs recorded from a lab node (`bench/controller/recorded.json`: "
+         f"{results['recorded']['os']}, kernel {results['recorded']['kernel']}, {results['recorded']['date']}), "
+         "rewritten per node so that every node holds exactly what trainfleet's plan says a converged node holds "
+         "(`bench/controller/fleet.py`). Nothing runs on a node; only the controller's own work is timed: each "
+         "run is one `pyinfra` process under `bench/child.py` (wall, user+system CPU, peak RSS from `wait4`). "
+         "Medians of the valid runs; a run that changed something, failed, or found drift is reported, never timed. "
+         "Drift's SSH mesh probe is pinned to stride "
+         "`TRAINFLEET_DRIFT_STRIDE` (each node answers `ok` for exactly the peers "
+         "`trainfleet.mesh.probe_targets` gives it)."),
+        "",
+        "| task | what runs |", "|---|---|", *[f"| {t} | {WHAT[t]} |" for t in TASKS],
+        "",
+        "## Targets",
+        "",
+        *render_targets(table, largest),
+        "",
+        "## Every measurement",
+        "",
+        ("× baseline: the task's CPU over the pyinfra baseline's CPU at the same N. machine busy: the share of "
+         "both cores busy during the run (other work on this machine shows here; CPU seconds are the controller's own)."),
+        "",
+        "| N | task | runs | wall s | CPU s | × baseline (CPU) | peak RSS MB | machine busy | check |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for n in ns:
+        base = table.get((n, "pyinfra baseline"))
+        for task in TASKS:
+            c = table.get((n, task))
+            if c is None:
+                continue
+            ratio = c.cpu / base.cpu if c.cpu and base and base.cpu else None
+            check = _checked(results, n, task) if not c.failed else "**failed**: " + "; ".join(c.failed)
+            out.append(f"| {n} | {task} | {c.runs} | {_f(c.wall)} | {_f(c.cpu)} | {_f(ratio)} | {_f(c.rss_mb, '.0f')} | "
+                       f"{_f(c.busy * 100 if c.busy is not None else None, '.0f')}% | {check} |")
+    probes = {s["nodes"]: s.get("mesh_probe") for s in results["samples"] if s["task"] == "drift" and s["ok"]}
+    if probes:
+        out += ["", "Drift's SSH mesh probe, as its JSON report names it: " + "; ".join(
+            f"N={n}: " + (f"{p['mode']}, stride {p['stride']}, {p['logins_per_node']} logins per node" if p
+                          else "every peer (the report names no mesh_probe)") for n, p in sorted(probes.items())) + "."]
+    out += ["", "## Growth of CPU with N", "",
+            f"k: the exponent of CPU ∝ N^k fitted over N = {GROWTH_FROM}..{GROWTH_TO} (log2 CPU on log2 N); then the CPU "
+            "ratio per doubling of N between consecutive measured N (geometric mean over the step).", "",
+            "| task | k | " + " | ".join(f"{a}→{b}" for a, b in zip(ns, ns[1:]) if a >= GROWTH_FROM) + " |",
+            "|---|---:|" + "---:|" * len([a for a in ns[:-1] if a >= GROWTH_FROM])]
+    for task in TASKS:
+        k, steps = growth(growth_points(table, task))
+        by = {(a, b): r for a, b, r in steps}
+        out.append(f"| {task} | {_f(k)} | " + " | ".join(_f(by.get((a, b))) + "x" if by.get((a, b)) else "—"
+                                                       for a, b in zip(ns, ns[1:]) if a >= GROWTH_FROM) + " |")
+    out += ["", "## Setup and fact bytes", "",
+            ("Built once per N before the timed runs: the spec, every node's mesh keys (the key store the deploy "
+             "reads), the plan (as the deploy builds it) and each node's answers, pickled for the inventory. "
+             "Loading that inventory is the responder's own cost inside every run (floor and baseline included). "
+             "Fact MB: the stdout the controller reads in one run, all nodes together."), "",
+            ("| N | build s | inventory MB (converged) | inventory load CPU s | inventory load RSS MB "
+             "| fact MB: re-run | drift | first-provision plan |"),
+            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in ns:
+        s = setups.get(n)
+        if s:
+            facts = s["fact_bytes"]
+            out.append(f"| {n} | {s['build_seconds']:.0f} | {s['pickle_mb']['converged']:.0f} | "
+                       f"{s['responder']['cpu_seconds']:.2f} | {s['responder']['maxrss_kb'] / 1024:.0f} | "
+                       f"{_mb(facts['re-run'])} | {_mb(facts['drift'])} | "
+                       f"{_mb(facts['first-provision plan'])} |")
+    for prof in results.get("profiles", []):
+        out += ["", f"## Profile: {prof['task']} at N={prof['nodes']}", "",
+                (f"One run through `bench/driver.py --cprofile` (exit {prof['exit']}; cProfile slows it): "
+                 "the 15 functions with the most own time."), "",
+                "| function | calls | own s | cumulative s |", "|---|---:|---:|---:|"]
+        out += [f"| `{f['function']}` | {f['calls']} | {f['own_seconds']:.2f} | {f['cumulative_seconds']:.2f} |"
+                for f in prof["cprofile"]]
+    if results.get("notes"):
+        out += ["", "## Notes", "", *[f"- {note}" for note in results["notes"]]]
+    return "\n".join(out) + "\n"
+
+
+def _checked(results: dict[str, Any], nodes: int, task: str) -> str:
+    """What a valid run showed: the self-check that makes it a measurement."""
+    ok = [s for s in results["samples"] if s["nodes"] == nodes and s["task"] == task and s["ok"]]
+    if task == "first-provision plan":
+        return "ok: " + ", ".join(sorted({f"changes on {s['nodes_with_change']} of {nodes} nodes" for s in ok}))
+    if task in ("re-run", "pyinfra baseline"):
+        return "ok: " + ", ".join(sorted({f"{s['changed']} changed, {s['errors']} errors" for s in ok}))
+    if task == "drift":
+        return "ok: no drift, exit 0"
+    return f"ok: {nodes} hostnames"
+
+
+def render_targets(table: dict[tuple[int, str], Cell], largest: int | None) -> list[str]:
+    lines = []
+    for task in GROWTH_TASKS:
+        points = growth_points(table, task)
+        k, steps = growth(points)
+        if len(points) < 2:
+            lines.append(f"- {task}: each doubling of N from {GROWTH_FROM} to {GROWTH_TO} at most doubles CPU (+15%): "
+                         "**not measured**")
+            continue
+        worst = max(steps, key=lambda s: s[2])
+        met = all(r <= GROWTH_LIMIT for _, _, r in steps)
+        span = f"{min(points)}→{max(points)}" + ("" if max(points) == GROWTH_TO else f" (not {GROWTH_TO}: not measured)")
+        lines.append(f"- {task}: each doubling of N ({span}) at most doubles CPU (+15%, ≤ {GROWTH_LIMIT:.2f}x): "
+                     f"{'met' if met else '**missed**'}; worst {worst[0]}→{worst[1]} at {worst[2]:.2f}x per doubling, "
+                     f"fitted k = {k:.2f}")
+    for task in RATIO_TASKS:
+        c, base = table.get((largest, task)), table.get((largest, "pyinfra baseline"))
+        if not (c and base and c.cpu and base.cpu):
+            lines.append(f"- {task} at N={largest}: within {RATIO_LIMIT}x of the baseline's CPU: **not measured**")
+            continue
+        r = c.cpu / base.cpu
+        lines.append(f"- {task} at N={largest}: within {RATIO_LIMIT}x of the pyinfra baseline's CPU: "
+                     f"{'met' if r <= RATIO_LIMIT else '**missed**'} ({c.cpu:.2f} s vs {base.cpu:.2f} s, {r:.2f}x)")
+    return lines
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    """CPU against N, log-log, one line per task; beside it CPU over the baseline's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    table = cells(results)
+    ns = sorted({n for n, _ in table})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
+    colors = dict(zip(TASKS, ("black", "tab:gray", "tab:orange", "tab:blue", "tab:green")))
+    for task in TASKS:
+        pts = [(n, table[(n, task)].cpu) for n in ns if (n, task) in table and table[(n, task)].cpu]
+        if not pts:
+            continue
+        style = {"linestyle": "--" if task in ("floor", "pyinfra baseline") else "-", "color": colors[task]}
+        left.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=task, **style)
+        base = {n: table[(n, "pyinfra baseline")].cpu for n in ns if (n, "pyinfra baseline") in table}
+        ratios = [(n, c / base[n]) for n, c in pts if base.get(n)]
+        if task != "pyinfra baseline" and ratios:
+            right.plot([p[0] for p in ratios], [p[1] for p in ratios], marker="o", label=task, **style)
+    if ns:
+        ref = [n for n in ns if n >= GROWTH_FROM] or ns
+        start = table.get((ref[0], "pyinfra baseline"))
+        if start and start.cpu:
+            left.plot(ref, [start.cpu * n / ref[0] for n in ref], color="red", linestyle=":", label="∝ N (from baseline)")
+    right.axhline(RATIO_LIMIT, color="red", linestyle=":", label=f"target {RATIO_LIMIT}x (re-run, drift)")
+    for ax, title, ylabel in ((left, "controller CPU per run", "CPU seconds (user + system)"),
+                              (right, "CPU over the pyinfra no-op baseline", "× baseline")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks(ns, [str(n) for n in ns])
+        ax.set_xlabel("fake nodes")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"trainfleet controller, fake nodes — {results['machine']['cpu']}, {results['machine']['cores']} cores",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
