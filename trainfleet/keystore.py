@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 DEFAULT_HOME = Path(__file__).resolve().parent.parent / ".trainfleet"
 LOCK_NAME = ".lock"
+CA_DIR = ".ca"  # <cluster>/.ca/ca{,.pub}: the cluster's SSH certificate authority
 RETIRED = "retired"  # <cluster>/retired/<timestamp>/<user>/<node>{,.pub,.revoked}
 LOCK_WAIT_S = 30.0  # a mutation takes milliseconds: waiting longer means a stuck process
 
@@ -70,7 +71,7 @@ class KeyStore:
     def __init__(self, cluster: str, root: Path | None = None, nodes: Iterable[str] | None = None):
         self.root = root or store_root()  # the store's own top directory: chmod stops here
         self.dir = self.root / cluster
-        self._cache: dict[tuple[str, str], tuple[tuple[int, int, int], KeyPair]] = {}
+        self._cache: dict[Path, tuple[tuple[int, int, int], KeyPair]] = {}
         if nodes is not None:
             self.retire_absent(nodes)
 
@@ -90,22 +91,30 @@ class KeyStore:
 
     def keypair(self, user: str, node: str) -> KeyPair:
         """The node's key for ``user``, made on first use and reused afterwards."""
-        found = self._read(user, node)
+        return self._pair(self._path(user, node), self.comment(user, node))
+
+    def certificate_authority(self) -> KeyPair:
+        """The cluster's SSH certificate authority (``.ca/ca``: a folder no mesh user can be
+        named, never retired), made on first use; it signs host and user certificates."""
+        return self._pair(self.dir / CA_DIR / "ca", f"trainfleet:{self.dir.name}:ca")
+
+    def _pair(self, path: Path, comment: str) -> KeyPair:
+        found = self._read_at(path, comment)
         if found is not None and found[1]:
             return found[0]
         with self._locked():  # another process may be making it right now
-            found = self._read(user, node)
+            found = self._read_at(path, comment)
             if found is None:
-                return self._generate(user, node)
+                return self._generate_at(path, comment)
             pair, public_ok = found
             if not public_ok:  # a .pub left by an older or interrupted writer: rewrite it
-                _write_atomic(self._path(user, node).with_name(node + ".pub"), (pair.public + "\n").encode())
+                _write_atomic(path.with_name(path.name + ".pub"), (pair.public + "\n").encode())
             return pair
 
     def rotate(self, user: str, node: str) -> None:
         """A new key for the node (and back into the mesh if it was revoked)."""
         with self._locked():
-            self._generate(user, node)  # replaces the old pair in place
+            self._generate_at(self._path(user, node), self.comment(user, node))  # replaces the old pair in place
             self._path(user, node).with_name(node + ".revoked").unlink(missing_ok=True)
 
     def revoke(self, user: str, node: str) -> None:
@@ -182,40 +191,38 @@ class KeyStore:
         finally:
             os.close(fd)  # releases the lock
 
-    def _read(self, user: str, node: str) -> tuple[KeyPair, bool] | None:
+    def _read_at(self, path: Path, comment: str) -> tuple[KeyPair, bool] | None:
         """The stored pair and whether its .pub file matches. The public half is always derived
         from the private key, so no writer, old or interrupted, can pair it with another one."""
-        path = self._path(user, node)
         try:
             with open(path, "rb") as handle:
                 st = os.fstat(handle.fileno())
                 seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-                cached = self._cache.get((user, node))
+                cached = self._cache.get(path)
                 if cached and cached[0] == seen:
                     return cached[1], True
                 private = handle.read()
         except FileNotFoundError:
             return None
-        pair = KeyPair(private=private.decode(), public=f"{_public_of(private, path)} {self.comment(user, node)}")
-        public_ok = _read_text(path.with_name(node + ".pub")) == pair.public + "\n"
+        pair = KeyPair(private=private.decode(), public=f"{_public_of(private, path)} {comment}")
+        public_ok = _read_text(path.with_name(path.name + ".pub")) == pair.public + "\n"
         if public_ok:
-            self._cache[(user, node)] = (seen, pair)
+            self._cache[path] = (seen, pair)
         return pair, public_ok
 
-    def _generate(self, user: str, node: str) -> KeyPair:
-        """Make and store a new pair; the caller holds the lock."""
-        path = self._path(user, node)
+    def _generate_at(self, path: Path, comment: str) -> KeyPair:
+        """Make and store a new pair at ``path`` (and ``path``.pub); the caller holds the lock."""
         _private_dirs(path.parent, self.root)
         key = Ed25519PrivateKey.generate()
         private = key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
         )
         public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-        line = f"{public.decode()} {self.comment(user, node)}"
-        _write_atomic(path.with_name(node + ".pub"), (line + "\n").encode())
+        line = f"{public.decode()} {comment}"
+        _write_atomic(path.with_name(path.name + ".pub"), (line + "\n").encode())
         _write_atomic(path, private)  # last: its presence means the pair is complete
         _fsync_dir(path.parent)
-        self._cache.pop((user, node), None)
+        self._cache.pop(path, None)
         return KeyPair(private=private.decode(), public=line)
 
 

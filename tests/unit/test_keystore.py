@@ -154,3 +154,20 @@ def test_names_that_would_leave_the_store_are_refused(tmp_path):
         with pytest.raises(KeyStoreError):
             KeyStore(cluster, root=tmp_path).keypair(user, node)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_cluster_ca_is_made_once_kept_0600_and_never_retired(tmp_path):
+    import stat
+
+    from trainfleet.keystore import KeyStore
+
+    store = KeyStore("prod", root=tmp_path / "keys")
+    ca = store.certificate_authority()
+    assert ca.public.startswith("ssh-ed25519 ") and ca.public.endswith(" trainfleet:prod:ca")
+    assert "PRIVATE" not in repr(ca) and "PRIVATE" not in str(ca)
+    path = tmp_path / "keys" / "prod" / ".ca" / "ca"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert (path.parent / "ca.pub").read_text() == ca.public + "\n"
+    store.keypair("root", "gpu-a01")
+    assert KeyStore("prod", root=tmp_path / "keys", nodes=[]).retired() != []  # the node's key is retired ...
+    assert KeyStore("prod", root=tmp_path / "keys").certificate_authority() == ca  # ... the CA is not

@@ -1,0 +1,90 @@
+"""Certificates made for the SSH mesh, read back by OpenSSH's own ssh-keygen (-L), and the
+renewal rule (missing, other key, other CA, other principals, expiring)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from trainfleet.certificates import CertificateError, fingerprint, needs_renewal, read, sign
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+DAY = timedelta(days=1)
+
+
+def public_line(key: Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+
+
+@pytest.fixture()
+def ca() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+@pytest.fixture()
+def host_key() -> str:
+    return public_line(Ed25519PrivateKey.generate())
+
+
+def test_a_host_certificate_says_what_it_was_signed_for(ca, host_key):
+    line = sign(ca, host_key, "host", ["gpu-a01", "gpu-a01.cluster.example.com", "192.0.2.11"],
+                "trainfleet:prod:host@gpu-a01", 7, 30 * DAY, now=NOW)
+    info = read(line)
+    assert line.startswith("ssh-ed25519-cert-v01@openssh.com ") and line.endswith(" trainfleet:prod:host@gpu-a01")
+    assert (info.kind, info.serial, info.key) == ("host", 7, host_key)
+    assert info.principals == ("gpu-a01", "gpu-a01.cluster.example.com", "192.0.2.11")
+    assert info.valid_after == NOW - timedelta(minutes=5) and info.valid_before == NOW + 30 * DAY
+    assert info.ca_fingerprint == fingerprint(public_line(ca))
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="needs OpenSSH's ssh-keygen")
+def test_openssh_reads_a_user_certificate_as_it_was_signed(ca, host_key, tmp_path):
+    cert = tmp_path / "id-cert.pub"
+    cert.write_text(sign(ca, host_key, "user", ["root"], "trainfleet:prod:root@gpu-a01", 3, DAY, now=NOW) + "\n")
+    shown = subprocess.run(["ssh-keygen", "-L", "-f", str(cert)], capture_output=True, text=True, check=True).stdout
+    assert "Type: ssh-ed25519-cert-v01@openssh.com user certificate" in shown
+    assert f"Signing CA: ED25519 {fingerprint(public_line(ca))}" in shown
+    assert 'Key ID: "trainfleet:prod:root@gpu-a01"' in shown and "Serial: 3" in shown
+    assert "Principals: \n                root\n" in shown
+    assert "permit-pty" in shown and "permit-port-forwarding" in shown
+    ca_pub = tmp_path / "ca.pub"
+    ca_pub.write_text(public_line(ca) + "\n")
+    # ssh-keygen -l on the certificate names the certified key's fingerprint
+    listed = subprocess.run(["ssh-keygen", "-l", "-f", str(cert)], capture_output=True, text=True, check=True).stdout
+    assert fingerprint(host_key) in listed
+
+
+def test_a_certificate_is_renewed_when_missing_for_another_key_or_ca_other_principals_or_expiring(ca, host_key):
+    ca_pub = public_line(ca)
+    line = sign(ca, host_key, "host", ["gpu-a01"], "k", 1, 30 * DAY, now=NOW)
+    assert needs_renewal(line, host_key, ca_pub, ["gpu-a01"], 7 * DAY, now=NOW) is None
+    assert needs_renewal(None, host_key, ca_pub, ["gpu-a01"], 7 * DAY, now=NOW) == "no certificate"
+    assert needs_renewal(line, public_line(Ed25519PrivateKey.generate()), ca_pub, ["gpu-a01"], 7 * DAY,
+                         now=NOW) == "certifies another key"
+    assert needs_renewal(line, host_key, public_line(Ed25519PrivateKey.generate()), ["gpu-a01"], 7 * DAY,
+                         now=NOW) == "signed by another CA"
+    assert needs_renewal(line, host_key, ca_pub, ["gpu-a01", "gpu-a01.c"], 7 * DAY, now=NOW).startswith("principals")
+    assert needs_renewal(line, host_key, ca_pub, ["gpu-a01"], 7 * DAY, now=NOW + 24 * DAY).startswith("expires")
+    assert needs_renewal("ssh-ed25519 AAAA garbage", host_key, ca_pub, ["gpu-a01"], 7 * DAY, now=NOW)
+
+
+@pytest.mark.parametrize("line", ["", "ssh-ed25519", "ssh-ed25519 !!!", "not a key at all"])
+def test_what_is_not_a_key_is_refused_with_a_reason(ca, line):
+    with pytest.raises(CertificateError):
+        sign(ca, line, "host", ["a"], "k", 1, DAY)
+    with pytest.raises(CertificateError):
+        read(line)
+
+
+def test_a_plain_key_is_not_a_certificate_and_a_certificate_needs_principals(ca, host_key):
+    with pytest.raises(CertificateError, match="plain public key"):
+        read(host_key)
+    with pytest.raises(CertificateError, match="principal"):
+        sign(ca, host_key, "host", [], "k", 1, DAY)
+    with pytest.raises(CertificateError, match="host or a user"):
+        sign(ca, host_key, "admin", ["a"], "k", 1, DAY)
