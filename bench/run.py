@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from lab.cluster import Lab
+from trainfleet.mesh import probe_stride, probe_targets
 
 REPO = Path(__file__).resolve().parent.parent
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
@@ -224,7 +225,8 @@ class Runner:
         """
         spec = yaml.safe_load(self.lab.spec.read_text())
         users = spec["cluster"].get("mesh_users") or ["root"]
-        peers = [n["name"] for n in spec["nodes"]]
+        names = [n["name"] for n in spec["nodes"]]
+        peers = probe_targets(names, "node1", probe_stride(len(names), 0))  # whom drift's first run probes
         node = self.lab.node("node1")
         argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
                 "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",

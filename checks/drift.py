@@ -167,20 +167,24 @@ def mesh_probe(names: list[str], previous: dict[str, Any] | None, env: dict[str,
         raise ValueError("; ".join(problems))
     if env.get(FULL_PROBE_ENV) == "full":
         return {"mode": "full", "stride": 0, "rotation": None, "logins_per_node": nodes}
-    last = (previous or {}).get("mesh_probe") or {}
-    rotation = last["rotation"] + 1 if isinstance(last.get("rotation"), int) and last["rotation"] >= 0 else 0
+    last = previous.get("mesh_probe") if isinstance(previous, dict) else None
+    done = last.get("rotation") if isinstance(last, dict) else None
+    done = done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None
+    if env.get(STRIDE_ENV) and nodes >= 4:  # pinned: the rotation waits where it was
+        return {"mode": "sampled", "stride": int(env[STRIDE_ENV]), "rotation": done, "logins_per_node": 2}
+    rotation = 0 if done is None else done + 1
     stride = probe_stride(nodes, rotation)
-    if env.get(STRIDE_ENV) and nodes >= 4:
-        stride = int(env[STRIDE_ENV])
     logins = len(probe_targets(names, names[0], stride)) if names else 0
     return {"mode": "sampled", "stride": stride, "rotation": rotation, "logins_per_node": logins}
 
 
 def _previous(path: Path) -> dict[str, Any] | None:
+    """The last drift report, if it can be read as one (it is the controller's own file)."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return found if isinstance(found, dict) else None
 
 
 def _report(state, cluster: Cluster) -> Report:

@@ -8,6 +8,7 @@ import resource
 
 FILES_PER_HOST = 3  # pyinfra's own estimate: an SSH socket and ~2 files per host while ops run
 FILES_SPARE = 64  # Python's modules, logs, the key store
+UNLIMITED = 1 << 20  # what an unlimited soft limit counts as
 
 
 def raise_open_files(hosts: int) -> int:
@@ -15,11 +16,16 @@ def raise_open_files(hosts: int) -> int:
     the hard limit (only root raises that: ``ulimit -Hn`` or limits.conf). Returns the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = FILES_PER_HOST * hosts + FILES_SPARE
-    if soft != resource.RLIM_INFINITY and soft < wanted:
+    if soft == resource.RLIM_INFINITY:
+        return UNLIMITED
+    if soft < wanted:
         new = wanted if hard == resource.RLIM_INFINITY else min(hard, wanted)
         if new > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):  # a system cap below the hard limit (macOS): keep what we have
+                pass
     return soft
 
 

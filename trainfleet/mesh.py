@@ -75,7 +75,7 @@ def probe_env_problems(nodes: int, env: Mapping[str, str]) -> list[str]:
     if env.get(FULL_PROBE_ENV, "") not in ("", "full", "sampled"):
         problems.append(f"{FULL_PROBE_ENV} is {env[FULL_PROBE_ENV]!r}: use full or sampled")
     pinned = env.get(STRIDE_ENV, "")
-    if pinned and (not pinned.isdigit() or not 2 <= int(pinned) <= max(2, nodes - 1)):
+    if pinned and (not (pinned.isascii() and pinned.isdigit()) or not 2 <= int(pinned) <= max(2, nodes - 1)):
         problems.append(f"{STRIDE_ENV} is {pinned!r}: a stride is 2..{max(2, nodes - 1)} for {nodes} nodes")
     return problems
 

@@ -85,6 +85,7 @@ def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster
     first = render_launchers(cluster, cluster.nodes[0], shared=shared)
     second = render_launchers(cluster, cluster.nodes[1], shared=shared)
     assert first == render_launchers(cluster, cluster.nodes[0])  # the same files as rendering alone
+    assert second == render_launchers(cluster, cluster.nodes[1])  # a cache hit is never another node's file
     per_node = {name for name, (source, _) in LAUNCHER_FILES.items()
                 if name != "smoke_train.py" and "node" in (variables(source) or {"node"})}
     assert {"hostfile", "mpirun.sh", "horovod.sh", "deepspeed.sh"} <= set(LAUNCHER_FILES) - per_node
@@ -92,3 +93,6 @@ def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster
     for name in set(LAUNCHER_FILES) - per_node - {"smoke_train.py"}:
         assert first[name][0] is second[name][0]  # the same string, not rendered again
     assert first["accelerate.yaml"] != second["accelerate.yaml"]  # machine_rank is each node's own
+    # other forwarded variables: not the files cached for none
+    third = render_launchers(cluster, cluster.nodes[1], forward={"NCCL_IB_DISABLE": "1"}, shared=shared)
+    assert third == render_launchers(cluster, cluster.nodes[1], forward={"NCCL_IB_DISABLE": "1"})

@@ -57,7 +57,22 @@ def test_the_full_probe_and_a_pinned_stride_are_there_on_request():
     assert mesh_probe(nodes, None, {STRIDE_ENV: "9"})["stride"] == 9
 
 
-@pytest.mark.parametrize("env", [{STRIDE_ENV: "1"}, {STRIDE_ENV: "10"}, {STRIDE_ENV: "-3"}, {STRIDE_ENV: "two"},
+def test_a_pinned_stride_leaves_the_rotation_where_it_was():
+    nodes = names(5)
+    runs, previous = [], None
+    for env in ({}, {STRIDE_ENV: "4"}, {}, {}):
+        previous = {"mesh_probe": mesh_probe(nodes, previous, env)}
+        runs.append(previous["mesh_probe"]["stride"])
+    assert runs == [2, 4, 3, 4]  # the pinned run does not use up stride 3
+
+
+@pytest.mark.parametrize("previous", [[1], 5, "x", {"mesh_probe": "x"}, {"mesh_probe": {"rotation": True}},
+                                      {"mesh_probe": {"rotation": -2}}])
+def test_a_last_report_that_is_not_one_restarts_the_rotation(previous):
+    assert mesh_probe(names(10), previous, {})["rotation"] == 0
+
+
+@pytest.mark.parametrize("env", [{STRIDE_ENV: "²"}, {STRIDE_ENV: "1"}, {STRIDE_ENV: "10"}, {STRIDE_ENV: "-3"}, {STRIDE_ENV: "two"},
                                  {FULL_PROBE_ENV: "everything"}])
 def test_a_bad_probe_setting_is_refused_with_its_name(env):
     with pytest.raises(ValueError, match=next(iter(env))):
