@@ -149,6 +149,24 @@ def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
     return met
 
 
+def compare_fingerprints(cluster: Cluster, fingerprints: dict[str, Any], keys: KeyStore,
+                         unreachable: dict[str, str] | None = None) -> Report:
+    """The drift report of the nodes whose fingerprints were read: each observed, its plan
+    (from those same fingerprints and the key store) expected, then compared."""
+    plan = plan_cluster(cluster, plan_inputs(fingerprints), keys)
+    observed = {}
+    for name, fp in fingerprints.items():
+        observed[name] = observe(fp, cluster.mesh_users)
+        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
+        observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
+        observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
+                                                cluster.gpu.get("max_clock_offset_ms", 100)))
+        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
+    absent_everywhere_else(observed, PYTHON_PREFIX)
+    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
+    return compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
+
+
 def cluster_report(cluster: Cluster) -> Report:
     """Gather every node's fingerprint (one command each, in parallel), compare, print the
     table and write the JSON report, once per run."""
@@ -196,18 +214,7 @@ def _report(state, cluster: Cluster) -> Report:
     refused = refused_sudo(state)
     unreachable = {n.name: refused.get(n.name, "could not connect or read its facts")
                    for n in cluster.nodes if n.name not in reachable}
-    plan = plan_cluster(cluster, plan_inputs(reachable), KeyStore(cluster.name))
-    observed = {}
-    for name, fp in reachable.items():
-        observed[name] = observe(fp, cluster.mesh_users)
-        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
-        observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
-        observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
-                                                cluster.gpu.get("max_clock_offset_ms", 100)))
-        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
-    absent_everywhere_else(observed, PYTHON_PREFIX)
-    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in reachable}
-    report = compare(cluster.name, names, observed, expected, unreachable)
+    report = compare_fingerprints(cluster, reachable, KeyStore(cluster.name), unreachable)
     report.mesh_probe = probe
     _publish(report)
     return report

@@ -446,25 +446,11 @@ def stdout_bytes(lines: list[str]) -> int:
 def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> Any:
     """Drift's comparison of the fleet's converged answers, without pyinfra: each node's
     fingerprint stdout through NodeFingerprint's own parsing, then checks/drift.py's
-    ``observe``/``expect`` and trainfleet.drift's ``compare``, as checks/drift.py's report does.
-    Returns the ``trainfleet.drift.Report``."""
-    from checks.drift import expect, observe, pins_met
-    from trainfleet import gpu_node
-    from trainfleet.drift import PYTHON_PREFIX, absent_everywhere_else, compare
-    from trainfleet.etc_hosts import stale_lines
+    ``compare_fingerprints``, as checks/drift.py's report does. Returns the
+    ``trainfleet.drift.Report``."""
+    from checks.drift import compare_fingerprints
 
     cluster, users = fleet.cluster, fleet.cluster.mesh_users
     answers = answers or fleet.converged
     fingerprints = {name: parse_bundle("fingerprint", a.fingerprint, users, a.targets) for name, a in answers.items()}
-    plan = plan_cluster(cluster, plan_inputs(fingerprints), KeyStore(cluster.name, root=fleet.home / "keys"))
-    observed = {}
-    for name, fp in fingerprints.items():
-        observed[name] = observe(fp, users)
-        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
-        observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
-        observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
-                                                cluster.gpu.get("max_clock_offset_ms", 100)))
-        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
-    absent_everywhere_else(observed, PYTHON_PREFIX)
-    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
-    return compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, {})
+    return compare_fingerprints(cluster, fingerprints, KeyStore(cluster.name, root=fleet.home / "keys"))
