@@ -18,19 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import machine, plot, render_markdown, source
-from bench.run import REPO, Plan, Results, Runner, measure
-
-
-def _nodes(text: str) -> list[int]:
-    values = sorted({int(part) for part in text.split(",") if part.strip()})
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError("node counts are positive integers, e.g. 1,2,4")
-    return values
+from bench.run import REPO, Plan, Results, Runner, measure, node_counts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=_nodes, default=[1, 2, 4, 8, 16], help="lab sizes (default 1,2,4,8,16)")
+    parser.add_argument("--nodes", type=node_counts, default=[1, 2, 4, 8, 16], help="lab sizes (default 1,2,4,8,16)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each task at each N (default 3)")
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where the results go (default docs/)")
     parser.add_argument("--preflight-max-nodes", type=int, default=4,

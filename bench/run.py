@@ -10,6 +10,7 @@ up to ``preflight_max_nodes``, PyTorch into every node's venv from the wheelhous
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -39,6 +40,14 @@ TIMEOUT = 1800  # seconds for any one run: torch into 16 nodes on 2 cores is the
 TORCH_SECONDS_PER_NODE = 60.0  # the estimate the budget uses before torch was measured here
 
 Log = Callable[[str], None]
+
+
+def node_counts(text: str) -> list[int]:
+    """``--nodes``: comma-separated positive node counts, sorted, each once."""
+    values = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError("node counts are positive integers, e.g. 1,2,4")
+    return values
 
 
 @dataclass

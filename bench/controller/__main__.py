@@ -21,7 +21,7 @@ from bench.controller.measure import Results, Runner, measure
 from bench.controller.record import load, record
 from bench.controller.report import plot, render_markdown
 from bench.report import machine, source
-from bench.run import REPO
+from bench.run import REPO, node_counts
 
 NAME = "controller-benchmark"
 NOTES = [
@@ -32,17 +32,10 @@ NOTES = [
 ]
 
 
-def _nodes(text: str) -> list[int]:
-    values = sorted({int(part) for part in text.split(",") if part.strip()})
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError("node counts are positive integers, e.g. 16,64")
-    return values
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", nargs="?", choices=["run", "record"], default="run")
-    parser.add_argument("--nodes", type=_nodes, default=[16, 64, 256, 1024], help="fleet sizes (default 16,64,256,1024)")
+    parser.add_argument("--nodes", type=node_counts, default=[16, 64, 256, 1024], help="fleet sizes (default 16,64,256,1024)")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each task at each N (default 3)")
     parser.add_argument("--profile", type=int, default=None, metavar="N",
                         help="also run the re-run and drift once under cProfile at N (one of --nodes)")
