@@ -25,7 +25,8 @@ from trainfleet.driver import satisfies_driver
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
-from trainfleet.mesh import FULL_PROBE_ENV, STRIDE_ENV, probe_env_problems, probe_stride, probe_targets
+from trainfleet.mesh import (FULL_PROBE_ENV, STRIDE_ENV, certificate_summary, host_certificates_summary,
+                             probe_env_problems, probe_stride, probe_targets, sshd_files_digest)
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster
@@ -74,8 +75,12 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
     for name, version in sorted(stack.get("packages", {}).items()):
         if re.match(PINNED_PACKAGES, name):
             props[f"package {name}"] = version
+    sshd = fp["sshd_mesh"]
+    props["host certificates"] = host_certificates_summary(sshd["certificates"])
+    props["sshd mesh files"] = sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
     for user in users:
         state = fp[f"mesh_user:{user}"]
+        props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
         props[f"authorized_keys ({user})"] = digest(state["authorized"]["block"])
         props[f"ssh config ({user})"] = digest(state["config"]["block"])
         mpi_user = fp["openmpi"]["users"].get(user)
@@ -115,7 +120,13 @@ def expect(plan: NodePlan) -> dict[str, str]:
     if not plan.launchers.problems:
         props["launcher files"] = _launchers_digest(
             plan.launchers.files, lambda f: hashlib.sha256(f[0].encode()).hexdigest())
+    if plan.sshd is not None:
+        props["sshd mesh plan"] = "ok"
+    if plan.sshd and not plan.sshd.problems:
+        props["host certificates"] = host_certificates_summary(plan.sshd.certificates)
+        props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
     for user in plan.mesh:
+        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
         props[f"authorized_keys ({user.user})"] = digest(user.authorized)
         props[f"ssh config ({user.user})"] = digest(user.config)
         props[f"ssh mesh ({user.user})"] = "ok"
@@ -162,6 +173,8 @@ def compare_fingerprints(cluster: Cluster, fingerprints: dict[str, Any], keys: K
         observed[name].update(gpu_node.observed(fp.get("gpu_node"), fp.get("network"), cluster.node(name).address,
                                                 cluster.gpu.get("max_clock_offset_ms", 100)))
         observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
+        if plan.nodes[name].sshd is not None:  # a node whose sshd part cannot be planned is a finding, not a gap
+            observed[name]["sshd mesh plan"] = "; ".join(plan.nodes[name].sshd.problems) or "ok"
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
     return compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)

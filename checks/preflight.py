@@ -17,6 +17,7 @@ import re
 import secrets
 import shlex
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -35,6 +36,7 @@ from trainfleet.model import Cluster
 from trainfleet.schema import smoke_launcher_problem
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
+    certificate_verdicts,
     PreflightReport,
     Problem,
     bandwidth_failures,
@@ -349,6 +351,7 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
                             QuoteString(fact.command(users=cluster.mesh_users, peers=peers).get_raw_value()))
         for node, fact in facts.items()}, seconds)
     proofs: dict[str, dict[str, dict[str, str]] | None] = {}
+    held: dict[str, dict[str, str | None]] = {}  # node -> certificate -> its line
     for node, lines in sorted(out.items()):
         try:
             read = facts[node].process(lines)
@@ -356,8 +359,15 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
             proofs[node] = None
             continue
         proofs[node] = {user: read[f"mesh_proof:{user}"] for user in cluster.mesh_users}
+        held[node] = {**{path.rsplit("/", 1)[-1]: line for path, line in read["sshd_mesh"]["certificates"].items() if line},
+                      **{f"{user}'s certificate": read[f"mesh_user:{user}"]["certificate"] for user in cluster.mesh_users}}
     report.details["ssh"] = proofs
     report.problems += mesh_problems(cluster, proofs, peers, seconds)
+    if cluster.mesh == "certificates":
+        validity, problems, warnings = certificate_verdicts(cluster, held, datetime.now(timezone.utc))
+        report.details["certificates"] = validity
+        report.problems += problems
+        report.warnings += warnings
 
 
 def end_listeners_command(token: str, pids: list[int]) -> StringCommand:

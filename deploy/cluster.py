@@ -5,7 +5,7 @@ operation lives in operations/<capability>.py, its facts in facts/<capability>.p
 templates in templates/<capability>/.
 """
 
-from facts.gather import deploy_plan, this_node
+from facts.gather import deploy_plan, no_host_failed, this_node, whole_cluster_healthy
 from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
 
 cluster, node = this_node()
@@ -18,11 +18,36 @@ plan = deploy_plan(cluster).nodes[node.name]
 hosts.hostname(name="Hostname is the node's spec name", hostname=plan.hostname)
 hosts.hosts_block(name="Cluster hosts block in /etc/hosts", lines=plan.hosts.lines, names=plan.hosts.names)
 
-# SSH mesh: every node reaches every node as each mesh user, host keys verified.
-ssh_mesh.known_hosts(name="Every node's host keys in /etc/ssh/ssh_known_hosts", entries=plan.known_hosts)
+# SSH mesh: every node reaches every node as each mesh user, host keys verified. In a
+# certificate mesh (ssh.mesh) the cluster CA vouches for hosts and users, one line on every
+# node. pyinfra runs each operation on every node before the next one starts, so a mesh that
+# moves (keys <-> certificates, a new CA) first trusts the old way and the new everywhere;
+# then nodes change what they present (while moving: only if no node failed its trust step);
+# then, only in a run that reached every node without a failure, the old trust is dropped.
+# A revoked key goes at once. Each user's steps come before the next user's.
+ssh_mesh.known_hosts(name="known_hosts also trusts the cluster's new host lines", entries=plan.known_hosts,
+                     exactly=False)
+if plan.sshd.drop_in is not None or plan.sshd.problems:  # a node that cannot present certificates fails here
+    ssh_mesh.sshd_certificates(name="sshd presents its host certificates, refuses revoked keys",
+                               certificates=plan.sshd.certificates, drop_in=plan.sshd.drop_in,
+                               revoked_keys=plan.sshd.revoked_keys, problems=plan.sshd.problems,
+                               _if=no_host_failed if plan.sshd.moving else None)
 for user in plan.mesh:
+    ssh_mesh.mesh_trust(name=f"{user.user} also trusts the mesh's new lines", user=user.user,
+                        authorized=user.authorized, refused=user.refused, exactly=False)
     ssh_mesh.mesh_user(name=f"SSH mesh for {user.user}", user=user.user, identity=user.identity,
-                       authorized=user.authorized, config=user.config)
+                       config=user.config, certificate=user.certificate,
+                       _if=no_host_failed if user.moving else None)
+if plan.sshd.drop_in is not None:
+    ssh_mesh.revoked_keys(name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)", content=plan.sshd.revoked_keys)
+ssh_mesh.known_hosts(name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
+                     entries=plan.known_hosts, _if=whole_cluster_healthy)
+for user in plan.mesh:
+    ssh_mesh.mesh_trust(name=f"{user.user} trusts exactly the mesh", user=user.user, authorized=user.authorized,
+                        certificate=user.certificate, refused=user.refused, _if=whole_cluster_healthy)
+if plan.sshd.drop_in is None and not plan.sshd.problems:
+    ssh_mesh.sshd_certificates(name="sshd without trainfleet's certificates", certificates={}, drop_in=None,
+                               revoked_keys=None, _if=whole_cluster_healthy)
 
 # pdsh: `pdsh -a` runs on every node, over ssh.
 pdsh.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)

@@ -20,7 +20,7 @@ from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
 from facts.npu import NpuDeviceIps
 from facts.openmpi import OpenMpiState
 from facts.pdsh import PdshState
-from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshHostKeys, SshMeshProof, SshMeshUser
+from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshdMesh, SshHostKeys, SshMeshProof, SshMeshUser
 from facts.stack import StackVersions
 from trainfleet.defaults import LAUNCH_DIR, SYSTEM_KNOWN_HOSTS, VENV_DIR
 from trainfleet.plan import Gathered
@@ -76,6 +76,7 @@ def deploy_sections(users: list[str]) -> Parts:
         "hostname": (HostnameState, {"path": "/etc/hostname"}),
         "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
         "host_keys": (SshHostKeys, {}),
+        "sshd_mesh": (SshdMesh, {}),
         "known_hosts": (ManagedBlock, {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE}),
         "pdsh": (PdshState, {}),
         "network": (NcclNetwork, {}),
@@ -99,7 +100,15 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
                     host_keys={node: found["host_keys"] for node, found in readable.items()},
                     os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
                     npu_ips={node: found["npus"] for node, found in readable.items()},
-                    gpu_nodes={node: found["gpu_node"] for node, found in readable.items()})
+                    gpu_nodes={node: found["gpu_node"] for node, found in readable.items()},
+                    sshd={node: found["sshd_mesh"] for node, found in readable.items()},
+                    user_certificates={node: {key.split(":", 1)[1]: value["certificate"]
+                                              for key, value in found.items() if key.startswith("mesh_user:")}
+                                       for node, found in readable.items()},
+                    trust={node: {SYSTEM_KNOWN_HOSTS: found["known_hosts"]["block"],
+                                  **{key.split(":", 1)[1]: value["authorized"]["block"]
+                                     for key, value in found.items() if key.startswith("mesh_user:")}}
+                           for node, found in readable.items()})
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:
@@ -112,6 +121,11 @@ def sections(users: list[str], peers: list[str]) -> Parts:
 def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
     """A live probe of every peer as each mesh user (drift's and the preflight's)."""
     return {f"mesh_proof:{user}": (SshMeshProof, {"user": user, "peers": list(peers)}) for user in users}
+
+
+def certificate_sections(users: list[str]) -> Parts:
+    """The node's host certificates and each mesh user's certificate (the preflight's validity check)."""
+    return {"sshd_mesh": (SshdMesh, {}), **{f"mesh_user:{user}": (SshMeshUser, {"user": user}) for user in users}}
 
 
 class FactBundle(FactBase[dict[str, Any]]):
@@ -177,14 +191,15 @@ class NodeFingerprint(FactBundle):
 class MeshProofs(FactBundle):
     """
     The SSH mesh proved from this node as every mesh user, in one remote command:
-    ``{"mesh_proof:<user>": {peer: "ok" | reason}}`` (see SshMeshProof).
+    ``{"mesh_proof:<user>": {peer: "ok" | reason}}`` (see SshMeshProof), with the node's host
+    and user certificates (``sshd_mesh``, ``mesh_user:<user>``) for their validity.
 
     + users: the mesh users
     + peers: every node's name
     """
 
     def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
-        return mesh_proof_sections(users, peers)
+        return {**mesh_proof_sections(users, peers), **certificate_sections(users)}
 
     def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
         return super().command(users=users, peers=peers)

@@ -38,6 +38,8 @@ class RunFacts:
         self.read: dict[str, dict[tuple[Any, ...], Any]] = {}  # host name -> {fact key: value}
         self.lent: dict[str, dict[tuple[Any, ...], Any]] = {}
         self.sudo: dict[str, str | None] = {}  # host name -> None (proved) or why its sudo was refused
+        self.failed_before_plan: set[Any] = set()  # hosts already failed when the plan was made
+        self.whole_cluster = False  # every inventory host was in the run, none failed, when the plan was made
 
 
 def run_facts(state: State) -> RunFacts:
@@ -163,6 +165,8 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
     remote command per node) and the key store (whose removed nodes' keys are retired), built
     once per run however many hosts deploy; its notes are logged once."""
     def compute(state: State) -> ClusterPlan:
+        run_facts(state).failed_before_plan = set(state.failed_hosts)
+        run_facts(state).whole_cluster = not state.failed_hosts and set(state.inventory) <= set(state.active_hosts)
         keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])
         built = plan_cluster(cluster, plan_inputs(read_once(DeployState, users=cluster.mesh_users)), keys)
         for note in built.notes:
@@ -170,6 +174,22 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
         return built
 
     return once_per_run("plan", compute)
+
+
+def no_host_failed() -> bool:
+    """For ``_if`` (evaluated as the operation runs): no node has failed since this run's plan
+    was made, so a cluster-wide step before this one holds on every node it planned for (a
+    node unreachable from the start was never part of it)."""
+    state = ctx_state.get()
+    return set(state.failed_hosts) <= run_facts(state).failed_before_plan
+
+
+def whole_cluster_healthy() -> bool:
+    """For ``_if``: this run reached every node of the inventory (no ``--limit``, none down)
+    and none has failed since its plan was made: a step every node took holds cluster-wide."""
+    state = ctx_state.get()
+    facts = run_facts(state)
+    return facts.whole_cluster and not state.failed_hosts
 
 
 def fact(cls: type[FactBase], **kwargs: Any) -> Any:

@@ -7,8 +7,9 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
-from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, block_state, decode_lines, read_file_lines
-from trainfleet.defaults import MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT
+from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, FileRead, block_state, decode_lines, read_file_lines
+from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT,
+                                 REVOKED_KEYS, SSHD_MAIN_CONF, SSHD_MESH_CONF)
 
 AUTHORIZED_PURPOSE = "ssh mesh keys"
 CONFIG_PURPOSE = "ssh mesh hosts"
@@ -51,6 +52,7 @@ class SshUserT(TypedDict):
     identity_pub: FileMeta | None
     authorized: BlockState
     config: BlockState
+    certificate: str | None  # ~/.ssh/id_trainfleet-cert.pub, its first line; None: none
 
 
 # Root looks the user up; everything in the home is read AS the user (setpriv, bounded in
@@ -72,6 +74,7 @@ meta "$home/.ssh/$key" identity
 meta "$home/.ssh/$key.pub" identity_pub
 tf_file authorized_keys "$home/.ssh/authorized_keys"
 tf_file config "$home/.ssh/config"
+tf_file certificate "$home/.ssh/$key-cert.pub"
 """
 
 
@@ -103,14 +106,15 @@ class SshMeshUser(FactBase[SshUserT]):
         if output[:1] == ["nouser"]:
             empty = block_state(None, AUTHORIZED_PURPOSE)
             return {"exists": False, "home": None, "group": None, "uid": None, "ssh_dir": None, "identity": None,
-                    "identity_pub": None, "authorized": empty, "config": empty}
+                    "identity_pub": None, "authorized": empty, "config": empty, "certificate": None}
         head = {key: value for key, _, value in (line.partition(" ") for line in output if not line.startswith("user "))}
         user_lines = next((decode_lines(line[len("user "):]) for line in output if line.startswith("user ")), None)
         if user_lines is None or not head.get("home"):
             raise FactProcessError("the mesh user's files could not be read")
         files = read_file_lines(user_lines)
         seen = {key: value for key, _, value in (line.partition(" ") for line in user_lines if not line.startswith("file "))}
-        if not {"ssh_dir", "identity", "identity_pub"} <= seen.keys() or not {"authorized_keys", "config"} <= files.keys():
+        if not {"ssh_dir", "identity", "identity_pub"} <= seen.keys() \
+                or not {"authorized_keys", "config", "certificate"} <= files.keys():
             raise FactProcessError("the mesh user's files could not be read (as the user)")
 
         def meta(key: str) -> FileMeta | None:
@@ -126,6 +130,71 @@ class SshMeshUser(FactBase[SshUserT]):
             "ssh_dir": meta("ssh_dir"), "identity": meta("identity"), "identity_pub": meta("identity_pub"),
             "authorized": block_state(files["authorized_keys"], AUTHORIZED_PURPOSE),
             "config": block_state(files["config"], CONFIG_PURPOSE),
+            "certificate": first_line(files["certificate"]),
+        }
+
+
+def first_line(read: FileRead) -> str | None:
+    """A regular file's first line (a certificate file holds one), else None."""
+    if read["state"] != "regular" or not read["data"]:
+        return None
+    return read["data"].decode("utf-8", "replace").split("\n", 1)[0].strip() or None
+
+
+class SshdMeshT(TypedDict):
+    includes_drop_ins: bool  # sshd_config includes sshd_config.d/*.conf (else the drop-in is never read)
+    other_revoked_keys: list[str]  # sshd files other than trainfleet's that set RevokedKeys
+    certificates: dict[str, str | None]  # host certificate path -> its line (None: no such file)
+    drop_in: bytes | None  # trainfleet's sshd_config.d file
+    revoked_keys: bytes | None  # the KRL
+
+
+_HOST_CERT_PATHS = tuple(f"/etc/ssh/ssh_host_{kind}_key{HOST_CERT_SUFFIX}" for kind in ("dsa", "ecdsa", "ed25519", "rsa"))
+
+# Root reads root's files in /etc/ssh: no user controls them.
+_SSHD_SCRIPT = FILE_FN + r"""
+main=$1 drop_in=$2 krl=$3; shift 3
+if grep -Eiq '^[[:space:]]*Include[[:space:]]+/etc/ssh/sshd_config\.d/\*\.conf([[:space:]]|$)' "$main" 2>/dev/null
+then echo "include yes"; else echo "include no"; fi
+for f in "$main" /etc/ssh/sshd_config.d/*.conf; do
+  [ "$f" = "$drop_in" ] || ! [ -f "$f" ] && continue
+  grep -Eiq '^[[:space:]]*RevokedKeys[[:space:]]' "$f" && echo "revoked_keys_in $f"
+done
+tf_file drop_in "$drop_in"
+tf_file krl "$krl"
+for f in "$@"; do tf_file "$f" "$f"; done
+true
+"""
+
+
+class SshdMesh(FactBase[SshdMeshT]):
+    """
+    sshd's part of a certificate mesh on the node: its host certificates, trainfleet's
+    sshd_config.d file and key revocation list, whether sshd_config reads sshd_config.d, and
+    any other file that sets ``RevokedKeys`` (sshd takes the first one it reads).
+
+    .. code:: python
+
+        {"includes_drop_ins": True, "other_revoked_keys": [],
+         "certificates": {"/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...", ...},
+         "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL..."}
+    """
+
+    def command(self) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(_SSHD_SCRIPT), "trainfleet", SSHD_MAIN_CONF, SSHD_MESH_CONF,
+                             REVOKED_KEYS, *_HOST_CERT_PATHS)
+
+    def process(self, output: list[str]) -> SshdMeshT:
+        head = [line for line in output if not line.startswith("file ")]
+        files = read_file_lines(output)
+        if not any(line.startswith("include ") for line in head) or not {"drop_in", "krl", *_HOST_CERT_PATHS} <= files.keys():
+            raise FactProcessError("sshd's files could not be read")
+        return {
+            "includes_drop_ins": "include yes" in head,
+            "other_revoked_keys": [line.split(" ", 1)[1] for line in head if line.startswith("revoked_keys_in ")],
+            "certificates": {path: first_line(files[path]) for path in _HOST_CERT_PATHS},
+            "drop_in": files["drop_in"]["data"] if files["drop_in"]["state"] == "regular" else None,
+            "revoked_keys": files["krl"]["data"] if files["krl"]["state"] == "regular" else None,
         }
 
 

@@ -2,7 +2,8 @@
 
 - ``check SPEC...``: validate specs without contacting any host
 - ``schema``: print the spec reference
-- ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store
+- ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store;
+  ``keys ca|rotate-ca SPEC``: the cluster's SSH certificate authority
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
     sub.add_parser("schema", help="print the spec reference (markdown)")
     keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
-    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired"],
-                      help="list: public keys; rotate: new keys (takes a revoked node back); "
-                           "revoke: take nodes out of every authorized_keys; "
-                           "retired: keys of nodes removed from the spec (moved aside by the deploy)")
+    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired", "ca", "rotate-ca"],
+                      help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
+                           "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
+                           "the spec (moved aside by the deploy); ca: the cluster CA's public key; rotate-ca: "
+                           "a new cluster CA (the next deploy moves every node to it, then trusts only it)")
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
     keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
@@ -84,6 +86,18 @@ def _keys(args: argparse.Namespace) -> int:
         print("revoke needs the nodes to revoke", file=sys.stderr)
         return EXIT_BAD_SPEC
     store = KeyStore(cluster.name)
+    if args.action in ("ca", "rotate-ca") and (args.nodes or args.user):
+        print(f"{args.action} acts on the cluster's CA: it takes no nodes or users", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    if args.action == "ca":
+        print(store.certificate_authority().public)
+        return 0
+    if args.action == "rotate-ca":
+        old = store.rotate_certificate_authority()
+        print(f"{cluster.name}: new CA {store.certificate_authority().public}"
+              + (f" (the old one moved to {old})" if old else "")
+              + "; run the deploy to move every node to it")
+        return 0
     if args.action == "retired":
         for path in store.retired():
             print(path)

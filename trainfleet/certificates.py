@@ -83,7 +83,22 @@ def sign(ca: Ed25519PrivateKey, public_line: str, kind: str, principals: list[st
 
 
 def read(line: str) -> CertificateInfo:
-    """What a certificate line says; CertificateError if it is not one."""
+    """What a certificate line says; CertificateError if it is not one. The line may come from
+    a file a node user controls: whatever it holds ends as CertificateError, never another
+    exception (its signature is not checked here: only which CA it names)."""
+    try:
+        return _read(line)
+    except CertificateError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any field a forger chose (times out of range, ...)
+        raise CertificateError(f"not a usable OpenSSH certificate ({type(exc).__name__}: {exc})") from None
+
+
+def _when(seconds: int) -> datetime:
+    return datetime.fromtimestamp(max(0, min(seconds, FOREVER)), timezone.utc)
+
+
+def _read(line: str) -> CertificateInfo:
     try:
         certificate = serialization.load_ssh_public_identity(" ".join(line.split()[:2]).encode())
     except (ValueError, TypeError, IndexError, UnsupportedAlgorithm) as exc:
@@ -98,8 +113,7 @@ def read(line: str) -> CertificateInfo:
         kind="host" if certificate.type == SSHCertificateType.HOST else "user",
         key_id=certificate.key_id.decode(errors="replace"), serial=certificate.serial,
         principals=tuple(p.decode(errors="replace") for p in certificate.valid_principals),
-        valid_after=datetime.fromtimestamp(certificate.valid_after, timezone.utc),
-        valid_before=datetime.fromtimestamp(min(certificate.valid_before, FOREVER), timezone.utc),
+        valid_after=_when(certificate.valid_after), valid_before=_when(certificate.valid_before),
         ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]))
 
 

@@ -9,6 +9,13 @@ MESH_KEY_NAME = "id_trainfleet"  # each mesh user's cluster key: ~/.ssh/id_train
 SYSTEM_KNOWN_HOSTS = "/etc/ssh/ssh_known_hosts"
 MESH_PROBE_PARALLEL = 4  # concurrent ssh probes per node (stays under sshd's MaxStartups 10)
 MESH_PROBE_TIMEOUT = 10  # seconds per probe
+# SSH certificates (ssh.mesh: certificates): the cluster CA vouches for hosts and mesh users.
+SSHD_MESH_CONF = "/etc/ssh/sshd_config.d/trainfleet-mesh.conf"  # HostCertificate, RevokedKeys
+SSHD_MAIN_CONF = "/etc/ssh/sshd_config"  # must Include sshd_config.d/*.conf (Debian 12, Ubuntu 22.04+, RHEL 9)
+REVOKED_KEYS = "/etc/ssh/trainfleet_revoked_keys"  # the cluster's KRL, the same bytes on every node
+HOST_CERT_SUFFIX = "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
+CERTIFICATE_DAYS = 365  # a certificate's validity unless the spec sets ssh.certificate_days
+RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left
 
 # pdsh
 PDSH_RCMD_DEFAULT = "/etc/pdsh/rcmd_default"  # read by Debian's pdsh wrapper

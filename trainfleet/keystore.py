@@ -31,6 +31,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 DEFAULT_HOME = Path(__file__).resolve().parent.parent / ".trainfleet"
 LOCK_NAME = ".lock"
 CA_DIR = ".ca"  # <cluster>/.ca/ca{,.pub}: the cluster's SSH certificate authority
+HOSTS_DIR = "hosts"  # <cluster>/.ca/hosts/<node>: the host keys the CA vouched for
+CA_MOVING = "moving"  # <cluster>/.ca/moving: a new CA whose move is not confirmed on every node
+REVOKED_LIST = "revoked"  # <cluster>/.ca/revoked: every mesh key taken out (revoked, rotated, retired)
 RETIRED = "retired"  # <cluster>/retired/<timestamp>/<user>/<node>{,.pub,.revoked}
 LOCK_WAIT_S = 30.0  # a mutation takes milliseconds: waiting longer means a stuck process
 
@@ -98,6 +101,34 @@ class KeyStore:
         named, never retired), made on first use; it signs host and user certificates."""
         return self._pair(self.dir / CA_DIR / "ca", f"trainfleet:{self.dir.name}:ca")
 
+    def rotate_certificate_authority(self) -> Path | None:
+        """A new cluster CA; the old one is moved to ``.ca/retired/<timestamp>/`` (returned; None
+        when there was none). The next deploy trusts both while it signs every host and user
+        anew, then drops the old one: after it, no node trusts a certificate the old CA signed."""
+        with self._locked():
+            old = self.dir / CA_DIR / "ca"
+            if not old.exists():
+                self._generate_at(old, f"trainfleet:{self.dir.name}:ca")
+                return None
+            dest = _new_dir(self.dir / CA_DIR / RETIRED, self.root)
+            for name in ("ca.pub", "ca"):  # the private key last: its absence means "no CA"
+                if (old.parent / name).exists():
+                    os.rename(old.parent / name, dest / name)
+            self._cache.pop(old, None)
+            _write_atomic(old.parent / CA_MOVING, b"")  # first: no moment with a new CA and no mark
+            self._generate_at(old, f"trainfleet:{self.dir.name}:ca")
+            return dest
+
+    def ca_moving(self) -> bool:
+        """A new CA was made (``rotate_certificate_authority``) and not every node presents its
+        certificates yet: until then only a deploy of the whole cluster may move nodes to it."""
+        return (self.dir / CA_DIR / CA_MOVING).exists()
+
+    def ca_settled(self) -> None:
+        """Every node presents certificates of the current CA: partial deploys are safe again."""
+        with self._locked():
+            (self.dir / CA_DIR / CA_MOVING).unlink(missing_ok=True)
+
     def _pair(self, path: Path, comment: str) -> KeyPair:
         found = self._read_at(path, comment)
         if found is not None and found[1]:
@@ -111,9 +142,80 @@ class KeyStore:
                 _write_atomic(path.with_name(path.name + ".pub"), (pair.public + "\n").encode())
             return pair
 
-    def rotate(self, user: str, node: str) -> None:
-        """A new key for the node (and back into the mesh if it was revoked)."""
+    def revoked_keys(self) -> list[str]:
+        """Every mesh public key ever taken out of the mesh (revoked, rotated away, retired with
+        its node), oldest first: the KRL every node's sshd refuses them by, whatever certificate
+        they still carry."""
+        text = _read_text(self.dir / CA_DIR / REVOKED_LIST) or ""
+        return [line for line in text.splitlines() if line.strip()]
+
+    def host_keys(self) -> dict[str, list[str]]:
+        """The host keys the CA has vouched for, per node (``.ca/hosts/<node>``)."""
+        top = self.dir / CA_DIR / HOSTS_DIR
+        if not top.is_dir():
+            return {}
+        return {path.name: [line for line in path.read_text().splitlines() if line.strip()]
+                for path in sorted(top.iterdir()) if _SAFE_NAME.fullmatch(path.name)}
+
+    def record_host_keys(self, seen: dict[str, list[str]], nodes: Iterable[str]) -> list[str]:
+        """Remember the host keys each node presents now (``seen``: ``type base64`` lines of the
+        nodes read this run) and revoke those the CA vouched for that are gone: a reimaged
+        node's old keys, and every key of a node no longer in ``nodes``. Their certificates
+        stay valid until they expire, so the KRL must refuse them. Returns the keys revoked."""
+        keep = set(nodes)
+        known = self.host_keys()
+        changed = {node: sorted(set(keys)) for node, keys in seen.items()
+                   if keys and node in keep and sorted(set(keys)) != known.get(node)}
+        gone = [node for node in known if node not in keep]
+        if not changed and not gone:  # the common case, without taking the lock
+            return []
         with self._locked():
+            known = self.host_keys()
+            revoked = [key for node in gone for key in known[node]]
+            revoked += [key for node, keys in changed.items() for key in known.get(node, []) if key not in keys]
+            # A node of the spec presenting a key revoked before (removed from the spec, then
+            # added back as it was) is vouched for again: its key leaves the list.
+            presented = {key for node, keys in changed.items() for key in keys}
+            listed = self.revoked_keys()
+            if presented & set(listed):
+                _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
+                              "".join(f"{line}\n" for line in listed if line not in presented).encode())
+            self._revoke_lines([key for key in revoked if key not in presented])
+            top = self.dir / CA_DIR / HOSTS_DIR
+            _private_dirs(top, self.root)
+            for node, keys in changed.items():
+                self._path("hosts", node)  # the node name's grammar, as for its mesh keys
+                _write_atomic(top / node, "".join(f"{key}\n" for key in keys).encode())
+            for node in gone:
+                (top / node).unlink(missing_ok=True)
+            return revoked
+
+    def _add_revoked(self, paths: Iterable[Path]) -> None:
+        """Add the public keys of these private key files to the revoked list; the caller holds the lock."""
+        lines = []
+        for path in paths:
+            try:  # from the private key: a stale .pub must not revoke another key instead
+                user, node = path.parent.name, path.name
+                public = f"{_public_of(path.read_bytes(), path)} {self.comment(user, node)}"
+            except FileNotFoundError:
+                public = (_read_text(path.with_name(path.name + ".pub")) or "").strip()
+            if public:
+                lines.append(public)
+        self._revoke_lines(lines)
+
+    def _revoke_lines(self, lines: list[str]) -> None:
+        """Add public key lines to the revoked list (each once); the caller holds the lock."""
+        known = set(self.revoked_keys())
+        lines = [line for line in dict.fromkeys(lines) if line not in known]
+        if lines:
+            _private_dirs(self.dir / CA_DIR, self.root)
+            _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
+                          "".join(f"{line}\n" for line in [*self.revoked_keys(), *lines]).encode())
+
+    def rotate(self, user: str, node: str) -> None:
+        """A new key for the node (and back into the mesh if it was revoked); the old one is revoked."""
+        with self._locked():
+            self._add_revoked([self._path(user, node)])
             self._generate_at(self._path(user, node), self.comment(user, node))  # replaces the old pair in place
             self._path(user, node).with_name(node + ".revoked").unlink(missing_ok=True)
 
@@ -122,7 +224,8 @@ class KeyStore:
         path = self._path(user, node)
         with self._locked():
             _private_dirs(path.parent, self.root)
-            _write_atomic(path.with_name(node + ".revoked"), b"")  # first: no window without key or mark
+            self._add_revoked([path])  # first: its certificates stay refused whatever happens next
+            _write_atomic(path.with_name(node + ".revoked"), b"")  # no window without key or mark
             for suffix in ("", ".pub"):
                 path.with_name(node + suffix).unlink(missing_ok=True)
 
@@ -135,6 +238,7 @@ class KeyStore:
             stale = self._absent(keep)
             if not stale:  # another process retired them meanwhile
                 return []
+            self._add_revoked([p for p in stale if not p.name.endswith((".pub", ".revoked"))])
             dest = _new_dir(self.dir / RETIRED, self.root)
             moved = []
             for path in stale:

@@ -6,11 +6,21 @@ the operations in operations/ssh_mesh.py only put these lines in place.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
+import re
+import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import paramiko
+from cryptography.hazmat.primitives import serialization
 
+from trainfleet import certificates, krl
+from trainfleet.defaults import HOST_CERT_SUFFIX, RENEW_FRACTION
 from trainfleet.keystore import KeyPair, KeyStore
 from trainfleet.model import Cluster, Node
 
@@ -95,3 +105,165 @@ def probe_targets(names: list[str], node: str, stride: int) -> list[str]:
         return list(names)
     at = names.index(node)
     return list(dict.fromkeys(names[(at + step) % len(names)] for step in (1, stride)))
+
+
+# -- certificates (ssh.mesh: certificates) ------------------------------------------------------
+
+def host_principals(node: Node) -> list[str]:
+    """The names a node's host certificate vouches for: short name, FQDN and cluster address,
+    lower-case (ssh lower-cases the name it is given before checking a certificate)."""
+    return list(dict.fromkeys(name.lower() for name in [node.name, *([node.fqdn] if node.fqdn else []), node.address]))
+
+
+def name_pattern(name: str) -> str:
+    """An ssh host pattern for a family of names: the digits of a name's first label (of an
+    IPv4 address's last octet, an IPv6 address's last group) become ``?`` — ``gpu-a01``,
+    ``gpu-a01.cluster.example.com``, ``192.0.2.11`` give ``gpu-a??``, ``gpu-a??.cluster.example.com``,
+    ``192.0.2.??``: one pattern per naming scheme, however many nodes follow it."""
+    if ":" in name:  # IPv6
+        head, _, last = name.rpartition(":")
+        return f"{head}:{'?' * len(last)}" if last else name
+    labels = name.split(".")
+    if len(labels) == 4 and all(label.isdigit() for label in labels):  # IPv4
+        return ".".join(labels[:3] + ["?" * len(labels[3])])
+    return ".".join([re.sub(r"[0-9]", "?", labels[0]), *labels[1:]])
+
+
+def pattern_matches(pattern: str, name: str) -> bool:
+    """ssh's host pattern match (``*``, ``?``; case-insensitive)."""
+    return fnmatch.fnmatchcase(name.lower(), pattern.lower().replace("[", "[[]"))
+
+
+def cluster_patterns(cluster: Cluster, addresses: bool = True) -> list[tuple[int, list[str]]]:
+    """``[(port, patterns)]``: ssh host patterns matching the cluster's names (short, FQDN and,
+    with ``addresses``, address), one group per sshd port. A group whose patterns would also
+    match a node of another port lists its names as they are instead.
+
+    ``~/.ssh/config`` takes them without addresses: its block comes first and sets User, Port
+    and the key, so an address pattern (``10.0.0.?``) would take the user's own entries for
+    other hosts of the subnet (a gateway); the mesh's tools reach nodes by name."""
+    names: dict[int, list[str]] = {}
+    for node in cluster.nodes:  # as written too: ssh matches a Host pattern against the name as typed
+        written = [node.name, *([node.fqdn] if node.fqdn else [])]
+        principals = host_principals(node) if addresses else [n.lower() for n in written]
+        names.setdefault(node.ssh["port"], []).extend(dict.fromkeys([*principals, *written]))
+    groups = []
+    for port, mine in names.items():
+        patterns = list(dict.fromkeys(name_pattern(n) for n in mine))
+        others = [n for p, theirs in names.items() if p != port for n in theirs]
+        if any(pattern_matches(pattern, other) for pattern in patterns for other in others):
+            patterns = mine
+        groups.append((port, patterns))
+    return groups
+
+
+def ca_known_hosts_lines(cluster: Cluster, ca_public: str) -> list[str]:
+    """The system known_hosts block: one ``@cert-authority`` line per sshd port in the cluster."""
+    key = " ".join(ca_public.split()[:2])
+    return [f"@cert-authority {','.join(p if port == 22 else f'[{p}]:{port}' for p in patterns)} {key} "
+            f"trainfleet:{cluster.name}:ca" for port, patterns in cluster_patterns(cluster)]
+
+
+def ca_authorized_line(cluster: Cluster, user: str, ca_public: str) -> str:
+    """The one authorized_keys line that lets every node in as ``user``: certificates the
+    cluster CA signed for the principal ``user`` (and for no other account)."""
+    return f'cert-authority,principals="{user}" {" ".join(ca_public.split()[:2])} trainfleet:{cluster.name}:ca'
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """What a cluster needs of its CA this run (``plan_certificates``)."""
+
+    ca_public: str
+    ca: Any  # the CA's private key (Ed25519PrivateKey); never logged
+    validity: timedelta
+    now: datetime
+    revoked_keys: bytes  # the KRL every node's sshd reads
+    revoked_count: int
+    moving: bool = False  # a new CA not yet presented by every node (KeyStore.ca_moving)
+    revoked: frozenset[str] = frozenset()  # ``type base64`` of every revoked mesh key
+
+    def __repr__(self) -> str:
+        return f"Certificates(ca_public={self.ca_public!r}, revoked={self.revoked_count})"
+
+    @property
+    def renew_before(self) -> timedelta:
+        return self.validity / RENEW_FRACTION
+
+    def certificate(self, current: str | None, public_line: str, kind: str, principals: list[str], key_id: str) -> str:
+        """``current`` if it is this CA's, for this key and these principals and not yet due for
+        renewal; else a new one."""
+        if current and certificates.needs_renewal(current, public_line, self.ca_public, principals,
+                                                  self.renew_before, self.now) is None \
+                and certificates.read(current).time_left(self.now) <= self.validity + certificates.BACKDATE:
+            return current  # (one that outlives a validity the spec has shortened is signed anew)
+        return certificates.sign(self.ca, public_line, kind, principals, key_id, secrets.randbits(63) | 1,
+                                 self.validity, self.now)
+
+
+def plan_certificates(cluster: Cluster, keys: KeyStore, now: datetime | None = None) -> Certificates:
+    """The cluster CA (made on first use), its validity and the KRL of every revoked mesh key."""
+    ca = keys.certificate_authority()
+    revoked = keys.revoked_keys()
+    # Bytes that depend on the list alone (not on a file's time): a copied store changes nothing.
+    krl_bytes = krl.build(None, [], revoked, version=len(revoked), generated=0, comment=f"trainfleet:{cluster.name}")
+    return Certificates(ca_public=ca.public, ca=serialization.load_ssh_private_key(ca.private.encode(), password=None),
+                        validity=timedelta(days=cluster.certificate_days), now=now or datetime.now(timezone.utc),
+                        revoked_keys=krl_bytes, revoked_count=len(revoked), moving=keys.ca_moving(),
+                        revoked=frozenset(" ".join(line.split()[:2]) for line in revoked))
+
+
+def signed_by(line: str | None, ca_public: str) -> bool:
+    """Whether the certificate ``line`` names ``ca_public`` as its signer."""
+    try:
+        return bool(line) and certificates.read(line).ca_fingerprint == certificates.fingerprint(ca_public)
+    except certificates.CertificateError:
+        return False
+
+
+def host_cert_path(key_type: str) -> str | None:
+    """Where sshd finds the certificate of its host key of this type (None: not a host key type)."""
+    short = {"ssh-ed25519": "ed25519", "ssh-rsa": "rsa", "ssh-dss": "dsa"}.get(key_type)
+    if short is None and key_type.startswith("ecdsa-sha2-"):
+        short = "ecdsa"
+    return f"/etc/ssh/ssh_host_{short}_key{HOST_CERT_SUFFIX}" if short else None
+
+
+def host_certificates(cluster: Cluster, node: Node, host_keys: list[str], current: Mapping[str, str | None],
+                      certs: Certificates) -> dict[str, str]:
+    """``{path: certificate line}`` for each of the node's host keys: kept while valid, signed anew otherwise."""
+    wanted = {}
+    for key in host_keys:
+        path = host_cert_path(key.split()[0])
+        if path:
+            wanted[path] = certs.certificate(current.get(path), key, "host", host_principals(node),
+                                             f"trainfleet:{cluster.name}:host:{node.name}") + "\n"
+    return wanted
+
+
+def certificate_summary(line: str | None) -> str:
+    """A certificate as drift shows it: what it vouches for, until when, signed by which CA
+    (``absent``: no certificate)."""
+    if not line:
+        return "absent"
+    try:
+        info = certificates.read(line)
+    except certificates.CertificateError as exc:
+        return f"unreadable ({exc})"
+    return (f"{','.join(info.principals)} until {info.valid_before:%Y-%m-%d %H:%M} UTC, "
+            f"CA {info.ca_fingerprint[:19]}")
+
+
+def host_certificates_summary(found: Mapping[str, str | None]) -> str:
+    """Every host certificate sshd would present, one summary each (``none``: none)."""
+    return "; ".join(f"{path.rsplit('/', 1)[-1]}: {certificate_summary(line)}"
+                     for path, line in sorted(found.items()) if line) or "none"
+
+
+def sshd_files_digest(drop_in: bytes | str | None, revoked_keys: bytes | None) -> str:
+    """trainfleet's sshd drop-in and KRL, as one comparable value."""
+    if drop_in is None and revoked_keys is None:
+        return "absent"
+    text = drop_in.encode() if isinstance(drop_in, str) else (drop_in or b"")
+    return (f"drop-in {hashlib.sha256(text).hexdigest()[:12] if drop_in is not None else 'absent'}, "
+            f"revoked keys {hashlib.sha256(revoked_keys).hexdigest()[:12] if revoked_keys is not None else 'absent'}")

@@ -41,6 +41,9 @@ class Node:
         return [self.fqdn, self.name] if self.fqdn else [self.name]
 
 
+CLUSTER_ONLY_SSH = ("mesh", "certificate_days")  # ssh keys that are the cluster's, not a node's
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A validated cluster: the spec's settings and its nodes in rank order."""
@@ -57,6 +60,8 @@ class Cluster:
                                                           "memlock": "unlimited", "max_clock_offset_ms": 100})
     nodes: list[Node] = field(default_factory=list)
     source: str = "<spec>"
+    mesh: str = "certificates"  # ssh.mesh: certificates | keys
+    certificate_days: int = 365  # ssh.certificate_days
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], source: str = "<spec>") -> Cluster:
@@ -68,7 +73,7 @@ class Cluster:
                 rank=rank,
                 gpus=raw["gpus"],
                 npus=raw["npus"],
-                ssh={**spec["ssh"], **raw["ssh"]},
+                ssh={**{k: v for k, v in spec["ssh"].items() if k not in CLUSTER_ONLY_SSH}, **raw["ssh"]},
                 nccl={**spec["nccl"], **raw["nccl"]},
                 domain=domain,
             )
@@ -86,6 +91,8 @@ class Cluster:
             gpu=dict(spec["gpu"]),
             nodes=nodes,
             source=source,
+            mesh=spec["ssh"]["mesh"],
+            certificate_days=spec["ssh"]["certificate_days"],
         )
 
     @classmethod

@@ -11,11 +11,11 @@ that node's step and drift expects nothing of it. No pyinfra here, no host touch
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainfleet import mesh, openmpi
-from trainfleet.defaults import MESH_KEY_NAME
+from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair, KeyStore
 from trainfleet.gpu_node import GpuNodePlan, gpu_part
 from trainfleet.hccl import render_rank_table
@@ -43,6 +43,9 @@ class Gathered:
     os_families: Mapping[str, str] = field(default_factory=dict)
     npu_ips: Mapping[str, Mapping[int, str]] = field(default_factory=dict)  # NpuDeviceIps: device id -> IP
     gpu_nodes: Mapping[str, Any] = field(default_factory=dict)
+    sshd: Mapping[str, Any] = field(default_factory=dict)  # the SshdMesh fact: host certificates, drop-in, KRL
+    user_certificates: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)  # node -> user -> line
+    trust: Mapping[str, Mapping[str, list[str] | None]] = field(default_factory=dict)  # node -> known_hosts path | user -> block
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,21 @@ class MeshUserPlan:
     identity: KeyPair | None  # ~/.ssh/id_trainfleet; None once revoked
     authorized: list[str]  # the authorized_keys block
     config: list[str]  # the ~/.ssh/config block
+    certificate: str | None = None  # ~/.ssh/id_trainfleet-cert.pub (ssh.mesh: certificates); None: no file
+    refused: frozenset[str] = frozenset()  # ``type base64`` of every revoked mesh key: never kept, even while moving
+    moving: bool = False  # some node trusts another way now: identities change only in a run without failures
+
+
+@dataclass(frozen=True)
+class SshdPlan:
+    """sshd's part of the mesh: in a certificate mesh, the host certificates, the drop-in that
+    names them and the KRL; in a key mesh, none of them (``drop_in`` None removes them)."""
+
+    certificates: dict[str, str]  # host certificate path -> file content
+    drop_in: str | None  # /etc/ssh/sshd_config.d/trainfleet-mesh.conf
+    revoked_keys: bytes | None  # /etc/ssh/trainfleet_revoked_keys
+    problems: list[str] = field(default_factory=list)
+    moving: bool = False  # some node's known_hosts trusts another way now: certificates change only without failures
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,7 @@ class NodePlan:
     hosts: HostsPlan
     known_hosts: list[str]
     mesh: list[MeshUserPlan]  # empty in a plan made without the key store
+    sshd: SshdPlan | None  # None in a plan made without the key store
     pdsh_nodes: list[str]
     stack: StackPlan
     nccl: NcclPlan
@@ -166,6 +185,75 @@ def rank_table_part(cluster: Cluster, npu_ips: Mapping[str, Mapping[int, str]]) 
     return table + "\n", []
 
 
+def mesh_user_part(cluster: Cluster, node: Node, user: str, keys: KeyStore, authorized: list[str], config: list[str],
+                   certs: mesh.Certificates | None, current: str | None,
+                   refused: frozenset[str] = frozenset(), user_moving: bool = False) -> MeshUserPlan:
+    """A mesh user on a node: its key, and in a certificate mesh the key's certificate for
+    the principal ``user`` (kept while valid, signed anew when due)."""
+    identity = mesh.identity(user, node, keys)
+    certificate = None
+    if certs and identity:
+        certificate = certs.certificate(current, identity.public, "user", [user],
+                                        f"trainfleet:{cluster.name}:{user}@{node.name}") + "\n"
+    return MeshUserPlan(user=user, identity=identity, authorized=authorized, config=config, certificate=certificate,
+                        refused=refused, moving=user_moving)
+
+
+def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Certificates | None,
+              partial: bool = False) -> SshdPlan:
+    """sshd's certificates, drop-in and KRL on a node (none of them in a key mesh); a node
+    whose sshd would not read them, or whose host keys were not read, carries the problem."""
+    if certs is None:
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
+    found = gathered.sshd.get(node.name)
+    host_keys = (gathered.host_keys or {}).get(node.name)
+    problems = []
+    if found is None or not host_keys:
+        problems.append("the node's sshd files or host keys could not be read")
+    else:
+        if not found["includes_drop_ins"]:
+            problems.append("/etc/ssh/sshd_config does not read /etc/ssh/sshd_config.d/*.conf: add "
+                            "`Include /etc/ssh/sshd_config.d/*.conf` at its top, or set ssh.mesh: keys")
+        for path, line in found["certificates"].items():
+            if line and not line.split()[-1].startswith("trainfleet:"):
+                problems.append(f"{path} holds a host certificate trainfleet did not sign ({line.split()[-1]}): "
+                                "move it aside (and its HostCertificate line), or set ssh.mesh: keys")
+        for path in found["other_revoked_keys"]:
+            problems.append(f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
+                            "cluster's (or set ssh.mesh: keys)")
+    if certs.moving and partial:
+        problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
+                        "deploy the whole cluster at once (a node moved alone would be cut off from the others)")
+    if problems:
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
+    wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
+    drop_in = render("ssh_mesh/sshd_mesh.conf.j2", cluster=cluster.name, certificates=sorted(wanted),
+                     revoked_keys=REVOKED_KEYS)
+    return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys)
+
+
+def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) -> bool:
+    """Some node read this run trusts another way than ``lines`` in ``part`` (a user's
+    authorized_keys block, or SYSTEM_KNOWN_HOSTS) and not yet these: changing what nodes present now
+    would cut it off unless its own trust step held. A node with no block yet (a new node) is
+    not moving: nothing of it works yet to be cut."""
+    for node in cluster.nodes:
+        block = gathered.trust.get(node.name, {}).get(part)
+        if block and not set(lines) <= set(block):
+            return True
+    return False
+
+
+def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
+    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
+    for node in cluster.nodes:
+        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
+        held += [gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users]
+        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
+            return False
+    return True
+
+
 def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:
     """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
     config, MCA parameters) are built once and shared by every node's plan.
@@ -181,19 +269,41 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
                      "its own, but DeepSpeed's and ColossalAI's runners forward the launching node's "
                      "NCCL_SOCKET_IFNAME to every node")
     known_hosts: list[str] = []
-    if gathered.host_keys is not None:
+    if gathered.host_keys is not None and not (keys and cluster.mesh == "certificates"):
         host_keys, fallback = mesh.cluster_host_keys(cluster, gathered.host_keys)
         notes += [f"[{name}] not reachable: its host keys come from the controller's known_hosts "
                   f"({len(host_keys[name])} found)" for name in fallback]
         known_hosts = mesh.known_hosts_lines(cluster, host_keys)
 
+    if keys and cluster.mesh == "certificates" and gathered.host_keys is not None:
+        # A host key the CA vouched for that its node no longer presents (reimaged, removed
+        # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
+        keys.record_host_keys({name: found for name, found in gathered.host_keys.items() if found},
+                              [n.name for n in cluster.nodes])
+    certs = mesh.plan_certificates(cluster, keys) if keys and cluster.mesh == "certificates" else None
+    if certs:
+        known_hosts = mesh.ca_known_hosts_lines(cluster, certs.ca_public)
+    refused = frozenset(" ".join(line.split()[:2]) for line in keys.revoked_keys()) if keys else frozenset()
+    partial = not {n.name for n in cluster.nodes} <= set(gathered.sshd)  # nodes not read this run
+    if certs and certs.moving and not partial and presents_ca(cluster, gathered, certs.ca_public):
+        keys.ca_settled()  # every node already moved to the new CA: partial runs are safe again
+
     entries = cluster.hosts_entries()
     hosts = HostsPlan(lines=render_lines("hosts/hosts_block.j2", entries=entries),
                       names={name.lower(): address for address, names in entries for name in names})
     users = cluster.mesh_users
-    authorized = {user: mesh.authorized_lines(cluster, user, keys) for user in users} if keys else {}
-    config = {user: render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user=user, key_name=MESH_KEY_NAME)
-              for user in users}
+    if certs:
+        authorized = {user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] for user in users}
+        groups = mesh.cluster_patterns(cluster, addresses=False)
+        config = {user: render_lines("ssh_mesh/ssh_config_patterns.j2", groups=groups, user=user, key_name=MESH_KEY_NAME,
+                                     revoked_keys=REVOKED_KEYS)
+                  for user in users}
+    else:
+        authorized = {user: mesh.authorized_lines(cluster, user, keys) for user in users} if keys else {}
+        config = {user: render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user=user, key_name=MESH_KEY_NAME)
+                  for user in users}
+    users_moving = {user: moving(cluster, gathered, user, authorized[user]) for user in users} if keys else {}
+    hosts_moving = moving(cluster, gathered, SYSTEM_KNOWN_HOSTS, known_hosts)
     params, mpi_problems = openmpi.cluster_params(derived, cluster.openmpi)
     mpi = MpiPlan(users=list(users), params=params, lines=render_lines("openmpi/mca_params.j2", params=params),
                   problems=mpi_problems)
@@ -212,11 +322,15 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
             files[RANK_TABLE] = (rank_table, "644")
         launchers = LaunchersPlan(files=files, problems=[f"NCCL environment: {p}" for p in nccl.problems]
                                   + ([f"rank table: {p}" for p in rank_table_problems] if node.npus else []))
-        mesh_users = [MeshUserPlan(user=user, identity=mesh.identity(user, node, keys),
-                                   authorized=authorized[user], config=config[user])
+        mesh_users = [mesh_user_part(cluster, node, user, keys, authorized[user], config[user], certs,
+                                     gathered.user_certificates.get(node.name, {}).get(user), refused,
+                                     users_moving[user])
                       for user in users] if keys else []
+        sshd = sshd_part(cluster, node, gathered, certs, partial) if keys else None
+        if sshd is not None and hosts_moving:
+            sshd = replace(sshd, moving=True)
         plans[node.name] = NodePlan(
-            node=node, hostname=node.name, hosts=hosts, known_hosts=known_hosts, mesh=mesh_users,
+            node=node, hostname=node.name, hosts=hosts, known_hosts=known_hosts, mesh=mesh_users, sshd=sshd,
             pdsh_nodes=pdsh_nodes, stack=stack_part(cluster.stack, gathered.os_families.get(node.name), node.gpus),
             nccl=nccl, mpi=mpi, launchers=launchers,
             gpu=gpu_part(cluster.gpu, cluster.stack, node.gpus, gathered.gpu_nodes.get(node.name),

@@ -10,8 +10,11 @@ import json
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
+from trainfleet import certificates
+from trainfleet.defaults import RENEW_FRACTION
 from trainfleet.drift import majority
 from trainfleet.gpu_node import mtu_values
 from trainfleet.model import Cluster, Node
@@ -218,6 +221,37 @@ def mesh_problems(cluster: Cluster, proofs: dict[str, dict[str, dict[str, str]] 
             for peer, why in failed:
                 problems.append(Problem("ssh", node, f"as {user}, cannot ssh to {peer}: {printable(why)}"))
     return problems
+
+
+def certificate_verdicts(cluster: Cluster, held: dict[str, dict[str, str | None]], now: datetime
+                         ) -> tuple[dict[str, dict[str, str]], list[Problem], list[Problem]]:
+    """The certificate mesh's validity on each node: ``{node: {certificate: "N days left"}}``,
+    problems (missing, unreadable, not yet or no longer valid: logins fail) and warnings (in
+    the last third of its validity: the next deploy signs it again)."""
+    renew = timedelta(days=cluster.certificate_days) / RENEW_FRACTION
+    validity: dict[str, dict[str, str]] = {}
+    problems, warnings = [], []
+    for node, certificates_held in sorted(held.items()):
+        mine = validity[node] = {}
+        if not any(name.endswith("-cert.pub") for name, line in certificates_held.items() if line):
+            problems.append(Problem("ssh", node, "sshd presents no host certificate: run the deploy"))
+        for name, line in sorted(certificates_held.items()):
+            if not line:
+                problems.append(Problem("ssh", node, f"{name} is missing: run the deploy"))
+                continue
+            try:
+                info = certificates.read(line)
+            except certificates.CertificateError as exc:
+                problems.append(Problem("ssh", node, f"{name} is unreadable ({exc}): run the deploy"))
+                continue
+            left = info.time_left(now)
+            mine[name] = f"{left.days} days left (until {info.valid_before:%Y-%m-%d %H:%M} UTC)"
+            if info.valid_after > now or left <= timedelta(0):
+                problems.append(Problem("ssh", node, f"{name} is not valid now (from {info.valid_after:%Y-%m-%d %H:%M} "
+                                                     f"to {info.valid_before:%Y-%m-%d %H:%M} UTC): run the deploy"))
+            elif left < renew:
+                warnings.append(Problem("ssh", node, f"{name} has {left.days} days left: the next deploy signs it again"))
+    return validity, problems, warnings
 
 
 def printable(text: str, limit: int = 200) -> str:

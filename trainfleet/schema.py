@@ -323,6 +323,24 @@ SSH = Section(
     },
 )
 
+MESH_MODES = ("certificates", "keys")
+
+CLUSTER_SSH = Section(
+    doc=SSH.doc + " `mesh` and `certificate_days` are cluster-wide.",
+    keys={
+        **SSH.keys,
+        "mesh": Key(str, "certificates", "How the SSH mesh trusts: `certificates` (the cluster CA signs each node's host key "
+                    "and each mesh user's key; every node holds one CA line, whatever the cluster's size) or `keys` (every "
+                    "node's host key and public key on every node). Switching moves the mesh in one deploy.",
+                    check=lambda v: None if v in MESH_MODES else f"{v!r} must be 'certificates' or 'keys'",
+                    accepts="`certificates`, `keys`"),
+        "certificate_days": Key(int, 365, "Validity of host and user certificates; the deploy signs them again once less "
+                                "than a third is left, and drift names a node whose certificate is in that last third.",
+                                check=lambda v: None if 1 <= v <= 3650 else f"must be 1 to 3650 days, got {v}",
+                                accepts="1-3650"),
+    },
+)
+
 NCCL = Section(
     doc="NCCL network environment. `auto` values are derived per node from its cluster address and sysfs.",
     keys={
@@ -487,7 +505,7 @@ SPEC = Section(
     doc="The cluster spec.",
     keys={
         "cluster": CLUSTER,
-        "ssh": SSH,
+        "ssh": CLUSTER_SSH,
         "stack": STACK,
         "nccl": NCCL,
         "openmpi": OPENMPI,

@@ -1,5 +1,6 @@
-"""``python -m bench.controller [--nodes 16,64,256,1024] [--runs 3] [--profile N] [--out docs/]``:
-trainfleet's controller against N fake nodes (issue #17).
+"""``python -m bench.controller [--nodes 16,64,256,1024] [--runs 3] [--profile N] [--mesh certificates|keys]
+[--compare keys] [--compare-runs 1] [--out docs/]``: trainfleet's controller against N fake nodes
+(issue #17), and what the SSH mesh costs per node and per run (issue #18).
 
 Writes OUT/controller-benchmark.{json,md,png}, after every N so an interrupted run keeps what
 it measured. ``--render`` redraws the md and png from the JSON. ``record`` (root, the lab)
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.controller.fleet import MESH_MODES
 from bench.controller.measure import Results, Runner, measure
 from bench.controller.record import load, record
 from bench.controller.report import plot, render_markdown
@@ -27,8 +29,15 @@ NAME = "controller-benchmark"
 NOTES = [
     "A run is one pyinfra process; the fake connector answers instantly, so wall ≈ CPU when the machine is "
     "otherwise idle. Where another session loaded the machine, wall time grows and CPU time stays the controller's.",
-    "Fact bytes grow with N² (every node sends back its /etc/hosts, known_hosts, authorized_keys, ssh config and "
-    "genders blocks, each with a line per node): the controller's reading of them is part of what is measured.",
+    "Fact bytes: every node sends back its /etc/hosts and genders blocks, a line per node, so the bytes read per "
+    "run keep an N² part in either mesh. A key mesh adds known_hosts, authorized_keys and ssh config blocks with a "
+    "line (or stanza) per node; a certificate mesh replaces them with one CA line, one pattern stanza and "
+    "certificates of constant size. The controller's reading of them is part of what is measured.",
+    "Bytes sent: the fact commands (scripts) each node is asked to run, the same size whatever N; drift's mesh "
+    "probe names its sampled peers. The timed runs change nothing and the plan is a dry run, so nothing is uploaded.",
+    "recorded.json comes from a key-mesh lab node; its sshd_mesh section and each mesh user's certificate line are "
+    "synthesized as that node's fact scripts print them (bench/controller/fleet.py), the converged answers carrying "
+    "exactly the certificates the plan signs with the key store's cluster CA.",
 ]
 
 
@@ -39,11 +48,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each task at each N (default 3)")
     parser.add_argument("--profile", type=int, default=None, metavar="N",
                         help="also run the re-run and drift once under cProfile at N (one of --nodes)")
+    parser.add_argument("--mesh", choices=MESH_MODES, default="certificates",
+                        help="the fleet's ssh.mesh (default certificates, the spec's default)")
+    parser.add_argument("--compare", action="append", choices=MESH_MODES, default=[],
+                        help="also build each N in this mesh and run the re-run, plan and drift on it, for comparison")
+    parser.add_argument("--compare-runs", type=int, default=1, help="runs of each compared task (default 1)")
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where the results go (default docs/)")
     parser.add_argument("--render", action="store_true", help="only redraw the md and png from the JSON")
     args = parser.parse_args(argv)
-    if args.runs < 1:
-        parser.error("--runs must be at least 1")
+    if args.runs < 1 or args.compare_runs < 1:
+        parser.error("--runs and --compare-runs must be at least 1")
+    args.compare = [m for m in dict.fromkeys(args.compare) if m != args.mesh]
     if args.profile is not None and args.profile not in args.nodes:
         parser.error("--profile N must be one of --nodes")
     return args
@@ -84,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="trainfleet-controller-bench-") as workdir:
         env = {**os.environ, "PYINFRA_PROGRESS": "off"}
         runner = Runner(Path(workdir), env, log)
-        results = Results(nodes=args.nodes, runs=args.runs, profile_at=args.profile)
+        results = Results(nodes=args.nodes, runs=args.runs, profile_at=args.profile, mesh=args.mesh,
+                          compare=args.compare, compare_runs=args.compare_runs)
         measure(runner, results, recorded, lambda r: write_outputs(args.out, document(r)))
     write_outputs(args.out, document(results))
     bad = [s for s in results.samples if not s.ok]

@@ -3,10 +3,16 @@
 The answers are the recorded lab node's (``recorded.json``) with every cluster-dependent part
 replaced by what trainfleet's plan says a converged node holds: names, /etc/hosts, host keys,
 known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
-variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof.
-Files are rebuilt from the recorded bytes with trainfleet's own block functions, as
+variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
+in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
+and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's own block functions, as
 operations/managed_block.py writes them, and sent in the facts' own framing. Everything is
 built once per N, before any timed run; the runs only look answers up.
+
+recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
+certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
+them (facts/ssh_mesh.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes sshd_config.d, no
+other file sets RevokedKeys, and none of trainfleet's sshd files or certificates exist yet.
 """
 
 from __future__ import annotations
@@ -33,10 +39,10 @@ from facts.hosts import HOSTS_PURPOSE
 from facts.managed_block import file_text, read_file_line
 from facts.openmpi import MCA_PURPOSE
 from facts.pdsh import PDSH_PURPOSE
-from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
+from facts.ssh_mesh import _HOST_CERT_PATHS, AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
 from trainfleet.blocks import split_block, with_block
 from trainfleet.defaults import (MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE,
-                                 PDSH_GENDERS, PDSH_MACHINES)
+                                 PDSH_GENDERS, PDSH_MACHINES, SYSTEM_KNOWN_HOSTS)
 from trainfleet.inventory import host_data
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
@@ -51,6 +57,7 @@ NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 FINGERPRINT_KEY = f"{MARK} identity"  # NodeFingerprint only
 DEPLOY_STATE_KEY = f"{MARK} hostname"  # DeployState (NodeFingerprint is matched before it)
 HOSTNAME_KEY = "uname -n"  # pyinfra's server.Hostname (the floor)
+MESH_MODES = ("certificates", "keys")  # ssh.mesh; the spec's default is certificates
 
 
 def node_names(nodes: int) -> list[str]:
@@ -98,8 +105,24 @@ def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False
     return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
 
 
-def whole_file(name: str, text: str) -> str:
+def whole_file(name: str, text: str | bytes) -> str:
     return f"file {name} regular - {b64(text)}"
+
+
+def missing_file(name: str) -> str:
+    return f"file {name} missing -"
+
+
+def sshd_mesh_text(drop_in: str | None = None, revoked_keys: bytes | None = None,
+                   certificates: dict[str, str] | None = None, includes_drop_ins: bool = True) -> str:
+    """What SshdMesh's script (facts/ssh_mesh.py ``_SSHD_SCRIPT``) prints on a node holding these
+    files: ``include``, no other ``RevokedKeys``, then drop-in, KRL and every host certificate path."""
+    certificates = certificates or {}
+    return joined([f"include {'yes' if includes_drop_ins else 'no'}",
+                   whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
+                   whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
+                   *(whole_file(path, certificates[path]) if path in certificates else missing_file(path)
+                     for path in _HOST_CERT_PATHS)])
 
 
 def map_files(text: str, rewrite: dict[str, Callable[[str], str]]) -> str:
@@ -165,10 +188,28 @@ class Recorded:
         lab = document["header"]["lab"]
         converged = {**document["converged"]["fingerprint"], **document["converged"]["deploy_state"]}
         return cls(node=lab["node"], address=lab["address"], spec=lab["spec"],
-                   fresh=dict(document["fresh"]["deploy_state"]), converged=converged)
+                   fresh=_with_certificate_parts(dict(document["fresh"]["deploy_state"])),
+                   converged=_with_certificate_parts(converged))
 
     def key_kinds(self) -> list[str]:
         return [line.split()[0] for line in text_lines(self.converged["host_keys"])]
+
+
+def _with_certificate_parts(texts: dict[str, str]) -> dict[str, str]:
+    """A recording from before the certificate mesh, completed as its node answers today: an
+    ``sshd_mesh`` section with none of trainfleet's sshd files, and each mesh user's part with a
+    missing ``~/.ssh/id_trainfleet-cert.pub`` (a key-mesh node holds none of them)."""
+    out = dict(texts)
+    out.setdefault("sshd_mesh", sshd_mesh_text())
+
+    def no_certificate(lines: list[str]) -> list[str]:
+        return lines if any(l.startswith("file certificate ") for l in lines) else [*lines, missing_file("certificate")]
+
+    for name, text in texts.items():
+        if name.startswith("mesh_user:"):
+            out[name] = joined([_user_part(line, no_certificate, 1) if line.startswith("user ") else line
+                                for line in text_lines(text)])
+    return out
 
 
 def _network(text: str, recorded: Recorded, node: Node, mine: Machine) -> str:
@@ -222,6 +263,8 @@ def _mesh_user(text: str, user: Any) -> str:
                 line = with_plan_block(line, AUTHORIZED_PURPOSE, user.authorized)
             elif line.startswith("file config "):
                 line = with_plan_block(line, CONFIG_PURPOSE, user.config, top=True)
+            elif line.startswith("file certificate "):
+                line = whole_file("certificate", user.certificate) if user.certificate else missing_file("certificate")
             out.append(line)
         return out
 
@@ -281,6 +324,8 @@ def converged_sections(base: dict[str, str], recorded: Recorded, node: Node, min
     ``everyone`` (the full N x N probe)."""
     out = dict(base)
     out["hosts"] = map_files(base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)})
+    if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
+        out["sshd_mesh"] = sshd_mesh_text(plan.sshd.drop_in, plan.sshd.revoked_keys, plan.sshd.certificates)
     out["known_hosts"] = map_files(base["known_hosts"], {
         "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(l, KNOWN_HOSTS_PURPOSE, plan.known_hosts)})
     out["pdsh"] = map_files(base["pdsh"], {
@@ -335,6 +380,7 @@ class Answers:
 @dataclass
 class Fleet:
     nodes: int
+    mesh: str  # ssh.mesh: certificates | keys
     spec: Path
     home: Path  # TRAINFLEET_HOME: the key store the deploy reads, drift's reports
     cluster: Cluster
@@ -371,10 +417,13 @@ def _unsynced() -> Iterator[None]:
         os.fsync = saved
 
 
-def write_spec(nodes: int, workdir: Path, recorded: Recorded) -> Path:
-    """The lab's spec (cluster, settings) with N nodes; ssh as root, never connected to."""
+def write_spec(nodes: int, workdir: Path, recorded: Recorded, mesh: str = "certificates") -> Path:
+    """The lab's spec (cluster, settings) with N nodes and the SSH mesh ``mesh``; ssh as root,
+    never connected to."""
+    if mesh not in MESH_MODES:
+        raise ValueError(f"mesh {mesh!r}: one of {', '.join(MESH_MODES)}")
     spec = {key: value for key, value in recorded.spec.items() if key not in ("nodes", "ssh")}
-    spec["ssh"] = {"user": "root", "port": 22}
+    spec["ssh"] = {"user": "root", "port": 22, "mesh": mesh}
     spec["nodes"] = [{"name": name, "address": node_address(i), "gpus": 0}
                      for i, name in enumerate(node_names(nodes), 1)]
     path = workdir / f"fleet-{nodes}.yml"
@@ -393,12 +442,16 @@ def parse_bundle(kind: str, stdout: list[str], users: list[str], peers: list[str
     return bundle.process(stdout)
 
 
-def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[str], None] = lambda _: None) -> Fleet:
+def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[str], None] = lambda _: None,
+          mesh: str = "certificates") -> Fleet:
     """The fleet of ``nodes``: spec, keys (generated here, under ``workdir``/home), the plan
-    exactly as the deploy builds it, and every node's converged and fresh answers."""
+    exactly as the deploy builds it, and every node's converged and fresh answers. In a
+    certificate mesh the plan signs each node's host and user certificates with the cluster CA
+    (made in the key store here, the one the deploy and drift read), and the converged answers
+    carry exactly those certificates: a re-run keeps them (still valid) and changes nothing."""
     recorded = Recorded.of(document)
     workdir.mkdir(parents=True, exist_ok=True)
-    spec = write_spec(nodes, workdir, recorded)
+    spec = write_spec(nodes, workdir, recorded, mesh)
     cluster = Cluster.load(spec)
     users = cluster.mesh_users
     home = workdir / "home"
@@ -416,7 +469,7 @@ def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[st
                 for name, texts in base.items()}
     with _unsynced():
         plan = plan_cluster(cluster, plan_inputs(gathered), keys)
-    log(f"N={nodes}: plan built ({len(plan.nodes)} nodes, notes: {plan.notes or 'none'})")
+    log(f"N={nodes} ({mesh}): plan built ({len(plan.nodes)} nodes, notes: {plan.notes or 'none'})")
 
     names = [n.name for n in cluster.nodes]
     stride = probe_stride(nodes, 0)
@@ -434,8 +487,57 @@ def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[st
         fresh_texts = machine_sections(recorded.fresh, recorded, node, mine, fresh=True)
         fresh[node.name] = Answers(deploy_state=bundle_stdout(deploy_order, fresh_texts, memo),
                                    hostname=text_lines(fresh_texts["hostname"])[0])
-    return Fleet(nodes=nodes, spec=spec, home=home, cluster=cluster, plan=plan, stride=stride,
+    return Fleet(nodes=nodes, mesh=mesh, spec=spec, home=home, cluster=cluster, plan=plan, stride=stride,
                  converged=converged, fresh=fresh)
+
+
+def mesh_files(plan: NodePlan) -> dict[str, int]:
+    """The bytes of one node's SSH mesh files as the plan renders them: the managed blocks of
+    /etc/ssh/ssh_known_hosts and of each mesh user's authorized_keys and ~/.ssh/config (the block
+    with its BEGIN/END lines, as written into an empty file), the user certificates, the host
+    certificates, sshd's drop-in and the KRL (each mesh user's files summed over the users)."""
+    def block(purpose: str, lines: list[str]) -> int:
+        return len(with_block(split_block("", purpose), purpose, lines).encode())
+
+    sshd = plan.sshd
+    sizes = {
+        "known_hosts": block(KNOWN_HOSTS_PURPOSE, plan.known_hosts),
+        "authorized_keys": sum(block(AUTHORIZED_PURPOSE, u.authorized) for u in plan.mesh),
+        "ssh_config": sum(block(CONFIG_PURPOSE, u.config) for u in plan.mesh),
+        "user_certificate": sum(len((u.certificate or "").encode()) for u in plan.mesh),
+        "host_certificates": sum(len(c.encode()) for c in sshd.certificates.values()) if sshd else 0,
+        "sshd_drop_in": len((sshd.drop_in or "").encode()) if sshd else 0,
+        "revoked_keys": len(sshd.revoked_keys or b"") if sshd else 0,
+    }
+    return {**sizes, "total": sum(sizes.values())}
+
+
+MESH_FILE_PATHS = {"known_hosts": SYSTEM_KNOWN_HOSTS, "authorized_keys": "~/.ssh/authorized_keys",
+                   "ssh_config": "~/.ssh/config", "user_certificate": "~/.ssh/id_trainfleet-cert.pub",
+                   "host_certificates": "/etc/ssh/ssh_host_<type>_key-cert.pub",
+                   "sshd_drop_in": "/etc/ssh/sshd_config.d/trainfleet-mesh.conf",
+                   "revoked_keys": "/etc/ssh/trainfleet_revoked_keys"}
+
+
+def section_bytes(lines: list[str]) -> dict[str, int]:
+    """A bundle's stdout bytes by section: each section's marker line and its one encoded line."""
+    out: dict[str, int] = {}
+    name = ""
+    for line in lines:
+        if line.startswith(MARK + " "):
+            name = line[len(MARK) + 1:]
+        out[name] = out.get(name, 0) + len(line.encode("utf-8", "surrogateescape")) + 1
+    return out
+
+
+MESH_SECTIONS = ("host_keys", "sshd_mesh", "known_hosts", "mesh_user:")  # the SSH mesh's parts of a bundle
+
+
+def section_group(name: str) -> str:
+    """``ssh mesh``, ``hosts + pdsh`` (a line per node in either mesh) or ``other``."""
+    if name.startswith(MESH_SECTIONS):
+        return "ssh mesh"
+    return "hosts + pdsh" if name in ("hosts", "pdsh") else "other"
 
 
 def stdout_bytes(lines: list[str]) -> int:

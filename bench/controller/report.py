@@ -1,4 +1,7 @@
-"""docs/controller-benchmark.{md,png} from the raw results (``--render`` redraws them from the JSON)."""
+"""docs/controller-benchmark.{md,png} from the raw results (``--render`` redraws them from the JSON).
+
+Timing tables are of the main mesh (``plan.mesh``; results from before it existed were of a key
+mesh); the SSH mesh section sets each measured mesh beside the other."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from bench.report import describe_machine, describe_source
 TASKS = ("floor", "pyinfra baseline", "re-run", "first-provision plan", "drift")
 WHAT = {
     "floor": "`pyinfra INVENTORY fact server.Hostname`: load the inventory, one command per node, exit",
-    "pyinfra baseline": "`bench/controller/noop_deploy.py`: the deploy's 10 operations (one mesh user) as "
+    "pyinfra baseline": "`bench/controller/noop_deploy.py`: the deploy's 12 operations (one mesh user) as "
                         "no-ops that read no fact: pyinfra's own cost per host and operation",
     "re-run": "`deploy/cluster.py` on nodes answering as converged (must change nothing)",
     "first-provision plan": "`pyinfra --json --dry ... deploy/cluster.py` on nodes answering as freshly booted "
@@ -25,6 +28,29 @@ GROWTH_TASKS = ("re-run", "first-provision plan", "drift")
 GROWTH_FROM, GROWTH_TO = 64, 1024
 RATIO_LIMIT = 1.5  # re-run and drift CPU at the largest N within 1.5x the baseline's
 RATIO_TASKS = ("re-run", "drift")
+# Issue #18: one node's SSH mesh files of constant size, bytes per run growing linearly with N.
+CONSTANT_K = 0.05  # fitted exponent of a size that does not grow with N
+LINEAR_K = 1.05  # fitted exponent of bytes per run that grow linearly with N
+WIRE_TASKS = ("re-run", "first-provision plan", "drift")
+MESH_FILES = ("known_hosts", "authorized_keys", "ssh_config", "user_certificate", "host_certificates",
+              "sshd_drop_in", "revoked_keys")
+MESH_FILE_TITLES = {"known_hosts": "known_hosts block", "authorized_keys": "authorized_keys block",
+                    "ssh_config": "ssh config block", "user_certificate": "user cert", "host_certificates": "host certs",
+                    "sshd_drop_in": "sshd drop-in", "revoked_keys": "KRL"}
+GROUPS = ("ssh mesh", "hosts + pdsh", "other")
+SHORT = {"re-run": "re-run", "first-provision plan": "plan", "drift": "drift"}
+
+
+def main_mesh(results: dict[str, Any]) -> str:
+    """The mesh of the timing tables: ``plan.mesh``; results from before it existed were of a key mesh."""
+    return results.get("plan", {}).get("mesh", "keys")
+
+
+def meshes(results: dict[str, Any]) -> list[str]:
+    """Every mesh measured, the main one first."""
+    main = main_mesh(results)
+    found = {s.get("mesh", main) for s in [*results["samples"], *results["setups"]]}
+    return [main, *sorted(found - {main})]
 
 
 @dataclass
@@ -39,10 +65,14 @@ class Cell:
     busy: float | None
 
 
-def cells(results: dict[str, Any]) -> dict[tuple[int, str], Cell]:
+def cells(results: dict[str, Any], mesh: str | None = None) -> dict[tuple[int, str], Cell]:
+    """Medians by (N, task) of one mesh's samples (the main mesh's unless ``mesh``)."""
+    main = main_mesh(results)
+    mesh = mesh or main
     grouped: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for s in results["samples"]:
-        grouped.setdefault((s["nodes"], s["task"]), []).append(s)
+        if s.get("mesh", main) == mesh:
+            grouped.setdefault((s["nodes"], s["task"]), []).append(s)
     out = {}
     for (nodes, task), samples in grouped.items():
         good = [s for s in samples if s["ok"]]
@@ -80,10 +110,167 @@ def _mb(count: int) -> str:
     return f"{count / 2**20:.1f}"
 
 
+def wire_counts(results: dict[str, Any]) -> dict[tuple[str, int, str], dict[str, int]]:
+    """(mesh, N, task) -> what the fake connector was sent and answered in one run (the median
+    run of the valid ones; every run of a task at one N sends and reads the same)."""
+    main = main_mesh(results)
+    grouped: dict[tuple[str, int, str], list[dict[str, int]]] = {}
+    for s in results["samples"]:
+        if s.get("wire") and s["ok"]:
+            grouped.setdefault((s.get("mesh", main), s["nodes"], s["task"]), []).append(s["wire"])
+    return {key: {field: int(statistics.median(w[field] for w in runs)) for field in runs[0]}
+            for key, runs in grouped.items()}
+
+
+def setups_of(results: dict[str, Any], mesh: str) -> dict[int, dict[str, Any]]:
+    main = main_mesh(results)
+    return {s["nodes"]: s for s in results["setups"] if s.get("mesh", main) == mesh}
+
+
+def mesh_series(results: dict[str, Any]) -> dict[tuple[str, str], dict[int, float]]:
+    """(mesh, quantity) -> {N: value}: the quantities issue #18 follows with N."""
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    wire = wire_counts(results)
+    for mesh in meshes(results):
+        for n, setup in setups_of(results, mesh).items():
+            if setup.get("mesh_files"):
+                out.setdefault((mesh, "one node's mesh files"), {})[n] = setup["mesh_files"]["total"]
+            for group in GROUPS:
+                if setup.get("fact_bytes_by_group", {}).get(group):
+                    out.setdefault((mesh, f"read: re-run, {group} sections"), {})[n] = setup["fact_bytes_by_group"][group]
+        for (m, n, task), w in wire.items():
+            if m == mesh and task in WIRE_TASKS:
+                out.setdefault((mesh, f"read: {task}"), {})[n] = w["stdout_bytes"]
+                out.setdefault((mesh, f"sent: {task}"), {})[n] = w["command_bytes"]
+    return out
+
+
+def render_mesh(results: dict[str, Any]) -> list[str]:
+    """Issue #18: one node's SSH mesh files and the bytes each run sends and reads, per mesh."""
+    found = meshes(results)
+    wire = wire_counts(results)
+    setups = {m: setups_of(results, m) for m in found}
+    if not any(s.get("mesh_files") for by in setups.values() for s in by.values()):
+        return []
+    out = ["", "## SSH mesh: per-node files and bytes per run", "",
+           ("One node's SSH mesh files as the plan renders them, in bytes: the managed blocks of "
+            "`/etc/ssh/ssh_known_hosts`, the mesh user's `authorized_keys` and `~/.ssh/config` (with their BEGIN/END "
+            "lines, as written into an empty file), `~/.ssh/id_trainfleet-cert.pub`, the host certificates "
+            "`/etc/ssh/ssh_host_<type>_key-cert.pub`, `/etc/ssh/sshd_config.d/trainfleet-mesh.conf` and the KRL "
+            "`/etc/ssh/trainfleet_revoked_keys`; columns for node0001, then the range of the total over all nodes "
+            "(a host certificate names the node's address, whose length varies)."), "",
+           "| N | mesh | " + " | ".join(MESH_FILE_TITLES[f] for f in MESH_FILES) + " | total | total, all nodes |",
+           "|---:|---|" + "---:|" * (len(MESH_FILES) + 2)]
+    for n in sorted({n for by in setups.values() for n in by}):
+        for mesh in found:
+            s = setups[mesh].get(n)
+            if s and s.get("mesh_files"):
+                files, total = s["mesh_files"], s["mesh_files_total"]
+                out.append(f"| {n} | {mesh} | " + " | ".join(str(files[f]) for f in MESH_FILES)
+                           + f" | {files['total']} | {total['min']}–{total['max']} |")
+    out += ["", ("Bytes per run, counted where pyinfra's `@fake` connector sees them "
+                 "(`bench/controller/wire.py`): read, the stdout it answers with (what a real node would send back); "
+                 "sent, the commands it is asked to run (what the controller would send); all nodes together, one "
+                 "run (every valid run of a task at one N counts the same). The re-run's read bytes are then split "
+                 "by the fact sections they come from: the SSH mesh's (host keys, sshd, known_hosts, mesh users), "
+                 "/etc/hosts and pdsh (a line per node in either mesh), and the rest."), "",
+            "| N | mesh | " + " | ".join(f"read MB: {SHORT[t]}" for t in WIRE_TASKS) + " | "
+            + " | ".join(f"sent MB: {SHORT[t]}" for t in WIRE_TASKS) + " | commands (re-run) "
+            "| re-run read, MB: ssh mesh | hosts + pdsh | other | read KB per node (re-run) |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n in sorted({n for by in setups.values() for n in by}):
+        for mesh in found:
+            s = setups[mesh].get(n)
+            w = {task: wire.get((mesh, n, task)) for task in WIRE_TASKS}
+            if not s and not any(w.values()):
+                continue
+            groups = (s or {}).get("fact_bytes_by_group", {})
+            rerun = w["re-run"]
+            out.append(f"| {n} | {mesh} | " + " | ".join(_mb2(w[t]["stdout_bytes"] if w[t] else None) for t in WIRE_TASKS)
+                       + " | " + " | ".join(_mb2(w[t]["command_bytes"] if w[t] else None) for t in WIRE_TASKS)
+                       + f" | {rerun['commands'] if rerun else '—'} | "
+                       + " | ".join(_mb2(groups.get(g)) for g in GROUPS)
+                       + f" | {_f(rerun['stdout_bytes'] / n / 1024 if rerun else None, '.1f')} |")
+    series = mesh_series(results)
+    all_ns = sorted({n for pts in series.values() for n in pts})
+    steps_header = [f"{a}→{b}" for a, b in zip(all_ns, all_ns[1:])]
+    out += ["", (f"Growth with N: k, the exponent of bytes ∝ N^k fitted over every measured N (log2 on log2); then the "
+                 "ratio per doubling of N between consecutive measured N. Constant: k ≈ 0; linear: k ≈ 1; "
+                 "N²: k ≈ 2."), "",
+            "| quantity | mesh | k | " + " | ".join(steps_header) + " |", "|---|---|---:|" + "---:|" * len(steps_header)]
+    quantities = ["one node's mesh files", *(f"sent: {t}" for t in WIRE_TASKS), *(f"read: {t}" for t in WIRE_TASKS),
+                  *(f"read: re-run, {g} sections" for g in GROUPS)]
+    for quantity in quantities:
+        for mesh in found:
+            pts = series.get((mesh, quantity))
+            if not pts:
+                continue
+            k, steps = growth(pts)
+            by = {(a, b): r for a, b, r in steps}
+            out.append(f"| {quantity} | {mesh} | {_f(k)} | "
+                       + " | ".join(f"{by[(a, b)]:.2f}x" if (a, b) in by else "—" for a, b in zip(all_ns, all_ns[1:]))
+                       + " |")
+    if len(found) > 1:
+        main = found[0]
+        tables = {m: cells(results, m) for m in found}
+        out += ["", (f"CPU of the mesh-dependent tasks, {main} beside " + ", ".join(found[1:]) + " (medians of the "
+                     f"valid runs: {results['plan'].get('runs', '?')} of the main mesh, "
+                     f"{results['plan'].get('compare_runs', '?')} of each compared one)."), "",
+                "| N | task | " + " | ".join(f"{m} CPU s" for m in found) + " | "
+                + " | ".join(f"{m} / {main}" for m in found[1:]) + " |",
+                "|---:|---|" + "---:|" * (2 * len(found) - 1)]
+        for n in sorted({n for (n, _) in tables[main]}):
+            for task in WIRE_TASKS:
+                cpus = [tables[m].get((n, task)) for m in found]
+                if not any(c and c.cpu for c in cpus[1:]):
+                    continue
+                first = cpus[0].cpu if cpus[0] else None
+                out.append(f"| {n} | {task} | " + " | ".join(_f(c.cpu if c else None) for c in cpus) + " | "
+                           + " | ".join(_f(c.cpu / first if c and c.cpu and first else None) + "x" for c in cpus[1:])
+                           + " |")
+    return out
+
+
+def render_mesh_targets(results: dict[str, Any]) -> list[str]:
+    """Issue #18's targets, for the main mesh when it is a certificate mesh."""
+    mesh = main_mesh(results)
+    if mesh != "certificates":
+        return []
+    series = mesh_series(results)
+    lines = []
+
+    def target(quantity: str, what: str, limit: float, unit: Any) -> None:
+        pts = series.get((mesh, quantity), {})
+        k, _ = growth(pts)
+        if k is None:
+            lines.append(f"- {what}: **not measured**")
+            return
+        ns = sorted(pts)
+        lines.append(f"- {what} (fitted k ≤ {limit}, N = {ns[0]}..{ns[-1]}): {'met' if k <= limit else '**missed**'}; "
+                     f"k = {k:.2f}, {unit(pts[ns[0]])} at N={ns[0]}, {unit(pts[ns[-1]])} at N={ns[-1]}")
+
+    target("one node's mesh files", "one node's SSH mesh files of constant size (certificates)", CONSTANT_K,
+           lambda v: f"{v:.0f} bytes")
+    for task in WIRE_TASKS:
+        target(f"sent: {task}", f"bytes sent per run grow linearly with N ({task})", LINEAR_K, lambda v: f"{_mb2(v)} MB")
+    target("read: re-run, ssh mesh sections", "the SSH mesh's fact bytes read per run grow linearly with N (re-run)",
+           LINEAR_K, lambda v: f"{_mb2(v)} MB")
+    for task in WIRE_TASKS:
+        target(f"read: {task}", f"all fact bytes read per run grow linearly with N ({task})", LINEAR_K,
+               lambda v: f"{_mb2(v)} MB")
+    return lines
+
+
+def _mb2(count: float | None) -> str:
+    if count is None:
+        return "—"
+    return f"{count / 2**20:.2f}" if count < 10 * 2**20 else f"{count / 2**20:.1f}"
+
+
 def render_markdown(results: dict[str, Any]) -> str:
     table = cells(results)
     ns = sorted({n for n, _ in table})
-    setups = {s["nodes"]: s for s in results["setups"]}
+    setups = setups_of(results, main_mesh(results))
     largest = max(ns) if ns else None
     out = [
         "# Controller benchmark",
@@ -103,11 +290,16 @@ def render_markdown(results: dict[str, Any]) -> str:
          "`TRAINFLEET_DRIFT_STRIDE` (each node answers `ok` for exactly the peers "
          "`trainfleet.mesh.probe_targets` gives it)."),
         "",
+        (f"The fleet's SSH mesh (`ssh.mesh`) in every timing below: **{main_mesh(results)}**"
+         + (f"; the SSH mesh section also measures {', '.join(meshes(results)[1:])} at each N, for comparison."
+            if len(meshes(results)) > 1 else ".")),
+        "",
         "| task | what runs |", "|---|---|", *[f"| {t} | {WHAT[t]} |" for t in TASKS],
         "",
         "## Targets",
         "",
         *render_targets(table, largest),
+        *render_mesh_targets(results),
         "",
         "## Every measurement",
         "",
@@ -158,6 +350,7 @@ def render_markdown(results: dict[str, Any]) -> str:
                        f"{s['responder']['cpu_seconds']:.2f} | {s['responder']['maxrss_kb'] / 1024:.0f} | "
                        f"{_mb(facts['re-run'])} | {_mb(facts['drift'])} | "
                        f"{_mb(facts['first-provision plan'])} |")
+    out += render_mesh(results)
     for prof in results.get("profiles", []):
         out += ["", f"## Profile: {prof['task']} at N={prof['nodes']}", "",
                 (f"One run through `bench/driver.py --cprofile` (exit {prof['exit']}; cProfile slows it): "
@@ -172,7 +365,9 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 def _checked(results: dict[str, Any], nodes: int, task: str) -> str:
     """What a valid run showed: the self-check that makes it a measurement."""
-    ok = [s for s in results["samples"] if s["nodes"] == nodes and s["task"] == task and s["ok"]]
+    main = main_mesh(results)
+    ok = [s for s in results["samples"] if s["nodes"] == nodes and s["task"] == task and s["ok"]
+          and s.get("mesh", main) == main]
     if task == "first-provision plan":
         return "ok: " + ", ".join(sorted({f"changes on {s['nodes_with_change']} of {nodes} nodes" for s in ok}))
     if task in ("re-run", "pyinfra baseline"):
@@ -209,7 +404,8 @@ def render_targets(table: dict[tuple[int, str], Cell], largest: int | None) -> l
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """CPU against N, log-log, one line per task; beside it CPU over the baseline's."""
+    """CPU against N, log-log, one line per task; beside it CPU over the baseline's; then (with
+    mesh measurements) one node's SSH mesh files and the bytes per run, per mesh."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -218,7 +414,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     table = cells(results)
     ns = sorted({n for n, _ in table})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4))
+    series = mesh_series(results)
+    wide = bool(series)
+    fig, axes = plt.subplots(1, 3 if wide else 2, figsize=(18 if wide else 12, 5.4))
+    left, right = axes[0], axes[1]
     colors = dict(zip(TASKS, ("black", "tab:gray", "tab:orange", "tab:blue", "tab:green")))
     for task in TASKS:
         pts = [(n, table[(n, task)].cpu) for n in ns if (n, task) in table and table[(n, task)].cpu]
@@ -236,8 +435,21 @@ def plot(results: dict[str, Any], path: Path) -> None:
         if start and start.cpu:
             left.plot(ref, [start.cpu * n / ref[0] for n in ref], color="red", linestyle=":", label="∝ N (from baseline)")
     right.axhline(RATIO_LIMIT, color="red", linestyle=":", label=f"target {RATIO_LIMIT}x (re-run, drift)")
-    for ax, title, ylabel in ((left, "controller CPU per run", "CPU seconds (user + system)"),
-                              (right, "CPU over the pyinfra no-op baseline", "× baseline")):
+    panels = [(left, "controller CPU per run", "CPU seconds (user + system)"),
+              (right, "CPU over the pyinfra no-op baseline", "× baseline")]
+    if wide:
+        third = axes[2]
+        styles = {"certificates": "-", "keys": "--"}
+        shown = (("one node's mesh files", "tab:purple"), ("read: re-run", "tab:orange"),
+                 ("read: re-run, ssh mesh sections", "tab:red"), ("sent: re-run", "tab:blue"))
+        for mesh in meshes(results):
+            for quantity, color in shown:
+                pts = sorted(series.get((mesh, quantity), {}).items())
+                if pts:
+                    third.plot([p[0] for p in pts], [p[1] / 1024 for p in pts], marker="o", color=color,
+                               linestyle=styles.get(mesh, ":"), label=f"{quantity} ({mesh})")
+        panels.append((third, "SSH mesh: one node's files, bytes per run", "KiB"))
+    for ax, title, ylabel in panels:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
@@ -247,7 +459,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7 if ax is not left and wide else 8)
     fig.suptitle(f"trainfleet controller, fake nodes — {results['machine']['cpu']}, {results['machine']['cores']} cores",
                  fontsize=10)
     fig.tight_layout()

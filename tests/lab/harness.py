@@ -60,8 +60,9 @@ class Run:
 
 
 def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300,
-            data: dict[str, str] | None = None, env: dict[str, str] | None = None) -> Run:
+            data: dict[str, str] | None = None, env: dict[str, str] | None = None, limit: str | None = None) -> Run:
     extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
+    extra += ["--limit", limit] if limit else []
     # --dry without -y: pyinfra's -y turns change-checking off, so a dry run with it plans
     # no change whatever the nodes hold (a dry run never prompts, so no -y is needed).
     argv = [PYINFRA, *(["--dry"] if dry else ["-y"]), "--json", *extra, inventory, *deploys]

@@ -120,12 +120,18 @@ def test_a_copied_machine_id_is_named_on_both_nodes(converged):
     assert drift_run()[0].returncode == 0
 
 
-def test_a_removed_authorized_key_is_named_where_it_was_removed_and_where_it_breaks(converged):
-    converged.lab.ssh("node1", "sed -i '/trainfleet:lab:root@node3$/d' /root/.ssh/authorized_keys")
+def test_a_removed_user_certificate_is_named_where_it_was_removed_and_where_it_breaks(converged):
+    # Without its certificate node3's key is trusted nowhere: the cluster trusts the CA, not keys.
+    converged.lab.ssh("node3", "rm /root/.ssh/id_trainfleet-cert.pub")
     run, report = drift_run()
     mesh = [f for f in report["findings"] if f["property"] == "ssh mesh (root)"]
-    assert [f["node"] for f in mesh] == ["node3"] and "node1" in mesh[0]["observed"]
-    assert_detected_then_cleared(converged.lab, {("node1", "authorized_keys (root)"), ("node3", "ssh mesh (root)")})
+    assert [f["node"] for f in mesh] == ["node3"] and "Permission denied" in mesh[0]["observed"]
+    assert_detected_then_cleared(converged.lab, {("node3", "user certificate (root)"), ("node3", "ssh mesh (root)")})
+
+
+def test_a_deleted_host_certificate_is_named_on_its_node(converged):
+    converged.lab.ssh("node2", "rm /etc/ssh/ssh_host_ecdsa_key-cert.pub")
+    assert_detected_then_cleared(converged.lab, {("node2", "host certificates")})
 
 
 def test_a_node_down_is_named_unreachable(converged):

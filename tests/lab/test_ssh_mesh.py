@@ -107,10 +107,11 @@ def test_an_unreachable_node_is_named_and_converges_on_a_later_run(mesh, tmp_pat
 
     assert run.returncode != 0
     assert "[node3] Could not connect" in run.stderr
-    assert sorted(run.changed()["SSH mesh for root"]) == ["node1", "node2"]
+    # A certificate mesh: a node joining changes none of the others' SSH files.
+    assert not {op for op in run.changed() if "mesh" in op or "known_hosts" in op}, run.changed()
     assert mesh_matrix(lab3, ["node1", "node2"]) == {s: {d: d for d in ("node1", "node2")} for s in ("node1", "node2")}
-    # node3's host keys still reached the others (from the controller's verified known_hosts).
-    assert lab3.ssh("node1", "grep -c '^node3,' /etc/ssh/ssh_known_hosts").strip() == "2"
+    # node3 stays trusted by the others: the one CA line names it with every node.
+    assert lab3.ssh("node1", "grep -c '^@cert-authority node?,' /etc/ssh/ssh_known_hosts").strip() == "1"
 
     lab3.lab.start("node3")
     deploy_twice(LAB_INVENTORY, DEPLOY)
@@ -125,6 +126,9 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
 
     for node in ("node1", "node2"):
         assert node3_key not in lab3.ssh(node, "cat /root/.ssh/authorized_keys")
+        # Its key (and so its still valid certificate) is refused by every remaining node's sshd.
+        assert lab3.ssh(node, f"echo '{node3_key}' > /run/node3.pub; ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys "
+                              "/run/node3.pub; echo rc=$?").split()[-1] == "rc=1"
         assert "Host node3" not in lab3.ssh(node, "cat /root/.ssh/config")
         assert "node3" not in lab3.ssh(node, "pdsh -a hostname")
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the whole cluster

@@ -171,3 +171,49 @@ def test_the_cluster_ca_is_made_once_kept_0600_and_never_retired(tmp_path):
     store.keypair("root", "gpu-a01")
     assert KeyStore("prod", root=tmp_path / "keys", nodes=[]).retired() != []  # the node's key is retired ...
     assert KeyStore("prod", root=tmp_path / "keys").certificate_authority() == ca  # ... the CA is not
+
+
+def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_path):
+    root = tmp_path / "keys"
+    store = KeyStore("c1", root=root, nodes=NODES)
+    old = {node: store.keypair("root", node).public for node in NODES}
+    assert store.revoked_keys() == []
+
+    store.revoke("root", "a")
+    store.revoke("root", "a")  # again: the key is gone already, nothing more to add
+    assert store.revoked_keys() == [old["a"]]
+
+    store.rotate("root", "b")
+    assert store.revoked_keys() == [old["a"], old["b"]]
+    rotated = store.keypair("root", "b").public
+    assert rotated != old["b"] and rotated not in store.revoked_keys()  # the new key is in use, not revoked
+
+    store.rotate("root", "a")  # back in with a new key: a revoked node has no old key left to add
+    assert store.revoked_keys() == [old["a"], old["b"]]
+
+    KeyStore("c1", root=root, nodes=["a", "b"])  # c left the spec
+    KeyStore("c1", root=root, nodes=["a", "b"])  # every host's run does it again
+    assert store.revoked_keys() == [old["a"], old["b"], old["c"]]
+    assert (store.dir / ".ca" / "revoked").read_text() == "".join(f"{line}\n" for line in store.revoked_keys())
+    assert stat.S_IMODE((store.dir / ".ca" / "revoked").stat().st_mode) == 0o600
+    assert stat.S_IMODE((store.dir / ".ca").stat().st_mode) == 0o700
+
+
+def test_a_revoked_node_that_comes_back_and_is_rotated_again_adds_only_its_new_key(tmp_path):
+    store = KeyStore("c1", root=tmp_path / "keys")
+    first = store.keypair("alice", "a").public
+    store.revoke("alice", "a")
+    store.rotate("alice", "a")
+    second = store.keypair("alice", "a").public
+    store.rotate("alice", "a")
+    assert store.revoked_keys() == [first, second]
+    assert KeyStore("c1", root=tmp_path / "keys").revoked_keys() == [first, second]  # what another process reads
+
+
+def test_revoking_a_node_revokes_the_key_it_holds_even_when_its_public_file_is_stale(tmp_path):
+    store = KeyStore("c1", root=tmp_path / "keys")
+    held = store.keypair("root", "a")
+    other = store.keypair("root", "b")
+    (store.dir / "root" / "a.pub").write_text(other.public + "\n")  # as in the stale-.pub test above
+    store.revoke("root", "a")
+    assert [line.split()[:2] for line in store.revoked_keys()] == [held.public.split()[:2]]

@@ -63,12 +63,24 @@ def roce_network(address: str, gid_index: int) -> dict:
     return network
 
 
-def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None) -> tuple[Cluster, ClusterPlan]:
-    cluster = Cluster.parse(SPEC)
+def public_key() -> str:
+    return Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+def fresh_sshd() -> dict:
+    """The SshdMesh fact of a node no certificate mesh reached yet (Debian 12's sshd_config)."""
+    return {"includes_drop_ins": True, "other_revoked_keys": [], "certificates": {}, "drop_in": None,
+            "revoked_keys": None}
+
+
+def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None,
+                    mesh_mode: str = "certificates") -> tuple[Cluster, ClusterPlan]:
+    cluster = Cluster.parse(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
     gathered = Gathered(networks=networks,
-                        host_keys={n.name: [f"ssh-ed25519 AAAAC3Nz{n.name}"] for n in cluster.nodes},
-                        os_families={n.name: "debian" for n in cluster.nodes})
+                        host_keys={n.name: [public_key()] for n in cluster.nodes},
+                        os_families={n.name: "debian" for n in cluster.nodes},
+                        sshd={n.name: fresh_sshd() for n in cluster.nodes})
     return cluster, plan_cluster(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
 
 
@@ -81,7 +93,8 @@ def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPla
 
     monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
     monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
-    for module, names in ((hosts, ["hostname", "hosts_block"]), (ssh_mesh, ["known_hosts", "mesh_user"]),
+    for module, names in ((hosts, ["hostname", "hosts_block"]),
+                          (ssh_mesh, ["known_hosts", "mesh_user", "mesh_trust", "sshd_certificates", "revoked_keys"]),
                           (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
                           (openmpi, ["mca_params"]), (launchers, ["launcher_files"]), (gpu_node, ["settings"])):
         for name in names:
@@ -93,7 +106,9 @@ def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPla
 def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     """What the node will hold once the operations ran, digested as drift digests it, worked
     out from nothing but the operations' arguments."""
-    (hostname,), (block,), (known,) = calls["hosts.hostname"], calls["hosts.hosts_block"], calls["ssh_mesh.known_hosts"]
+    (hostname,), (block,) = calls["hosts.hostname"], calls["hosts.hosts_block"]
+    adding, known = calls["ssh_mesh.known_hosts"]  # trust the new lines too; then exactly them
+    assert adding["entries"] == known["entries"] and (adding["exactly"], known.get("exactly", True)) == (False, True)
     (pdsh_call,), (software,), (nccl,) = calls["pdsh.pdsh"], calls["stack.software"], calls["nccl_env.nccl_env"]
     (mpi,), (files,) = calls["openmpi.mca_params"], calls["launchers.launcher_files"]
     (gpu,) = calls["gpu_node.settings"]
@@ -118,9 +133,20 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
                                           for name, (content, _) in sorted(files["files"].items())])
     if gpu["memlock_conf"] is not None and not gpu["problems"]:
         given["memlock file"] = digest(gpu["memlock_conf"])
+    (sshd,) = calls["ssh_mesh.sshd_certificates"]
+    for krl in calls.get("ssh_mesh.revoked_keys", []):  # a certificate mesh: the KRL once more, after the users
+        assert krl["content"] == sshd["revoked_keys"]
+    if not sshd.get("problems"):
+        given["host certificates"] = mesh.host_certificates_summary(sshd["certificates"])
+        given["sshd mesh files"] = mesh.sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
+    trust = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if call.get("exactly", True)}
+    adding = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if not call.get("exactly", True)}
     for user in calls["ssh_mesh.mesh_user"]:
         name = user["user"]
-        given[f"authorized_keys ({name})"] = digest(user["authorized"])
+        assert trust[name]["certificate"] == user["certificate"]
+        assert adding[name]["authorized"] == trust[name]["authorized"]
+        given[f"user certificate ({name})"] = mesh.certificate_summary(user["certificate"])
+        given[f"authorized_keys ({name})"] = digest(trust[name]["authorized"])
         given[f"ssh config ({name})"] = digest(user["config"])
         given[f"cluster key ({name})"] = f"{hashlib.sha256(user['identity'].private.encode()).hexdigest()[:12]} 600"
         if name in mpi["users"] and not mpi["problems"]:
@@ -130,13 +156,15 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
 
 # Properties drift checks that no operation writes: the node's own answers.
 OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)",
+                 "sshd mesh plan",  # "ok": the plan's problems, where it has any, are the finding
                  "memlock (non-login ssh)",  # the limit a session gets once the file is in place
                  "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
                  "memlock set elsewhere"}  # "none": other files' memlock lines, which no operation writes
 
 
-def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch):
-    cluster, plan = three_node_plan(tmp_path)
+@pytest.mark.parametrize("mesh_mode", ["certificates", "keys"])
+def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch, mesh_mode):
+    cluster, plan = three_node_plan(tmp_path, mesh_mode=mesh_mode)
     for node in cluster.nodes:
         given = given_to_operations(deploy_calls(monkeypatch, cluster, node.name, plan))
         expected = expect(plan.nodes[node.name])

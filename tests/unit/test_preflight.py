@@ -910,3 +910,40 @@ def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
     assert problem.node == "a" and "cannot be read" in problem.cause
     split = mtu_problems(two, {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)})
     assert {p.node for p in split} == {"a", "b"} and all("no MTU is on most nodes" in p.cause for p in split)
+
+
+# -- the certificate mesh's validity (issue #18) ---------------------------------------------------
+
+def test_preflight_names_missing_expired_and_not_yet_valid_certificates_and_warns_of_those_due_for_renewal():
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from trainfleet import certificates
+    from trainfleet.preflight import certificate_verdicts
+
+    cluster = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    ca = Ed25519PrivateKey.generate()
+    key = ca.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()  # any key will do
+    now = datetime(2026, 11, 24, tzinfo=timezone.utc)
+
+    def cert(kind: str, signed: datetime, days: int) -> str:
+        return certificates.sign(ca, key, kind, ["a"], "trainfleet:t:a", 7, timedelta(days=days), signed)
+
+    held = {
+        "a": {"ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=10), 365),
+              "root's certificate": cert("user", now - timedelta(days=300), 365)},  # 65 days left of 365
+        "b": {"ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=40), 30),  # expired
+              "root's certificate": None},
+    }
+    validity, problems, warnings = certificate_verdicts(cluster, held, now)
+
+    assert validity["a"]["ssh_host_ed25519_key-cert.pub"].startswith("355 days left (until 2027-11-14")
+    assert [(w.node, w.cause) for w in warnings] == [
+        ("a", "root's certificate has 65 days left: the next deploy signs it again")]
+    assert sorted((p.node, p.cause.split(" (")[0].split(":")[0]) for p in problems) == [
+        ("b", "root's certificate is missing"), ("b", "ssh_host_ed25519_key-cert.pub is not valid now")]
+    # A node holding no host certificate at all cannot prove its host by certificate.
+    _, problems, _ = certificate_verdicts(cluster, {"a": {"root's certificate": held["a"]["root's certificate"]}}, now)
+    assert [p.cause for p in problems] == ["sshd presents no host certificate: run the deploy"]

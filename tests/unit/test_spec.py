@@ -38,7 +38,8 @@ def test_a_good_spec_gets_every_default():
     assert spec["cluster"]["name"] == "prod"
     assert spec["cluster"]["mesh_users"] == ["root"]
     assert spec["cluster"]["master_port"] == 29500
-    assert spec["ssh"] == {"user": "root", "become": None, "port": 22, "key": None, "known_hosts": None}
+    assert spec["ssh"] == {"user": "root", "become": None, "port": 22, "key": None, "known_hosts": None,
+                           "mesh": "certificates", "certificate_days": 365}
     assert spec["gpu"]["memlock"] == "unlimited" and spec["preflight"]["min_busbw_gbps"] is None
     assert spec["nccl"]["socket_ifname"] == "auto"
     assert spec["stack"]["cuda"] is None

@@ -1,0 +1,222 @@
+"""The certificate mesh (issue #18) on real nodes over real SSH: a key mesh moves to
+certificates in one deploy with every login working throughout; a replaced node rejoins by
+deploying it alone; a revoked node is refused everywhere, certificate or not."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra
+from tests.lab.test_ssh_mesh import NODES, mesh_matrix
+from trainfleet.certificates import fingerprint
+from trainfleet.keystore import KeyStore
+
+DEPLOY = "deploy/cluster.py"
+MESH_FILES = ["/etc/ssh/ssh_known_hosts", "/root/.ssh/authorized_keys", "/root/.ssh/config",
+              "/root/.ssh/id_trainfleet", "/root/.ssh/id_trainfleet-cert.pub", "/etc/ssh/trainfleet_revoked_keys",
+              "/etc/ssh/sshd_config.d/trainfleet-mesh.conf", "/etc/ssh/ssh_host_ed25519_key-cert.pub",
+              "/etc/ssh/ssh_host_ecdsa_key-cert.pub"]
+
+# Logs in to every node, again and again, until told to stop: what a user's jobs see while
+# the deploy runs. A refused login or an unverified host key is a broken mesh.
+PROBER = r"""
+log=/run/tf-prober.log stop=/run/tf-prober.stop
+rm -f "$stop"; : > "$log"
+while [ ! -e "$stop" ]; do
+  for peer in {peers}; do
+    if out=$(ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "$peer" true 2>&1)
+    then echo "ok $peer" >> "$log"; else echo "fail $peer $(echo "$out" | tr '\n' ' ')" >> "$log"; fi
+  done
+done
+echo done >> "$log"
+"""
+
+
+def start_probers(lab) -> None:
+    script = PROBER.replace("{peers}", " ".join(NODES))
+    for node in NODES:
+        lab.ssh(node, "cat > /run/tf-prober.sh && (setsid sh /run/tf-prober.sh </dev/null >/dev/null 2>&1 &)",
+                input=script)
+
+
+def stop_probers(lab) -> dict[str, list[str]]:
+    """Each node's probe lines, once its prober has finished its last round."""
+    for node in NODES:
+        lab.ssh(node, "touch /run/tf-prober.stop")
+    logs: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 60
+    while len(logs) < len(NODES) and time.monotonic() < deadline:
+        for node in NODES:
+            lines = lab.ssh(node, "cat /run/tf-prober.log").splitlines()
+            if lines[-1:] == ["done"]:
+                logs[node] = lines[:-1]
+        time.sleep(0.5)
+    assert len(logs) == len(NODES), f"probers did not stop: {set(NODES) - set(logs)}"
+    return logs
+
+
+def mesh_files(lab, node: str) -> dict[str, str | None]:
+    """The node's text mesh files (the KRL, binary, is left out: see ``mesh_digests``)."""
+    return lab.read(node, [path for path in MESH_FILES if path != "/etc/ssh/trainfleet_revoked_keys"])
+
+
+def mesh_digests(lab, node: str) -> dict[str, str]:
+    """sha256 of each of the node's mesh files ("missing" where there is none)."""
+    out = lab.ssh(node, "for f in " + " ".join(MESH_FILES) + "; do "
+                  "if [ -f \"$f\" ]; then sha256sum \"$f\"; else echo \"missing $f\"; fi; done")
+    return {path: digest for digest, path in (line.split(None, 1) for line in out.splitlines())}
+
+
+def managed_block(text: str, purpose: str) -> list[str]:
+    lines = text.splitlines()
+    begin = lines.index(f"# BEGIN trainfleet managed block: {purpose} (do not edit)")
+    return lines[begin + 1:lines.index(f"# END trainfleet managed block: {purpose}")]
+
+
+@pytest.fixture(scope="module")
+def certs(lab, tmp_path_factory):
+    """A fresh lab converged as a key mesh (``ssh.mesh: keys``); the first test moves it."""
+    lab.fresh(3)
+    keys_inventory = lab.spec_inventory(tmp_path_factory.mktemp("keys"), ssh={"mesh": "keys"})
+    deploy_twice(keys_inventory, DEPLOY)
+    return SimpleNamespace(lab=lab, keys_inventory=keys_inventory)
+
+
+def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working_throughout(certs):
+    lab = certs.lab
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+    before = lab.read("node1", ["/etc/ssh/ssh_known_hosts"])["/etc/ssh/ssh_known_hosts"]
+    assert len(managed_block(before, "ssh mesh host keys")) == 2 * len(NODES)  # ed25519 + ecdsa per node
+
+    start_probers(lab)
+    try:
+        move = pyinfra(LAB_INVENTORY, DEPLOY)  # the lab's spec says nothing: certificates, the default
+    finally:
+        logs = stop_probers(lab)
+    assert move.returncode == 0, move.describe()
+    again = pyinfra(LAB_INVENTORY, DEPLOY)
+    assert again.returncode == 0 and again.changed() == {}, again.describe()
+
+    # Every login of every prober worked, before, during and after the move; each pair was tried.
+    failures = {node: [line for line in lines if not line.startswith("ok ")] for node, lines in logs.items()}
+    assert failures == {node: [] for node in NODES}
+    assert all({line.split()[1] for line in lines} == set(NODES) for lines in logs.values()), logs
+    # And now by certificate: one CA line, one authorized line, host and user certificates.
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+    for node in NODES:
+        files = mesh_files(lab, node)
+        (ca_line,) = managed_block(files["/etc/ssh/ssh_known_hosts"], "ssh mesh host keys")
+        assert ca_line.startswith("@cert-authority node?,node?.lab.trainfleet.test,198.18.0.?? ssh-ed25519 ")
+        (trust,) = managed_block(files["/root/.ssh/authorized_keys"], "ssh mesh keys")
+        assert trust.startswith('cert-authority,principals="root" ssh-ed25519 ')
+        assert files["/root/.ssh/id_trainfleet-cert.pub"].startswith("ssh-ed25519-cert-v01@openssh.com ")
+        listed = lab.ssh(node, "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+        assert "Type: ssh-ed25519-cert-v01@openssh.com host certificate" in listed
+        assert all(f"\n                {name}\n" in listed
+                   for name in (node, f"{node}.lab.trainfleet.test", lab.lab.node(node).address))
+    # The login really used the certificates (not a leftover key): ssh says so.
+    verbose = lab.ssh("node1", "ssh -v -o BatchMode=yes node2 true 2>&1")
+    assert "matches the ED25519-CERT host certificate" in verbose
+    assert "Server accepts key: /root/.ssh/id_trainfleet ED25519-CERT" in verbose
+
+
+def test_a_replaced_node_rejoins_by_deploying_it_alone(certs, tmp_path):
+    lab = certs.lab
+    others = {node: mesh_digests(lab, node) for node in ("node1", "node2")}
+    # node3 is reimaged: new host keys, a stock sshd, no mesh files (the operator's key kept). The operator takes its new
+    # host keys into the controller's known_hosts (read over the verified connection).
+    new_keys = lab.ssh("node3", "sed -i '/BEGIN trainfleet/,/END trainfleet/d' /root/.ssh/authorized_keys && "
+                                "rm -rf /root/.ssh/id_trainfleet* /root/.ssh/config /etc/ssh/ssh_host_* /etc/ssh/sshd_config.d/trainfleet-mesh.conf "
+                                "/etc/ssh/trainfleet_revoked_keys /etc/ssh/ssh_known_hosts && ssh-keygen -A >/dev/null "
+                                "&& cat /etc/ssh/ssh_host_*_key.pub && kill -HUP $(cat /run/sshd.pid)")
+    known = [line for line in lab.lab.known_hosts.read_text().splitlines() if not line.startswith("node3,")]
+    known += [f"node3,{lab.lab.node('node3').address} {' '.join(line.split()[:2])}" for line in new_keys.splitlines()]
+    lab.lab.known_hosts.write_text("\n".join(known) + "\n")
+    time.sleep(1)
+    assert mesh_matrix(lab)["node1"]["node3"] == ""  # the others cannot verify it yet
+
+    first = pyinfra(LAB_INVENTORY, DEPLOY, limit="node3")
+    assert first.returncode == 0, first.describe()
+    again = pyinfra(LAB_INVENTORY, DEPLOY, limit="node3")
+    assert again.returncode == 0 and again.changed() == {}, again.describe()
+
+    assert {node: mesh_digests(lab, node) for node in others} == others  # not one byte elsewhere
+    assert all(digest != "missing" for files in others.values() for digest in files.values())
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+
+
+def test_a_revoked_node_is_refused_everywhere_even_with_its_still_valid_certificate(certs):
+    lab = certs.lab
+    keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
+    # What a thief of node2's mesh identity would hold: its key and its certificate.
+    lab.ssh("node2", "mkdir -p -m 700 /root/stolen && cp /root/.ssh/id_trainfleet /root/.ssh/id_trainfleet-cert.pub "
+                     "/root/stolen/")
+    stolen_key = KeyStore("lab").keypair("root", "node2").public
+    subprocess.run([*keys_cli, "revoke", str(lab.lab.spec), "node2"], check=True, cwd=REPO)
+    try:
+        deploy_twice(LAB_INVENTORY, DEPLOY)
+
+        stolen = ("ssh -n -o BatchMode=yes -o IdentitiesOnly=yes -i /root/stolen/id_trainfleet "
+                  "-o CertificateFile=/root/stolen/id_trainfleet-cert.pub {peer} hostname 2>&1; echo rc=$?")
+        assert "Valid: from" in lab.ssh("node2", "ssh-keygen -L -f /root/stolen/id_trainfleet-cert.pub")
+        for peer in ("node1", "node3"):
+            answer = lab.ssh("node2", stolen.format(peer=peer))
+            assert "Permission denied" in answer and answer.rstrip().endswith("rc=255"), answer
+        assert lab.ssh("node2", "ls /root/.ssh/id_trainfleet /root/.ssh/id_trainfleet-cert.pub", check=False) == ""
+        matrix = mesh_matrix(lab)
+        assert matrix["node2"] == {"node1": "", "node2": "", "node3": ""}
+        assert matrix["node1"] == {dst: dst for dst in NODES}  # the others still reach node2 (its host cert)
+    finally:
+        subprocess.run([*keys_cli, "rotate", str(lab.lab.spec), "node2"], check=True, cwd=REPO)
+        lab.ssh("node2", "rm -rf /root/stolen")
+    deploy_twice(LAB_INVENTORY, DEPLOY)
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+    revoked = KeyStore("lab").revoked_keys()  # the stolen key stays refused after the rotation, not the new one
+    assert stolen_key in revoked and KeyStore("lab").keypair("root", "node2").public not in revoked
+
+
+def test_drift_names_a_certificate_the_spec_now_wants_shorter_and_the_deploy_renews_it(certs, tmp_path):
+    lab = certs.lab
+    shorter = lab.spec_inventory(tmp_path, ssh={"certificate_days": 30})
+    drift = pyinfra(shorter, "deploy/drift.py")
+    assert drift.returncode != 0
+    for node in NODES:
+        assert f"[{node}] host certificates" in drift.stdout + drift.stderr, drift.describe()
+    deploy_twice(shorter, DEPLOY)
+    clean = pyinfra(shorter, "deploy/drift.py")
+    assert clean.returncode == 0, clean.describe()
+    deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the lab's validity
+
+
+def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_throughout(certs):
+    lab = certs.lab
+    keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
+    old_ca = subprocess.run([*keys_cli, "ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True,
+                            text=True).stdout.split()[1]
+    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True)
+    new_ca = KeyStore("lab").certificate_authority().public.split()[1]
+    assert new_ca != old_ca
+
+    start_probers(lab)
+    try:
+        move = pyinfra(LAB_INVENTORY, DEPLOY)
+    finally:
+        logs = stop_probers(lab)
+    assert move.returncode == 0, move.describe()
+    again = pyinfra(LAB_INVENTORY, DEPLOY)
+    assert again.returncode == 0 and again.changed() == {}, again.describe()
+
+    assert {node: [line for line in lines if not line.startswith("ok ")] for node, lines in logs.items()} \
+        == {node: [] for node in NODES}
+    for node in NODES:
+        files = mesh_files(lab, node)
+        assert old_ca not in "".join(text or "" for text in files.values())  # trusted nowhere, signs nothing
+        assert new_ca in managed_block(files["/etc/ssh/ssh_known_hosts"], "ssh mesh host keys")[0]
+        signer = fingerprint(KeyStore("lab").certificate_authority().public)
+        assert f"Signing CA: ED25519 {signer}" in lab.ssh(node, "ssh-keygen -L -f /root/.ssh/id_trainfleet-cert.pub")
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
