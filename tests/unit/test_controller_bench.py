@@ -232,23 +232,11 @@ def test_the_baseline_runs_as_many_operations_as_the_deploy_with_the_same_names(
     """The no-op baseline stands for deploy/cluster.py's operations (one mesh user): the same
     names, in the same order."""
     import ast
-    import runpy
 
-    import facts.gather
-    from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
-    from tests.unit.test_plan import ROOT, three_node_plan
+    from tests.unit.test_plan import ROOT, deploy_order, three_node_plan
 
     cluster, plan = three_node_plan(tmp_path, mesh_mode=mesh_mode)  # mesh users root and alice
-    names: list[str] = []
-    monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.nodes[0]))
-    monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
-    for module, ops in ((hosts, ["hostname", "hosts_block"]), (pdsh, ["pdsh"]), (stack, ["software"]),
-                        (ssh_mesh, ["known_hosts", "mesh_trust", "sshd_certificates", "mesh_user", "revoked_keys"]),
-                        (nccl_env, ["nccl_env"]), (openmpi, ["mca_params"]), (launchers, ["launcher_files"]),
-                        (gpu_node, ["settings"])):
-        for op in ops:
-            monkeypatch.setattr(module, op, lambda name, **_: names.append(name))
-    runpy.run_path(str(ROOT / "deploy/cluster.py"))
+    names = [kwargs["name"] for _, kwargs in deploy_order(monkeypatch, cluster, cluster.nodes[0].name, plan)]
 
     root_only = [n for n in names if "alice" not in n]
     source = (ROOT / "bench/controller/noop_deploy.py").read_text()  # a deploy file: importing it runs it

@@ -763,30 +763,16 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
 
 
-def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(tmp_path):
-    import runpy
-
-    import facts.gather
-    from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
-    from tests.unit.test_plan import ROOT, three_node_plan
+def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(tmp_path,
+                                                                                                       monkeypatch):
+    from tests.unit.test_plan import deploy_order, three_node_plan
 
     cluster, _ = three_node_plan(tmp_path)
     sshd = {n.name: fresh_sshd() for n in cluster.nodes}
     sshd["gpu-a03"]["includes_drop_ins"] = False  # a RHEL 8 sshd_config
     plan = plan_cluster(cluster, Gathered(host_keys={n.name: [public_key()] for n in cluster.nodes}, sshd=sshd),
                         KeyStore(cluster.name, root=tmp_path / "keys"))
-    order: list[tuple[str, dict]] = []
-    import pytest as _pytest
-    with _pytest.MonkeyPatch.context() as patch:
-        patch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node("gpu-a03")))
-        patch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
-        for module, ops in ((hosts, ["hostname", "hosts_block"]), (pdsh, ["pdsh"]), (stack, ["software"]),
-                            (ssh_mesh, ["known_hosts", "mesh_trust", "sshd_certificates", "mesh_user", "revoked_keys"]),
-                            (nccl_env, ["nccl_env"]), (openmpi, ["mca_params"]), (launchers, ["launcher_files"]),
-                            (gpu_node, ["settings"])):
-            for op in ops:
-                patch.setattr(module, op, lambda _op=op, **kwargs: order.append((_op, kwargs)))
-        runpy.run_path(str(ROOT / "deploy/cluster.py"))
+    order = [(op.split(".")[1], kwargs) for op, kwargs in deploy_order(monkeypatch, cluster, "gpu-a03", plan)]
     ops = [op for op, _ in order]
     sshd_at = ops.index("sshd_certificates")
     assert "does not read /etc/ssh/sshd_config.d" in order[sshd_at][1]["problems"][0]

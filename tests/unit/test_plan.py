@@ -84,13 +84,10 @@ def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None,
     return cluster, plan_cluster(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
 
 
-def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> dict[str, list[dict]]:
-    """Run deploy/cluster.py for one node with its operations recording what they are given."""
-    calls: dict[str, list[dict]] = {}
-
-    def recorder(name: str):
-        return lambda **kwargs: calls.setdefault(name, []).append(kwargs)
-
+def deploy_order(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> list[tuple[str, dict]]:
+    """Run deploy/cluster.py for one node with its operations recording, in order, what they
+    are given: ``[("module.operation", kwargs)]``."""
+    order: list[tuple[str, dict]] = []
     monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
     monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
     for module, names in ((hosts, ["hostname", "hosts_block"]),
@@ -98,8 +95,17 @@ def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPla
                           (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
                           (openmpi, ["mca_params"]), (launchers, ["launcher_files"]), (gpu_node, ["settings"])):
         for name in names:
-            monkeypatch.setattr(module, name, recorder(f"{module.__name__.split('.')[-1]}.{name}"))
+            op = f"{module.__name__.split('.')[-1]}.{name}"
+            monkeypatch.setattr(module, name, lambda _op=op, **kwargs: order.append((_op, kwargs)))
     runpy.run_path(str(ROOT / "deploy/cluster.py"))
+    return order
+
+
+def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> dict[str, list[dict]]:
+    """What deploy/cluster.py gives each of its operations for one node: ``{"module.operation": [kwargs]}``."""
+    calls: dict[str, list[dict]] = {}
+    for op, kwargs in deploy_order(monkeypatch, cluster, node_name, plan):
+        calls.setdefault(op, []).append(kwargs)
     return calls
 
 
