@@ -80,7 +80,7 @@ demo: venv host-deps
 
 test: venv host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: venv host-deps
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'

@@ -10,9 +10,19 @@ import pytest
 from tests.lab.harness import LabController
 
 HERE = Path(__file__).resolve().parent
+# Modules that share the torch-converged lab, in the order they run: last and back to back, so
+# the stack is installed once per session (a `lab.fresh()` between them would install it again).
+# test_sudo_login hardens that lab (root refused), so it runs last of all.
+TORCH_MODULES = ("test_launchers.py", "test_torch_preflight.py", "test_torch_stack.py", "test_sudo_login.py")
+
+
+def _torch_rank(item) -> int:
+    name = Path(str(item.fspath)).name
+    return TORCH_MODULES.index(name) + 1 if name in TORCH_MODULES else 0
 
 
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=_torch_rank)  # stable: every module keeps its own order
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.lab)
@@ -46,6 +56,11 @@ def lab3(lab: LabController) -> LabController:
 def torch_lab(lab: LabController, tmp_path_factory) -> tuple[LabController, str]:
     """A 3-node lab converged with torch pinned in every node's venv (from the wheelhouse),
     shared by the tests that need it (installing torch takes minutes)."""
+    return converged_torch_lab(lab, tmp_path_factory)
+
+
+def converged_torch_lab(lab: LabController, tmp_path_factory) -> tuple[LabController, str]:
+    """The torch lab, converged on first use and reused while nothing re-booted it."""
     from tests.lab.harness import TORCH_STACK, deploy_twice
 
     inventory = str(tmp_path_factory.getbasetemp() / "torch" / "variant.py")

@@ -11,6 +11,7 @@ import pytest
 
 from checks.drift import report_path as drift_report
 from checks.preflight import report_path as preflight_report
+from tests.lab.conftest import converged_torch_lab
 from tests.lab.harness import TORCH_STACK, deploy_twice, on_every_node, pyinfra
 
 NODES = ["node1", "node2", "node3"]
@@ -38,7 +39,10 @@ MANAGED = ("sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts 
 
 @pytest.fixture(scope="module")
 def sudo_lab(lab, tmp_path_factory):
-    lab.fresh(3)
+    # The torch lab the modules before this one converged (the stack is not installed again),
+    # hardened: root refused from here on, so no later test may share it.
+    lab, _ = converged_torch_lab(lab, tmp_path_factory)
+    lab.prepared = None
     on_every_node(lab, NODES, HARDEN)
     workdir = tmp_path_factory.mktemp("sudo")
     admin = lab.spec_inventory(workdir, cluster={"mesh_users": [ADMIN]}, ssh={"user": ADMIN, "become": "sudo"},
