@@ -6,7 +6,7 @@ Operations ask ``fact()``; deploys and checks ask ``deploy_plan()`` / ``gather_f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -50,19 +50,22 @@ def run_facts(state: State) -> RunFacts:
 
 
 def gather_fact(state: State, fact: type, per_node: Callable[[str], dict[str, Any]] | None = None,
-                **kwargs: Any) -> dict[str, Any]:
+                nodes: Collection[str] | None = None, **kwargs: Any) -> dict[str, Any]:
     """``{node name: fact}`` from every active host, one remote command each, in parallel.
 
     + per_node: the arguments that differ between nodes, ``node name -> kwargs`` (drift's
       mesh probe: each node its own peers); such a read is never answered from ``read_once``
+    + nodes: only these nodes (drift's second look at the few that differ), never from ``read_once``
 
     pyinfra's own ``get_facts`` spawns into the state's pool, which deploy code already
     occupies while it runs (it deadlocks there); a pool of our own does not.
     """
-    hosts = list(state.inventory.get_active_hosts())
+    hosts = [h for h in state.inventory.get_active_hosts()
+             if nodes is None or h.data.get("trainfleet_node", h.name) in nodes]
     key = _key(fact, kwargs)
     stores = [run_facts(state).read.get(h.name) for h in hosts]
-    if hosts and per_node is None and all(store is not None and key in store for store in stores):
+    cached = all(store is not None and key in store for store in stores)
+    if hosts and per_node is None and nodes is None and cached:
         return {h.data.get("trainfleet_node", h.name): store[key] for h, store in zip(hosts, stores)}
 
     hosts = [h for h in hosts if h not in prove_sudo(state, hosts)]

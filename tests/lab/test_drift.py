@@ -87,9 +87,20 @@ def assert_detected_then_cleared(lab, expected: set[tuple[str, str]]):
     assert run.returncode == 0 and not report["drift"], report["findings"]
 
 
-def test_a_hand_edited_hosts_block_is_named(converged):
+def test_a_hand_edited_hosts_block_and_launcher_file_are_named_with_what_changed(converged):
+    launcher = "/etc/trainfleet/launch/torchrun.sh"
     converged.lab.ssh("node2", "sed -i 's/^198.18.0.13 /198.18.0.99 /' /etc/hosts")
-    assert_detected_then_cleared(converged.lab, {("node2", "hosts block")})
+    converged.lab.ssh("node2", f"sed -i 's/--nnodes=/--max-restarts=9 --nnodes=/' {launcher}")
+    run, report = drift_run()
+    found = {f["property"]: f for f in report["findings"] if f["node"] == "node2"}
+    assert found["launcher files"]["files"] == [launcher] and found["hosts block"]["files"] == ["/etc/hosts"]
+    (added,) = [line for line in found["launcher files"]["diff"] if line.startswith("+") and "--nnodes=" in line]
+    assert "--max-restarts=9 --nnodes=" in added
+    assert any(line.startswith("-198.18.0.13 ") for line in found["hosts block"]["diff"])
+    assert any(line.startswith("+198.18.0.99 ") for line in found["hosts block"]["diff"])
+    assert f"node2: launcher files: {launcher}" in run.stderr and f"    {added}" in run.stderr.splitlines()
+    assert "node2: hosts block: /etc/hosts" in run.stderr
+    assert_detected_then_cleared(converged.lab, {("node2", "hosts block"), ("node2", "launcher files")})
 
 
 def test_a_removed_nccl_variable_is_named(converged):
