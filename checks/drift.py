@@ -16,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyinfra import logger
+
 from checks.report import publish
 from checks.report import report_path as report_file
 from facts.fingerprint import NodeFingerprint, plan_inputs
@@ -39,6 +41,8 @@ from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
+MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
+REPORT_BYTES = 256 * 2**20  # the most of the last report read back (1024 nodes: a few MB)
 Contents = dict[str, dict[str, Content]]  # property -> managed file -> its content
 # {node: launcher file names} -> {node: {name: text}}: the changed files' text, read from the nodes
 LauncherReader = Callable[[dict[str, list[str]]], dict[str, dict[str, str | None]]]
@@ -282,21 +286,24 @@ def cluster_report(cluster: Cluster) -> Report:
     return once_per_run("drift report", lambda state: _report(state, cluster))
 
 
-def mesh_probe(names: list[str], previous: dict[str, Any] | None, env: dict[str, str]) -> dict[str, Any]:
+def mesh_probe(names: list[str], previous: Any, env: dict[str, str],
+               warn: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Which peers each node's live SSH probe logs in to this run: ``{"mode", "stride",
     "rotation", "logins_per_node"}``. By default a ring and a stride (``probe_targets``), the
-    stride one step further than the last run's (its JSON report), so a constant number of
-    logins per node covers every pair over the runs; ``full`` on request. The static half
-    (every node holds exactly the planned keys, known hosts and config) is checked every run."""
+    stride one step further than the last run's (its JSON report, ``previous``), so a constant
+    number of logins per node covers every pair over the runs; ``full`` on request. The static
+    half (every node holds exactly the planned keys, known hosts and config) is checked every
+    run. A last report that is not one restarts the rotation, with a warning (``warn``)."""
     nodes = len(names)
     problems = probe_env_problems(nodes, env)
     if problems:  # the inventory refused these before any host was contacted
         raise ValueError("; ".join(problems))
     if env.get(FULL_PROBE_ENV) == "full":
         return {"mode": "full", "stride": 0, "rotation": None, "logins_per_node": nodes}
-    last = previous.get("mesh_probe") if isinstance(previous, dict) else None
-    done = last.get("rotation") if isinstance(last, dict) else None
-    done = done if isinstance(done, int) and not isinstance(done, bool) and done >= 0 else None
+    done, why = last_rotation(previous)
+    if why:
+        warn(f"drift: the last report's mesh probe is ignored ({why}); "
+             "the stride rotation restarts")
     if env.get(STRIDE_ENV) and nodes >= 4:  # pinned: the rotation waits where it was
         return {"mode": "sampled", "stride": int(env[STRIDE_ENV]), "rotation": done, "logins_per_node": 2}
     rotation = 0 if done is None else done + 1
@@ -305,18 +312,50 @@ def mesh_probe(names: list[str], previous: dict[str, Any] | None, env: dict[str,
     return {"mode": "sampled", "stride": stride, "rotation": rotation, "logins_per_node": logins}
 
 
-def _previous(path: Path) -> dict[str, Any] | None:
-    """The last drift report, if it can be read as one (it is the controller's own file)."""
+def last_rotation(previous: Any) -> tuple[int | None, str | None]:
+    """The last run's stride rotation from its report (None: none yet, or a full probe), and
+    why a report's was not taken (None: it was). A count of runs is 0..MAX_ROTATION: a larger
+    one cannot come from runs, and would soon be too long a number to write back."""
+    if previous is None:
+        return None, None
+    last = previous.get("mesh_probe", {}) if isinstance(previous, dict) else None
+    if not isinstance(last, dict):
+        return None, "not a drift report"
+    done = last.get("rotation")
+    if done is None:
+        return None, None
+    if isinstance(done, bool) or not isinstance(done, int):
+        return None, f"its rotation is {type(done).__name__}, not a count of runs"
+    if not 0 <= done <= MAX_ROTATION:  # never str(done): a huge int is an error of its own
+        return None, f"its rotation is {'below 0' if done < 0 else f'above {MAX_ROTATION}'}"
+    return done, None
+
+
+def _previous(path: Path, warn: Callable[[str], None]) -> Any:
+    """The last drift report as JSON (it is the controller's own file), None if there is none;
+    one too large or that is not JSON is ignored with a warning."""
     try:
-        found = json.loads(path.read_text())
-    except (OSError, ValueError):
+        with path.open("rb") as file:
+            data = file.read(REPORT_BYTES + 1)
+    except FileNotFoundError:
         return None
-    return found if isinstance(found, dict) else None
+    except OSError as exc:
+        warn(f"drift: the last report {path} cannot be read ({exc}); the stride rotation restarts")
+        return None
+    try:
+        if len(data) > REPORT_BYTES:
+            raise ValueError(f"larger than {REPORT_BYTES} bytes")
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
+        warn(f"drift: the last report {path} is not a drift report ({str(exc)[:80]}); "
+             "the stride rotation restarts")
+        return None
 
 
 def _report(state, cluster: Cluster) -> Report:
     names = [n.name for n in cluster.nodes]
-    probe = mesh_probe(names, _previous(report_path(cluster.name)), dict(os.environ))
+    previous = _previous(report_path(cluster.name), logger.warning)
+    probe = mesh_probe(names, previous, dict(os.environ), logger.warning)
     fingerprints = gather_fact(state, NodeFingerprint, users=cluster.mesh_users, peers=[],
                                per_node=lambda name: {"peers": probe_targets(names, name, probe["stride"])})
     reachable = {name: fp for name, fp in fingerprints.items() if fp}
