@@ -18,6 +18,7 @@ from pyinfra.api import FactBase, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
+from facts.faults import name_step_faults
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo import sudo_probe_command, sudo_refusal
 from trainfleet.keystore import KeyStore
@@ -107,7 +108,9 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
 def this_node() -> tuple[Cluster, Node]:
     """The cluster and the node this deploy runs for (``trainfleet.inventory.this_node``),
     once every sudo login of the run has proved it acts as root without a password: every
-    deploy file starts here, before any fact or stage could make pyinfra prompt for one."""
+    deploy file starts here, before any fact or stage could make pyinfra prompt for one.
+    A node that fails a step from here on is named with what happened (facts/faults.py)."""
+    once_per_run("step faults", name_step_faults)
     once_per_run("sudo proved", lambda state: prove_sudo(state, list(state.inventory.get_active_hosts())))
     return inventory.this_node()
 
