@@ -6,7 +6,7 @@ Operations ask ``fact()``; deploys and checks ask ``deploy_plan()`` / ``gather_f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ from pyinfra.api import FactBase, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
+from facts.faults import name_step_faults
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo import sudo_probe_command, sudo_refusal
 from trainfleet.keystore import KeyStore
@@ -50,19 +51,22 @@ def run_facts(state: State) -> RunFacts:
 
 
 def gather_fact(state: State, fact: type, per_node: Callable[[str], dict[str, Any]] | None = None,
-                **kwargs: Any) -> dict[str, Any]:
+                nodes: Collection[str] | None = None, **kwargs: Any) -> dict[str, Any]:
     """``{node name: fact}`` from every active host, one remote command each, in parallel.
 
     + per_node: the arguments that differ between nodes, ``node name -> kwargs`` (drift's
       mesh probe: each node its own peers); such a read is never answered from ``read_once``
+    + nodes: only these nodes (drift's second look at the few that differ), never from ``read_once``
 
     pyinfra's own ``get_facts`` spawns into the state's pool, which deploy code already
     occupies while it runs (it deadlocks there); a pool of our own does not.
     """
-    hosts = list(state.inventory.get_active_hosts())
+    hosts = [h for h in state.inventory.get_active_hosts()
+             if nodes is None or h.data.get("trainfleet_node", h.name) in nodes]
     key = _key(fact, kwargs)
     stores = [run_facts(state).read.get(h.name) for h in hosts]
-    if hosts and per_node is None and all(store is not None and key in store for store in stores):
+    cached = all(store is not None and key in store for store in stores)
+    if hosts and per_node is None and nodes is None and cached:
         return {h.data.get("trainfleet_node", h.name): store[key] for h, store in zip(hosts, stores)}
 
     hosts = [h for h in hosts if h not in prove_sudo(state, hosts)]
@@ -104,7 +108,9 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
 def this_node() -> tuple[Cluster, Node]:
     """The cluster and the node this deploy runs for (``trainfleet.inventory.this_node``),
     once every sudo login of the run has proved it acts as root without a password: every
-    deploy file starts here, before any fact or stage could make pyinfra prompt for one."""
+    deploy file starts here, before any fact or stage could make pyinfra prompt for one.
+    A node that fails a step from here on is named with what happened (facts/faults.py)."""
+    once_per_run("step faults", name_step_faults)
     once_per_run("sudo proved", lambda state: prove_sudo(state, list(state.inventory.get_active_hosts())))
     return inventory.this_node()
 

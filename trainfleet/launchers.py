@@ -30,8 +30,10 @@ LAUNCHER_FILES = MappingProxyType({
     ".deepspeed_env": ("launchers/deepspeed_env.j2", "644"),
     # The smoke job every launcher can start: two DDP steps, checked (trainfleet/smoke/train.py)
     "smoke_train.py": ("smoke/train.py", "644"),
+    # `colossalai run` over OpenSSH: fabric's paramiko accepts any host key (colossalai.sh)
+    "colossalai_run.py": ("launch/colossalai_run.py", "644"),
 })
-VERBATIM = frozenset({"smoke_train.py"})
+VERBATIM = frozenset({"smoke_train.py", "colossalai_run.py"})
 # Ascend clusters also get the HCCL rank table MindSpore reads (RANK_TABLE_FILE), built from
 # every NPU node's device IPs (trainfleet/plan.py: rank_table_part)
 RANK_TABLE = "rank_table.json"

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from bench.tally import exec_count
 from checks.drift import report_path
-from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra
+from tests.lab.harness import LAB_INVENTORY, PYINFRA, REPO, deploy_twice, pyinfra
 
 CLUSTER = "deploy/cluster.py"
 DRIFT = "deploy/drift.py"
@@ -87,9 +88,20 @@ def assert_detected_then_cleared(lab, expected: set[tuple[str, str]]):
     assert run.returncode == 0 and not report["drift"], report["findings"]
 
 
-def test_a_hand_edited_hosts_block_is_named(converged):
+def test_a_hand_edited_hosts_block_and_launcher_file_are_named_with_what_changed(converged):
+    launcher = "/etc/trainfleet/launch/torchrun.sh"
     converged.lab.ssh("node2", "sed -i 's/^198.18.0.13 /198.18.0.99 /' /etc/hosts")
-    assert_detected_then_cleared(converged.lab, {("node2", "hosts block")})
+    converged.lab.ssh("node2", f"sed -i 's/--nnodes=/--max-restarts=9 --nnodes=/' {launcher}")
+    run, report = drift_run()
+    found = {f["property"]: f for f in report["findings"] if f["node"] == "node2"}
+    assert found["launcher files"]["files"] == [launcher] and found["hosts block"]["files"] == ["/etc/hosts"]
+    (added,) = [line for line in found["launcher files"]["diff"] if line.startswith("+") and "--nnodes=" in line]
+    assert "--max-restarts=9 --nnodes=" in added
+    assert any(line.startswith("-198.18.0.13 ") for line in found["hosts block"]["diff"])
+    assert any(line.startswith("+198.18.0.99 ") for line in found["hosts block"]["diff"])
+    assert f"node2: launcher files: {launcher}" in run.stderr and f"    {added}" in run.stderr.splitlines()
+    assert "node2: hosts block: /etc/hosts" in run.stderr
+    assert_detected_then_cleared(converged.lab, {("node2", "hosts block"), ("node2", "launcher files")})
 
 
 def test_a_removed_nccl_variable_is_named(converged):
@@ -132,6 +144,37 @@ def test_a_removed_user_certificate_is_named_where_it_was_removed_and_where_it_b
 def test_a_deleted_host_certificate_is_named_on_its_node(converged):
     converged.lab.ssh("node2", "rm /etc/ssh/ssh_host_ecdsa_key-cert.pub")
     assert_detected_then_cleared(converged.lab, {("node2", "host certificates")})
+
+
+def test_a_node_lost_in_the_middle_of_a_deploy_is_named_with_what_happened_and_the_step(converged):
+    """node2 has one file to change; a process this test starts there holds the node's lock,
+    so the deploy's write waits inside that step until node2 goes away (no sleep race)."""
+    lab = converged.lab
+    lab.ssh("node2", "sed -i 's/^198.18.0.13 /198.18.0.99 /' /etc/hosts")
+    lab.ssh("node2", "mkdir -p -m 700 /run/trainfleet; "
+            "setsid flock /run/trainfleet/lock sleep 300 </dev/null >/dev/null 2>&1 &")
+    deploy = subprocess.Popen([PYINFRA, "-y", "--json", LAB_INVENTORY, CLUSTER], cwd=REPO, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not lab.ssh("node2", "pgrep -f '^flock -w [0-9]+ 9$' || true").strip():
+            assert deploy.poll() is None and time.monotonic() < deadline, "the deploy never waited on node2"
+            time.sleep(0.2)
+        lab.lab.stop("node2")  # every process of node2 ends, its sshd's sessions with them
+        stdout, stderr = deploy.communicate(timeout=300)
+    finally:
+        if deploy.poll() is None:
+            deploy.kill()
+        lab.lab.start("node2")
+    assert deploy.returncode != 0
+    lost = [line for line in stderr.splitlines() if "[node2]" in line and "trainfleet:" in line]
+    step = "'Cluster hosts block in /etc/hosts'"
+    assert any("connection lost" in line and step in line for line in lost), stderr[-3000:]
+    report = json.loads(stdout[stdout.find("{"):])  # node1 and node3 went on to the end
+    assert {h for op in report["results"]["operations"] for h in op["error"]} == {"node2"}
+    run = pyinfra(LAB_INVENTORY, CLUSTER)  # back, node2 converges too
+    assert run.returncode == 0, run.describe()
+    assert set(run.changed()) == {"Cluster hosts block in /etc/hosts"} and drift_run()[0].returncode == 0
 
 
 def test_a_node_down_is_named_unreachable(converged):

@@ -81,6 +81,17 @@ def test_colossalai_sh_from_node1_trains_over_ssh_with_the_venv_on_the_path(torc
     lab, _ = torch_lab
     # ColossalAI runs a bare `torchrun` on every host in the directory it was started in.
     assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/colossalai.sh {SMOKE}'", everywhere=False))
+    # A host whose key ssh does not trust is refused: node2's address under a name no
+    # certificate names (fabric, with paramiko's AutoAddPolicy, logged in to it and ran the job).
+    lab.ssh("node1", "echo '198.18.0.12 imposter' >> /etc/hosts")
+    try:
+        out = lab.ssh("node1", f"cd /root && timeout -k 5 {BOUND} /opt/trainfleet/venv/bin/python "
+                      f"{LAUNCH}/colossalai_run.py run --nproc_per_node 1 --host imposter "
+                      f"--master_addr 198.18.0.12 --master_port 29511 {SMOKE} 2>&1",
+                      check=False, timeout=BOUND + 30)
+    finally:
+        lab.ssh("node1", "sed -i '/ imposter$/d' /etc/hosts")
+    assert "Host key verification failed" in out and not ranks(out), out[-2000:]
 
 
 def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):

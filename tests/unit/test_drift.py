@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
-from trainfleet.drift import compare, digest
+from bench.controller import fleet as fleet_mod
+from bench.controller.record import load
+from checks.drift import compare_fingerprints
+from facts.launchers import LauncherContents, LauncherFiles
+from trainfleet.keystore import KeyStore
+from trainfleet.drift import (DIFF_LINES, DIFF_WIDTH, Finding, Report, compare, content, content_diff, digest,
+                              explain)
 
 NODES = ["n1", "n2", "n3"]
 
@@ -90,3 +98,109 @@ def test_a_venv_package_one_node_lacks_or_has_alone_or_at_another_version_is_nam
         ("n2", "python deepspeed", "spec", "0.19.7"),
         ("n3", "python einops", "majority", "0.8.1"),
     ]
+
+
+# A managed file's diff: real content, trainfleet's own smoke job (a launcher file, copied verbatim)
+SMOKE = (Path(__file__).resolve().parents[2] / "trainfleet/smoke/train.py").read_text()
+
+
+def _launcher_finding(found_text: str, wanted_text: str = SMOKE) -> Report:
+    seen = observed()
+    for node in NODES:
+        seen[node]["launcher files"] = digest(found_text if node == "n2" else wanted_text)
+    report = compare("c", NODES, seen, {n: {"launcher files": digest(wanted_text)} for n in NODES})
+    path = "/etc/trainfleet/launch/smoke_train.py"
+    explain(report, {"n2": {"launcher files": {path: content(wanted_text)}}},
+            {"n2": {"launcher files": {path: content(found_text)}}})
+    return report
+
+
+def test_a_changed_managed_file_is_named_with_a_short_diff_in_the_table_and_the_json():
+    lines = SMOKE.split("\n")
+    changed = lines[10]
+    found = "\n".join([*lines[:10], changed + "  # edited", *lines[11:]])
+    report = _launcher_finding(found)
+    (finding,) = report.findings
+    assert finding.files == ("/etc/trainfleet/launch/smoke_train.py",)
+    assert str(finding).startswith("launcher files: /etc/trainfleet/launch/smoke_train.py differs from the spec")
+    assert f"-{changed}" in finding.diff and f"+{changed}  # edited" in finding.diff
+    assert finding.diff[:2] == ("--- /etc/trainfleet/launch/smoke_train.py (expected)",
+                                "+++ /etc/trainfleet/launch/smoke_train.py (found)")
+    table = report.table()
+    assert "n2: launcher files: /etc/trainfleet/launch/smoke_train.py" in table
+    assert f"    +{changed}  # edited" in table.splitlines()
+    assert json.loads(report.dumps())["findings"][0]["diff"] == list(finding.diff)
+
+
+def test_a_rewritten_file_is_bounded_and_long_lines_are_cut():
+    (finding,) = _launcher_finding("\n".join(f"line {i}" for i in range(200))).findings
+    assert len(finding.diff) == DIFF_LINES and finding.diff[-1].startswith("... ")
+    (finding,) = _launcher_finding(SMOKE.replace("import", "x" * 500, 1)).findings
+    assert max(map(len, finding.diff)) == DIFF_WIDTH
+    assert any(line.startswith("+") and line.endswith("x...") for line in finding.diff)
+
+
+def test_key_material_is_named_and_never_shown():
+    private = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----\n"
+    files, diff = content_diff({"~root/.ssh/id_trainfleet": content(private, shown=False), "/etc/x": content("a")},
+                               {"~root/.ssh/id_trainfleet": content(private + "x", shown=False), "/etc/x": content("a")})
+    assert files == ("~root/.ssh/id_trainfleet",) and diff == ()
+
+
+def test_file_content_cannot_forge_the_tables_framing():
+    hostile = SMOKE.replace("import", "import\x1b[2J\rn1  hostname  forged\u202e", 1) + "\nn3 torch *\n"
+    report = _launcher_finding(hostile)
+    table = report.table()
+    assert all(c.isprintable() for line in table.splitlines() for c in line)
+    assert "\\x1b[2J\\rn1" in table and "\\u202e" in table
+    assert not any(line.startswith(("n1", "n3")) for line in table.splitlines())  # every diff line indented
+    assert any("\x1b[2J\r" in line for line in json.loads(report.dumps())["findings"][0]["diff"])
+
+
+def _run(command) -> list[str]:
+    """A fact's real command, run here with sh (its node is a directory of this machine)."""
+    out = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()
+
+
+def test_drift_names_a_changed_launcher_and_hosts_line_and_shows_what_changed(tmp_path):
+    """The bench's fleet (a real lab node's answers, rewritten per node by the plan); on one
+    node a launcher file edited in a real directory, read by the real launcher facts, and a
+    line gone from its hosts block."""
+    fleet = fleet_mod.build(4, tmp_path / "fleet", load())
+    victim = fleet.cluster.nodes[1].name
+    plan = fleet.plan.nodes[victim]
+    launch = tmp_path / "launch"
+    launch.mkdir()
+    for name, (text, _) in plan.launchers.files.items():
+        (launch / name).write_text(text)
+    script = plan.launchers.files["torchrun.sh"][0]
+    changed = next(line for line in script.splitlines() if "torchrun" in line and not line.startswith("#"))
+    (launch / "torchrun.sh").write_text(script.replace(changed, changed + " --max-restarts 9", 1))
+    users = fleet.cluster.mesh_users
+    fingerprints = {name: fleet_mod.parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+                    for name, a in fleet.converged.items()}
+    files = LauncherFiles()
+    fingerprints[victim]["launchers"] = files.process(_run(files.command(str(launch))))
+    fingerprints[victim]["hosts"]["block"] = plan.hosts.lines[:-1]
+    asked = {}
+
+    def read(changed_files):
+        asked.update(changed_files)
+        fact = LauncherContents()
+        return {node: fact.process(_run(fact.command(str(launch), names))) for node, names in changed_files.items()}
+
+    report = compare_fingerprints(fleet.cluster, fingerprints, KeyStore(fleet.cluster.name, root=fleet.home / "keys"),
+                                  read_launchers=read)
+    assert asked == {victim: ["torchrun.sh"]}  # only the file that differs, only from its node
+    by_property = {f.property: f for f in report.findings if f.node == victim}
+    launchers, hosts = by_property["launcher files"], by_property["hosts block"]
+    assert launchers.files == ("/etc/trainfleet/launch/torchrun.sh",)
+    assert f"-{changed}" in launchers.diff and f"+{changed} --max-restarts 9" in launchers.diff
+    assert hosts.files == ("/etc/hosts",) and f"-{plan.hosts.lines[-1]}" in hosts.diff
+    table = report.table()
+    assert f"{victim}: launcher files: /etc/trainfleet/launch/torchrun.sh" in table
+    assert f"    +{changed} --max-restarts 9" in table.splitlines()
+    found = {f["property"]: f for f in json.loads(report.dumps())["findings"]}
+    assert found["launcher files"]["diff"] == list(launchers.diff)
+    assert found["hosts block"]["files"] == ["/etc/hosts"]

@@ -4,12 +4,16 @@ tests/lab/test_launchers.py)."""
 
 from __future__ import annotations
 
+import re
+import zipfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from trainfleet import Cluster
-from trainfleet.launchers import render_launchers
+from trainfleet.launch.colossalai_run import OpenSshConnection
+from trainfleet.launchers import VERBATIM, render_launchers
 
 NODES = """\
 nodes:
@@ -46,7 +50,40 @@ def test_accelerate_starts_a_multi_node_job_on_cpu_only_nodes_too():
 def test_colossalai_runs_with_the_venv_first_on_the_path_its_remote_shells_get():
     script = files(8)["colossalai.sh"]
     path = script.index("PATH=/opt/trainfleet/venv/bin:$PATH; export PATH")
-    assert path < script.index("exec /opt/trainfleet/venv/bin/colossalai run --nproc_per_node 8")
+    launch = "/etc/trainfleet/launch/colossalai_run.py"
+    assert path < script.index(f"exec /opt/trainfleet/venv/bin/python {launch} "
+                               "\\\n    run --nproc_per_node 8")
+
+
+WHEELHOUSE = Path("/var/cache/trainfleet/wheelhouse")
+
+
+def _wheel_source(wheel: str, member: str) -> str:
+    path = WHEELHOUSE / wheel
+    if not path.exists():
+        pytest.skip(f"{path} is not here (the lab's wheelhouse)")
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(member).decode()
+
+
+def test_colossalai_reaches_its_hosts_with_openssh_because_fabric_accepts_any_host_key():
+    # fabric 3.2.3: paramiko told to add any unknown key, and no known_hosts file ever loaded.
+    fabric = _wheel_source("fabric-3.2.3-py3-none-any.whl", "fabric/connection.py")
+    assert "client.set_missing_host_key_policy(AutoAddPolicy())" in fabric
+    assert "load_system_host_keys" not in fabric
+    # ColossalAI 0.5.0's runner: what it uses of fabric.Connection, all of it OpenSshConnection's.
+    runner = _wheel_source("colossalai-0.5.0-py3-none-any.whl",
+                           "colossalai/cli/launcher/multinode_runner.py")
+    assert "fab_conn = fabric.Connection(hostinfo.hostname, port=hostinfo.port)" in runner
+    used = set(re.findall(r"fab_conn\.(\w+)", runner))
+    assert used == {"cd", "prefix", "local", "run", "close"}
+    assert all(callable(getattr(OpenSshConnection, name)) for name in used)
+    connection = OpenSshConnection("gpu-a02", port=22)
+    with connection.cd("/root/my job"), connection.prefix('export A="1"'):
+        argv = connection.ssh_argv("torchrun train.py")
+    assert argv == ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", "22",
+                    "--", "gpu-a02", "cd '/root/my job' && export A=\"1\" && torchrun train.py"]
+    assert connection.command("x") == "x"  # both contexts left
 
 
 def test_every_script_names_the_venvs_own_launcher_and_the_smoke_job_ships_as_it_is():
@@ -87,10 +124,11 @@ def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster
     assert first == render_launchers(cluster, cluster.nodes[0])  # the same files as rendering alone
     assert second == render_launchers(cluster, cluster.nodes[1])  # a cache hit is never another node's file
     per_node = {name for name, (source, _) in LAUNCHER_FILES.items()
-                if name != "smoke_train.py" and "node" in (variables(source) or {"node"})}
+                if name not in VERBATIM and "node" in (variables(source) or {"node"})}
     assert {"hostfile", "mpirun.sh", "horovod.sh", "deepspeed.sh"} <= set(LAUNCHER_FILES) - per_node
-    assert len([key for key in shared if key[0] != "host list"]) == len(set(LAUNCHER_FILES) - per_node - {"smoke_train.py"})
-    for name in set(LAUNCHER_FILES) - per_node - {"smoke_train.py"}:
+    shared_files = set(LAUNCHER_FILES) - per_node - VERBATIM
+    assert len([key for key in shared if key[0] != "host list"]) == len(shared_files)
+    for name in set(LAUNCHER_FILES) - per_node - VERBATIM:
         assert first[name][0] is second[name][0]  # the same string, not rendered again
     assert first["accelerate.yaml"] != second["accelerate.yaml"]  # machine_rank is each node's own
     # other forwarded variables: not the files cached for none

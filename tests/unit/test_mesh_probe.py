@@ -3,9 +3,11 @@ stride), every node probed as source and as target, every pair covered over the 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from checks.drift import FULL_PROBE_ENV, STRIDE_ENV, mesh_probe
+from checks.drift import FULL_PROBE_ENV, STRIDE_ENV, _previous, mesh_probe
 from trainfleet.mesh import probe_stride, probe_targets
 
 
@@ -69,7 +71,9 @@ def test_a_pinned_stride_leaves_the_rotation_where_it_was():
 @pytest.mark.parametrize("previous", [[1], 5, "x", {"mesh_probe": "x"}, {"mesh_probe": {"rotation": True}},
                                       {"mesh_probe": {"rotation": -2}}])
 def test_a_last_report_that_is_not_one_restarts_the_rotation(previous):
-    assert mesh_probe(names(10), previous, {})["rotation"] == 0
+    warnings = []
+    assert mesh_probe(names(10), previous, {}, warnings.append)["rotation"] == 0
+    assert len(warnings) == 1
 
 
 @pytest.mark.parametrize("env", [{STRIDE_ENV: "²"}, {STRIDE_ENV: "1"}, {STRIDE_ENV: "10"}, {STRIDE_ENV: "-3"}, {STRIDE_ENV: "two"},
@@ -77,3 +81,33 @@ def test_a_last_report_that_is_not_one_restarts_the_rotation(previous):
 def test_a_bad_probe_setting_is_refused_with_its_name(env):
     with pytest.raises(ValueError, match=next(iter(env))):
         mesh_probe(names(10), None, env)
+
+
+def test_an_absurd_last_rotation_is_ignored_with_a_warning_and_the_next_report_is_written(tmp_path):
+    # A report that once made every later drift run fail to write its own: 4,300 nines parse,
+    # one more is a 4,301-digit number json cannot write.
+    path = tmp_path / "drift-lab.json"
+    rotation = "9" * 4300
+    path.write_text('{"cluster": "lab", "mesh_probe": {"rotation": ' + rotation + "}}")
+    warnings = []
+    probe = mesh_probe(names(10), _previous(path, warnings.append), {}, warnings.append)
+    assert probe["rotation"] == 0 and probe["stride"] == 2
+    json.dumps(probe)
+    assert warnings == ["drift: the last report's mesh probe is ignored "
+                        "(its rotation is above 1000000000); the stride rotation restarts"]
+
+
+TOO_DEEP, TOO_LARGE = "[" * 100_000 + "]" * 100_000, '{"a": "' + "x" * 2000 + '"}'
+
+
+@pytest.mark.parametrize("text", [TOO_DEEP, "{nope", TOO_LARGE])
+def test_a_last_report_that_cannot_be_read_is_ignored_with_a_warning(tmp_path, monkeypatch, text):
+    monkeypatch.setattr("checks.drift.REPORT_BYTES", 1000)  # the last case: too large to read back
+    path = tmp_path / "drift-lab.json"
+    path.write_text(text)
+    warnings = []
+    previous = _previous(path, warnings.append)
+    assert mesh_probe(names(10), previous, {}, warnings.append)["rotation"] == 0
+    assert len(warnings) == 1 and "is not a drift report" in warnings[0]
+    assert _previous(tmp_path / "none.json", warnings.append) is None  # none yet: quietly
+    assert len(warnings) == 1
