@@ -57,6 +57,17 @@ def _launchers_digest(files: dict[str, Any], sha_of: Any) -> str:
                   if any(name in files for name in LAUNCH_FILE_NAMES) else None)
 
 
+def package_props(stack: dict[str, Any]) -> dict[str, str]:
+    """Each installed stack package's version, and whether it is held (``apt-mark hold``, dnf/yum
+    versionlock): a released hold is drift before an upgrade moves the package."""
+    props = {}
+    for name, version in sorted(stack.get("packages", {}).items()):
+        if re.match(PINNED_PACKAGES, name):
+            props[f"package {name}"] = version
+            props[f"package {name} hold"] = "held" if name in stack.get("held", []) else "not held"
+    return props
+
+
 def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
     """A node's fingerprint as normalised property values."""
     ident, stack = fp["identity"], fp["stack"]
@@ -86,9 +97,7 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
     }
     for name, version in stack.get("venv_packages", {}).items():
         props[f"{PYTHON_PREFIX}{name}"] = version
-    for name, version in sorted(stack.get("packages", {}).items()):
-        if re.match(PINNED_PACKAGES, name):
-            props[f"package {name}"] = version
+    props.update(package_props(stack))
     sshd = fp["sshd_mesh"]
     props["host certificates"] = host_certificates_summary(sshd["certificates"])
     props["sshd mesh files"] = sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
@@ -153,6 +162,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     if plan.stack.spec.get("cuda"):
         props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
     props.update({f"package {name}": version for name, version in plan.stack.packages.items() if version})
+    props.update({f"package {name} hold": "held" for name in plan.stack.packages})  # each pin held
     props.update({f"{PYTHON_PREFIX}{name}": version for name, version in plan.stack.python.items()})
     props.update(gpu_node.expected(plan.gpu))  # a part that cannot be planned (fabric manager) is left out
     props["GPU settings plan"] = "ok"  # its problems show as this property's value

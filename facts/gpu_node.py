@@ -3,10 +3,15 @@ nvidia_peermem, the locked-memory limit a session gets, and clock synchronisatio
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from types import MappingProxyType
 from typing import TypedDict
+from xml.etree.ElementTree import Element, ParseError
 
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import fromstring
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block import FILE_FN, file_text, read_file_lines
@@ -25,10 +30,10 @@ SMI_TIMEOUT = 20  # seconds: nvidia-smi hangs on a wedged GPU; the run must not
 _SCRIPT = FILE_FN + r"""
 r=$1 t=$2 memlock=$3 peermem=$4
 if command -v nvidia-smi >/dev/null 2>&1; then
-  q=$(timeout -k 5 "$t" nvidia-smi -q 2>/dev/null); echo "smi_rc $?"
-  # nvidia-smi -q: top-level lines, each GPU's attributes and its Fabric section only.
-  printf '%s\n' "$q" | awk '/^[^ ]/ { print; next } /^    [^ ]/ { s = $0; print; next }
-       s ~ /^    Fabric *$/ && /^        [^ ]/ { print }' | sed 's/^/smi /'
+  # XML, not -q's text: a process name (any user's choice, newlines included) stays inside
+  # its own element; the document travels as one base64 line, so it cannot forge a tag.
+  x=$(timeout -k 5 "$t" nvidia-smi -q -x 2>/dev/null); echo "smi_rc $?"
+  printf 'smi_xml '; printf '%s\n' "$x" | base64 -w0; echo
 else
   echo "smi_rc absent"
 fi
@@ -94,7 +99,12 @@ tf_file peermem_conf "$r$peermem"
 exit 0
 """
 
-_SMI_FIELD = re.compile(r"smi (\s*)([^:]*?)\s*:\s*(.*)$")
+# nvidia-smi -q -x prints a DTD *reference* without an internal subset, always the same line
+# (`<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">`, v10..v13 by driver): exactly that
+# line after the XML declaration is dropped, then the parser refuses every DTD, so an internal
+# subset (an entity, a billion laughs) or any other DOCTYPE fails the read, never expands.
+_SMI_DOCTYPE = re.compile(
+    rb'\A(<\?xml [^>]*\?>\s*)<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v[0-9]+\.dtd">')
 _SYSTEM_TIME = re.compile(r"([0-9.]+) seconds (fast|slow) of NTP time")
 _TIMESYNC_OFFSET = re.compile(r"([+-]?[0-9.]+)(us|ms|s|min)$")
 _SCALE = MappingProxyType({"us": 0.001, "ms": 1.0, "s": 1000.0, "min": 60000.0})
@@ -120,7 +130,8 @@ class ClockT(TypedDict):
 
 
 class GpuNodeStateT(TypedDict):
-    smi: str  # "ok" | "absent" (no nvidia-smi) | "failed (exit N)" (124: timed out)
+    # "ok" | "absent" (no nvidia-smi) | "failed (exit N)" (124: timed out) | "refused: WHY"
+    smi: str
     driver: str | None
     gpus: list[GpuT]
     nvswitches: list[str]  # PCI addresses of NVIDIA bridges (NVSwitches)
@@ -138,9 +149,37 @@ class GpuNodeStateT(TypedDict):
     clock: ClockT
 
 
+def _text(element: Element | None, path: str) -> str | None:
+    found = None if element is None else element.findtext(path)
+    return None if found is None else found.strip()
+
+
+def read_smi_xml(encoded: str) -> tuple[str | None, list[GpuT]]:
+    """The driver and each GPU's persistence mode and fabric state from ``nvidia-smi -q -x``
+    (base64), each from its own element; raise ValueError for anything else."""
+    try:
+        data = base64.b64decode(encoded.strip(), validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64 ({exc})") from exc
+    try:
+        root = fromstring(_SMI_DOCTYPE.sub(rb"\1", data, count=1), forbid_dtd=True)
+    except DefusedXmlException as exc:
+        raise ValueError(f"XML with a DTD or entities refused ({type(exc).__name__})") from exc
+    except ParseError as exc:
+        raise ValueError(f"not XML ({exc})") from exc
+    if root.tag != "nvidia_smi_log":
+        raise ValueError(f"not nvidia-smi's XML (root <{root.tag[:40]}>)")
+    gpus: list[GpuT] = [{"bus": (gpu.get("id") or "").strip(),
+                         "persistence": _text(gpu, "persistence_mode"),
+                         "fabric_state": _text(gpu.find("fabric"), "state"),
+                         "fabric_status": _text(gpu.find("fabric"), "status")}
+                        for gpu in root.findall("gpu")]
+    return _text(root, "driver_version"), gpus
+
+
 class GpuNodeState(FactBase[GpuNodeStateT]):
     """
-    A node's GPU settings in one command: ``nvidia-smi -q`` (bounded by ``timeout``: driver,
+    A node's GPU settings in one command: ``nvidia-smi -q -x`` (bounded by ``timeout``: driver,
     each GPU's persistence mode and NVSwitch fabric state), NVSwitches on the PCI bus, the
     systemd units (nvidia-persistenced, nvidia-fabricmanager, chrony, systemd-timesyncd), the
     fabric manager package and its hold, nvidia_peermem loaded and configured at boot, the
@@ -168,27 +207,16 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
 
     def process(self, output: list[str]) -> GpuNodeStateT:
         state = GpuNodeState.default()
-        section = ""
-        gpu: GpuT | None = None
         clock = state["clock"]
         for line in output:
             tag, _, rest = line.partition(" ")
             if tag == "smi_rc":
                 state["smi"] = "absent" if rest == "absent" else "ok" if rest == "0" else f"failed (exit {rest})"
-            elif tag == "smi":
-                match = _SMI_FIELD.match(line)
-                if rest.startswith("GPU "):
-                    gpu = {"bus": rest[4:].strip(), "persistence": None, "fabric_state": None, "fabric_status": None}
-                    state["gpus"].append(gpu)
-                    section = ""
-                elif rest.startswith("    ") and not rest.startswith("     "):
-                    section = rest.strip() if match is None else ""
-                    if match and gpu is not None and match.group(2) == "Persistence Mode":
-                        gpu["persistence"] = match.group(3).strip()
-                elif match and match.group(2) == "Driver Version" and not match.group(1):
-                    state["driver"] = match.group(3).strip()
-                elif match and gpu is not None and section == "Fabric" and match.group(2) in ("State", "Status"):
-                    gpu["fabric_state" if match.group(2) == "State" else "fabric_status"] = match.group(3).strip()
+            elif tag == "smi_xml" and state["smi"] == "ok":
+                try:
+                    state["driver"], state["gpus"] = read_smi_xml(rest)
+                except ValueError as exc:  # fails closed: every GPU property reads it as unreadable
+                    state["smi"] = f"refused: {exc}"
             elif tag == "nvswitch":
                 state["nvswitches"].append(rest.strip())
             elif tag == "systemd":

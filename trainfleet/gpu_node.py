@@ -82,6 +82,8 @@ def gpu_part(gpu: Mapping[str, Any], stack: Mapping[str, Any], gpus: int, state:
             fabric = FabricManagerPlan(package=package, version=driver)
     if gpu_node and state is None:
         problems.append("the node's GPU settings could not be read")
+    elif gpu_node and state["smi"].startswith("refused"):  # forged or damaged: nothing is taken
+        problems.append(f"nvidia-smi -q -x {state['smi']}")
     return GpuNodePlan(
         gpu_node=gpu_node, memlock=None if memlock is None else str(memlock),
         memlock_conf=None if memlock is None else memlock_conf(memlock),

@@ -1,6 +1,6 @@
 """Run GpuNodeState's real script over real captured tool output (tests/fixtures/gpu_node).
 
-Each tool the script calls is a stub on PATH that prints a capture (``nvidia-smi -q``,
+Each tool the script calls is a stub on PATH that prints a capture (``nvidia-smi -q -x``,
 ``chronyc tracking``, ``lsmod``, ``timedatectl timesync-status``) or a systemctl answer; files
 it reads lie in a root tree (PCI devices as sysfs lays them out, /run/systemd/system). The
 scenarios below make the fact fixtures (``python -m tests.unit.gpu_node_captures`` rewrites
@@ -33,25 +33,27 @@ PCIE_PCI = {"0000:ad:00.0": ("0x10de", "0x030200"), "0000:ae:00.0": ("0x10de", "
 
 # name -> (what it is, the tool stubs' captures and answers, the root tree)
 SCENARIOS: dict[str, dict[str, Any]] = {
-    "hgx_h100_converged": {
-        "_source": "HGX H100 8-GPU (nvidia-smi -q of driver 565.57.01, thamada/nvidia-smi gls/H100SXMx8_smi.py), "
-                   "NVSwitch bridges as on an HGX H200 (cubecos#259), chronyc tracking of a synchronised "
-                   "server (socallinuxexpo/scale-network#121), lsmod with nvidia_peermem (leptonai/gpud#39); "
-                   "systemd running, every unit enabled and active, fabric manager package held.",
-        "smi": "nvidia-smi-q_h100-sxm-x8_565.57.01.txt", "chrony": "chronyc-tracking_in-sync.txt",
+    "hgx_a100_converged": {
+        "_source": "HGX A100 board GPU (nvidia-smi -q -x of an A100-SXM4-80GB, driver 535.54.03, influxdata/telegraf "
+                   "testdata/a100-sxm4-v12.xml, persistence mode turned on: the one line changed), NVSwitch bridges "
+                   "as on an HGX H200 (cubecos#259), chronyc tracking of a synchronised server "
+                   "(socallinuxexpo/scale-network#121), lsmod with nvidia_peermem (leptonai/gpud#39); systemd "
+                   "running, every unit enabled and active, fabric manager package held.",
+        "smi": "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03_persistence-on.xml", "chrony": "chronyc-tracking_in-sync.txt",
         "lsmod": "lsmod_peermem.txt", "pci": HGX_PCI, "systemd": True,
         "units": {"nvidia-persistenced": "enabled active", "nvidia-fabricmanager": "enabled active",
                   "chrony": "enabled active"},
-        "dpkg": "hold ok installed nvidia-fabricmanager-565 565.57.01-1",
+        "dpkg": "hold ok installed nvidia-fabricmanager-535 535.54.03-1",
         "modules_load": {"trainfleet-peermem.conf": "nvidia_peermem\n"},
         "memlock_conf": "* soft memlock unlimited\n",
     },
-    "pcie_h100_nvl_timesyncd_1s_slow": {
-        "_source": "2x H100 NVL on PCIe (nvidia-smi -q of driver 550.54.14, thamada/nvidia-smi "
-                   "gls/H100NVLx2_smi.py): no NVSwitch, Fabric State N/A; systemd-timesyncd 1.09 s slow "
-                   "(timedatectl timesync-status, systemd/systemd#16492); nvidia-persistenced disabled "
-                   "though the GPUs report persistence on; no fabric manager package, no peermem.",
-        "smi": "nvidia-smi-q_h100-nvl-x2_550.54.14.txt", "timesync": "timedatectl-timesync-status_1s-slow.txt",
+    "pcie_rtx4000_timesyncd_1s_slow": {
+        "_source": "An RTX 4000 SFF Ada on PCIe running 4 processes (nvidia-smi -q -x of driver 595.84, "
+                   "influxdata/telegraf testdata/rtx-4000-sff-ada-v13.xml): no NVSwitch, fabric state N/A; "
+                   "systemd-timesyncd 1.09 s slow (timedatectl timesync-status, systemd/systemd#16492); "
+                   "nvidia-persistenced disabled though the GPU reports persistence on; no fabric manager "
+                   "package, no peermem.",
+        "smi": "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml", "timesync": "timedatectl-timesync-status_1s-slow.txt",
         "pci": PCIE_PCI, "systemd": True, "ntpsync": "yes",
         "units": {"nvidia-persistenced": "disabled inactive", "systemd-timesyncd": "enabled active"},
     },
@@ -89,7 +91,8 @@ def run_scenario(tmp: Path, scenario: dict[str, Any], timeout: int = 20) -> list
         if real.startswith("/"):
             (bin_dir / tool).symlink_to(real)
     if "smi" in scenario:
-        _stub(bin_dir, "nvidia-smi", f"cat '{CAPTURES / scenario['smi']}'\n")
+        # only `nvidia-smi -q -x` answers: the fact must ask for XML (a path may be the test's own)
+        _stub(bin_dir, "nvidia-smi", f"[ \"$*\" = '-q -x' ] && exec cat '{CAPTURES / scenario['smi']}'\nexit 2\n")
     if scenario.get("smi_hang"):
         _stub(bin_dir, "nvidia-smi", "exec sleep 30\n")
     if "chrony" in scenario:

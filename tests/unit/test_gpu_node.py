@@ -9,6 +9,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+from xml.sax.saxutils import escape
+
 import pytest
 from pyinfra_testing.facts import make_fact_tests
 from pyinfra_testing.operations import make_operation_tests
@@ -58,20 +60,86 @@ def test_each_fixtures_output_is_what_the_script_prints_over_its_captures(name, 
     assert any(line.startswith("memlock ") for line in output)
 
 
-def test_the_hgx_capture_reads_eight_persistent_gpus_on_a_ready_fabric_and_the_nvswitches():
-    hgx = fact("hgx_h100_converged")
-    assert (hgx["smi"], hgx["driver"], len(hgx["gpus"])) == ("ok", "565.57.01", 8)
-    assert {(g["persistence"], g["fabric_state"], g["fabric_status"]) for g in hgx["gpus"]} == {
-        ("Enabled", "Completed", "Success")}
+def test_the_hgx_capture_reads_a_persistent_gpu_and_its_fabric_and_the_nvswitches():
+    hgx = fact("hgx_a100_converged")
+    assert (hgx["smi"], hgx["driver"]) == ("ok", "535.54.03")
+    assert hgx["gpus"] == [{"bus": "00000000:01:00.0", "persistence": "Enabled", "fabric_state": "N/A",
+                            "fabric_status": "N/A"}]
     assert hgx["nvswitches"] == ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0"]  # not the GPUs, not the NIC
     assert hgx["peermem_loaded"] and hgx["peermem_boot"] == ["/etc/modules-load.d/trainfleet-peermem.conf"]
     assert hgx["clock"]["offset_ms"] == pytest.approx(0.260112)
 
 
 def test_a_pcie_node_has_no_nvswitch_and_a_fabric_that_is_not_applicable():
-    nvl = fact("pcie_h100_nvl_timesyncd_1s_slow")
-    assert nvl["nvswitches"] == [] and {g["fabric_state"] for g in nvl["gpus"]} == {"N/A"}
-    assert nvl["clock"]["offset_ms"] == pytest.approx(-1087.495)  # timesyncd's "Offset: -1.087495s"
+    pcie = fact("pcie_rtx4000_timesyncd_1s_slow")
+    assert pcie["nvswitches"] == [] and {g["fabric_state"] for g in pcie["gpus"]} == {"N/A"}
+    assert pcie["clock"]["offset_ms"] == pytest.approx(-1087.495)  # timesyncd's "Offset: -1.087495s"
+
+
+# nvidia-smi -q -x of four drivers (DTD v12, v13, v11, none): the fields each element holds
+XML_CAPTURES = {
+    "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03.xml": ("535.54.03", "00000000:01:00.0", "Disabled", "N/A", "N/A"),
+    "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml": ("595.84", "00000000:06:00.0", "Enabled", "N/A", "N/A"),
+    "nvidia-smi-q-x_tesla-t4_515.105.01.xml": ("515.105.01", "00000000:00:1E.0", "Disabled", None, None),
+    "nvidia-smi-q-x_gtx-1660-ti_418.43.xml": ("418.43", "00000000:43:00.0", "Disabled", None, None),
+}
+
+
+def smi_state(tmp_path: Path, xml: bytes) -> dict:
+    """GpuNodeState's real script over a stub nvidia-smi printing ``xml``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    capture = tmp_path / "smi.xml"
+    capture.write_bytes(xml)
+    return GpuNodeState().process(run_scenario(tmp_path / "run", {"smi": str(capture)}))
+
+
+@pytest.mark.parametrize("name", sorted(XML_CAPTURES))
+def test_each_field_is_read_from_its_own_element_of_real_xml_captures(name, tmp_path):
+    state = smi_state(tmp_path, (CAPTURES / name).read_bytes())
+    driver, bus, persistence, fabric_state, fabric_status = XML_CAPTURES[name]
+    assert (state["smi"], state["driver"]) == ("ok", driver)
+    assert state["gpus"] == [{"bus": bus, "persistence": persistence, "fabric_state": fabric_state,
+                              "fabric_status": fabric_status}]
+
+
+def test_a_process_name_with_newlines_and_fake_fields_changes_nothing(tmp_path):
+    # Any user names their process: lines that -q's text would have shown as the node's own
+    # driver and persistence mode, and tags that would close the element (escaped, as nvidia-smi does).
+    real = (CAPTURES / "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml").read_bytes()
+    forged = escape("python\nDriver Version                            : 999\n"
+                    "    Persistence Mode                      : Disabled\n"
+                    "</process_name></process_info></processes><persistence_mode>Disabled</persistence_mode>"
+                    "</gpu><driver_version>999</driver_version>")
+    element = f"<process_name>{forged}</process_name>".encode()
+    hostile = real.replace(b"<process_name>python</process_name>", element)
+    assert hostile.count(b"Driver Version") == 1 and hostile != real
+    forged_state = smi_state(tmp_path / "hostile", hostile)
+    assert forged_state == smi_state(tmp_path / "real", real)
+    assert (forged_state["driver"], forged_state["gpus"][0]["persistence"]) == ("595.84", "Enabled")
+
+
+BILLION_LAUGHS = ('<!DOCTYPE nvidia_smi_log [\n <!ENTITY a0 "lol">\n'
+                  + "".join(f' <!ENTITY a{i} "{f"&a{i - 1};" * 10}">\n' for i in range(1, 10)) + "]>")
+
+
+@pytest.mark.parametrize("doctype", [
+    BILLION_LAUGHS,
+    '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd" [<!ENTITY v SYSTEM "file:///etc/hostname">]>',
+    '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n<!DOCTYPE nvidia_smi_log [<!ENTITY v "999">]>',
+])
+def test_an_internal_dtd_or_entity_is_refused_and_the_gpu_checks_fail_closed(doctype, tmp_path):
+    real = (CAPTURES / "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03_persistence-on.xml").read_text()
+    entity = "&a9;" if doctype == BILLION_LAUGHS else "&v;"
+    hostile = real.replace('<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">', doctype, 1)
+    hostile = hostile.replace("<driver_version>535.54.03</driver_version>",
+                              f"<driver_version>{entity}</driver_version>")
+    state = smi_state(tmp_path, hostile.encode())
+    assert state["smi"].startswith("refused: ") and (state["driver"], state["gpus"]) == (None, [])
+    assert gpu_node.persistence_value(state).startswith("unreadable (nvidia-smi refused: ")
+    assert gpu_node.fabric_manager_value(state).startswith("unreadable")
+    plan = gpu_part(GPU, {"driver": "535"}, 1, {**state, "nvswitches": []}, None, "debian")
+    # the deploy fails that node's GPU step
+    assert any("nvidia-smi" in problem and "refused" in problem for problem in plan.problems)
 
 
 def test_missing_tools_read_as_absent_and_a_hung_nvidia_smi_is_a_failure_not_a_pass():
@@ -118,30 +186,30 @@ def test_ib_ports_from_the_real_sysfs_trees_name_only_the_active_ones():
 # ---- the plan ---------------------------------------------------------------------------------
 
 def test_an_nvswitch_node_wants_the_fabric_manager_at_exactly_its_running_drivers_version():
-    plan = gpu_part(GPU, {"driver": "565"}, 8, fact("hgx_h100_converged"), network([port("mlx5_0")]), "debian")
-    assert plan.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-565", "565.57.01")
-    assert plan.persistence and plan.peermem and plan.driver == "565" and plan.problems == []
-    rhel = gpu_part(GPU, {}, 8, fact("hgx_h100_converged"), None, "rhel")
-    assert rhel.fabric_manager == FabricManagerPlan("nvidia-fabric-manager", "565.57.01") and not rhel.peermem
-    assert gpu_part({**GPU, "fabric_manager": "off"}, {}, 8, fact("hgx_h100_converged"), None, "debian").fabric_manager is None
+    plan = gpu_part(GPU, {"driver": "535"}, 8, fact("hgx_a100_converged"), network([port("mlx5_0")]), "debian")
+    assert plan.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-535", "535.54.03")
+    assert plan.persistence and plan.peermem and plan.driver == "535" and plan.problems == []
+    rhel = gpu_part(GPU, {}, 8, fact("hgx_a100_converged"), None, "rhel")
+    assert rhel.fabric_manager == FabricManagerPlan("nvidia-fabric-manager", "535.54.03") and not rhel.peermem
+    assert gpu_part({**GPU, "fabric_manager": "off"}, {}, 8, fact("hgx_a100_converged"), None, "debian").fabric_manager is None
 
 
 def test_no_nvswitch_no_fabric_manager_and_no_active_port_no_peermem():
-    plan = gpu_part(GPU, {}, 2, fact("pcie_h100_nvl_timesyncd_1s_slow"), network([port("mlx5_0", "1:DOWN")]), "debian")
+    plan = gpu_part(GPU, {}, 2, fact("pcie_rtx4000_timesyncd_1s_slow"), network([port("mlx5_0", "1:DOWN")]), "debian")
     assert plan.fabric_manager is None and plan.peermem is False and plan.persistence is True
 
 
 def test_nvswitches_without_a_readable_driver_are_a_problem_not_a_guess():
-    hung = copy.deepcopy(fact("hgx_h100_converged"))
+    hung = copy.deepcopy(fact("hgx_a100_converged"))
     hung["driver"] = None
-    plan = gpu_part(GPU, {"driver": "565"}, 8, hung, None, "debian")  # a branch pin names no exact version
+    plan = gpu_part(GPU, {"driver": "535"}, 8, hung, None, "debian")  # a branch pin names no exact version
     assert plan.fabric_manager is None and "driver version could not be read" in plan.problems[0]
-    pinned = gpu_part(GPU, {"driver": "565.57.01"}, 8, hung, None, "debian")
-    assert pinned.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-565", "565.57.01")
+    pinned = gpu_part(GPU, {"driver": "535.54.03"}, 8, hung, None, "debian")
+    assert pinned.fabric_manager == FabricManagerPlan("nvidia-fabricmanager-535", "535.54.03")
 
 
 def test_a_cpu_node_gets_memlock_only_and_null_leaves_memlock_unmanaged():
-    cpu = gpu_part(GPU, {"driver": "565"}, 0, fact("cpu_node_chrony_7s_slow"), network([port("mlx5_0")]), "debian")
+    cpu = gpu_part(GPU, {"driver": "535"}, 0, fact("cpu_node_chrony_7s_slow"), network([port("mlx5_0")]), "debian")
     assert (cpu.persistence, cpu.fabric_manager, cpu.peermem, cpu.driver) == (False, None, False, None)
     assert "* soft memlock unlimited" in " ".join(cpu.memlock_conf.split()) and "root hard memlock unlimited" in cpu.memlock_conf
     assert expected(cpu) == {"memlock (non-login ssh)": "unlimited", "memlock file": gpu_node.digest(cpu.memlock_conf),
@@ -153,33 +221,33 @@ def test_a_cpu_node_gets_memlock_only_and_null_leaves_memlock_unmanaged():
 # ---- drift ------------------------------------------------------------------------------------
 
 def test_a_converged_hgx_node_matches_what_its_plan_expects():
-    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state = copy.deepcopy(fact("hgx_a100_converged"))
     state["memlock"] = "unlimited"
     plan = gpu_part(GPU, {}, 8, state, network([port("mlx5_0")]), "debian")
     state["memlock_conf"] = plan.memlock_conf
     seen = observed(state, network([port("mlx5_0")]), ADDRESS, 100)
     assert {prop: seen.get(prop) for prop in expected(plan)} == expected(plan)
-    assert seen["fabric manager"] == "565.57.01, active, held"
+    assert seen["fabric manager"] == "535.54.03, active, held"
     assert (seen["cluster MTU"], seen["ib ports active"], seen["ib active MTU"]) == ("9000", "mlx5_0:1", "mlx5_0:1 4096")
 
 
 def test_each_gpu_setting_off_spec_is_a_finding_with_both_values():
-    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state = copy.deepcopy(fact("hgx_a100_converged"))
     plan = gpu_part(GPU, {}, 8, state, network([port("mlx5_0")]), "debian")
-    state["gpus"][5]["persistence"] = "Disabled"
-    state["fabricmanager"] = {"nvidia-fabricmanager-565": "565.57.00-1"}
+    state["gpus"][0]["persistence"] = "Disabled"
+    state["fabricmanager"] = {"nvidia-fabricmanager-535": "535.54.02-1"}
     state["peermem_loaded"] = False
     state["memlock"] = "8192"
     report = compare("c", ["n1"], {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)}, {"n1": expected(plan)})
     found = {f.property: (f.observed, f.expected) for f in report.findings}
-    assert found["persistence mode"] == ("off on 1 of 8 GPUs", "on")
-    assert found["fabric manager"] == ("565.57.00, active, held", "565.57.01, active, held")
+    assert found["persistence mode"] == ("off on 1 of 1 GPUs", "on")
+    assert found["fabric manager"] == ("535.54.02, active, held", "535.54.03, active, held")
     assert found["nvidia_peermem"] == ("not loaded, at boot", "loaded, at boot")
     assert found["memlock (non-login ssh)"] == ("8192", "unlimited")
 
 
 def test_a_gpu_node_whose_nvidia_smi_hangs_or_vanished_fails_every_gpu_property():
-    plan = gpu_part(GPU, {}, 8, fact("hgx_h100_converged"), network([port("mlx5_0")]), "debian")
+    plan = gpu_part(GPU, {}, 8, fact("hgx_a100_converged"), network([port("mlx5_0")]), "debian")
     for state in (fact("nvidia_smi_hangs"), fact("lab_node_no_systemd")):
         report = compare("c", ["n1"], {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)}, {"n1": expected(plan)})
         assert {"persistence mode", "fabric manager", "nvidia_peermem", "clock offset"} <= {f.property for f in report.findings}
@@ -187,7 +255,7 @@ def test_a_gpu_node_whose_nvidia_smi_hangs_or_vanished_fails_every_gpu_property(
 
 def test_the_odd_node_is_named_for_a_port_down_an_mtu_and_a_slow_clock():
     nodes = ["n1", "n2", "n3"]
-    good = fact("hgx_h100_converged")
+    good = fact("hgx_a100_converged")
     slow = copy.deepcopy(good)
     slow["clock"]["offset_ms"] = -7810.5
     seen = {"n1": observed(good, network([port("mlx5_0"), port("mlx5_1")]), ADDRESS, 100),
@@ -200,7 +268,7 @@ def test_the_odd_node_is_named_for_a_port_down_an_mtu_and_a_slow_clock():
 
 
 def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nodes_agree():
-    seen = {"gpu": observed(fact("hgx_h100_converged"), network(), ADDRESS, 100),
+    seen = {"gpu": observed(fact("hgx_a100_converged"), network(), ADDRESS, 100),
             "cpu1": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100),
             "cpu2": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100)}
     assert "persistence mode" not in seen["cpu1"] and "persistence mode" in seen["gpu"]
@@ -236,7 +304,7 @@ def test_drift_takes_any_release_of_a_branch_pin_and_names_another_branch():
     from trainfleet.driver import satisfies_driver
 
     assert satisfies_driver("550.54.15", "550") and not satisfies_driver("535.183.01", "550")
-    plan = gpu_part(GPU, {"driver": "550"}, 8, fact("hgx_h100_converged"), None, "debian")
+    plan = gpu_part(GPU, {"driver": "550"}, 8, fact("hgx_a100_converged"), None, "debian")
     assert plan.driver == "550"
     assert gpu_part(GPU, {"driver": "550"}, 0, None, None, "debian").driver is None
     assert pins_met({"gpu driver": "550.54.15"}, {"gpu driver": "550"}) == {"gpu driver": "550.54.15"}
@@ -273,7 +341,7 @@ def test_through_sudo_memlock_is_read_from_the_login_session_not_sudos_own(tmp_p
 
 
 def test_an_unsynchronised_chrony_reporting_zero_offset_is_not_within_the_bound():
-    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state = copy.deepcopy(fact("hgx_a100_converged"))
     state["clock"].update({"leap": "Not synchronised", "offset_ms": 0.0})
     assert gpu_node.clock_offset_value(state, 100) == "not synchronised"
     assert gpu_node.clock_sync_value(state) == "chrony not synchronised"
@@ -302,7 +370,7 @@ def test_a_site_file_setting_memlock_for_the_ranks_is_read_and_named_by_drift(tm
 
 
 def test_a_fabric_manager_dev_package_beside_the_daemon_is_not_judged():
-    state = copy.deepcopy(fact("hgx_h100_converged"))
+    state = copy.deepcopy(fact("hgx_a100_converged"))
     value = gpu_node.fabric_manager_value(state)
     (name, version), = state["fabricmanager"].items()
     state["fabricmanager"][name.replace("fabricmanager", "fabricmanager-dev")] = version  # installed, not held

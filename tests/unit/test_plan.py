@@ -129,6 +129,8 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     }
     given.update({f"package {name}": version for name, version in package_pins(software["pins"], "debian").items()
                   if version})
+    # apt-mark hold: every pin
+    given.update({f"package {name} hold": "held" for name in package_pins(software["pins"], "debian")})
     if not nccl["problems"]:
         written = dict(line.split("=", 1) for line in nccl["environment"])  # KEY=value, as pam_env reads it
         given["NCCL env (non-login ssh)"] = _env_string({k: v.strip('"') for k, v in written.items()})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -20,6 +21,40 @@ def test_versionlock_entries_name_their_package():
     assert lock_name("libnccl-devel-0:2.21.5-1+cuda12.4.*") == "libnccl-devel"  # dnf
     assert lock_name("0:libnccl-2.21.5-1+cuda12.4.*") == "libnccl"  # yum (EL7)
     assert lock_name("cuda-toolkit-12-4-0:12.4.1-1.*") == "cuda-toolkit-12-4"
+
+
+def test_real_dnf_versionlock_entries_name_their_package():
+    # `dnf versionlock list` as posted (tests/fixtures/stack/captures): the list file's entries
+    captures = FIXTURES.parent / "captures"
+    names = ("dnf-versionlock-list_fedora_terraform.txt", "dnf-versionlock_fedora33_tcsh.txt")
+    entries = [line for name in names for line in (captures / name).read_text().splitlines()[1:]]
+    assert [lock_name(entry) for entry in entries] == ["terraform", "tcsh"]
+
+
+@pytest.mark.parametrize("fixture, stack, released", [
+    # `apt-mark unhold libnccl2`: dpkg's selection goes from hold to install
+    ("ubuntu2204_cuda124_converged.json", {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
+     lambda line: line.replace("deb hold ok", "deb install ok") if " libnccl2 " in line else line),
+    # `dnf versionlock delete libnccl`: its entries leave the versionlock list
+    ("rocky9_cuda124_versionlocked.json", {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
+     lambda line: "" if line.startswith("lock libnccl-0:") else line),
+])
+def test_drift_names_a_pinned_package_released_from_its_hold(fixture, stack, released):
+    from checks.drift import package_props
+    from trainfleet.drift import compare
+    from trainfleet.plan import stack_part
+
+    output = json.loads((FIXTURES / fixture).read_text())["output"]
+    family = StackVersions().process(output)["os"]["family"]
+    pins = stack_part(stack, family, gpus=0).packages
+    want = {f"package {name} hold": "held" for name in pins}
+    before = package_props(StackVersions().process(output))
+    after = package_props(StackVersions().process([released(line) for line in output]))
+    assert {prop: before[prop] for prop in want} == want
+    report = compare("c", ["n1"], {"n1": after}, {"n1": want})
+    released_name = "libnccl2" if family == "debian" else "libnccl"
+    assert [(f.property, f.observed, f.expected) for f in report.findings] == [
+        (f"package {released_name} hold", "not held", "held")]
 
 
 def test_gcc_first_lines():
