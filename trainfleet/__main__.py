@@ -102,7 +102,8 @@ def _keys(args: argparse.Namespace) -> int:
         old = store.rotate_certificate_authority()
         print(f"{cluster.name}: new CA {store.certificate_authority().public}"
               + (f" (the old one moved to {old})" if old else "")
-              + "; run the deploy to move every node to it")
+              + "; run the deploy to move every node to it (a node that is down holds the move back: "
+                "README, The SSH mesh)")
         return 0
     if args.action == "readmit":
         for node in args.nodes:

@@ -104,7 +104,9 @@ class KeyStore:
     def rotate_certificate_authority(self) -> Path | None:
         """A new cluster CA; the old one is moved to ``.ca/retired/<timestamp>/`` (returned; None
         when there was none). The next deploy trusts both while it signs every host and user
-        anew, then drops the old one: after it, no node trusts a certificate the old CA signed."""
+        anew, then drops the old one: after it, no node trusts a certificate the old CA signed,
+        and once every node presents the new CA's certificates (``ca_settled``) the old private
+        key leaves the store."""
         with self._locked():
             old = self.dir / CA_DIR / "ca"
             if not old.exists():
@@ -125,9 +127,13 @@ class KeyStore:
         return (self.dir / CA_DIR / CA_MOVING).exists()
 
     def ca_settled(self) -> None:
-        """Every node presents certificates of the current CA: partial deploys are safe again."""
+        """Every node presents certificates of the current CA: partial deploys are safe again, and
+        the private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
+        nothing may sign with them again."""
         with self._locked():
             (self.dir / CA_DIR / CA_MOVING).unlink(missing_ok=True)
+            for old in (self.dir / CA_DIR / RETIRED).glob("*/ca"):
+                old.unlink()
 
     def _pair(self, path: Path, comment: str) -> KeyPair:
         found = self._read_at(path, comment)

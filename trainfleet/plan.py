@@ -224,7 +224,9 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
         problems += revoked_host_key_problems(node, host_keys, certs.revoked)
     if certs.moving and partial:
         problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
-                        "deploy the whole cluster at once (a node moved alone would be cut off from the others)")
+                        "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
+                        "a node that is down: take it out of the spec for now, put it back once it is up "
+                        "(README, The SSH mesh)")
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
     wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)

@@ -238,3 +238,20 @@ def test_a_revoked_host_key_stays_revoked_when_its_node_presents_it_again_until_
     assert store.revoked_keys() == []
     store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
     assert store.host_keys()["c"] == [c_key] and store.revoked_keys() == []
+
+
+def test_keys_readmit_is_explicit_and_takes_back_only_the_named_nodes_host_keys(tmp_path, monkeypatch, capsys):
+    from trainfleet.__main__ import main
+
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "c1.yml"
+    spec.write_text("cluster: {name: c1, mesh_users: [root]}\nnodes:\n"
+                    "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n")
+    store = KeyStore("c1")
+    a_key, c_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAaaa", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAccc"
+    store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
+    store.record_host_keys({}, [])  # both left the spec
+    assert main(["keys", "readmit", str(spec)]) != 0  # names no node: refused, nothing taken back
+    assert main(["keys", "readmit", str(spec), "c"]) == 0
+    assert "c: 1 revoked host key(s) taken back" in capsys.readouterr().out
+    assert [" ".join(line.split()[:2]) for line in store.revoked_keys()] == [a_key]

@@ -763,6 +763,30 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
 
 
+def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_and_the_old_key_goes(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    plan_of(cluster, tmp_path / "keys")
+    old = store.rotate_certificate_authority()
+    assert (old / "ca").exists()
+    # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest move.
+    smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
+    moved = plan_of(smaller, tmp_path / "keys")
+    assert all(p.sshd.problems == [] and p.sshd.certificates for p in moved.nodes.values())
+    held = {name: {**fresh_sshd(), "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()}}
+            for name, p in moved.nodes.items()}
+    users = {name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()}
+    plan_cluster(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
+    # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
+    assert not store.ca_moving()
+    assert not (old / "ca").exists() and (old / "ca.pub").exists()
+    # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new CA.
+    store.readmit_host_keys("gpu-b02")
+    back = plan_of(cluster, tmp_path / "keys")
+    (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
+    assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(cert.strip(), store.certificate_authority().public)
+
+
 def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(tmp_path,
                                                                                                        monkeypatch):
     from tests.unit.test_plan import deploy_order, three_node_plan
