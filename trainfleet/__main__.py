@@ -30,8 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_argument("action", choices=["list", "rotate", "revoke", "retired", "readmit", "ca", "rotate-ca"],
                       help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
                            "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
-                           "the spec (moved aside by the deploy); readmit: take back the host keys revoked under the "
-                           "nodes' names (left the spec, replaced by a reimage), only when known safe; "
+                           "the spec (moved aside by the deploy); readmit: take back the host keys "
+                           "revoked under the nodes' names (left the spec, replaced by a reimage), "
+                           "only when known safe; "
                            "ca: the cluster CA's public key; rotate-ca: "
                            "a new cluster CA (the next deploy moves every node to it, then trusts only it)")
     keys.add_argument("spec")
@@ -102,14 +103,15 @@ def _keys(args: argparse.Namespace) -> int:
         old = store.rotate_certificate_authority()
         print(f"{cluster.name}: new CA {store.certificate_authority().public}"
               + (f" (the old one moved to {old})" if old else "")
-              + "; run the deploy to move every node to it (a node that is down holds the move back: "
-                "README, The SSH mesh)")
+              + "; run the deploy to move every node to it (a node that is down holds the "
+                "move back: README, The SSH mesh)")
         return 0
     if args.action == "readmit":
         for node in args.nodes:
             back = store.readmit_host_keys(node)
             print(f"{node}: {len(back)} revoked host key(s) taken back"
-                  + ("; run the deploy to vouch for them again" if back else " (none was revoked under its name)"))
+                  + ("; run the deploy to vouch for them again" if back
+                     else " (none was revoked under its name)"))
         return 0
     if args.action == "retired":
         for path in store.retired():

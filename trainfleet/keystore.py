@@ -175,12 +175,13 @@ class KeyStore:
 
         Revocation is monotone: a node presenting a key revoked before (removed from the spec,
         then added back as it was; a reimage rolled back) is not vouched for again, the plan
-        names it; only ``readmit_host_keys`` (``keys readmit``, the operator's word) takes it back."""
+        names it; only ``readmit_host_keys`` (``keys readmit``, the operator's word) takes it
+        back."""
         keep = set(nodes)
         known = self.host_keys()
         refused = {_key_of(line) for line in self.revoked_keys()}
-        vouched = {node: sorted({_key_of(key) for key in keys} - refused) for node, keys in seen.items()
-                   if keys and node in keep}
+        vouched = {node: sorted({_key_of(key) for key in keys} - refused)
+                   for node, keys in seen.items() if keys and node in keep}
         changed = {node: keys for node, keys in vouched.items() if keys != known.get(node)}
         gone = [node for node in known if node not in keep]
         if not changed and not gone:  # the common case, without taking the lock
@@ -188,7 +189,8 @@ class KeyStore:
         with self._locked():
             known = self.host_keys()
             revoked = [(key, node) for node in gone for key in known[node]]
-            revoked += [(key, node) for node, keys in changed.items() for key in known.get(node, []) if key not in keys]
+            revoked += [(key, node) for node, keys in changed.items()
+                        for key in known.get(node, []) if key not in keys]
             self._revoke_lines([f"{key} {self.host_comment(node)}" for key, node in revoked])
             top = self.dir / CA_DIR / HOSTS_DIR
             _private_dirs(top, self.root)

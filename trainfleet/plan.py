@@ -225,8 +225,8 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
     if certs.moving and partial:
         problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
                         "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
-                        "a node that is down: take it out of the spec for now, put it back once it is up "
-                        "(README, The SSH mesh)")
+                        "a node that is down: take it out of the spec for now, put it back once "
+                        "it is up (README, The SSH mesh)")
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
     wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
@@ -235,13 +235,15 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
     return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys)
 
 
-def revoked_host_key_problems(node: Node, host_keys: list[str], revoked: frozenset[str]) -> list[str]:
+def revoked_host_key_problems(node: Node, host_keys: list[str],
+                              revoked: frozenset[str]) -> list[str]:
     """A node presenting a host key the cluster revoked is not vouched for again (revocation
     is monotone): it is named, with the two ways out."""
-    return [f"it presents the host key {certificates.fingerprint(key)} ({key.split()[0]}), which the cluster "
-            "revoked: give the node new host keys (reimage it, or move /etc/ssh/ssh_host_*_key* aside, run "
-            "`ssh-keygen -A` and update the controller's known_hosts), or, only if that key is known safe, take "
-            f"it back with `python -m trainfleet keys readmit SPEC {node.name}`"
+    return [f"it presents the host key {certificates.fingerprint(key)} ({key.split()[0]}), "
+            "which the cluster revoked: give the node new host keys (reimage it, or move "
+            "/etc/ssh/ssh_host_*_key* aside, run `ssh-keygen -A` and update the controller's "
+            "known_hosts), or, only if that key is known safe, take it back with "
+            f"`python -m trainfleet keys readmit SPEC {node.name}`"
             for key in host_keys if " ".join(key.split()[:2]) in revoked]
 
 

@@ -198,7 +198,8 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
     old_ca = subprocess.run([*keys_cli, "ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True,
                             text=True).stdout.split()[1]
-    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True)
+    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO,
+                   capture_output=True)
     new_ca = KeyStore("lab").certificate_authority().public.split()[1]
     assert new_ca != old_ca
 
@@ -222,34 +223,38 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
 
 
-def test_a_ca_rotation_with_a_node_down_completes_without_it_and_the_node_rejoins_later(certs, tmp_path):
+def test_a_ca_rotation_with_a_node_down_completes_without_it_and_the_node_rejoins_later(
+        certs, tmp_path):
     lab = certs.lab
     keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
     old_ca = KeyStore("lab").certificate_authority().public.split()[1]
-    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True)
+    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO,
+                   capture_output=True)
     new_ca = KeyStore("lab").certificate_authority().public.split()[1]
     rest = ["node1", "node2"]
     lab.lab.stop("node3")
     try:
         stuck = pyinfra(LAB_INVENTORY, DEPLOY)  # node3 down: nothing moves, and nothing would, ever
-        assert stuck.returncode != 0 and "deploy the whole cluster at once" in stuck.stderr, stuck.describe()
+        assert stuck.returncode != 0, stuck.describe()
+        assert "deploy the whole cluster at once" in stuck.stderr, stuck.describe()
         # The operator's way through: node3 out of the spec; the rest move, and the move settles.
         deploy_twice(lab.spec_inventory(tmp_path, keep=rest), DEPLOY)
         assert not KeyStore("lab").ca_moving()
-        assert not list((KeyStore("lab").dir / ".ca" / "retired").glob("*/ca"))  # the old CA's key is gone
+        assert not list((KeyStore("lab").dir / ".ca" / "retired").glob("*/ca"))  # old CA key gone
         for node in rest:
             assert old_ca not in "".join(text or "" for text in mesh_files(lab, node).values())
         assert mesh_matrix(lab, rest) == {src: {dst: dst for dst in rest} for src in rest}
     finally:
         lab.lab.start("node3")
-    # node3 back in the spec: its host keys (revoked when it left) taken back, one deploy rejoins it.
+    # node3 back in the spec: its host keys (revoked when it left) taken back; one deploy.
     readmit(lab, "node3")
     deploy_twice(LAB_INVENTORY, DEPLOY)
     files = mesh_files(lab, "node3")
     assert old_ca not in "".join(text or "" for text in files.values())
     assert new_ca in managed_block(files["/etc/ssh/ssh_known_hosts"], "ssh mesh host keys")[0]
     signer = fingerprint(KeyStore("lab").certificate_authority().public)
-    assert f"Signing CA: ED25519 {signer}" in lab.ssh("node3", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    listed = lab.ssh("node3", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    assert f"Signing CA: ED25519 {signer}" in listed
     assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
 
 
