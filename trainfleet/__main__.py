@@ -3,6 +3,7 @@
 - ``check SPEC...``: validate specs without contacting any host
 - ``schema``: print the spec reference
 - ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store;
+  ``keys readmit SPEC NODE...``: take back host keys revoked under a node's name;
   ``keys ca|rotate-ca SPEC``: the cluster's SSH certificate authority
 """
 
@@ -26,10 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
     sub.add_parser("schema", help="print the spec reference (markdown)")
     keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
-    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired", "ca", "rotate-ca"],
+    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired", "readmit", "ca", "rotate-ca"],
                       help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
                            "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
-                           "the spec (moved aside by the deploy); ca: the cluster CA's public key; rotate-ca: "
+                           "the spec (moved aside by the deploy); readmit: take back the host keys "
+                           "revoked under the nodes' names (left the spec, replaced by a reimage), "
+                           "only when known safe; "
+                           "ca: the cluster CA's public key; rotate-ca: "
                            "a new cluster CA (the next deploy moves every node to it, then trusts only it)")
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
@@ -82,12 +86,15 @@ def _keys(args: argparse.Namespace) -> int:
         print(f"not mesh users of {cluster.name}: {', '.join(strangers)} "
               f"(mesh users: {', '.join(cluster.mesh_users)})", file=sys.stderr)
         return EXIT_BAD_SPEC
-    if args.action == "revoke" and not args.nodes:
-        print("revoke needs the nodes to revoke", file=sys.stderr)
+    if args.action in ("revoke", "readmit") and not args.nodes:
+        print(f"{args.action} needs the nodes to act on", file=sys.stderr)
         return EXIT_BAD_SPEC
     store = KeyStore(cluster.name)
-    if args.action in ("ca", "rotate-ca") and (args.nodes or args.user):
-        print(f"{args.action} acts on the cluster's CA: it takes no nodes or users", file=sys.stderr)
+    if args.action in ("ca", "rotate-ca", "readmit") and args.user:
+        print(f"{args.action} acts on host keys or the CA: it takes no users", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    if args.action in ("ca", "rotate-ca") and args.nodes:
+        print(f"{args.action} acts on the cluster's CA: it takes no nodes", file=sys.stderr)
         return EXIT_BAD_SPEC
     if args.action == "ca":
         print(store.certificate_authority().public)
@@ -96,7 +103,15 @@ def _keys(args: argparse.Namespace) -> int:
         old = store.rotate_certificate_authority()
         print(f"{cluster.name}: new CA {store.certificate_authority().public}"
               + (f" (the old one moved to {old})" if old else "")
-              + "; run the deploy to move every node to it")
+              + "; run the deploy to move every node to it (a node that is down holds the "
+                "move back: README, The SSH mesh)")
+        return 0
+    if args.action == "readmit":
+        for node in args.nodes:
+            back = store.readmit_host_keys(node)
+            print(f"{node}: {len(back)} revoked host key(s) taken back"
+                  + ("; run the deploy to vouch for them again" if back
+                     else " (none was revoked under its name)"))
         return 0
     if args.action == "retired":
         for path in store.retired():

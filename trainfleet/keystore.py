@@ -104,7 +104,9 @@ class KeyStore:
     def rotate_certificate_authority(self) -> Path | None:
         """A new cluster CA; the old one is moved to ``.ca/retired/<timestamp>/`` (returned; None
         when there was none). The next deploy trusts both while it signs every host and user
-        anew, then drops the old one: after it, no node trusts a certificate the old CA signed."""
+        anew, then drops the old one: after it, no node trusts a certificate the old CA signed,
+        and once every node presents the new CA's certificates (``ca_settled``) the old private
+        key leaves the store."""
         with self._locked():
             old = self.dir / CA_DIR / "ca"
             if not old.exists():
@@ -125,9 +127,13 @@ class KeyStore:
         return (self.dir / CA_DIR / CA_MOVING).exists()
 
     def ca_settled(self) -> None:
-        """Every node presents certificates of the current CA: partial deploys are safe again."""
+        """Every node presents certificates of the current CA: partial deploys are safe again, and
+        the private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
+        nothing may sign with them again."""
         with self._locked():
             (self.dir / CA_DIR / CA_MOVING).unlink(missing_ok=True)
+            for old in (self.dir / CA_DIR / RETIRED).glob("*/ca"):
+                old.unlink()
 
     def _pair(self, path: Path, comment: str) -> KeyPair:
         found = self._read_at(path, comment)
@@ -157,30 +163,35 @@ class KeyStore:
         return {path.name: [line for line in path.read_text().splitlines() if line.strip()]
                 for path in sorted(top.iterdir()) if _SAFE_NAME.fullmatch(path.name)}
 
+    def host_comment(self, node: str) -> str:
+        """The comment of a node's host key in the revoked list (the key id of its certificates)."""
+        return f"trainfleet:{self.dir.name}:host:{node}"
+
     def record_host_keys(self, seen: dict[str, list[str]], nodes: Iterable[str]) -> list[str]:
         """Remember the host keys each node presents now (``seen``: ``type base64`` lines of the
         nodes read this run) and revoke those the CA vouched for that are gone: a reimaged
         node's old keys, and every key of a node no longer in ``nodes``. Their certificates
-        stay valid until they expire, so the KRL must refuse them. Returns the keys revoked."""
+        stay valid until they expire, so the KRL must refuse them. Returns the keys revoked.
+
+        Revocation is monotone: a node presenting a key revoked before (removed from the spec,
+        then added back as it was; a reimage rolled back) is not vouched for again, the plan
+        names it; only ``readmit_host_keys`` (``keys readmit``, the operator's word) takes it
+        back."""
         keep = set(nodes)
         known = self.host_keys()
-        changed = {node: sorted(set(keys)) for node, keys in seen.items()
-                   if keys and node in keep and sorted(set(keys)) != known.get(node)}
+        refused = {_key_of(line) for line in self.revoked_keys()}
+        vouched = {node: sorted({_key_of(key) for key in keys} - refused)
+                   for node, keys in seen.items() if keys and node in keep}
+        changed = {node: keys for node, keys in vouched.items() if keys != known.get(node)}
         gone = [node for node in known if node not in keep]
         if not changed and not gone:  # the common case, without taking the lock
             return []
         with self._locked():
             known = self.host_keys()
-            revoked = [key for node in gone for key in known[node]]
-            revoked += [key for node, keys in changed.items() for key in known.get(node, []) if key not in keys]
-            # A node of the spec presenting a key revoked before (removed from the spec, then
-            # added back as it was) is vouched for again: its key leaves the list.
-            presented = {key for node, keys in changed.items() for key in keys}
-            listed = self.revoked_keys()
-            if presented & set(listed):
-                _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
-                              "".join(f"{line}\n" for line in listed if line not in presented).encode())
-            self._revoke_lines([key for key in revoked if key not in presented])
+            revoked = [(key, node) for node in gone for key in known[node]]
+            revoked += [(key, node) for node, keys in changed.items()
+                        for key in known.get(node, []) if key not in keys]
+            self._revoke_lines([f"{key} {self.host_comment(node)}" for key, node in revoked])
             top = self.dir / CA_DIR / HOSTS_DIR
             _private_dirs(top, self.root)
             for node, keys in changed.items():
@@ -188,7 +199,20 @@ class KeyStore:
                 _write_atomic(top / node, "".join(f"{key}\n" for key in keys).encode())
             for node in gone:
                 (top / node).unlink(missing_ok=True)
-            return revoked
+            return [key for key, _ in revoked]
+
+    def readmit_host_keys(self, node: str) -> list[str]:
+        """Take every host key revoked under ``node``'s name (it left the spec, or a reimage
+        replaced it) back out of the revoked list; the next deploy vouches for the ones the node
+        presents. Returns the lines taken back. For keys known safe only: never a stolen one."""
+        self._path("hosts", node)  # the node name's grammar
+        with self._locked():
+            listed = self.revoked_keys()
+            back = [line for line in listed if line.split()[2:] == [self.host_comment(node)]]
+            if back:
+                _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
+                              "".join(f"{line}\n" for line in listed if line not in back).encode())
+            return back
 
     def _add_revoked(self, paths: Iterable[Path]) -> None:
         """Add the public keys of these private key files to the revoked list; the caller holds the lock."""
@@ -205,8 +229,11 @@ class KeyStore:
 
     def _revoke_lines(self, lines: list[str]) -> None:
         """Add public key lines to the revoked list (each once); the caller holds the lock."""
-        known = set(self.revoked_keys())
-        lines = [line for line in dict.fromkeys(lines) if line not in known]
+        fresh: dict[str, str] = {}
+        for line in lines:  # a key once, whatever its comment
+            fresh.setdefault(_key_of(line), line)
+        known = {_key_of(line) for line in self.revoked_keys()}
+        lines = [line for key, line in fresh.items() if key not in known]
         if lines:
             _private_dirs(self.dir / CA_DIR, self.root)
             _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
@@ -328,6 +355,11 @@ class KeyStore:
         _fsync_dir(path.parent)
         self._cache.pop(path, None)
         return KeyPair(private=private.decode(), public=line)
+
+
+def _key_of(line: str) -> str:
+    """``type base64`` of a public key line: what revocation compares, whatever the comment."""
+    return " ".join(line.split()[:2])
 
 
 def _node_of(name: str) -> str:

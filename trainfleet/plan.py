@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainfleet import mesh, openmpi
+from trainfleet import certificates, mesh, openmpi
 from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair, KeyStore
 from trainfleet.gpu_node import GpuNodePlan, gpu_part
@@ -221,15 +221,30 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
         for path in found["other_revoked_keys"]:
             problems.append(f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
                             "cluster's (or set ssh.mesh: keys)")
+        problems += revoked_host_key_problems(node, host_keys, certs.revoked)
     if certs.moving and partial:
         problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
-                        "deploy the whole cluster at once (a node moved alone would be cut off from the others)")
+                        "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
+                        "a node that is down: take it out of the spec for now, put it back once "
+                        "it is up (README, The SSH mesh)")
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
     wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
     drop_in = render("ssh_mesh/sshd_mesh.conf.j2", cluster=cluster.name, certificates=sorted(wanted),
                      revoked_keys=REVOKED_KEYS)
     return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys)
+
+
+def revoked_host_key_problems(node: Node, host_keys: list[str],
+                              revoked: frozenset[str]) -> list[str]:
+    """A node presenting a host key the cluster revoked is not vouched for again (revocation
+    is monotone): it is named, with the two ways out."""
+    return [f"it presents the host key {certificates.fingerprint(key)} ({key.split()[0]}), "
+            "which the cluster revoked: give the node new host keys (reimage it, or move "
+            "/etc/ssh/ssh_host_*_key* aside, run `ssh-keygen -A` and update the controller's "
+            "known_hosts), or, only if that key is known safe, take it back with "
+            f"`python -m trainfleet keys readmit SPEC {node.name}`"
+            for key in host_keys if " ".join(key.split()[:2]) in revoked]
 
 
 def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) -> bool:

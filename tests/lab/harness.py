@@ -99,6 +99,13 @@ def deploy_twice(inventory: str, deploy: str, data: dict[str, str] | None = None
     return first, second
 
 
+def readmit(lab: "LabController", *nodes: str) -> None:
+    """The operator's word that nodes put back in the spec may present the host keys they had
+    when they left it (``keys readmit``): revoked host keys come back only this way."""
+    subprocess.run([sys.executable, "-m", "trainfleet", "keys", "readmit", str(lab.lab.spec),
+                    *nodes], check=True, cwd=REPO, capture_output=True)
+
+
 def on_every_node(lab: "LabController", nodes: list[str], command: str, timeout: int = 300) -> dict[str, str]:
     """Run ``command`` on the nodes at once (installs take a while); {node: stdout}."""
     from concurrent.futures import ThreadPoolExecutor

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.lab.harness import LAB_INVENTORY, deploy_twice, pyinfra
+from tests.lab.harness import LAB_INVENTORY, deploy_twice, pyinfra, readmit
 
 DEPLOY = "deploy/cluster.py"
 BEGIN = "# BEGIN trainfleet managed block: cluster hosts (do not edit)"
@@ -66,6 +66,7 @@ def test_a_node_removed_from_the_spec_is_removed_from_every_block(named, tmp_pat
     for node in ("node1", "node2"):
         block, _ = split(lab3.ssh(node, "cat /etc/hosts"))
         assert block == expected_block({"node1": NODES["node1"], "node2": NODES["node2"]})
+    readmit(lab3, "node3")  # its host keys were revoked when it left the spec
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the whole cluster
 
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra
+from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra, readmit
 from tests.lab.test_ssh_mesh import NODES, mesh_matrix
 from trainfleet.certificates import fingerprint
 from trainfleet.keystore import KeyStore
@@ -198,7 +198,8 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
     old_ca = subprocess.run([*keys_cli, "ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True,
                             text=True).stdout.split()[1]
-    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO, capture_output=True)
+    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO,
+                   capture_output=True)
     new_ca = KeyStore("lab").certificate_authority().public.split()[1]
     assert new_ca != old_ca
 
@@ -220,3 +221,68 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
         signer = fingerprint(KeyStore("lab").certificate_authority().public)
         assert f"Signing CA: ED25519 {signer}" in lab.ssh(node, "ssh-keygen -L -f /root/.ssh/id_trainfleet-cert.pub")
     assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+
+
+def test_a_ca_rotation_with_a_node_down_completes_without_it_and_the_node_rejoins_later(
+        certs, tmp_path):
+    lab = certs.lab
+    keys_cli = [sys.executable, "-m", "trainfleet", "keys"]
+    old_ca = KeyStore("lab").certificate_authority().public.split()[1]
+    subprocess.run([*keys_cli, "rotate-ca", str(lab.lab.spec)], check=True, cwd=REPO,
+                   capture_output=True)
+    new_ca = KeyStore("lab").certificate_authority().public.split()[1]
+    rest = ["node1", "node2"]
+    lab.lab.stop("node3")
+    try:
+        stuck = pyinfra(LAB_INVENTORY, DEPLOY)  # node3 down: nothing moves, and nothing would, ever
+        assert stuck.returncode != 0, stuck.describe()
+        assert "deploy the whole cluster at once" in stuck.stderr, stuck.describe()
+        # The operator's way through: node3 out of the spec; the rest move, and the move settles.
+        deploy_twice(lab.spec_inventory(tmp_path, keep=rest), DEPLOY)
+        assert not KeyStore("lab").ca_moving()
+        assert not list((KeyStore("lab").dir / ".ca" / "retired").glob("*/ca"))  # old CA key gone
+        for node in rest:
+            assert old_ca not in "".join(text or "" for text in mesh_files(lab, node).values())
+        assert mesh_matrix(lab, rest) == {src: {dst: dst for dst in rest} for src in rest}
+    finally:
+        lab.lab.start("node3")
+    # node3 back in the spec: its host keys (revoked when it left) taken back; one deploy.
+    readmit(lab, "node3")
+    deploy_twice(LAB_INVENTORY, DEPLOY)
+    files = mesh_files(lab, "node3")
+    assert old_ca not in "".join(text or "" for text in files.values())
+    assert new_ca in managed_block(files["/etc/ssh/ssh_known_hosts"], "ssh mesh host keys")[0]
+    signer = fingerprint(KeyStore("lab").certificate_authority().public)
+    listed = lab.ssh("node3", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    assert f"Signing CA: ED25519 {signer}" in listed
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+
+
+def test_a_node_down_during_the_first_deploy_joins_later_changing_nothing_on_the_others(
+        lab3, tmp_path):
+    """(Last in the module: a fresh lab of its own.) node3 is down while the cluster is first
+    deployed; when it is back, the deploy that takes it in changes no file of the others'
+    mesh (the KRL byte for byte) and no step there. (A store that knew other host keys of
+    node3, a node reimaged while down, must revoke those everywhere: a store of its own.)"""
+    home = {"TRAINFLEET_HOME": str(tmp_path / "home")}  # a first deploy: no state, here or there
+    lab3.lab.stop("node3")
+    try:
+        first = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
+    finally:
+        lab3.lab.start("node3")
+    assert first.returncode != 0 and "[node3] Could not connect" in first.stderr, first.describe()
+    converged = ("node1", "node2")
+    before = {node: mesh_digests(lab3, node) for node in converged}
+    revoked = KeyStore("lab", root=tmp_path / "home" / "keys").revoked_keys()
+
+    joined = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
+
+    assert joined.returncode == 0, joined.describe()
+    elsewhere = {op: sorted(set(hosts) & set(converged)) for op, hosts in joined.changed().items()
+                 if set(hosts) & set(converged)}
+    assert elsewhere == {}, elsewhere
+    assert {node: mesh_digests(lab3, node) for node in converged} == before
+    assert KeyStore("lab", root=tmp_path / "home" / "keys").revoked_keys() == revoked
+    again = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
+    assert again.returncode == 0 and again.changed() == {}, again.describe()
+    assert mesh_matrix(lab3) == {src: {dst: dst for dst in NODES} for src in NODES}

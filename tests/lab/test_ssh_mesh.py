@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, fact, pyinfra
+from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, fact, pyinfra, readmit
 from trainfleet.keystore import KeyStore
 
 DEPLOY = "deploy/cluster.py"
@@ -114,6 +114,17 @@ def test_an_unreachable_node_is_named_and_converges_on_a_later_run(mesh, tmp_pat
     assert lab3.ssh("node1", "grep -c '^@cert-authority node?,' /etc/ssh/ssh_known_hosts").strip() == "1"
 
     lab3.lab.start("node3")
+    krl_digest = "sha256sum /etc/ssh/trainfleet_revoked_keys"
+    krl = {node: lab3.ssh(node, krl_digest) for node in ("node1", "node2")}
+    back = pyinfra(LAB_INVENTORY, DEPLOY)
+    # node3 left the spec above, so the host keys it presents again are revoked: it is named,
+    # and its return changes nothing on the others (their KRL byte for byte).
+    assert back.returncode != 0 and "which the cluster revoked" in back.stderr, back.describe()
+    assert {host for hosts in back.errors().values() for host in hosts} == {"node3"}, back.errors()
+    elsewhere = {op for op, hosts in back.changed().items() if {"node1", "node2"} & set(hosts)}
+    assert not elsewhere, back.changed()
+    assert {node: lab3.ssh(node, krl_digest) for node in krl} == krl
+    readmit(lab3, "node3")  # the operator's word: its old host keys are safe
     deploy_twice(LAB_INVENTORY, DEPLOY)
     assert mesh_matrix(lab3) == {src: {dst: dst for dst in NODES} for src in NODES}
 
@@ -131,6 +142,7 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
                               "/run/node3.pub; echo rc=$?").split()[-1] == "rc=1"
         assert "Host node3" not in lab3.ssh(node, "cat /root/.ssh/config")
         assert "node3" not in lab3.ssh(node, "pdsh -a hostname")
+    readmit(lab3, "node3")  # its host keys were revoked when it left the spec
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the whole cluster
 
 

@@ -217,3 +217,47 @@ def test_revoking_a_node_revokes_the_key_it_holds_even_when_its_public_file_is_s
     (store.dir / "root" / "a.pub").write_text(other.public + "\n")  # as in the stale-.pub test above
     store.revoke("root", "a")
     assert [line.split()[:2] for line in store.revoked_keys()] == [held.public.split()[:2]]
+
+
+HOST_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAaaa"
+HOST_C = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAccc"
+
+
+def test_a_revoked_host_key_stays_revoked_when_its_node_presents_it_again_until_readmitted(
+        tmp_path):
+    store = KeyStore("c1", root=tmp_path / "keys")
+    a_key, c_key = HOST_A, HOST_C
+    store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
+    assert store.record_host_keys({"a": [a_key]}, ["a"]) == [c_key]  # c left the spec: revoked
+    revoked = [" ".join(line.split()[:2]) for line in store.revoked_keys()]
+    assert revoked == [c_key]
+
+    # c is back in the spec, presenting the key it had: it stays revoked, not vouched for.
+    assert store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"]) == []
+    assert [" ".join(line.split()[:2]) for line in store.revoked_keys()] == revoked
+    assert store.host_keys().get("c", []) == []
+
+    # Only the operator's explicit word takes it back: then the next run vouches for it again.
+    assert store.readmit_host_keys("a") == []  # nothing of a's was revoked
+    assert [" ".join(line.split()[:2]) for line in store.readmit_host_keys("c")] == [c_key]
+    assert store.revoked_keys() == []
+    store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
+    assert store.host_keys()["c"] == [c_key] and store.revoked_keys() == []
+
+
+def test_keys_readmit_is_explicit_and_takes_back_only_the_named_nodes_host_keys(
+        tmp_path, monkeypatch, capsys):
+    from trainfleet.__main__ import main
+
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
+    spec = tmp_path / "c1.yml"
+    spec.write_text("cluster: {name: c1, mesh_users: [root]}\nnodes:\n"
+                    "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n")
+    store = KeyStore("c1")
+    a_key, c_key = HOST_A, HOST_C
+    store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
+    store.record_host_keys({}, [])  # both left the spec
+    assert main(["keys", "readmit", str(spec)]) != 0  # names no node: refused, nothing taken back
+    assert main(["keys", "readmit", str(spec), "c"]) == 0
+    assert "c: 1 revoked host key(s) taken back" in capsys.readouterr().out
+    assert [" ".join(line.split()[:2]) for line in store.revoked_keys()] == [a_key]

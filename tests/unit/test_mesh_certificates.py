@@ -763,6 +763,30 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
 
 
+def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_and_the_old_key_goes(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    plan_of(cluster, tmp_path / "keys")
+    old = store.rotate_certificate_authority()
+    assert (old / "ca").exists()
+    # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest move.
+    smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
+    moved = plan_of(smaller, tmp_path / "keys")
+    assert all(p.sshd.problems == [] and p.sshd.certificates for p in moved.nodes.values())
+    held = {name: {**fresh_sshd(), "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()}}
+            for name, p in moved.nodes.items()}
+    users = {name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()}
+    plan_cluster(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
+    # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
+    assert not store.ca_moving()
+    assert not (old / "ca").exists() and (old / "ca.pub").exists()
+    # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new CA.
+    store.readmit_host_keys("gpu-b02")
+    back = plan_of(cluster, tmp_path / "keys")
+    (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
+    assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(cert.strip(), store.certificate_authority().public)
+
+
 def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(tmp_path,
                                                                                                        monkeypatch):
     from tests.unit.test_plan import deploy_order, three_node_plan
@@ -790,13 +814,13 @@ def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certific
     assert KeyStore("mix", root=root).revoked_keys() == []  # a re-run with the same host keys revokes nothing
     plan = plan_of(cluster, root, host_keys={**{n.name: [host_key_of(cluster, n.name)] for n in cluster.nodes},
                                              "gpu-a02": [public_key()]})  # gpu-a02 reimaged
-    assert KeyStore("mix", root=root).revoked_keys() == [old_key]
+    assert refused_keys(root) == [old_key]
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert revoked(tmp_path / "krl", old_key, tmp_path)
     assert "    RevokedHostKeys /etc/ssh/trainfleet_revoked_keys" in plan.nodes["gpu-a01"].mesh[0].config
     smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
     plan_of(smaller, root)
-    assert host_key_of(cluster, "gpu-b02") in KeyStore("mix", root=root).revoked_keys()  # removed from the spec
+    assert host_key_of(cluster, "gpu-b02") in refused_keys(root)  # removed from the spec
 
 
 def test_identities_change_only_without_failures_while_a_node_trusts_another_way(tmp_path):
@@ -825,15 +849,28 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
                                   a01.mesh[0].authorized + c01.mesh[0].authorized)) == (False, False, False)
 
 
-def test_a_node_removed_then_added_back_as_it_was_is_vouched_for_again(tmp_path):
+def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_readmits_its_host_key(tmp_path):
     cluster = Cluster.parse(MIXED)
     root = tmp_path / "keys"
     plan_of(cluster, root)
     smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
     plan_of(smaller, root)
     key = host_key_of(cluster, "gpu-b02")
-    assert key in KeyStore("mix", root=root).revoked_keys()
-    plan = plan_of(cluster, root)  # back, with the host key it had
-    assert key not in KeyStore("mix", root=root).revoked_keys()
+    assert key in refused_keys(root)
+    plan = plan_of(cluster, root)  # back, with the host key it had: still revoked, the node named
+    assert key in refused_keys(root)
+    (why,) = plan.nodes["gpu-b02"].sshd.problems
+    assert f"presents the host key {certificates.fingerprint(key)}" in why and "keys readmit SPEC gpu-b02" in why
+    assert plan.nodes["gpu-b02"].sshd.certificates == {} and plan.nodes["gpu-a01"].sshd.problems == []
+    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
+    assert revoked(tmp_path / "krl", key, tmp_path)
+    KeyStore("mix", root=root).readmit_host_keys("gpu-b02")  # the operator's explicit word
+    plan = plan_of(cluster, root)
+    assert key not in refused_keys(root) and plan.nodes["gpu-b02"].sshd.problems == []
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert not revoked(tmp_path / "krl", key, tmp_path)
+
+
+def refused_keys(root: Path) -> list[str]:
+    """``type base64`` of every key the store's revoked list holds."""
+    return [" ".join(line.split()[:2]) for line in KeyStore("mix", root=root).revoked_keys()]
