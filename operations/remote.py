@@ -2,8 +2,9 @@
 
 Every file trainfleet writes goes through ``write_command``:
 - **as the file's owner**: a file in a path a user controls (a mesh user's home) is read,
-  staged and renamed by a process running with that user's uid, gid and groups (setpriv),
-  so a symlink or a race planted there gives the user only what the user already had; a
+  staged and renamed by a process running with that user's uid, gid and groups (setpriv)
+  and a fixed environment (PATH, HOME, USER, LOGNAME, LANG: nothing of root's), so a
+  symlink or a race planted there gives the user only what the user already had; a
   symlink the user owns (``~/.ssh/config -> ~/dotfiles/ssh_config``) is followed and its
   target gets the change. Root writes only where no one else can: every directory up to
   ``/`` must be root's and not writable by others (a sticky one is allowed above a
@@ -35,6 +36,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
+from facts.managed_block import USER_ENV_FN
 from trainfleet.defaults import RUN_DIR
 
 LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
@@ -61,8 +63,9 @@ if [ -L "$u" ] || [ ! -d "$u" ] || [ "$(stat -c '%U %a' "$u")" != "$2 700" ]; th
 fi
 """
 
-# Runs as root: the run dir, the node lock, then the writer (as the user where one is named).
-_LOCKED = RUN_DIR_SCRIPT + r"""
+# Runs as root: the run dir, the node lock, then the writer (as the user where one is named,
+# with only a fixed environment: USER_ENV_FN).
+_LOCKED = RUN_DIR_SCRIPT + USER_ENV_FN + r"""
 exec 9>>"$r/lock"
 if ! flock -w "$TF_LOCK_WAIT" 9; then
   echo "trainfleet: another trainfleet run holds this node's lock: $(cat "$r/holder" 2>/dev/null || echo unknown); gave up after $TF_LOCK_WAIT s" >&2
@@ -74,8 +77,12 @@ shift
 if [ -n "$TF_STAGED" ]; then exec 0<"$TF_STAGED"; rm -f -- "$TF_STAGED"; fi
 if [ -n "$TF_AS" ]; then
   command -v setpriv >/dev/null 2>&1 || { echo "trainfleet: setpriv (util-linux) is needed to write as $TF_AS" >&2; exit 1; }
-  timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" --init-groups \
-    sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+  as_user() {
+    tf_user_env "$TF_AS" timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" \
+      --init-groups sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+  }
+  # The user's process gets no variable of root's: inline content comes on its stdin.
+  if [ -n "${TF_DATA:-}" ]; then printf '%s' "$TF_DATA" | as_user "$@"; else as_user "$@"; fi
 else
   sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
 fi
