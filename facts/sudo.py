@@ -26,7 +26,8 @@ REFUSED = "trainfleet-sudo: refused: "
 PROVE = StringCommand("id", "-u")
 # The arguments of pyinfra's command wrapper the proof does not take: it proves sudo WITHOUT a
 # password (pyinfra's sudo password is a prompt on the controller, never wanted).
-_NOT_PROVED = {"command", "_sudo_password", "_sudo_askpass_path", "_su_password", "_su_askpass_path"}
+_NOT_PROVED = frozenset({"command", "_sudo_password", "_sudo_askpass_path", "_su_password",
+                         "_su_askpass_path"})
 
 
 def sudo_form(state: State, host: Any, command: StringCommand = PROVE) -> StringCommand:
@@ -35,7 +36,8 @@ def sudo_form(state: State, host: Any, command: StringCommand = PROVE) -> String
     passes only where sudoers lets every real command through, not just ``id``."""
     arguments, _ = pop_global_arguments(state, host, {})
     accepted = inspect.signature(make_unix_command).parameters.keys() - _NOT_PROVED
-    return make_unix_command(command, **{key: value for key, value in arguments.items() if key in accepted})
+    return make_unix_command(command, **{key: value for key, value in arguments.items()
+                                          if key in accepted})
 
 
 def probe_script(sudo_command: str) -> str:
