@@ -20,7 +20,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from facts.faults import name_step_faults
 from facts.fingerprint import DeployState, plan_inputs
-from facts.sudo import sudo_probe_command, sudo_refusal
+from facts.sudo import sudo_form, sudo_probe_command, sudo_refusal
 from trainfleet.keystore import KeyStore
 from trainfleet import inventory
 from trainfleet.model import Cluster, Node
@@ -92,7 +92,7 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
     def probe(host: Any) -> tuple[str, str | None]:
         if not host.data.get("_sudo"):
             return host.name, None
-        _, output = host.run_shell_command(sudo_probe_command(), _timeout=30)
+        _, output = host.run_shell_command(sudo_probe_command(sudo_form(state, host)), _timeout=30)
         return host.name, sudo_refusal(output.stdout_lines, str(host.data.get("ssh_user")))
 
     if unproved:

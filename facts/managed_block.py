@@ -31,14 +31,27 @@ tf_file() {
 """
 
 
+# Shell: run a command for a user (name or uid) with a fixed environment and nothing else:
+# ``tf_user_env USER COMMAND ARGS...``. Root's environment (and through ``sudo -E`` the
+# admin's: an agent socket, a token, a library path) never reaches a user's process.
+USER_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+USER_ENV_FN = r"""
+tf_user_env() {
+  tf_e=$(getent passwd "$1") || { echo "trainfleet: no such user: $1" >&2; return 1; }
+  tf_u=${tf_e%%:*}; tf_h=$(printf '%s\n' "$tf_e" | cut -d: -f6); shift
+  env -i PATH=""" + USER_PATH + r""" HOME="$tf_h" USER="$tf_u" LOGNAME="$tf_u" LANG=C.UTF-8 "$@"
+}
+"""
+
 # Shell: run a script as a user (uid 0: as is), read-only, bounded in time (a FIFO the user
 # planted cannot hang the run), its output as ONE base64 line: ``tf_as UID GID SCRIPT ARGS...``.
 # What the user's process prints is the user's own word about the user's own files only.
-AS_USER_FN = r"""
+AS_USER_FN = USER_ENV_FN + r"""
 tf_as() {
   uid=$1 gid=$2 s=$3; shift 3
   if [ "$uid" = 0 ]; then (cd / && sh -c "$s" trainfleet "$@") 2>/dev/null | base64 -w0
-  else (cd / && timeout 30 setpriv --reuid="$uid" --regid="$gid" --init-groups sh -c "$s" trainfleet "$@") 2>/dev/null | base64 -w0
+  else (cd / && tf_user_env "$uid" timeout 30 setpriv --reuid="$uid" --regid="$gid" --init-groups \
+          sh -c "$s" trainfleet "$@") 2>/dev/null | base64 -w0
   fi
   echo
 }

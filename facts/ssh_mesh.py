@@ -8,6 +8,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, FileRead, block_state, decode_lines, read_file_lines
+from facts.managed_block import USER_ENV_FN
 from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT,
                                  REVOKED_KEYS, SSHD_MAIN_CONF, SSHD_MESH_CONF)
 
@@ -236,6 +237,11 @@ done <"$d/first"
 """
 
 
+# The probe as a mesh user: su without -l, so the user's profile (the user's code) never runs
+# in it; from a fixed environment, never root's (su adds the node's PAM one: /etc/environment).
+_AS_MESH_USER = USER_ENV_FN + 'tf_user_env "$1" su -s /bin/sh "$1" -c "$2"\n'
+
+
 class SshMeshProof(FactBase[dict[str, str]]):
     """
     Proof of the mesh from this node: ``ssh`` to every peer by name, as the mesh user,
@@ -259,7 +265,8 @@ class SshMeshProof(FactBase[dict[str, str]]):
         self.peers = list(peers)
         if user == "root":
             return probe
-        return StringCommand("su", "-s", "/bin/sh", QuoteString(user), "-c", QuoteString(probe.get_raw_value()))
+        return StringCommand("sh", "-c", QuoteString(_AS_MESH_USER), "trainfleet", QuoteString(user),
+                             QuoteString(probe.get_raw_value()))
 
     def process(self, output: list[str]) -> dict[str, str]:
         peers = getattr(self, "peers", [])

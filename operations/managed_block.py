@@ -19,15 +19,12 @@ def block_change(
     """The commands that make ``path``'s block hold ``lines`` (None: no block); [] if it does.
 
     The new file is built from the bytes the fact read and written only if the node still
-    has them. A file that cannot be split unambiguously fails this host, untouched; so does
-    a symlink that root would have to write through. ``user``: write as that user (a file
-    in the user's home).
+    has them. A file that cannot be split unambiguously fails this host, untouched; a link
+    is followed on the node only where that is safe (``write_command``). ``user``: write as
+    that user (a file in the user's home).
     """
     if current["broken"]:
         return [fail_command(f"{path}: {current['broken']}; fix it by hand, nothing was changed")]
-    if current["link"] and user is None:
-        return [fail_command(f"{path} is a symbolic link; root does not write through links "
-                             "(replace it with a regular file), nothing was changed")]
     if lines is None and current["block"] is None:
         return []
     if lines is not None and current["block"] == lines:

@@ -2,13 +2,15 @@
 
 Every file trainfleet writes goes through ``write_command``:
 - **as the file's owner**: a file in a path a user controls (a mesh user's home) is read,
-  staged and renamed by a process running with that user's uid, gid and groups (setpriv),
-  so a symlink or a race planted there gives the user only what the user already had; a
+  staged and renamed by a process running with that user's uid, gid and groups (setpriv)
+  and a fixed environment (PATH, HOME, USER, LOGNAME, LANG: nothing of root's), so a
+  symlink or a race planted there gives the user only what the user already had; a
   symlink the user owns (``~/.ssh/config -> ~/dotfiles/ssh_config``) is followed and its
   target gets the change. Root writes only where no one else can: every directory up to
   ``/`` must be root's and not writable by others (a sticky one is allowed above a
-  root-owned child), a symlinked target is refused, and ownership is copied with
-  ``chown -h``;
+  root-owned child), a link is followed only through root's own files and directories
+  (root's dotfiles: the link stays, its target gets the change), and ownership is copied
+  with ``chown -h``;
 - **compare and swap**: the node replaces the file only if it still holds exactly the bytes
   the fact read (sha256), so a line added since, or by a second controller, is never lost;
 - **atomic**: the new bytes go to a unique ``mktemp`` file beside the target, which gets the
@@ -35,6 +37,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
+from facts.managed_block import USER_ENV_FN
 from trainfleet.defaults import RUN_DIR
 
 LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
@@ -61,8 +64,9 @@ if [ -L "$u" ] || [ ! -d "$u" ] || [ "$(stat -c '%U %a' "$u")" != "$2 700" ]; th
 fi
 """
 
-# Runs as root: the run dir, the node lock, then the writer (as the user where one is named).
-_LOCKED = RUN_DIR_SCRIPT + r"""
+# Runs as root: the run dir, the node lock, then the writer (as the user where one is named,
+# with only a fixed environment: USER_ENV_FN).
+_LOCKED = RUN_DIR_SCRIPT + USER_ENV_FN + r"""
 exec 9>>"$r/lock"
 if ! flock -w "$TF_LOCK_WAIT" 9; then
   echo "trainfleet: another trainfleet run holds this node's lock: $(cat "$r/holder" 2>/dev/null || echo unknown); gave up after $TF_LOCK_WAIT s" >&2
@@ -74,8 +78,12 @@ shift
 if [ -n "$TF_STAGED" ]; then exec 0<"$TF_STAGED"; rm -f -- "$TF_STAGED"; fi
 if [ -n "$TF_AS" ]; then
   command -v setpriv >/dev/null 2>&1 || { echo "trainfleet: setpriv (util-linux) is needed to write as $TF_AS" >&2; exit 1; }
-  timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" --init-groups \
-    sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+  as_user() {
+    tf_user_env "$TF_AS" timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" \
+      --init-groups sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
+  }
+  # The user's process gets no variable of root's: inline content comes on its stdin.
+  if [ -n "${TF_DATA:-}" ]; then printf '%s' "$TF_DATA" | as_user "$@"; else as_user "$@"; fi
 else
   sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
 fi
@@ -103,16 +111,50 @@ root_safe_dir() {
 }
 """
 
+# Root follows a link (``/root/.ssh/config -> ../dotfiles/ssh_config``) only where nobody else
+# can change where it leads: walked one name at a time from /, every directory on the way, each
+# link met (the first and any it leads through) and the file at the end are owned by root, and
+# every directory and the file are writable by root alone (no sticky exception: a chain
+# through /tmp is refused). Prints the file at the end; the link stays a link.
+_ROOT_LINK = r"""
+only_roots="root follows a link only through root's own files and directories"
+root_only() {
+  set -- $(stat -c '%u %a' -- "$1") "$1"
+  [ "$1" = 0 ] && [ $(( 0$2 & 022 )) -eq 0 ] && return 0
+  fail "is a symbolic link through $3, which is not root's alone: $only_roots"
+}
+root_link() {
+  rest=$1; cur=; n=0
+  root_only /
+  while [ -n "$rest" ]; do
+    case $rest in /*) rest=${rest#/}; continue ;; esac
+    c=${rest%%/*}; case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
+    case $c in .) continue ;; ..) cur=${cur%/*}; continue ;; esac
+    p=$cur/$c
+    if [ -L "$p" ]; then
+      n=$((n + 1)); [ $n -le 40 ] || fail "has too many levels of symbolic links"
+      [ "$(stat -c %u -- "$p")" = 0 ] || fail "is a symbolic link through $p, a link not owned by root: $only_roots"
+      t=$(readlink -- "$p"); case $t in /*) cur= ;; esac
+      rest=$t${rest:+/$rest}
+    elif [ -e "$p" ]; then root_only "$p"; cur=$p
+    elif [ -n "$rest" ]; then fail "is a dangling symbolic link"
+    else cur=$p
+    fi
+  done
+  printf '%s\n' "$cur"
+}
+"""
+
 # The writer: $1 path, $2 expected sha256 | absent | any, $3 mode of a new file, $4 mode of new
 # directories; content base64 in $TF_DATA, or on stdin when $TF_DATA is empty.
 _WRITE = r"""set -eu
 fail() { echo "trainfleet: $f: $*; nothing was changed" >&2; exit 1; }
 f=$1; want=$2; mode=$3; dmode=$4
 cd /
-""" + _ROOT_SAFE_DIR + r"""
+""" + _ROOT_SAFE_DIR + _ROOT_LINK + r"""
 if [ -L "$f" ]; then
-  [ "$(id -u)" != 0 ] || fail "is a symbolic link owned by root; root does not write through links (replace it with a regular file)"
-  f=$(readlink -f -- "$f") || fail "is a dangling symbolic link"
+  if [ "$(id -u)" = 0 ]; then f=$(root_link "$f") || exit 1
+  else f=$(readlink -f -- "$f") || fail "is a dangling symbolic link"; fi
 fi
 d=${f%/*}; [ -n "$d" ] || d=/
 [ "$(id -u)" != 0 ] || root_safe_dir "$d"

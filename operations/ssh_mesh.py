@@ -321,9 +321,8 @@ def mesh_trust(user: str, authorized: list[str], certificate: str | None = None,
 def after_block(current: BlockState, purpose: str, lines: list[str], writer: str | None) -> BlockState:
     """The file an earlier operation of this run left behind by giving its block ``lines``:
     ``current`` with that block (unchanged where that is what it holds, or where it cannot be
-    written: broken, or a link root would have to write through; a user writes through the
-    user's own link)."""
-    if current["broken"] or (current["link"] and writer is None) or current["block"] == lines:
+    written: broken; a link is written through, or the node fails on it)."""
+    if current["broken"] or current["block"] == lines:
         return current
     text = with_block(split_block(current["text"] or "", purpose), purpose, lines)
     return block_state({"state": "regular", "link": False, "data": text.encode("utf-8", "surrogateescape")}, purpose)

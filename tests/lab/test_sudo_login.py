@@ -1,7 +1,8 @@
 """A cluster whose sshd refuses root (`PermitRootLogin no`), reached as an admin with
 passwordless sudo (`ssh.become: sudo`): the deploy, drift and the preflight all work through
-sudo, twice, the second run changing nothing; a login without sudo gets one clear error per
-node, never a password prompt or a hang, and nothing on the node changes."""
+sudo, twice, the second run changing nothing; a login without sudo, or whose sudo lets only
+`id` through without a password, gets one clear error per node, never a password prompt or a
+hang, and nothing on the node changes."""
 
 from __future__ import annotations
 
@@ -15,26 +16,30 @@ from tests.lab.conftest import converged_torch_lab
 from tests.lab.harness import TORCH_STACK, deploy_twice, on_every_node, pyinfra
 
 NODES = ["node1", "node2", "node3"]
-ADMIN, STRANGER = "admin", "nosudo"
+ADMIN, STRANGER, NARROW = "admin", "nosudo", "narrow"
 
-# Two users with the operator's key: admin may sudo without a password, nosudo may not; then
-# sshd stops taking root (the listener re-reads its config on HUP; open sessions stay).
+# Three users with the operator's key: admin may sudo without a password, nosudo may not,
+# narrow may run only `id` without one (a proof by `sudo id` would pass); then sshd stops
+# taking root (the listener re-reads its config on HUP; open sessions stay).
 HARDEN = f"""set -e
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-download sudo >/dev/null 2>&1
-for u in {ADMIN} {STRANGER}; do
+for u in {ADMIN} {STRANGER} {NARROW}; do
   useradd -m -s /bin/sh "$u"
   install -d -m 700 -o "$u" -g "$u" "/home/$u/.ssh"
   install -m 600 -o "$u" -g "$u" /root/.ssh/authorized_keys "/home/$u/.ssh/authorized_keys"
 done
 echo '{ADMIN} ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/trainfleet-lab-admin
-chmod 440 /etc/sudoers.d/trainfleet-lab-admin
+echo '{NARROW} ALL=(ALL:ALL) ALL' > /etc/sudoers.d/trainfleet-lab-narrow
+echo '{NARROW} ALL=(ALL:ALL) NOPASSWD:SETENV: /usr/bin/id' >> /etc/sudoers.d/trainfleet-lab-narrow
+chmod 440 /etc/sudoers.d/trainfleet-lab-admin /etc/sudoers.d/trainfleet-lab-narrow
 visudo -c >/dev/null
 echo 'PermitRootLogin no' > /etc/ssh/sshd_config.d/00-trainfleet-lab.conf
 kill -HUP "$(pgrep -o -x sshd)"
 """
-# What trainfleet manages, checksummed as the admin sees it through sudo.
+# What trainfleet manages, checksummed as the admin sees it through sudo (a file not made yet
+# is named as missing: the same answer before and after a run that changed nothing).
 MANAGED = ("sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /etc/environment /etc/nccl.conf "
-           "/etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/*")
+           "/etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/* 2>&1; true")
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,9 @@ def sudo_lab(lab, tmp_path_factory):
     stranger_dir = tmp_path_factory.mktemp("nosudo")
     stranger = lab.spec_inventory(stranger_dir, cluster={"mesh_users": [ADMIN]},
                                   ssh={"user": STRANGER, "become": "sudo"})
-    return lab, admin, stranger
+    narrow = lab.spec_inventory(tmp_path_factory.mktemp("narrow"), cluster={"mesh_users": [ADMIN]},
+                                ssh={"user": NARROW, "become": "sudo"})
+    return lab, admin, {STRANGER: stranger, NARROW: narrow}
 
 
 def test_root_cannot_log_in_but_the_admin_and_the_stranger_can(sudo_lab):
@@ -61,6 +68,9 @@ def test_root_cannot_log_in_but_the_admin_and_the_stranger_can(sudo_lab):
         assert lab.ssh(node, "id -un", user=ADMIN).strip() == ADMIN
         assert lab.ssh(node, "sudo -n id -u", user=ADMIN).strip() == "0"
         assert lab.ssh(node, "id -un", user=STRANGER).strip() == STRANGER
+        # narrow's rule lets `sudo -n -E id` through (a proof of that form would pass), not sh
+        assert lab.ssh(node, "sudo -n -E id -u", user=NARROW).strip() == "0"
+        assert "a password is required" in lab.ssh(node, "sudo -H -n -E sh -c 'id -u' 2>&1; true", user=NARROW)
 
 
 def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_change(sudo_lab):
@@ -94,20 +104,21 @@ def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_
     assert {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES} == before, "drift or the preflight changed a node"
 
 
-def test_a_login_without_sudo_gets_one_clear_error_per_node_and_changes_nothing(sudo_lab):
-    lab, admin, stranger = sudo_lab
+@pytest.mark.parametrize("login", [STRANGER, NARROW])
+def test_a_login_without_sudo_gets_one_clear_error_per_node_and_changes_nothing(sudo_lab, login):
+    lab, admin, logins = sudo_lab
     before = {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES}
 
     # Every entry point proves sudo before anything runs through it: the deploy, drift and
     # the preflight (whose first stage would otherwise run through sudo and prompt).
     for deploy in ("deploy/cluster.py", "deploy/drift.py", "deploy/preflight.py"):
-        run = pyinfra(stranger, deploy, timeout=120)
+        run = pyinfra(logins[login], deploy, timeout=120)
 
         assert run.returncode != 0, run.describe()
         for node in NODES:
             lines = [line for line in run.stderr.splitlines()
-                     if f"[{node}]" in line and "nosudo cannot act as root without a password" in line]
+                     if f"[{node}]" in line and f"{login} cannot act as root without a password" in line]
             assert len(lines) == 1, run.describe()
-            assert "sudo -n said: sudo: a password is required" in lines[0]
+            assert "sudo -n said: " in lines[0] and "sudo: a password is required" in lines[0]
         assert "sudo password:" not in run.stdout + run.stderr  # pyinfra never prompted
     assert {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES} == before

@@ -104,7 +104,7 @@ def test_a_managed_file_converges_keeping_every_user_byte_or_is_refused_untouche
     assert block_change(str(target), purpose, after, NEW, top=top) == []  # a re-run changes nothing
 
 
-def test_a_root_owned_symlink_is_refused_and_left_alone(tmp_path):
+def test_a_root_link_through_a_world_writable_directory_is_refused_and_left_alone(tmp_path):
     real = tmp_path / "real"
     real.write_text("127.0.0.1 localhost\n")
     link = tmp_path / "hosts"

@@ -91,15 +91,108 @@ def test_any_bytes_survive_the_trip(tmp_path):
     assert target.read_bytes() == data
 
 
+@pytest.fixture
+def root_tree():
+    """A directory whose every parent up to / is root's alone (/run): root's dotfiles live in
+    such a tree (/root), unlike pytest's tmp_path under the world-writable /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="tf-root-", dir="/run"))
+    (path / ".ssh").mkdir(mode=0o700)
+    (path / "dotfiles").mkdir(mode=0o700)
+    yield path
+    shutil.rmtree(path)
+
+
 @needs_root
-def test_root_refuses_a_symlinked_target_and_leaves_both_untouched(tmp_path):
-    real = tmp_path / "real"
-    real.write_text("keep\n")
-    link = tmp_path / "link"
-    link.symlink_to(real)
-    result = run(write_command(str(link), "x\n", expect=ANY))
-    assert result.returncode == 1 and "symbolic link" in result.stderr
-    assert link.is_symlink() and real.read_text() == "keep\n"
+def test_roots_link_to_roots_own_dotfile_stays_a_link_and_its_target_gets_the_content(root_tree):
+    real = root_tree / "dotfiles" / "ssh_config"
+    real.write_text("Host *\n")
+    os.chmod(real, 0o600)
+    link = root_tree / ".ssh" / "config"
+    link.symlink_to("../dotfiles/ssh_config")
+
+    result = run(write_command(str(link), "Host n1\nHost *\n", expect=sha256(b"Host *\n")))
+
+    assert result.returncode == 0, result.stderr
+    assert link.is_symlink() and os.readlink(link) == "../dotfiles/ssh_config"
+    assert real.read_text() == "Host n1\nHost *\n"
+    assert (real.stat().st_uid, stat.S_IMODE(real.stat().st_mode)) == (0, 0o600)
+    assert sorted(p.name for p in (root_tree / "dotfiles").iterdir()) == ["ssh_config"]
+
+
+@needs_root
+def test_a_chain_of_roots_links_through_a_linked_directory_is_followed(root_tree):
+    (root_tree / "dots").symlink_to("dotfiles")  # a link to a directory on the way
+    (root_tree / "dotfiles" / "real").write_text("old\n")
+    (root_tree / "dotfiles" / "ssh_config").symlink_to(root_tree / "dots" / "real")
+    (root_tree / ".ssh" / "config").symlink_to(root_tree / "dots" / "ssh_config")
+
+    assert run(write_command(str(root_tree / ".ssh" / "config"), "new\n", expect=ANY)).returncode == 0
+    assert (root_tree / "dotfiles" / "real").read_text() == "new\n"
+    assert (root_tree / "dotfiles" / "ssh_config").is_symlink() and (root_tree / ".ssh" / "config").is_symlink()
+
+
+def _through_tmp(root_tree: Path) -> Path:
+    # /tmp (world-writable, sticky) on the way, even to a root-only directory in it
+    tmp = Path(tempfile.mkdtemp(prefix="tf-root-"))
+    (tmp / "ssh_config").write_text("keep\n")
+    return tmp / "ssh_config"
+
+
+def _user_writable_dir(root_tree: Path) -> Path:
+    shared = root_tree / "shared"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)
+    (shared / "ssh_config").write_text("keep\n")
+    return shared / "ssh_config"
+
+
+def _users_own_dir(root_tree: Path) -> Path:
+    home = root_tree / "home"
+    home.mkdir()
+    (home / "ssh_config").write_text("keep\n")
+    os.chown(home, pwd.getpwnam("nobody").pw_uid, -1)
+    return home / "ssh_config"
+
+
+def _users_link(root_tree: Path) -> Path:
+    (root_tree / "dotfiles" / "ssh_config").write_text("keep\n")
+    hop = root_tree / "dotfiles" / "hop"
+    hop.symlink_to("ssh_config")
+    os.lchown(hop, pwd.getpwnam("nobody").pw_uid, -1)
+    return hop
+
+
+def _users_file(root_tree: Path) -> Path:
+    target = root_tree / "dotfiles" / "ssh_config"
+    target.write_text("keep\n")
+    os.chown(target, pwd.getpwnam("nobody").pw_uid, -1)
+    return target
+
+
+@needs_root
+@pytest.mark.parametrize("plant, why", [
+    (_through_tmp, "is a symbolic link through /tmp, which is not root's alone"),
+    (_user_writable_dir, "/shared, which is not root's alone"),
+    (_users_own_dir, "/home, which is not root's alone"),
+    (_users_link, "/dotfiles/hop, a link not owned by root"),
+    (_users_file, "/dotfiles/ssh_config, which is not root's alone"),
+])
+def test_roots_link_anywhere_another_user_could_redirect_it_is_refused_untouched(root_tree, plant, why):
+    target = plant(root_tree)
+    link = root_tree / ".ssh" / "config"
+    link.symlink_to(target)
+    real = target.resolve()
+    before = (real.read_bytes(), real.stat().st_uid, real.stat().st_mode)
+    try:
+        result = run(write_command(str(link), "pwned\n", expect=ANY))
+        assert result.returncode == 1
+        assert f"trainfleet: {link}: " in result.stderr and why in result.stderr, result.stderr
+        assert "nothing was changed" in result.stderr
+        assert link.is_symlink() and (real.read_bytes(), real.stat().st_uid, real.stat().st_mode) == before
+        assert sorted(p.name for p in real.parent.iterdir() if p.name.startswith(".trainfleet")) == []
+    finally:
+        if str(real).startswith("/tmp/tf-root-"):
+            shutil.rmtree(real.parent)
 
 
 @needs_root
