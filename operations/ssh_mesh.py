@@ -13,7 +13,8 @@ from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPO
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
 from trainfleet.blocks import split_block, with_block
-from trainfleet.defaults import HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
+from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF,
+                                SYSTEM_KNOWN_HOSTS)
 from trainfleet.keystore import KeyPair
 
 # Reload sshd only once what it will read is proven: the KRL parses (an unreadable RevokedKeys
@@ -67,16 +68,20 @@ def _ours(certificate_line: str) -> bool:
 
 @operation()
 def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked_keys: bytes | None,
-                      problems: list[str] | None = None):
+                      problems: list[str] | None = None, client_drop_in: str | None = None):
     """
     sshd presents the cluster CA's certificates of its host keys and refuses every revoked
     mesh key (``/etc/ssh/sshd_config.d/trainfleet-mesh.conf``), then is reloaded once, after
-    ``sshd -t``. ``drop_in`` None takes all of it away again (a key mesh).
+    ``sshd -t``; every user's ssh refuses every revoked host key
+    (``/etc/ssh/ssh_config.d/trainfleet-mesh.conf``, written once the KRL it names is there:
+    ssh refuses every host while its RevokedHostKeys file is missing). ``drop_in`` None takes
+    all of it away again (a key mesh), the client's file first.
 
     + certificates: host certificate path -> its file (the plan's ``sshd.certificates``)
     + drop_in: the sshd_config.d file naming them and the KRL; None: no certificate mesh
     + revoked_keys: the KRL (``/etc/ssh/trainfleet_revoked_keys``), the same bytes on every node
     + problems: why this node's sshd cannot be planned (the step fails, nothing is changed)
+    + client_drop_in: the ssh_config.d file naming the KRL (the plan's ``sshd.client_drop_in``)
 
     **Example:**
 
@@ -92,10 +97,13 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     current = fact(SshdMesh)
     if drop_in is None:
         ours = [path for path, line in current["certificates"].items() if line and _ours(line)]
-        if current["drop_in"] is None and current["revoked_keys"] is None and not ours:
+        if current["drop_in"] is None and current["revoked_keys"] is None and current["client_drop_in"] is None \
+                and not ours:
             host.noop("sshd has no trainfleet certificates")
             return
-        # The drop-in first, so sshd never names a file that is gone; then what it named.
+        # The drop-ins first, so neither ssh nor sshd names a file that is gone; then what they named.
+        if current["client_drop_in"] is not None:
+            yield StringCommand("rm", "-f", "--", SSH_MESH_CONF)
         if current["drop_in"] is not None:
             yield StringCommand("rm", "-f", "--", SSHD_MESH_CONF)
             yield reload_sshd_command()
@@ -105,15 +113,20 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     for path, content in sorted(certificates.items()):
         if current["certificates"].get(path) != content.strip():
             changes += write_command(path, content, mode="644")
-    if current["revoked_keys"] is None:  # the drop-in names it; later changes are revoked_keys'
+    if current["revoked_keys"] is None:  # the drop-ins name it; later changes are revoked_keys'
         changes += write_command(REVOKED_KEYS, revoked_keys or b"", mode="644")
     if current["drop_in"] != drop_in.encode():  # last: it names the files above
         changes += write_command(SSHD_MESH_CONF, drop_in, mode="644")
-    if not changes:
+    client = []  # ssh reads it at each login: no reload
+    if client_drop_in is not None and current["client_drop_in"] != client_drop_in.encode():
+        client = write_command(SSH_MESH_CONF, client_drop_in, mode="644")
+    if not changes and not client:
         host.noop(f"sshd presents {len(certificates)} host certificates and refuses the revoked keys")
         return
     yield from changes
-    yield reload_sshd_command()
+    yield from client
+    if changes:
+        yield reload_sshd_command()
 
 
 @operation()

@@ -260,10 +260,15 @@ def host_certificates_summary(found: Mapping[str, str | None]) -> str:
                      for path, line in sorted(found.items()) if line) or "none"
 
 
+def file_digest(content: bytes | str | None) -> str:
+    """A short sha256 of a file's bytes (``absent``: no file)."""
+    if content is None:
+        return "absent"
+    return hashlib.sha256(content.encode() if isinstance(content, str) else content).hexdigest()[:12]
+
+
 def sshd_files_digest(drop_in: bytes | str | None, revoked_keys: bytes | None) -> str:
     """trainfleet's sshd drop-in and KRL, as one comparable value."""
     if drop_in is None and revoked_keys is None:
         return "absent"
-    text = drop_in.encode() if isinstance(drop_in, str) else (drop_in or b"")
-    return (f"drop-in {hashlib.sha256(text).hexdigest()[:12] if drop_in is not None else 'absent'}, "
-            f"revoked keys {hashlib.sha256(revoked_keys).hexdigest()[:12] if revoked_keys is not None else 'absent'}")
+    return f"drop-in {file_digest(drop_in)}, revoked keys {file_digest(revoked_keys)}"
