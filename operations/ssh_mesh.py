@@ -70,14 +70,15 @@ def _ours(certificate_line: str) -> bool:
 def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked_keys: bytes | None,
                       problems: list[str] | None = None, client_drop_in: str | None = None):
     """
-    sshd presents the cluster CA's certificates of its host keys and refuses every revoked
+    sshd presents the cluster CA's certificate of its host key and refuses every revoked
     mesh key (``/etc/ssh/sshd_config.d/trainfleet-mesh.conf``), then is reloaded once, after
     ``sshd -t``; every user's ssh refuses every revoked host key
     (``/etc/ssh/ssh_config.d/trainfleet-mesh.conf``, written once the KRL it names is there:
     ssh refuses every host while its RevokedHostKeys file is missing). ``drop_in`` None takes
     all of it away again (a key mesh), the client's file first.
 
-    + certificates: host certificate path -> its file (the plan's ``sshd.certificates``)
+    + certificates: host certificate path -> its file (the plan's ``sshd.certificates``); any
+      other host certificate trainfleet signed is removed
     + drop_in: the sshd_config.d file naming them and the KRL; None: no certificate mesh
     + revoked_keys: the KRL (``/etc/ssh/trainfleet_revoked_keys``), the same bytes on every node
     + problems: why this node's sshd cannot be planned (the step fails, nothing is changed)
@@ -120,13 +121,19 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     client = []  # ssh reads it at each login: no reload
     if client_drop_in is not None and current["client_drop_in"] != client_drop_in.encode():
         client = write_command(SSH_MESH_CONF, client_drop_in, mode="644")
-    if not changes and not client:
-        host.noop(f"sshd presents {len(certificates)} host certificates and refuses the revoked keys")
+    # trainfleet's certificates of other host keys (an older deploy signed every key): gone once
+    # sshd no longer names them.
+    stale = sorted(path for path, line in current["certificates"].items()
+                   if line and _ours(line) and path not in certificates)
+    if not changes and not client and not stale:
+        host.noop(f"sshd presents {len(certificates)} host certificate and refuses the revoked keys")
         return
     yield from changes
     yield from client
     if changes:
         yield reload_sshd_command()
+    if stale:
+        yield StringCommand("rm", "-f", "--", *stale)
 
 
 @operation()

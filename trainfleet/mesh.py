@@ -229,16 +229,26 @@ def host_cert_path(key_type: str) -> str | None:
     return f"/etc/ssh/ssh_host_{short}_key{HOST_CERT_SUFFIX}" if short else None
 
 
+CERTIFIED_HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa")  # in order of preference: one is certified
+
+
+def certified_host_key(host_keys: list[str]) -> str | None:
+    """The one host key the CA vouches for: the ed25519 key, RSA where there is none (a
+    certificate for every key sshd has would widen what it offers: an ECDSA or DSA one)."""
+    by_type = {key.split()[0]: key for key in host_keys if key.split()}
+    return next((by_type[kind] for kind in CERTIFIED_HOST_KEY_TYPES if kind in by_type), None)
+
+
 def host_certificates(cluster: Cluster, node: Node, host_keys: list[str], current: Mapping[str, str | None],
                       certs: Certificates) -> dict[str, str]:
-    """``{path: certificate line}`` for each of the node's host keys: kept while valid, signed anew otherwise."""
-    wanted = {}
-    for key in host_keys:
-        path = host_cert_path(key.split()[0])
-        if path:
-            wanted[path] = certs.certificate(current.get(path), key, "host", host_principals(node),
-                                             f"trainfleet:{cluster.name}:host:{node.name}") + "\n"
-    return wanted
+    """``{path: certificate line}`` of the node's certified host key (none: it has no ed25519 or
+    RSA key): kept while valid, signed anew otherwise."""
+    key = certified_host_key(host_keys)
+    path = host_cert_path(key.split()[0]) if key else None
+    if not key or not path:
+        return {}
+    return {path: certs.certificate(current.get(path), key, "host", host_principals(node),
+                                    f"trainfleet:{cluster.name}:host:{node.name}") + "\n"}
 
 
 def certificate_summary(line: str | None) -> str:

@@ -223,6 +223,9 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
             problems.append(f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
                             "cluster's (or set ssh.mesh: keys)")
         problems += client_problems(found)
+        if not mesh.certified_host_key(host_keys):
+            problems.append("the node has no ed25519 (or RSA) host key for the CA to certify: "
+                            "`ssh-keygen -A` makes one, or set ssh.mesh: keys")
     if certs.moving and partial:
         problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
                         "deploy the whole cluster at once (a node moved alone would be cut off from the others)")

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
@@ -658,6 +660,61 @@ def test_sshd_certificates_writes_a_renewed_certificate_alone_and_reloads(tmp_pa
     current["certificates"][ED25519_CERT] = "ssh-ed25519-cert-v01@openssh.com AAAAold trainfleet:mix:host:gpu-a01"
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
     assert [written(c)[0] for c in commands[:-1]] == [ED25519_CERT] and is_reload(commands[-1])
+
+
+ECDSA_CERT = "/etc/ssh/ssh_host_ecdsa_key-cert.pub"
+
+
+def _public_of(kind: str) -> str:
+    """A fresh ECDSA (P-256) or RSA public key line."""
+    key = {"ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
+           "rsa": lambda: rsa.generate_private_key(65537, 2048)}[kind]().public_key()
+    return key.public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+@pytest.mark.parametrize("kinds, certified", [
+    (("ecdsa", "ed25519", "rsa"), ED25519_CERT),  # Debian's three host keys: the ed25519 one only
+    (("ecdsa", "rsa"), RSA_CERT),  # no ed25519: RSA
+])
+def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_certificate(tmp_path, kinds,
+                                                                                             certified):
+    cluster = Cluster.parse(MIXED)
+    keys = {kind: (public_key() if kind == "ed25519" else _public_of(kind)) for kind in kinds}
+    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes})
+    sshd = plan.nodes["gpu-a01"].sshd
+    assert list(sshd.certificates) == [certified] and not sshd.problems
+    assert [line for line in sshd.drop_in.splitlines() if line.startswith("HostCertificate")] == \
+        [f"HostCertificate {certified}"]
+    kind = "ed25519" if certified == ED25519_CERT else "rsa"
+    assert certificates.read(sshd.certificates[certified]).key == " ".join(keys[kind].split()[:2])
+
+
+def test_a_node_with_only_an_ecdsa_host_key_gets_no_certificate_and_fails_its_step(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes})
+    sshd = plan.nodes["gpu-a01"].sshd
+    assert sshd.certificates == {} and "no ed25519 (or RSA) host key" in sshd.problems[0]
+
+
+def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_after_the_reload(tmp_path):
+    """A node an older deploy gave an ECDSA host certificate too: the drop-in without it, sshd
+    reloaded, then the file removed; a site's own certificate is not trainfleet's to remove."""
+    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    current = converged_sshd(plan)
+    old = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "keys"))
+    current["certificates"][ECDSA_CERT] = old.certificate(None, _public_of("ecdsa"), "host", ["gpu-a01"],
+                                                          "trainfleet:mix:host:gpu-a01")
+    current["drop_in"] = plan.nodes["gpu-a01"].sshd.drop_in.replace(
+        "HostCertificate", f"HostCertificate {ECDSA_CERT}\nHostCertificate", 1).encode()
+    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
+    write, reload, remove = commands
+    assert written(write)[0] == SSHD_MESH_CONF and is_reload(reload)
+    assert shlex.split(remove.get_raw_value()) == ["rm", "-f", "--", ECDSA_CERT]
+    # Only the stale file left (its removal failed last time): removed, no reload needed.
+    current = {**converged_sshd(plan), "certificates": {**converged_sshd(plan)["certificates"],
+                                                        ECDSA_CERT: current["certificates"][ECDSA_CERT]}}
+    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
+    assert [shlex.split(c.get_raw_value()) for c in commands] == [["rm", "-f", "--", ECDSA_CERT]]
 
 
 def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_the_krl(tmp_path):
