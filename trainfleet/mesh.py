@@ -194,7 +194,7 @@ class Certificates:
         """``current`` if it is this CA's, for this key and these principals and not yet due for
         renewal; else a new one."""
         if current and certificates.needs_renewal(current, public_line, self.ca_public, principals,
-                                                  self.renew_before, self.now) is None \
+                                                  self.renew_before, self.now, kind) is None \
                 and certificates.read(current).time_left(self.now) <= self.validity + certificates.BACKDATE:
             return current  # (one that outlives a validity the spec has shortened is signed anew)
         return certificates.sign(self.ca, public_line, kind, principals, key_id, secrets.randbits(63) | 1,
@@ -260,8 +260,8 @@ def certificate_summary(line: str | None) -> str:
         info = certificates.read(line)
     except certificates.CertificateError as exc:
         return f"unreadable ({exc})"
-    return (f"{','.join(info.principals)} until {info.valid_before:%Y-%m-%d %H:%M} UTC, "
-            f"CA {info.ca_fingerprint[:19]}")
+    return (f"{'' if info.signed else 'BAD SIGNATURE: '}{info.kind} {','.join(info.principals)} "
+            f"until {info.valid_before:%Y-%m-%d %H:%M} UTC, CA {info.ca_fingerprint[:19]}")
 
 
 def host_certificates_summary(found: Mapping[str, str | None]) -> str:

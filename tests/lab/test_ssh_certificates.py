@@ -250,6 +250,30 @@ def test_drift_names_a_certificate_the_spec_now_wants_shorter_and_the_deploy_ren
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the lab's validity
 
 
+def test_a_host_certificate_signed_by_another_ca_is_named_by_drift_and_signed_anew_by_the_deploy(certs):
+    """Issue #26: certificates are verified, not only read. node2's host certificate is replaced
+    by one another CA signed for the same key, names and key id (what a forger, or a site's
+    script gone wrong, leaves): drift names it, the deploy signs it anew, the next changes nothing."""
+    lab = certs.lab
+    names = ",".join(["node2", "node2.lab.trainfleet.test", lab.lab.node("node2").address])
+    lab.ssh("node2", "set -e; d=$(mktemp -d); ssh-keygen -q -t ed25519 -N '' -f $d/ca; "
+                     "cp /etc/ssh/ssh_host_ed25519_key.pub $d/host.pub; "
+                     f"ssh-keygen -q -s $d/ca -I trainfleet:lab:host:node2 -h -n {names} -V -5m:+52w $d/host.pub; "
+                     "printf '%s trainfleet:lab:host:node2\\n' \"$(cut -d' ' -f1,2 $d/host-cert.pub)\" "
+                     "> /etc/ssh/ssh_host_ed25519_key-cert.pub; rm -rf $d")
+    assert "Signing CA: ED25519 " + fingerprint(KeyStore("lab").certificate_authority().public) not in \
+        lab.ssh("node2", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    drift = pyinfra(LAB_INVENTORY, "deploy/drift.py")
+    assert drift.returncode != 0 and "[node2] host certificates" in drift.stdout + drift.stderr, drift.describe()
+    assert "[node1] host certificates" not in drift.stdout + drift.stderr
+    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+    assert set(first.changed()) == {"node2"}, first.describe()
+    signer = fingerprint(KeyStore("lab").certificate_authority().public)
+    assert f"Signing CA: ED25519 {signer}" in lab.ssh("node2", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    assert pyinfra(LAB_INVENTORY, "deploy/drift.py").returncode == 0
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+
+
 def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_throughout(certs):
     lab = certs.lab
     keys_cli = [sys.executable, "-m", "trainfleet", "keys"]

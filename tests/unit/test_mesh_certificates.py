@@ -856,7 +856,7 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
               .key_id(b"x").valid_principals([b"alice"]).valid_after(2**64 - 2).valid_before(2**64 - 1)
               .sign(forger).public_bytes().decode())
     assert certificates.read(forged).valid_after.year == 9999  # read, clamped: no OverflowError
-    assert mesh.certificate_summary(forged).startswith("alice until 9999-12-31")
+    assert mesh.certificate_summary(forged).startswith("user alice until 9999-12-31")
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys", user_certificates={"gpu-a01": {"alice": forged}})
     assert plan.nodes["gpu-a01"].mesh[1].certificate != forged  # signed anew, the run goes on
@@ -974,3 +974,35 @@ def test_a_node_removed_then_added_back_as_it_was_is_vouched_for_again(tmp_path)
     assert key not in KeyStore("mix", root=root).revoked_keys()
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert not revoked(tmp_path / "krl", key, tmp_path)
+
+
+# -- certificates are verified (issue #26) ---------------------------------------------------------
+
+def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_named_by_drift(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].sshd
+    good = first.certificates[ED25519_CERT].strip()
+    names = host_principals(cluster.node("gpu-a01"))
+    kind, blob = good.split()[:2]
+    data = bytearray(base64.b64decode(blob))
+    data[-10] ^= 1  # inside the signature
+    key = host_key_of(cluster, "gpu-a01")
+    other_ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "other"))
+    ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"))
+    bad = {
+        "damaged": f"{kind} {base64.b64encode(bytes(data)).decode()} trainfleet:mix:host:gpu-a01",
+        "another CA": other_ca.certificate(None, key, "host", names, "trainfleet:mix:host:gpu-a01"),
+        "a user certificate": ca.certificate(None, key, "user", names, "trainfleet:mix:host:gpu-a01"),
+    }
+    for why, line in bad.items():
+        sshd = {n.name: {**fresh_sshd(), "certificates": {ED25519_CERT: line if n.name == "gpu-a01" else None}}
+                for n in cluster.nodes}
+        again = plan_of(cluster, tmp_path / "keys", sshd=sshd).nodes["gpu-a01"].sshd
+        new = again.certificates[ED25519_CERT].strip()
+        assert new != line, why  # the deploy writes it anew...
+        assert certificates.problem(new, ca.ca_public, "host", names) is None, why
+        # ...and drift, which compares what the node holds with the plan, names it.
+        assert mesh.host_certificates_summary({ED25519_CERT: line}) != \
+            mesh.host_certificates_summary(again.certificates), why
+    assert mesh.certificate_summary(bad["damaged"]).startswith("BAD SIGNATURE: host gpu-a01,")
+    assert mesh.certificate_summary(good).startswith("host gpu-a01,")
