@@ -23,7 +23,7 @@ from trainfleet.keystore import KeyPair
 # is the reason it does not is moved aside, never left for the next boot; one that is not the
 # reason stays, and the node fails naming sshd's own problem).
 _RELOAD_SSHD = r"""
-krl=$1 drop_in=$2
+krl=$1 drop_in=$2 client=${3:-}
 sshd=$(command -v sshd || echo /usr/sbin/sshd)
 reload() {
   if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ssh 2>/dev/null; then systemctl reload ssh
@@ -36,6 +36,8 @@ if [ -f "$krl" ]; then
   for pub in /etc/ssh/ssh_host_*_key.pub; do
     ssh-keygen -Q -f "$krl" "$pub" >/dev/null 2>&1; rc=$?
     if [ $rc -gt 1 ]; then
+      # ssh too refuses every host while its RevokedHostKeys file does not read: its drop-in goes as well.
+      [ -n "$client" ] && [ -f "$client" ] && mv -f -- "$client" "$client.rejected"
       [ -f "$drop_in" ] && mv -f -- "$drop_in" "$drop_in.rejected" && "$sshd" -t >/dev/null 2>&1 && reload
       echo "$krl does not read as a key revocation list: $drop_in moved to $drop_in.rejected" >&2; exit 1
     fi
@@ -58,7 +60,8 @@ reload
 
 
 def reload_sshd_command() -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS, SSHD_MESH_CONF)
+    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS, SSHD_MESH_CONF,
+                         SSH_MESH_CONF)
 
 
 def _ours(certificate_line: str) -> bool:
