@@ -26,8 +26,8 @@ from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
 from trainfleet.mesh import (FULL_PROBE_ENV, STRIDE_ENV, certificate_summary, file_digest,
-                             host_certificates_summary, probe_env_problems, probe_stride, probe_targets,
-                             sshd_files_digest)
+                             host_certificates_summary, probe_env_problems, probe_stride,
+                             probe_targets, sshd_files_digest)
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import NodePlan, genders_lines, plan_cluster

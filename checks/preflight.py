@@ -367,8 +367,8 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
     report.details["ssh"] = proofs
     report.problems += mesh_problems(cluster, proofs, peers, seconds)
     if cluster.mesh == "certificates":
-        validity, problems, warnings = certificate_verdicts(cluster, held, datetime.now(timezone.utc),
-                                                            KeyStore(cluster.name).ca_public())
+        now, ca_public = datetime.now(timezone.utc), KeyStore(cluster.name).ca_public()
+        validity, problems, warnings = certificate_verdicts(cluster, held, now, ca_public)
         report.details["certificates"] = validity
         report.problems += problems
         report.warnings += warnings

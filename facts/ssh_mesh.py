@@ -9,7 +9,8 @@ from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, FileRead, block_state, decode_lines, read_file_lines
 from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT,
-                                 REVOKED_KEYS, SSH_MAIN_CONF, SSH_MESH_CONF, SSHD_MAIN_CONF, SSHD_MESH_CONF)
+                                 REVOKED_KEYS, SSH_MAIN_CONF, SSH_MESH_CONF, SSHD_MAIN_CONF,
+                                 SSHD_MESH_CONF)
 
 AUTHORIZED_PURPOSE = "ssh mesh keys"
 CONFIG_PURPOSE = "ssh mesh hosts"
@@ -148,7 +149,7 @@ class SshdMeshT(TypedDict):
     drop_in: bytes | None  # trainfleet's sshd_config.d file
     revoked_keys: bytes | None  # the KRL
     client_includes_drop_ins: bool  # ssh_config includes ssh_config.d/*.conf for every host
-    other_revoked_host_keys: list[str]  # ssh client files other than trainfleet's that set RevokedHostKeys
+    other_revoked_host_keys: list[str]  # other ssh client files that set RevokedHostKeys
     client_drop_in: bytes | None  # trainfleet's ssh_config.d file
 
 
@@ -197,7 +198,8 @@ class SshdMesh(FactBase[SshdMeshT]):
         {"includes_drop_ins": True, "other_revoked_keys": [],
          "certificates": {"/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...", ...},
          "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL...",
-         "client_includes_drop_ins": True, "other_revoked_host_keys": [], "client_drop_in": b"Host *..."}
+         "client_includes_drop_ins": True, "other_revoked_host_keys": [],
+         "client_drop_in": b"Host *..."}
     """
 
     def command(self) -> StringCommand:
@@ -220,8 +222,8 @@ class SshdMesh(FactBase[SshdMeshT]):
             "client_includes_drop_ins": "client_include yes" in head,
             "other_revoked_host_keys": [line.split(" ", 1)[1] for line in head
                                         if line.startswith("revoked_host_keys_in ")],
-            "client_drop_in": (files["client_drop_in"]["data"] if files["client_drop_in"]["state"] == "regular"
-                               else None),
+            "client_drop_in": (files["client_drop_in"]["data"]
+                               if files["client_drop_in"]["state"] == "regular" else None),
         }
 
 

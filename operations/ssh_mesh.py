@@ -13,8 +13,8 @@ from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPO
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
 from trainfleet.blocks import split_block, with_block
-from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF,
-                                SYSTEM_KNOWN_HOSTS)
+from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSH_MESH_CONF,
+                                SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS)
 from trainfleet.keystore import KeyPair
 
 # Reload sshd only once what it will read is proven: the KRL parses (an unreadable RevokedKeys
@@ -36,7 +36,7 @@ if [ -f "$krl" ]; then
   for pub in /etc/ssh/ssh_host_*_key.pub; do
     ssh-keygen -Q -f "$krl" "$pub" >/dev/null 2>&1; rc=$?
     if [ $rc -gt 1 ]; then
-      # ssh too refuses every host while its RevokedHostKeys file does not read: its drop-in goes as well.
+      # ssh refuses every host while its RevokedHostKeys file does not read: its drop-in goes too.
       [ -n "$client" ] && [ -f "$client" ] && mv -f -- "$client" "$client.rejected"
       [ -f "$drop_in" ] && mv -f -- "$drop_in" "$drop_in.rejected" && "$sshd" -t >/dev/null 2>&1 && reload
       echo "$krl does not read as a key revocation list: $drop_in moved to $drop_in.rejected" >&2; exit 1
@@ -60,8 +60,8 @@ reload
 
 
 def reload_sshd_command() -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS, SSHD_MESH_CONF,
-                         SSH_MESH_CONF)
+    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS,
+                         SSHD_MESH_CONF, SSH_MESH_CONF)
 
 
 def _ours(certificate_line: str) -> bool:
@@ -101,11 +101,11 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     current = fact(SshdMesh)
     if drop_in is None:
         ours = [path for path, line in current["certificates"].items() if line and _ours(line)]
-        if current["drop_in"] is None and current["revoked_keys"] is None and current["client_drop_in"] is None \
-                and not ours:
+        files = (current["drop_in"], current["revoked_keys"], current["client_drop_in"])
+        if all(file is None for file in files) and not ours:
             host.noop("sshd has no trainfleet certificates")
             return
-        # The drop-ins first, so neither ssh nor sshd names a file that is gone; then what they named.
+        # The drop-ins first, so neither ssh nor sshd names a file that is gone; then the rest.
         if current["client_drop_in"] is not None:
             yield StringCommand("rm", "-f", "--", SSH_MESH_CONF)
         if current["drop_in"] is not None:
@@ -129,7 +129,7 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     stale = sorted(path for path, line in current["certificates"].items()
                    if line and _ours(line) and path not in certificates)
     if not changes and not client and not stale:
-        host.noop(f"sshd presents {len(certificates)} host certificate and refuses the revoked keys")
+        host.noop(f"sshd presents {len(certificates)} host certificate; revoked keys refused")
         return
     yield from changes
     yield from client

@@ -42,7 +42,7 @@ class CertificateInfo:
     valid_before: datetime
     ca_fingerprint: str  # SHA256:... of the signing CA's public key, as ssh-keygen -l prints it
     key: str  # the certified public key, ``type base64``
-    signed: bool = True  # its signature verifies with the CA key it names (False: damaged or forged)
+    signed: bool = True  # its signature verifies with the CA key it names (False: damaged, forged)
 
     def time_left(self, now: datetime) -> timedelta:
         return self.valid_before - now
@@ -116,7 +116,8 @@ def _read(line: str) -> CertificateInfo:
         key_id=certificate.key_id.decode(errors="replace"), serial=certificate.serial,
         principals=tuple(p.decode(errors="replace") for p in certificate.valid_principals),
         valid_after=_when(certificate.valid_after), valid_before=_when(certificate.valid_before),
-        ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]), signed=_verifies(certificate))
+        ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]),
+        signed=_verifies(certificate))
 
 
 def _verifies(certificate: SSHCertificate) -> bool:
@@ -155,7 +156,8 @@ def problem(line: str | None, ca_public: str | None, kind: str, principals: list
 
 
 def needs_renewal(line: str | None, public_line: str, ca_public: str, principals: list[str],
-                  renew_before: timedelta, now: datetime | None = None, kind: str = "host") -> str | None:
+                  renew_before: timedelta, now: datetime | None = None,
+                  kind: str = "host") -> str | None:
     """Why the certificate ``line`` must be signed again (None: it is fine): not a valid
     ``kind`` certificate of the CA for these principals (``problem``), for another key, or
     expiring within ``renew_before``."""

@@ -274,7 +274,8 @@ def file_digest(content: bytes | str | None) -> str:
     """A short sha256 of a file's bytes (``absent``: no file)."""
     if content is None:
         return "absent"
-    return hashlib.sha256(content.encode() if isinstance(content, str) else content).hexdigest()[:12]
+    data = content.encode() if isinstance(content, str) else content
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def sshd_files_digest(drop_in: bytes | str | None, revoked_keys: bytes | None) -> str:

@@ -74,7 +74,7 @@ class SshdPlan:
     drop_in: str | None  # /etc/ssh/sshd_config.d/trainfleet-mesh.conf
     revoked_keys: bytes | None  # /etc/ssh/trainfleet_revoked_keys
     problems: list[str] = field(default_factory=list)
-    client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf: every user's ssh reads the KRL
+    client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf (ssh's KRL)
     moving: bool = False  # some node's known_hosts trusts another way now: certificates change only without failures
 
 
@@ -235,19 +235,21 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
     drop_in = render("ssh_mesh/sshd_mesh.conf.j2", cluster=cluster.name, certificates=sorted(wanted),
                      revoked_keys=REVOKED_KEYS)
     client = render("ssh_mesh/ssh_mesh.conf.j2", cluster=cluster.name, revoked_keys=REVOKED_KEYS)
-    return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys, client_drop_in=client)
+    return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys,
+                    client_drop_in=client)
 
 
 def client_problems(found: Mapping[str, Any]) -> list[str]:
     """Why every user's ssh would not read the cluster's KRL from trainfleet's ssh_config.d file."""
     problems = []
     if not found["client_includes_drop_ins"]:
-        problems.append(f"{SSH_MAIN_CONF} does not read /etc/ssh/ssh_config.d/*.conf for every host: add "
-                        "`Include /etc/ssh/ssh_config.d/*.conf` at its top (before any Host or Match), "
-                        "or set ssh.mesh: keys")
+        problems.append(f"{SSH_MAIN_CONF} does not read /etc/ssh/ssh_config.d/*.conf for every "
+                        "host: add `Include /etc/ssh/ssh_config.d/*.conf` at its top (before any "
+                        "Host or Match), or set ssh.mesh: keys")
     for path in found["other_revoked_host_keys"]:
-        problems.append(f"{path} sets RevokedHostKeys: ssh reads one such file, so it or the cluster's would be "
-                        "ignored: merge it into the cluster's (or set ssh.mesh: keys)")
+        problems.append(f"{path} sets RevokedHostKeys: ssh reads one such file, so it or the "
+                        "cluster's would be ignored: merge it into the cluster's "
+                        "(or set ssh.mesh: keys)")
     return problems
 
 

@@ -256,13 +256,14 @@ def certificate_verdicts(cluster: Cluster, held: dict[str, dict[str, str | None]
                 problems.append(Problem("ssh", node, f"{name} is not valid now (from {info.valid_after:%Y-%m-%d %H:%M} "
                                                      f"to {info.valid_before:%Y-%m-%d %H:%M} UTC): run the deploy"))
             elif why:
-                problems.append(Problem("ssh", node, f"{name} is not the cluster's ({why}): run the deploy"))
+                problems.append(Problem("ssh", node,
+                                        f"{name} is not the cluster's ({why}): run the deploy"))
             elif left < renew:
                 warnings.append(Problem("ssh", node, f"{name} has {left.days} days left: the next deploy signs it again"))
     return validity, problems, warnings
 
 
-USER_CERTIFICATE = "'s certificate"  # how the preflight names a mesh user's certificate: "<user>'s certificate"
+USER_CERTIFICATE = "'s certificate"  # the preflight names a user's: "<user>'s certificate"
 
 
 def wanted_certificate(cluster: Cluster, node: str, name: str) -> tuple[str, list[str]]:

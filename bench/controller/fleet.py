@@ -330,8 +330,9 @@ def converged_sections(base: dict[str, str], recorded: Recorded, node: Node, min
     out = dict(base)
     out["hosts"] = map_files(base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)})
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
-        out["sshd_mesh"] = sshd_mesh_text(plan.sshd.drop_in, plan.sshd.revoked_keys, plan.sshd.certificates,
-                                          client_drop_in=plan.sshd.client_drop_in)
+        sshd = plan.sshd
+        out["sshd_mesh"] = sshd_mesh_text(sshd.drop_in, sshd.revoked_keys, sshd.certificates,
+                                          client_drop_in=sshd.client_drop_in)
     out["known_hosts"] = map_files(base["known_hosts"], {
         "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(l, KNOWN_HOSTS_PURPOSE, plan.known_hosts)})
     out["pdsh"] = map_files(base["pdsh"], {
