@@ -21,7 +21,7 @@ DEPLOY = "deploy/cluster.py"
 MESH_FILES = ["/etc/ssh/ssh_known_hosts", "/root/.ssh/authorized_keys", "/root/.ssh/config",
               "/root/.ssh/id_trainfleet", "/root/.ssh/id_trainfleet-cert.pub", "/etc/ssh/trainfleet_revoked_keys",
               "/etc/ssh/sshd_config.d/trainfleet-mesh.conf", "/etc/ssh/ssh_host_ed25519_key-cert.pub",
-              "/etc/ssh/ssh_host_ecdsa_key-cert.pub", "/etc/ssh/ssh_config.d/trainfleet-mesh.conf"]
+              "/etc/ssh/ssh_config.d/trainfleet-mesh.conf"]  # no ECDSA host certificate (issue #26)
 
 # Logs in to every node, again and again, until told to stop: what a user's jobs see while
 # the deploy runs. A refused login or an unverified host key is a broken mesh.
