@@ -34,8 +34,9 @@ from trainfleet.driver import satisfies_driver
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.launchers import LAUNCH_FILE_NAMES
-from trainfleet.mesh import (FULL_PROBE_ENV, STRIDE_ENV, certificate_summary, host_certificates_summary,
-                             probe_env_problems, probe_stride, probe_targets, sshd_files_digest)
+from trainfleet.mesh import (FULL_PROBE_ENV, STRIDE_ENV, certificate_summary, file_digest,
+                             host_certificates_summary, probe_env_problems, probe_stride,
+                             probe_targets, sshd_files_digest)
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES, satisfies
 from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
@@ -101,6 +102,7 @@ def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
     sshd = fp["sshd_mesh"]
     props["host certificates"] = host_certificates_summary(sshd["certificates"])
     props["sshd mesh files"] = sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
+    props["ssh client drop-in"] = file_digest(sshd["client_drop_in"])
     for user in users:
         state = fp[f"mesh_user:{user}"]
         props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
@@ -148,6 +150,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     if plan.sshd and not plan.sshd.problems:
         props["host certificates"] = host_certificates_summary(plan.sshd.certificates)
         props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
+        props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
     for user in plan.mesh:
         props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
         props[f"authorized_keys ({user.user})"] = digest(user.authorized)

@@ -32,10 +32,12 @@ from facts.gather import gather_fact, once_per_run, prove_sudo, refused_sudo
 from facts.nccl_env import NcclNetwork
 from facts.shm import parse_sysvipc_shm
 from trainfleet.defaults import LAUNCH_DIR, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, RUN_DIR, VENV_DIR
+from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.schema import smoke_launcher_problem
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 from trainfleet.preflight import (
+    USER_CERTIFICATE,
     certificate_verdicts,
     PreflightReport,
     Problem,
@@ -360,11 +362,13 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
             continue
         proofs[node] = {user: read[f"mesh_proof:{user}"] for user in cluster.mesh_users}
         held[node] = {**{path.rsplit("/", 1)[-1]: line for path, line in read["sshd_mesh"]["certificates"].items() if line},
-                      **{f"{user}'s certificate": read[f"mesh_user:{user}"]["certificate"] for user in cluster.mesh_users}}
+                      **{f"{user}{USER_CERTIFICATE}": read[f"mesh_user:{user}"]["certificate"]
+                         for user in cluster.mesh_users}}
     report.details["ssh"] = proofs
     report.problems += mesh_problems(cluster, proofs, peers, seconds)
     if cluster.mesh == "certificates":
-        validity, problems, warnings = certificate_verdicts(cluster, held, datetime.now(timezone.utc))
+        now, ca_public = datetime.now(timezone.utc), KeyStore(cluster.name).ca_public()
+        validity, problems, warnings = certificate_verdicts(cluster, held, now, ca_public)
         report.details["certificates"] = validity
         report.problems += problems
         report.warnings += warnings

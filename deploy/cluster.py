@@ -31,6 +31,7 @@ if plan.sshd.drop_in is not None or plan.sshd.problems:  # a node that cannot pr
     ssh_mesh.sshd_certificates(name="sshd presents its host certificates, refuses revoked keys",
                                certificates=plan.sshd.certificates, drop_in=plan.sshd.drop_in,
                                revoked_keys=plan.sshd.revoked_keys, problems=plan.sshd.problems,
+                               client_drop_in=plan.sshd.client_drop_in,
                                _if=no_host_failed if plan.sshd.moving else None)
 for user in plan.mesh:
     ssh_mesh.mesh_trust(name=f"{user.user} also trusts the mesh's new lines", user=user.user,

@@ -10,7 +10,8 @@ from pyinfra.api.exceptions import FactProcessError
 from facts.managed_block import AS_USER_FN, FILE_FN, BlockState, FileRead, block_state, decode_lines, read_file_lines
 from facts.managed_block import USER_ENV_FN
 from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT,
-                                 REVOKED_KEYS, SSHD_MAIN_CONF, SSHD_MESH_CONF)
+                                 REVOKED_KEYS, SSH_MAIN_CONF, SSH_MESH_CONF, SSHD_MAIN_CONF,
+                                 SSHD_MESH_CONF)
 
 AUTHORIZED_PURPOSE = "ssh mesh keys"
 CONFIG_PURPOSE = "ssh mesh hosts"
@@ -148,21 +149,38 @@ class SshdMeshT(TypedDict):
     certificates: dict[str, str | None]  # host certificate path -> its line (None: no such file)
     drop_in: bytes | None  # trainfleet's sshd_config.d file
     revoked_keys: bytes | None  # the KRL
+    client_includes_drop_ins: bool  # ssh_config includes ssh_config.d/*.conf for every host
+    other_revoked_host_keys: list[str]  # other ssh client files that set RevokedHostKeys
+    client_drop_in: bytes | None  # trainfleet's ssh_config.d file
 
 
 _HOST_CERT_PATHS = tuple(f"/etc/ssh/ssh_host_{kind}_key{HOST_CERT_SUFFIX}" for kind in ("dsa", "ecdsa", "ed25519", "rsa"))
 
-# Root reads root's files in /etc/ssh: no user controls them.
+# Root reads root's files in /etc/ssh: no user controls them. ssh_config's Include must be read
+# for every host: outside any Host/Match block but `Host *` / `Match all` (ssh scopes an
+# included file's lines to the block around its Include).
 _SSHD_SCRIPT = FILE_FN + r"""
-main=$1 drop_in=$2 krl=$3; shift 3
+main=$1 drop_in=$2 krl=$3 client=$4 client_drop_in=$5; shift 5
 if grep -Eiq '^[[:space:]]*Include[[:space:]]+/etc/ssh/sshd_config\.d/\*\.conf([[:space:]]|$)' "$main" 2>/dev/null
 then echo "include yes"; else echo "include no"; fi
 for f in "$main" /etc/ssh/sshd_config.d/*.conf; do
   [ "$f" = "$drop_in" ] || ! [ -f "$f" ] && continue
   grep -Eiq '^[[:space:]]*RevokedKeys[[:space:]]' "$f" && echo "revoked_keys_in $f"
 done
+if [ -f "$client" ] && awk '
+  { line = tolower($0); sub(/^[ \t]+/, "", line); sub(/[ \t]+$/, "", line) }
+  line ~ /^host[ \t=]/ { scoped = line !~ /^host[ \t=]+\*$/; next }
+  line ~ /^match[ \t=]/ { scoped = line !~ /^match[ \t=]+all$/; next }
+  !scoped && line ~ /^include[ \t=]+(\/etc\/ssh\/)?ssh_config\.d\/\*\.conf([ \t]|$)/ { found = 1 }
+  END { exit !found }' "$client"
+then echo "client_include yes"; else echo "client_include no"; fi
+for f in "$client" /etc/ssh/ssh_config.d/*.conf; do
+  [ "$f" = "$client_drop_in" ] || ! [ -f "$f" ] && continue
+  grep -Eiq '^[[:space:]]*RevokedHostKeys([[:space:]]|=)' "$f" && echo "revoked_host_keys_in $f"
+done
 tf_file drop_in "$drop_in"
 tf_file krl "$krl"
+tf_file client_drop_in "$client_drop_in"
 for f in "$@"; do tf_file "$f" "$f"; done
 true
 """
@@ -172,23 +190,29 @@ class SshdMesh(FactBase[SshdMeshT]):
     """
     sshd's part of a certificate mesh on the node: its host certificates, trainfleet's
     sshd_config.d file and key revocation list, whether sshd_config reads sshd_config.d, and
-    any other file that sets ``RevokedKeys`` (sshd takes the first one it reads).
+    any other file that sets ``RevokedKeys`` (sshd takes the first one it reads); and the ssh
+    client's: trainfleet's ssh_config.d file, whether ssh_config reads ssh_config.d for every
+    host, and any other system file that sets ``RevokedHostKeys``.
 
     .. code:: python
 
         {"includes_drop_ins": True, "other_revoked_keys": [],
          "certificates": {"/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...", ...},
-         "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL..."}
+         "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL...",
+         "client_includes_drop_ins": True, "other_revoked_host_keys": [],
+         "client_drop_in": b"Host *..."}
     """
 
     def command(self) -> StringCommand:
         return StringCommand("sh", "-c", QuoteString(_SSHD_SCRIPT), "trainfleet", SSHD_MAIN_CONF, SSHD_MESH_CONF,
-                             REVOKED_KEYS, *_HOST_CERT_PATHS)
+                             REVOKED_KEYS, SSH_MAIN_CONF, SSH_MESH_CONF, *_HOST_CERT_PATHS)
 
     def process(self, output: list[str]) -> SshdMeshT:
         head = [line for line in output if not line.startswith("file ")]
         files = read_file_lines(output)
-        if not any(line.startswith("include ") for line in head) or not {"drop_in", "krl", *_HOST_CERT_PATHS} <= files.keys():
+        if not any(line.startswith("include ") for line in head) \
+                or not any(line.startswith("client_include ") for line in head) \
+                or not {"drop_in", "krl", "client_drop_in", *_HOST_CERT_PATHS} <= files.keys():
             raise FactProcessError("sshd's files could not be read")
         return {
             "includes_drop_ins": "include yes" in head,
@@ -196,6 +220,11 @@ class SshdMesh(FactBase[SshdMeshT]):
             "certificates": {path: first_line(files[path]) for path in _HOST_CERT_PATHS},
             "drop_in": files["drop_in"]["data"] if files["drop_in"]["state"] == "regular" else None,
             "revoked_keys": files["krl"]["data"] if files["krl"]["state"] == "regular" else None,
+            "client_includes_drop_ins": "client_include yes" in head,
+            "other_revoked_host_keys": [line.split(" ", 1)[1] for line in head
+                                        if line.startswith("revoked_host_keys_in ")],
+            "client_drop_in": (files["client_drop_in"]["data"]
+                               if files["client_drop_in"]["state"] == "regular" else None),
         }
 
 

@@ -13,7 +13,8 @@ from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPO
 from operations.managed_block import block_change
 from operations.remote import as_user_command, fail_command, write_command
 from trainfleet.blocks import split_block, with_block
-from trainfleet.defaults import HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
+from trainfleet.defaults import (HOST_CERT_SUFFIX, MESH_KEY_NAME, REVOKED_KEYS, SSH_MESH_CONF,
+                                SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS)
 from trainfleet.keystore import KeyPair
 
 # Reload sshd only once what it will read is proven: the KRL parses (an unreadable RevokedKeys
@@ -22,7 +23,7 @@ from trainfleet.keystore import KeyPair
 # is the reason it does not is moved aside, never left for the next boot; one that is not the
 # reason stays, and the node fails naming sshd's own problem).
 _RELOAD_SSHD = r"""
-krl=$1 drop_in=$2
+krl=$1 drop_in=$2 client=${3:-}
 sshd=$(command -v sshd || echo /usr/sbin/sshd)
 reload() {
   if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet ssh 2>/dev/null; then systemctl reload ssh
@@ -35,6 +36,8 @@ if [ -f "$krl" ]; then
   for pub in /etc/ssh/ssh_host_*_key.pub; do
     ssh-keygen -Q -f "$krl" "$pub" >/dev/null 2>&1; rc=$?
     if [ $rc -gt 1 ]; then
+      # ssh refuses every host while its RevokedHostKeys file does not read: its drop-in goes too.
+      [ -n "$client" ] && [ -f "$client" ] && mv -f -- "$client" "$client.rejected"
       [ -f "$drop_in" ] && mv -f -- "$drop_in" "$drop_in.rejected" && "$sshd" -t >/dev/null 2>&1 && reload
       echo "$krl does not read as a key revocation list: $drop_in moved to $drop_in.rejected" >&2; exit 1
     fi
@@ -57,7 +60,8 @@ reload
 
 
 def reload_sshd_command() -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS, SSHD_MESH_CONF)
+    return StringCommand("sh", "-c", QuoteString(_RELOAD_SSHD), "trainfleet", REVOKED_KEYS,
+                         SSHD_MESH_CONF, SSH_MESH_CONF)
 
 
 def _ours(certificate_line: str) -> bool:
@@ -67,16 +71,21 @@ def _ours(certificate_line: str) -> bool:
 
 @operation()
 def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked_keys: bytes | None,
-                      problems: list[str] | None = None):
+                      problems: list[str] | None = None, client_drop_in: str | None = None):
     """
-    sshd presents the cluster CA's certificates of its host keys and refuses every revoked
+    sshd presents the cluster CA's certificate of its host key and refuses every revoked
     mesh key (``/etc/ssh/sshd_config.d/trainfleet-mesh.conf``), then is reloaded once, after
-    ``sshd -t``. ``drop_in`` None takes all of it away again (a key mesh).
+    ``sshd -t``; every user's ssh refuses every revoked host key
+    (``/etc/ssh/ssh_config.d/trainfleet-mesh.conf``, written once the KRL it names is there:
+    ssh refuses every host while its RevokedHostKeys file is missing). ``drop_in`` None takes
+    all of it away again (a key mesh), the client's file first.
 
-    + certificates: host certificate path -> its file (the plan's ``sshd.certificates``)
+    + certificates: host certificate path -> its file (the plan's ``sshd.certificates``); any
+      other host certificate trainfleet signed is removed
     + drop_in: the sshd_config.d file naming them and the KRL; None: no certificate mesh
     + revoked_keys: the KRL (``/etc/ssh/trainfleet_revoked_keys``), the same bytes on every node
     + problems: why this node's sshd cannot be planned (the step fails, nothing is changed)
+    + client_drop_in: the ssh_config.d file naming the KRL (the plan's ``sshd.client_drop_in``)
 
     **Example:**
 
@@ -92,10 +101,13 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     current = fact(SshdMesh)
     if drop_in is None:
         ours = [path for path, line in current["certificates"].items() if line and _ours(line)]
-        if current["drop_in"] is None and current["revoked_keys"] is None and not ours:
+        files = (current["drop_in"], current["revoked_keys"], current["client_drop_in"])
+        if all(file is None for file in files) and not ours:
             host.noop("sshd has no trainfleet certificates")
             return
-        # The drop-in first, so sshd never names a file that is gone; then what it named.
+        # The drop-ins first, so neither ssh nor sshd names a file that is gone; then the rest.
+        if current["client_drop_in"] is not None:
+            yield StringCommand("rm", "-f", "--", SSH_MESH_CONF)
         if current["drop_in"] is not None:
             yield StringCommand("rm", "-f", "--", SSHD_MESH_CONF)
             yield reload_sshd_command()
@@ -105,15 +117,26 @@ def sshd_certificates(certificates: dict[str, str], drop_in: str | None, revoked
     for path, content in sorted(certificates.items()):
         if current["certificates"].get(path) != content.strip():
             changes += write_command(path, content, mode="644")
-    if current["revoked_keys"] is None:  # the drop-in names it; later changes are revoked_keys'
+    if current["revoked_keys"] is None:  # the drop-ins name it; later changes are revoked_keys'
         changes += write_command(REVOKED_KEYS, revoked_keys or b"", mode="644")
     if current["drop_in"] != drop_in.encode():  # last: it names the files above
         changes += write_command(SSHD_MESH_CONF, drop_in, mode="644")
-    if not changes:
-        host.noop(f"sshd presents {len(certificates)} host certificates and refuses the revoked keys")
+    client = []  # ssh reads it at each login: no reload
+    if client_drop_in is not None and current["client_drop_in"] != client_drop_in.encode():
+        client = write_command(SSH_MESH_CONF, client_drop_in, mode="644")
+    # trainfleet's certificates of other host keys (an older deploy signed every key): gone once
+    # sshd no longer names them.
+    stale = sorted(path for path, line in current["certificates"].items()
+                   if line and _ours(line) and path not in certificates)
+    if not changes and not client and not stale:
+        host.noop(f"sshd presents {len(certificates)} host certificate; revoked keys refused")
         return
     yield from changes
-    yield reload_sshd_command()
+    yield from client
+    if changes:
+        yield reload_sshd_command()
+    if stale:
+        yield StringCommand("rm", "-f", "--", *stale)
 
 
 @operation()

@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import SSHCertificate, SSHCertificateBuilder, SSHCertificateType
@@ -42,6 +42,7 @@ class CertificateInfo:
     valid_before: datetime
     ca_fingerprint: str  # SHA256:... of the signing CA's public key, as ssh-keygen -l prints it
     key: str  # the certified public key, ``type base64``
+    signed: bool = True  # its signature verifies with the CA key it names (False: damaged, forged)
 
     def time_left(self, now: datetime) -> timedelta:
         return self.valid_before - now
@@ -85,7 +86,8 @@ def sign(ca: Ed25519PrivateKey, public_line: str, kind: str, principals: list[st
 def read(line: str) -> CertificateInfo:
     """What a certificate line says; CertificateError if it is not one. The line may come from
     a file a node user controls: whatever it holds ends as CertificateError, never another
-    exception (its signature is not checked here: only which CA it names)."""
+    exception. ``signed`` says whether its signature verifies with the CA key it names;
+    whether that CA is the cluster's is ``problem``'s to check."""
     try:
         return _read(line)
     except CertificateError:
@@ -114,13 +116,23 @@ def _read(line: str) -> CertificateInfo:
         key_id=certificate.key_id.decode(errors="replace"), serial=certificate.serial,
         principals=tuple(p.decode(errors="replace") for p in certificate.valid_principals),
         valid_after=_when(certificate.valid_after), valid_before=_when(certificate.valid_before),
-        ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]))
+        ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]),
+        signed=_verifies(certificate))
 
 
-def needs_renewal(line: str | None, public_line: str, ca_public: str, principals: list[str],
-                  renew_before: timedelta, now: datetime | None = None) -> str | None:
-    """Why the certificate ``line`` must be signed again (None: it is fine): missing or
-    unreadable, for another key or CA, other principals, or expiring within ``renew_before``."""
+def _verifies(certificate: SSHCertificate) -> bool:
+    try:
+        certificate.verify_cert_signature()
+    except InvalidSignature:
+        return False
+    return True
+
+
+def problem(line: str | None, ca_public: str | None, kind: str, principals: list[str],
+            now: datetime | None = None) -> str | None:
+    """Why ``line`` is not a certificate the CA ``ca_public`` signed (None: any CA whose
+    signature verifies), of this ``kind`` (host | user), for exactly these ``principals`` and
+    valid ``now`` (None: it is)."""
     if not line:
         return "no certificate"
     try:
@@ -128,12 +140,34 @@ def needs_renewal(line: str | None, public_line: str, ca_public: str, principals
     except CertificateError as exc:
         return str(exc)
     now = now or datetime.now(timezone.utc)
-    if info.key != " ".join(public_line.split()[:2]):
-        return "certifies another key"
-    if info.ca_fingerprint != fingerprint(ca_public):
+    if not info.signed:
+        return "its signature does not verify (damaged or forged)"
+    if ca_public is not None and info.ca_fingerprint != fingerprint(ca_public):
         return "signed by another CA"
+    if info.kind != kind:
+        return f"a {info.kind} certificate where a {kind} certificate is wanted"
     if set(info.principals) != set(principals):
         return f"principals {','.join(info.principals)}, the plan wants {','.join(principals)}"
+    if info.valid_after > now:
+        return f"not valid before {info.valid_after:%Y-%m-%d %H:%M} UTC"
+    if info.valid_before <= now:
+        return f"expired {info.valid_before:%Y-%m-%d %H:%M} UTC"
+    return None
+
+
+def needs_renewal(line: str | None, public_line: str, ca_public: str, principals: list[str],
+                  renew_before: timedelta, now: datetime | None = None,
+                  kind: str = "host") -> str | None:
+    """Why the certificate ``line`` must be signed again (None: it is fine): not a valid
+    ``kind`` certificate of the CA for these principals (``problem``), for another key, or
+    expiring within ``renew_before``."""
+    now = now or datetime.now(timezone.utc)
+    why = problem(line, ca_public, kind, principals, now)
+    if why:
+        return why
+    info = read(line or "")
+    if info.key != " ".join(public_line.split()[:2]):
+        return "certifies another key"
     if info.time_left(now) < renew_before:
         return f"expires {info.valid_before:%Y-%m-%d %H:%M} UTC"
     return None

@@ -13,6 +13,9 @@ MESH_PROBE_TIMEOUT = 10  # seconds per probe
 SSHD_MESH_CONF = "/etc/ssh/sshd_config.d/trainfleet-mesh.conf"  # HostCertificate, RevokedKeys
 SSHD_MAIN_CONF = "/etc/ssh/sshd_config"  # must Include sshd_config.d/*.conf (Debian 12, Ubuntu 22.04+, RHEL 9)
 REVOKED_KEYS = "/etc/ssh/trainfleet_revoked_keys"  # the cluster's KRL, the same bytes on every node
+# Every user's ssh refuses the host keys the KRL revokes (RevokedHostKeys), by name or address.
+SSH_MESH_CONF = "/etc/ssh/ssh_config.d/trainfleet-mesh.conf"
+SSH_MAIN_CONF = "/etc/ssh/ssh_config"  # must Include ssh_config.d/*.conf for every host
 HOST_CERT_SUFFIX = "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
 CERTIFICATE_DAYS = 365  # a certificate's validity unless the spec sets ssh.certificate_days
 RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left

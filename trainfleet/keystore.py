@@ -101,6 +101,10 @@ class KeyStore:
         named, never retired), made on first use; it signs host and user certificates."""
         return self._pair(self.dir / CA_DIR / "ca", f"trainfleet:{self.dir.name}:ca")
 
+    def ca_public(self) -> str | None:
+        """The CA's public line, read only (None: the store has no CA; none is made)."""
+        return _read_text(self.dir / CA_DIR / "ca.pub")
+
     def rotate_certificate_authority(self) -> Path | None:
         """A new cluster CA; the old one is moved to ``.ca/retired/<timestamp>/`` (returned; None
         when there was none). The next deploy trusts both while it signs every host and user

@@ -194,7 +194,7 @@ class Certificates:
         """``current`` if it is this CA's, for this key and these principals and not yet due for
         renewal; else a new one."""
         if current and certificates.needs_renewal(current, public_line, self.ca_public, principals,
-                                                  self.renew_before, self.now) is None \
+                                                  self.renew_before, self.now, kind) is None \
                 and certificates.read(current).time_left(self.now) <= self.validity + certificates.BACKDATE:
             return current  # (one that outlives a validity the spec has shortened is signed anew)
         return certificates.sign(self.ca, public_line, kind, principals, key_id, secrets.randbits(63) | 1,
@@ -229,16 +229,26 @@ def host_cert_path(key_type: str) -> str | None:
     return f"/etc/ssh/ssh_host_{short}_key{HOST_CERT_SUFFIX}" if short else None
 
 
+CERTIFIED_HOST_KEY_TYPES = ("ssh-ed25519", "ssh-rsa")  # in order of preference: one is certified
+
+
+def certified_host_key(host_keys: list[str]) -> str | None:
+    """The one host key the CA vouches for: the ed25519 key, RSA where there is none (a
+    certificate for every key sshd has would widen what it offers: an ECDSA or DSA one)."""
+    by_type = {key.split()[0]: key for key in host_keys if key.split()}
+    return next((by_type[kind] for kind in CERTIFIED_HOST_KEY_TYPES if kind in by_type), None)
+
+
 def host_certificates(cluster: Cluster, node: Node, host_keys: list[str], current: Mapping[str, str | None],
                       certs: Certificates) -> dict[str, str]:
-    """``{path: certificate line}`` for each of the node's host keys: kept while valid, signed anew otherwise."""
-    wanted = {}
-    for key in host_keys:
-        path = host_cert_path(key.split()[0])
-        if path:
-            wanted[path] = certs.certificate(current.get(path), key, "host", host_principals(node),
-                                             f"trainfleet:{cluster.name}:host:{node.name}") + "\n"
-    return wanted
+    """``{path: certificate line}`` of the node's certified host key (none: it has no ed25519 or
+    RSA key): kept while valid, signed anew otherwise."""
+    key = certified_host_key(host_keys)
+    path = host_cert_path(key.split()[0]) if key else None
+    if not key or not path:
+        return {}
+    return {path: certs.certificate(current.get(path), key, "host", host_principals(node),
+                                    f"trainfleet:{cluster.name}:host:{node.name}") + "\n"}
 
 
 def certificate_summary(line: str | None) -> str:
@@ -250,8 +260,8 @@ def certificate_summary(line: str | None) -> str:
         info = certificates.read(line)
     except certificates.CertificateError as exc:
         return f"unreadable ({exc})"
-    return (f"{','.join(info.principals)} until {info.valid_before:%Y-%m-%d %H:%M} UTC, "
-            f"CA {info.ca_fingerprint[:19]}")
+    return (f"{'' if info.signed else 'BAD SIGNATURE: '}{info.kind} {','.join(info.principals)} "
+            f"until {info.valid_before:%Y-%m-%d %H:%M} UTC, CA {info.ca_fingerprint[:19]}")
 
 
 def host_certificates_summary(found: Mapping[str, str | None]) -> str:
@@ -260,10 +270,16 @@ def host_certificates_summary(found: Mapping[str, str | None]) -> str:
                      for path, line in sorted(found.items()) if line) or "none"
 
 
+def file_digest(content: bytes | str | None) -> str:
+    """A short sha256 of a file's bytes (``absent``: no file)."""
+    if content is None:
+        return "absent"
+    data = content.encode() if isinstance(content, str) else content
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
 def sshd_files_digest(drop_in: bytes | str | None, revoked_keys: bytes | None) -> str:
     """trainfleet's sshd drop-in and KRL, as one comparable value."""
     if drop_in is None and revoked_keys is None:
         return "absent"
-    text = drop_in.encode() if isinstance(drop_in, str) else (drop_in or b"")
-    return (f"drop-in {hashlib.sha256(text).hexdigest()[:12] if drop_in is not None else 'absent'}, "
-            f"revoked keys {hashlib.sha256(revoked_keys).hexdigest()[:12] if revoked_keys is not None else 'absent'}")
+    return f"drop-in {file_digest(drop_in)}, revoked keys {file_digest(revoked_keys)}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainfleet import certificates, mesh, openmpi
-from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SYSTEM_KNOWN_HOSTS
+from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SSH_MAIN_CONF, SYSTEM_KNOWN_HOSTS
 from trainfleet.keystore import KeyPair, KeyStore
 from trainfleet.gpu_node import GpuNodePlan, gpu_part
 from trainfleet.hccl import render_rank_table
@@ -74,6 +74,7 @@ class SshdPlan:
     drop_in: str | None  # /etc/ssh/sshd_config.d/trainfleet-mesh.conf
     revoked_keys: bytes | None  # /etc/ssh/trainfleet_revoked_keys
     problems: list[str] = field(default_factory=list)
+    client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf (ssh's KRL)
     moving: bool = False  # some node's known_hosts trusts another way now: certificates change only without failures
 
 
@@ -222,6 +223,10 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
             problems.append(f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
                             "cluster's (or set ssh.mesh: keys)")
         problems += revoked_host_key_problems(node, host_keys, certs.revoked)
+        problems += client_problems(found)
+        if not mesh.certified_host_key(host_keys):
+            problems.append("the node has no ed25519 (or RSA) host key for the CA to certify: "
+                            "`ssh-keygen -A` makes one, or set ssh.mesh: keys")
     if certs.moving and partial:
         problems.append("the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
                         "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
@@ -232,7 +237,23 @@ def sshd_part(cluster: Cluster, node: Node, gathered: Gathered, certs: mesh.Cert
     wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
     drop_in = render("ssh_mesh/sshd_mesh.conf.j2", cluster=cluster.name, certificates=sorted(wanted),
                      revoked_keys=REVOKED_KEYS)
-    return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys)
+    client = render("ssh_mesh/ssh_mesh.conf.j2", cluster=cluster.name, revoked_keys=REVOKED_KEYS)
+    return SshdPlan(certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys,
+                    client_drop_in=client)
+
+
+def client_problems(found: Mapping[str, Any]) -> list[str]:
+    """Why every user's ssh would not read the cluster's KRL from trainfleet's ssh_config.d file."""
+    problems = []
+    if not found["client_includes_drop_ins"]:
+        problems.append(f"{SSH_MAIN_CONF} does not read /etc/ssh/ssh_config.d/*.conf for every "
+                        "host: add `Include /etc/ssh/ssh_config.d/*.conf` at its top (before any "
+                        "Host or Match), or set ssh.mesh: keys")
+    for path in found["other_revoked_host_keys"]:
+        problems.append(f"{path} sets RevokedHostKeys: ssh reads one such file, so it or the "
+                        "cluster's would be ignored: merge it into the cluster's "
+                        "(or set ssh.mesh: keys)")
+    return problems
 
 
 def revoked_host_key_problems(node: Node, host_keys: list[str],

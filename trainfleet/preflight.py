@@ -17,6 +17,7 @@ from trainfleet import certificates
 from trainfleet.defaults import RENEW_FRACTION
 from trainfleet.drift import majority
 from trainfleet.gpu_node import mtu_values
+from trainfleet.mesh import host_principals
 from trainfleet.model import Cluster, Node
 
 
@@ -223,11 +224,14 @@ def mesh_problems(cluster: Cluster, proofs: dict[str, dict[str, dict[str, str]] 
     return problems
 
 
-def certificate_verdicts(cluster: Cluster, held: dict[str, dict[str, str | None]], now: datetime
+def certificate_verdicts(cluster: Cluster, held: dict[str, dict[str, str | None]], now: datetime,
+                         ca_public: str | None = None
                          ) -> tuple[dict[str, dict[str, str]], list[Problem], list[Problem]]:
     """The certificate mesh's validity on each node: ``{node: {certificate: "N days left"}}``,
-    problems (missing, unreadable, not yet or no longer valid: logins fail) and warnings (in
-    the last third of its validity: the next deploy signs it again)."""
+    problems (missing, unreadable, not yet or no longer valid, a signature that does not
+    verify, not the cluster CA's ``ca_public`` (None: not known here), the wrong type or
+    principals: logins fail) and warnings (in the last third of its validity: the next
+    deploy signs it again)."""
     renew = timedelta(days=cluster.certificate_days) / RENEW_FRACTION
     validity: dict[str, dict[str, str]] = {}
     problems, warnings = [], []
@@ -246,12 +250,28 @@ def certificate_verdicts(cluster: Cluster, held: dict[str, dict[str, str | None]
                 continue
             left = info.time_left(now)
             mine[name] = f"{left.days} days left (until {info.valid_before:%Y-%m-%d %H:%M} UTC)"
+            kind, principals = wanted_certificate(cluster, node, name)
+            why = certificates.problem(line, ca_public, kind, principals, now)
             if info.valid_after > now or left <= timedelta(0):
                 problems.append(Problem("ssh", node, f"{name} is not valid now (from {info.valid_after:%Y-%m-%d %H:%M} "
                                                      f"to {info.valid_before:%Y-%m-%d %H:%M} UTC): run the deploy"))
+            elif why:
+                problems.append(Problem("ssh", node,
+                                        f"{name} is not the cluster's ({why}): run the deploy"))
             elif left < renew:
                 warnings.append(Problem("ssh", node, f"{name} has {left.days} days left: the next deploy signs it again"))
     return validity, problems, warnings
+
+
+USER_CERTIFICATE = "'s certificate"  # the preflight names a user's: "<user>'s certificate"
+
+
+def wanted_certificate(cluster: Cluster, node: str, name: str) -> tuple[str, list[str]]:
+    """(kind, principals) a held certificate must have: ``<user>'s certificate`` is a user
+    certificate for ``<user>``, any other a host certificate for the node's names."""
+    if name.endswith(USER_CERTIFICATE):
+        return "user", [name[: -len(USER_CERTIFICATE)]]
+    return "host", host_principals(cluster.node(node))
 
 
 def printable(text: str, limit: int = 200) -> str:

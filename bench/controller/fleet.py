@@ -114,13 +114,18 @@ def missing_file(name: str) -> str:
 
 
 def sshd_mesh_text(drop_in: str | None = None, revoked_keys: bytes | None = None,
-                   certificates: dict[str, str] | None = None, includes_drop_ins: bool = True) -> str:
+                   certificates: dict[str, str] | None = None, includes_drop_ins: bool = True,
+                   client_drop_in: str | None = None) -> str:
     """What SshdMesh's script (facts/ssh_mesh.py ``_SSHD_SCRIPT``) prints on a node holding these
-    files: ``include``, no other ``RevokedKeys``, then drop-in, KRL and every host certificate path."""
+    files: ``include`` (sshd's and ssh's), no other ``RevokedKeys`` or ``RevokedHostKeys``, then
+    sshd's drop-in, KRL, ssh's drop-in and every host certificate path."""
     certificates = certificates or {}
     return joined([f"include {'yes' if includes_drop_ins else 'no'}",
+                   f"client_include {'yes' if includes_drop_ins else 'no'}",
                    whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
                    whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
+                   (whole_file("client_drop_in", client_drop_in) if client_drop_in is not None
+                    else missing_file("client_drop_in")),
                    *(whole_file(path, certificates[path]) if path in certificates else missing_file(path)
                      for path in _HOST_CERT_PATHS)])
 
@@ -325,7 +330,9 @@ def converged_sections(base: dict[str, str], recorded: Recorded, node: Node, min
     out = dict(base)
     out["hosts"] = map_files(base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)})
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
-        out["sshd_mesh"] = sshd_mesh_text(plan.sshd.drop_in, plan.sshd.revoked_keys, plan.sshd.certificates)
+        sshd = plan.sshd
+        out["sshd_mesh"] = sshd_mesh_text(sshd.drop_in, sshd.revoked_keys, sshd.certificates,
+                                          client_drop_in=sshd.client_drop_in)
     out["known_hosts"] = map_files(base["known_hosts"], {
         "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(l, KNOWN_HOSTS_PURPOSE, plan.known_hosts)})
     out["pdsh"] = map_files(base["pdsh"], {

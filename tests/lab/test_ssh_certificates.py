@@ -4,6 +4,7 @@ deploying it alone; a revoked node is refused everywhere, certificate or not."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ DEPLOY = "deploy/cluster.py"
 MESH_FILES = ["/etc/ssh/ssh_known_hosts", "/root/.ssh/authorized_keys", "/root/.ssh/config",
               "/root/.ssh/id_trainfleet", "/root/.ssh/id_trainfleet-cert.pub", "/etc/ssh/trainfleet_revoked_keys",
               "/etc/ssh/sshd_config.d/trainfleet-mesh.conf", "/etc/ssh/ssh_host_ed25519_key-cert.pub",
-              "/etc/ssh/ssh_host_ecdsa_key-cert.pub"]
+              "/etc/ssh/ssh_config.d/trainfleet-mesh.conf"]  # no ECDSA host certificate (issue #26)
 
 # Logs in to every node, again and again, until told to stop: what a user's jobs see while
 # the deploy runs. A refused login or an unverified host key is a broken mesh.
@@ -78,6 +79,14 @@ def managed_block(text: str, purpose: str) -> list[str]:
     return lines[begin + 1:lines.index(f"# END trainfleet managed block: {purpose}")]
 
 
+def offered_host_key_algorithms(lab, src: str, dst: str) -> set[str]:
+    """The host key algorithms ``dst``'s sshd offers (its KEXINIT, as ``ssh -vv`` from ``src`` logs it)."""
+    lines = lab.ssh(src, f"ssh -vv -n -o BatchMode=yes {dst} true 2>&1").splitlines()
+    peer = next(i for i, line in enumerate(lines) if "peer server KEXINIT proposal" in line)
+    offer = next(line for line in lines[peer:] if "host key algorithms: " in line)
+    return set(offer.split("host key algorithms: ", 1)[1].strip().split(","))
+
+
 @pytest.fixture(scope="module")
 def certs(lab, tmp_path_factory):
     """A fresh lab converged as a key mesh (``ssh.mesh: keys``); the first test moves it."""
@@ -92,6 +101,7 @@ def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working
     assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
     before = lab.read("node1", ["/etc/ssh/ssh_known_hosts"])["/etc/ssh/ssh_known_hosts"]
     assert len(managed_block(before, "ssh mesh host keys")) == 2 * len(NODES)  # ed25519 + ecdsa per node
+    offered_before = offered_host_key_algorithms(lab, "node2", "node1")
 
     start_probers(lab)
     try:
@@ -119,6 +129,15 @@ def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working
         assert "Type: ssh-ed25519-cert-v01@openssh.com host certificate" in listed
         assert all(f"\n                {name}\n" in listed
                    for name in (node, f"{node}.lab.trainfleet.test", lab.lab.node(node).address))
+    # sshd offers what it did before and one host certificate more: its ed25519 key's (issue #26).
+    assert offered_host_key_algorithms(lab, "node2", "node1") == offered_before | {"ssh-ed25519-cert-v01@openssh.com"}
+    for node in NODES:
+        presented = lab.ssh("node2", f"ssh-keyscan -c {node} 2>/dev/null").split("\n")  # "type blob"
+        types = {line.split()[0] for line in presented if line.strip() and not line.startswith("#")}
+        assert types == {"ssh-ed25519-cert-v01@openssh.com"}, presented
+        assert lab.ssh(node, "grep HostCertificate /etc/ssh/sshd_config.d/trainfleet-mesh.conf") == \
+            "HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub\n"
+        assert lab.ssh(node, "ls /etc/ssh/ssh_host_ecdsa_key-cert.pub", check=False) == ""
     # The login really used the certificates (not a leftover key): ssh says so.
     verbose = lab.ssh("node1", "ssh -v -o BatchMode=yes node2 true 2>&1")
     assert "matches the ED25519-CERT host certificate" in verbose
@@ -129,7 +148,10 @@ def test_a_replaced_node_rejoins_by_deploying_it_alone(certs, tmp_path):
     lab = certs.lab
     others = {node: mesh_digests(lab, node) for node in ("node1", "node2")}
     # node3 is reimaged: new host keys, a stock sshd, no mesh files (the operator's key kept). The operator takes its new
-    # host keys into the controller's known_hosts (read over the verified connection).
+    # host keys into the controller's known_hosts (read over the verified connection). What a thief of the old
+    # image would hold, its host key and still-valid certificate, is kept aside on node3 for the next test.
+    lab.ssh("node3", "mkdir -p -m 700 /root/old-image && cp -p /etc/ssh/ssh_host_ed25519_key "
+                     "/etc/ssh/ssh_host_ed25519_key-cert.pub /root/old-image/")
     new_keys = lab.ssh("node3", "sed -i '/BEGIN trainfleet/,/END trainfleet/d' /root/.ssh/authorized_keys && "
                                 "rm -rf /root/.ssh/id_trainfleet* /root/.ssh/config /etc/ssh/ssh_host_* /etc/ssh/sshd_config.d/trainfleet-mesh.conf "
                                 "/etc/ssh/trainfleet_revoked_keys /etc/ssh/ssh_known_hosts && ssh-keygen -A >/dev/null "
@@ -148,6 +170,42 @@ def test_a_replaced_node_rejoins_by_deploying_it_alone(certs, tmp_path):
     assert {node: mesh_digests(lab, node) for node in others} == others  # not one byte elsewhere
     assert all(digest != "missing" for files in others.values() for digest in files.values())
     assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
+
+
+def test_a_reimaged_nodes_old_host_key_is_refused_by_every_users_ssh_by_name_and_by_address(certs):
+    """Issue #26: the KRL holds node3's old host key once every node was deployed; a throwaway
+    sshd presenting that key and its still-valid certificate (at node3's address, port 2299:
+    HostKeyAlias makes ssh check it as node3 or its address on port 22) is refused by the mesh
+    user by address and by a user without any mesh block by name, through the system-wide
+    ssh_config.d drop-in."""
+    lab = certs.lab
+    deploy_twice(LAB_INVENTORY, DEPLOY)  # node1 and node2 learn the KRL of the reimage
+    address = lab.lab.node("node3").address
+    old = "/root/old-image/ssh_host_ed25519_key"
+    lab.ssh("node3", f"/usr/sbin/sshd -f /dev/null -o HostKey={old} -o HostCertificate={old}-cert.pub "
+                     f"-o ListenAddress={address}:2299 -o PidFile=/run/tf-old-image.pid")
+    lab.ssh("node1", "id tfguest >/dev/null 2>&1 || useradd -m tfguest")
+    thief = "ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o HostKeyAlias={alias} -p 2299 {address} true 2>&1"
+    as_guest = "su -s /bin/sh tfguest -c {command}"
+    try:
+        attempts = {
+            ("root", address): lab.ssh("node1", thief.format(alias=address, address=address), check=False),
+            ("root", "node3"): lab.ssh("node1", thief.format(alias="node3", address=address), check=False),
+            ("tfguest", "node3"): lab.ssh("node1", as_guest.format(command=shlex.quote(
+                thief.format(alias="node3", address=address))), check=False),
+            ("tfguest", address): lab.ssh("node1", as_guest.format(command=shlex.quote(
+                thief.format(alias=address, address=address))), check=False),
+        }
+        # The control: the same ssh without the system config takes the old certificate (only the KRL refuses it).
+        control = lab.ssh("node1", as_guest.format(command=shlex.quote(
+            thief.format(alias="node3", address=address).replace("ssh -n", "ssh -F /dev/null -n"))), check=False)
+    finally:
+        lab.ssh("node3", "kill $(cat /run/tf-old-image.pid); rm -rf /root/old-image", check=False)
+    for (user, name), answer in attempts.items():
+        assert "revoked by file /etc/ssh/trainfleet_revoked_keys" in answer, (user, name, answer)
+        assert "Host key verification failed" in answer, (user, name, answer)
+    assert "Permission denied" in control and "revoked" not in control, control
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}  # node3's new key: trusted
 
 
 def test_a_revoked_node_is_refused_everywhere_even_with_its_still_valid_certificate(certs):
@@ -191,6 +249,30 @@ def test_drift_names_a_certificate_the_spec_now_wants_shorter_and_the_deploy_ren
     clean = pyinfra(shorter, "deploy/drift.py")
     assert clean.returncode == 0, clean.describe()
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the lab's validity
+
+
+def test_a_host_certificate_signed_by_another_ca_is_named_by_drift_and_signed_anew_by_the_deploy(certs):
+    """Issue #26: certificates are verified, not only read. node2's host certificate is replaced
+    by one another CA signed for the same key, names and key id (what a forger, or a site's
+    script gone wrong, leaves): drift names it, the deploy signs it anew, the next changes nothing."""
+    lab = certs.lab
+    names = ",".join(["node2", "node2.lab.trainfleet.test", lab.lab.node("node2").address])
+    lab.ssh("node2", "set -e; d=$(mktemp -d); ssh-keygen -q -t ed25519 -N '' -f $d/ca; "
+                     "cp /etc/ssh/ssh_host_ed25519_key.pub $d/host.pub; "
+                     f"ssh-keygen -q -s $d/ca -I trainfleet:lab:host:node2 -h -n {names} -V -5m:+52w $d/host.pub; "
+                     "printf '%s trainfleet:lab:host:node2\\n' \"$(cut -d' ' -f1,2 $d/host-cert.pub)\" "
+                     "> /etc/ssh/ssh_host_ed25519_key-cert.pub; rm -rf $d")
+    assert "Signing CA: ED25519 " + fingerprint(KeyStore("lab").certificate_authority().public) not in \
+        lab.ssh("node2", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    drift = pyinfra(LAB_INVENTORY, "deploy/drift.py")
+    assert drift.returncode != 0 and "[node2] host certificates" in drift.stdout + drift.stderr, drift.describe()
+    assert "[node1] host certificates" not in drift.stdout + drift.stderr
+    first, _ = deploy_twice(LAB_INVENTORY, DEPLOY)
+    assert {node for nodes in first.changed().values() for node in nodes} == {"node2"}, first.describe()
+    signer = fingerprint(KeyStore("lab").certificate_authority().public)
+    assert f"Signing CA: ED25519 {signer}" in lab.ssh("node2", "ssh-keygen -L -f /etc/ssh/ssh_host_ed25519_key-cert.pub")
+    assert pyinfra(LAB_INVENTORY, "deploy/drift.py").returncode == 0
+    assert mesh_matrix(lab) == {src: {dst: dst for dst in NODES} for src in NODES}
 
 
 def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_throughout(certs):

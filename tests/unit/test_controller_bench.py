@@ -69,8 +69,10 @@ def test_converged_answers_are_the_plan(fleet):
         assert sshd["includes_drop_ins"] and sshd["other_revoked_keys"] == []
         assert {p: c for p, c in sshd["certificates"].items() if c} == \
             {p: c.strip() for p, c in plan.sshd.certificates.items()}
-        assert len(plan.sshd.certificates) == 2  # the recorded node's ecdsa and ed25519 host keys
+        # the recorded node has ecdsa and ed25519 host keys: the ed25519 one is certified
+        assert list(plan.sshd.certificates) == ["/etc/ssh/ssh_host_ed25519_key-cert.pub"]
         assert sshd["drop_in"] == plan.sshd.drop_in.encode() and sshd["revoked_keys"] == plan.sshd.revoked_keys
+        assert sshd["client_drop_in"] == plan.sshd.client_drop_in.encode()
         assert plan.known_hosts[0].startswith("@cert-authority ") and len(plan.known_hosts) == 1
         assert {n: f["sha256"] for n, f in state["launchers"].items() if n in plan.launchers.files} == \
             {n: fleet_mod.sha256(c) for n, (c, _) in plan.launchers.files.items()}
@@ -88,7 +90,8 @@ def test_fresh_answers_need_the_deploy(fleet):
         assert state["mesh_user:root"]["certificate"] is None
         assert state["sshd_mesh"] == {"includes_drop_ins": True, "other_revoked_keys": [],
                                       "certificates": dict.fromkeys(state["sshd_mesh"]["certificates"]),
-                                      "drop_in": None, "revoked_keys": None}
+                                      "drop_in": None, "revoked_keys": None, "client_includes_drop_ins": True,
+                                      "other_revoked_host_keys": [], "client_drop_in": None}
 
 
 def test_one_nodes_hosts_block_is_named_by_drift(fleet):
@@ -160,7 +163,8 @@ def test_a_missing_host_certificate_is_named_by_drift(fleet):
     kept = {p: c for p, c in plan.certificates.items() if "ed25519" not in p}
     lines = list(fleet.converged[victim].fingerprint)
     at = lines.index(f"{fleet_mod.MARK} sshd_mesh") + 1
-    lines[at] = fleet_mod.b64(fleet_mod.sshd_mesh_text(plan.drop_in, plan.revoked_keys, kept))
+    lines[at] = fleet_mod.b64(fleet_mod.sshd_mesh_text(plan.drop_in, plan.revoked_keys, kept,
+                                                       client_drop_in=plan.client_drop_in))
     answers = {**fleet.converged, victim: replace(fleet.converged[victim], fingerprint=lines)}
     report = fleet_mod.offline_drift(fleet, answers)
     assert {(f.node, f.property) for f in report.findings} == {(victim, "host certificates")}

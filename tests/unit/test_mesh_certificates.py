@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
@@ -29,7 +31,7 @@ from tests.unit.test_krl import revoked
 from tests.unit.test_plan import fresh_sshd, public_key
 from trainfleet import certificates, keystore, mesh
 from trainfleet.blocks import markers, split_block, with_block
-from trainfleet.defaults import REVOKED_KEYS, SSHD_MESH_CONF
+from trainfleet.defaults import REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (ca_known_hosts_lines, cluster_patterns, host_principals, name_pattern, pattern_matches,
                              plan_certificates)
@@ -428,9 +430,12 @@ CERT_KINDS = ("dsa", "ecdsa", "ed25519", "rsa")
 
 def sshd_fact_output(etc: Path) -> list[str]:
     """SshdMesh's own script run over a fake /etc/ssh at ``etc``; the output names the real paths."""
-    script = _SSHD_SCRIPT.replace("/etc/ssh/sshd_config.d/*.conf", f"{etc}/sshd_config.d/*.conf")
-    assert script.count(str(etc)) == 1
+    script = _SSHD_SCRIPT
+    for glob in ("/etc/ssh/sshd_config.d/*.conf", "/etc/ssh/ssh_config.d/*.conf"):
+        script = script.replace(glob, glob.replace("/etc/ssh", str(etc)))
+    assert script.count(str(etc)) == 2
     args = [f"{etc}/sshd_config", f"{etc}/sshd_config.d/trainfleet-mesh.conf", f"{etc}/trainfleet_revoked_keys",
+            f"{etc}/ssh_config", f"{etc}/ssh_config.d/trainfleet-mesh.conf",
             *(f"{etc}/ssh_host_{kind}_key-cert.pub" for kind in CERT_KINDS)]
     out = subprocess.run(["sh", "-c", script, "trainfleet", *args], capture_output=True, text=True, check=True).stdout
 
@@ -442,18 +447,27 @@ def sshd_fact_output(etc: Path) -> list[str]:
         if line.startswith("file "):
             fields = line.split(" ", 2)
             line = " ".join([fields[0], real(fields[1]), fields[2]])
-        elif line.startswith("revoked_keys_in "):
-            line = "revoked_keys_in " + real(line.split(" ", 1)[1])
+        elif line.startswith(("revoked_keys_in ", "revoked_host_keys_in ")):
+            word, path = line.split(" ", 1)
+            line = f"{word} {real(path)}"
         lines.append(line)
     return lines
 
 
-def fake_etc(tmp_path: Path, main: str, drop_ins: dict[str, str], files: dict[str, bytes]) -> Path:
+DEBIAN_SSH_CONFIG = (Path(__file__).parent.parent / "fixtures" / "openssh" / "ssh_config.debian12").read_text()
+
+
+def fake_etc(tmp_path: Path, main: str, drop_ins: dict[str, str], files: dict[str, bytes],
+             client: str = DEBIAN_SSH_CONFIG, client_drop_ins: dict[str, str] | None = None) -> Path:
     etc = tmp_path / "etc_ssh"
     (etc / "sshd_config.d").mkdir(parents=True)
+    (etc / "ssh_config.d").mkdir()
     (etc / "sshd_config").write_text(main)
+    (etc / "ssh_config").write_text(client)
     for name, text in drop_ins.items():
         (etc / "sshd_config.d" / name).write_text(text)
+    for name, text in (client_drop_ins or {}).items():
+        (etc / "ssh_config.d" / name).write_text(text)
     for name, data in files.items():
         (etc / name).write_bytes(data)
     return etc
@@ -471,6 +485,7 @@ def test_the_sshd_fact_reads_a_converged_node_and_ignores_trainfleets_own_revoke
         "certificates": {f"/etc/ssh/ssh_host_{k}_key-cert.pub": cert if k == "ed25519" else None for k in CERT_KINDS},
         "drop_in": f"HostCertificate {ED25519_CERT}\nRevokedKeys {REVOKED_KEYS}\n".encode(),
         "revoked_keys": b"SSHKRL\n\0\x01",
+        "client_includes_drop_ins": True, "other_revoked_host_keys": [], "client_drop_in": None,
     }
 
 
@@ -484,6 +499,57 @@ def test_the_sshd_fact_names_an_sshd_config_without_the_include_and_every_other_
     assert set(found["certificates"].values()) == {None}
 
 
+# ssh_config reads ssh_config.d for every host, or not: where the Include stands decides
+# (ssh scopes an included file's lines to the Host/Match block around its Include).
+@pytest.mark.parametrize("client, reads", [
+    (DEBIAN_SSH_CONFIG, True),  # Include first, before Host *
+    ("# RHEL 9: every line commented, the Include last\n# Host *\n#   ForwardAgent no\n"
+     "Include /etc/ssh/ssh_config.d/*.conf\n", True),
+    ("Host *\n    SendEnv LANG\n  include   ssh_config.d/*.conf\n", True),  # relative to /etc/ssh, in Host *
+    ("Match all\nInclude=/etc/ssh/ssh_config.d/*.conf\n", True),
+    ("#Include /etc/ssh/ssh_config.d/*.conf\nHost *\n", False),
+    ("Host gateway\n    User ops\nInclude /etc/ssh/ssh_config.d/*.conf\n", False),  # read for gateway only
+    ("Match user alice\nInclude /etc/ssh/ssh_config.d/*.conf\n", False),
+    ("Include /etc/ssh/ssh_config.d/site-*.conf\n", False),
+])
+def test_the_sshd_fact_says_whether_ssh_config_reads_ssh_config_d_for_every_host(tmp_path, client, reads):
+    found = SshdMesh().process(sshd_fact_output(fake_etc(tmp_path, "", {}, {}, client=client)))
+    assert found["client_includes_drop_ins"] is reads
+
+
+def test_the_sshd_fact_names_every_other_file_that_sets_revoked_host_keys_and_reads_the_client_drop_in(tmp_path):
+    ours = f"Host *\n    RevokedHostKeys {REVOKED_KEYS}\n"
+    etc = fake_etc(tmp_path, "", {}, {}, client=DEBIAN_SSH_CONFIG + "Host old\n  RevokedHostKeys /etc/ssh/site.krl\n",
+                   client_drop_ins={"10-site.conf": "revokedhostkeys=/etc/ssh/other.krl\n",
+                                    "20-fine.conf": "# RevokedHostKeys none\n", "trainfleet-mesh.conf": ours})
+    found = SshdMesh().process(sshd_fact_output(etc))
+    assert found["other_revoked_host_keys"] == ["/etc/ssh/ssh_config", "/etc/ssh/ssh_config.d/10-site.conf"]
+    assert found["client_drop_in"] == ours.encode()
+
+
+@needs_openssh
+def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless_it_sets_its_own(tmp_path):
+    """OpenSSH's own reading (``ssh -G``) of a system config that includes the rendered drop-in."""
+    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    (tmp_path / "ssh_config.d").mkdir()
+    (tmp_path / "ssh_config.d" / "trainfleet-mesh.conf").write_text(plan.nodes["gpu-a01"].sshd.client_drop_in)
+    system = tmp_path / "ssh_config"
+    system.write_text(DEBIAN_SSH_CONFIG.replace("/etc/ssh/ssh_config.d/", f"{tmp_path}/ssh_config.d/"))
+
+    def revoked_host_keys(host: str, *configs: Path) -> str:
+        text = "".join(f"Include {c}\n" for c in configs)  # -F reads one file: the user's, then the system's
+        (tmp_path / "run_config").write_text(text)
+        out = subprocess.run(["ssh", "-G", "-F", str(tmp_path / "run_config"), host], capture_output=True,
+                             text=True, check=True).stdout
+        return next(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("revokedhostkeys "))
+
+    for host in ("gpu-a01", "198.18.0.11", "gpu-a02.cluster.example.com", "unrelated.example.org"):
+        assert revoked_host_keys(host, system) == REVOKED_KEYS
+    own = tmp_path / "user_config"  # a user's own RevokedHostKeys: ssh reads the first one it finds
+    own.write_text("RevokedHostKeys ~/.ssh/my.krl\n")
+    assert revoked_host_keys("198.18.0.11", own, system).endswith("/.ssh/my.krl")
+
+
 def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a_fresh_node(tmp_path):
     lines = sshd_fact_output(fake_etc(tmp_path, "Include /etc/ssh/sshd_config.d/*.conf\n", {}, {}))
     assert SshdMesh().process(lines)["includes_drop_ins"] is True
@@ -491,6 +557,9 @@ def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a
         SshdMesh().process([line for line in lines if not line.startswith("include ")])
     with pytest.raises(FactProcessError):
         SshdMesh().process([line for line in lines if not line.startswith("file krl ")])
+    for gone in ("client_include ", "file client_drop_in "):
+        with pytest.raises(FactProcessError):
+            SshdMesh().process([line for line in lines if not line.startswith(gone)])
     with pytest.raises(FactProcessError):
         SshdMesh().process([])
 
@@ -498,6 +567,8 @@ def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a
 @pytest.mark.parametrize("change, problem", [
     ({"includes_drop_ins": False}, "does not read /etc/ssh/sshd_config.d/*.conf"),
     ({"other_revoked_keys": ["/etc/ssh/sshd_config.d/10-site.conf"]}, "10-site.conf sets RevokedKeys"),
+    ({"client_includes_drop_ins": False}, "/etc/ssh/ssh_config does not read /etc/ssh/ssh_config.d/*.conf for every"),
+    ({"other_revoked_host_keys": ["/etc/ssh/ssh_config"]}, "/etc/ssh/ssh_config sets RevokedHostKeys"),
     ({"sshd": None}, "could not be read"),
     ({"host_keys": []}, "could not be read"),
     ({"certificates": {ED25519_CERT: "ssh-ed25519-cert-v01@openssh.com AAAA site-ca:gpu-a01"}},
@@ -546,25 +617,35 @@ def is_reload(command) -> bool:
 def sshd_args(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
     sshd = plan.nodes[node].sshd
     return {"certificates": sshd.certificates, "drop_in": sshd.drop_in, "revoked_keys": sshd.revoked_keys,
-            "problems": sshd.problems}
+            "problems": sshd.problems, "client_drop_in": sshd.client_drop_in}
 
 
 def converged_sshd(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
     sshd = plan.nodes[node].sshd
     return {**fresh_sshd(), "certificates": {**{f"/etc/ssh/ssh_host_{k}_key-cert.pub": None for k in CERT_KINDS},
                                              **{p: line.strip() for p, line in sshd.certificates.items()}},
-            "drop_in": sshd.drop_in.encode(), "revoked_keys": sshd.revoked_keys}
+            "drop_in": sshd.drop_in.encode(), "revoked_keys": sshd.revoked_keys,
+            "client_drop_in": sshd.client_drop_in.encode()}
 
 
-def test_sshd_certificates_writes_certificates_then_the_krl_then_the_drop_in_then_reloads_sshd_once(tmp_path):
+def test_sshd_certificates_writes_certificates_then_the_krl_then_the_drop_ins_then_reloads_sshd_once(tmp_path):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, fresh_sshd())], **sshd_args(plan))
     *writes, reload = commands
     sshd = plan.nodes["gpu-a01"].sshd
-    assert [written(c)[0] for c in writes] == [ED25519_CERT, REVOKED_KEYS, SSHD_MESH_CONF] and is_reload(reload)
+    assert [written(c)[0] for c in writes] == [ED25519_CERT, REVOKED_KEYS, SSHD_MESH_CONF, SSH_MESH_CONF]
+    assert is_reload(reload)
     assert [written(c)[2] for c in writes] == [sshd.certificates[ED25519_CERT].encode(), sshd.revoked_keys,
-                                               sshd.drop_in.encode()]
+                                               sshd.drop_in.encode(), sshd.client_drop_in.encode()]
     assert f"HostCertificate {ED25519_CERT}\n" in sshd.drop_in and f"RevokedKeys {REVOKED_KEYS}\n" in sshd.drop_in
+    assert f"Host *\n    RevokedHostKeys {REVOKED_KEYS}\n" in sshd.client_drop_in
+
+
+def test_a_node_without_the_client_drop_in_gets_it_alone_and_sshd_is_not_reloaded(tmp_path):
+    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, {**converged_sshd(plan), "client_drop_in": None})],
+                         **sshd_args(plan))
+    assert [written(c)[0] for c in commands] == [SSH_MESH_CONF]
 
 
 def test_sshd_certificates_changes_nothing_on_a_node_that_holds_the_plans_files(tmp_path):
@@ -581,6 +662,61 @@ def test_sshd_certificates_writes_a_renewed_certificate_alone_and_reloads(tmp_pa
     assert [written(c)[0] for c in commands[:-1]] == [ED25519_CERT] and is_reload(commands[-1])
 
 
+ECDSA_CERT = "/etc/ssh/ssh_host_ecdsa_key-cert.pub"
+
+
+def _public_of(kind: str) -> str:
+    """A fresh ECDSA (P-256) or RSA public key line."""
+    key = {"ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
+           "rsa": lambda: rsa.generate_private_key(65537, 2048)}[kind]().public_key()
+    return key.public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+@pytest.mark.parametrize("kinds, certified", [
+    (("ecdsa", "ed25519", "rsa"), ED25519_CERT),  # Debian's three host keys: the ed25519 one only
+    (("ecdsa", "rsa"), RSA_CERT),  # no ed25519: RSA
+])
+def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_certificate(tmp_path, kinds,
+                                                                                             certified):
+    cluster = Cluster.parse(MIXED)
+    keys = {kind: (public_key() if kind == "ed25519" else _public_of(kind)) for kind in kinds}
+    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes})
+    sshd = plan.nodes["gpu-a01"].sshd
+    assert list(sshd.certificates) == [certified] and not sshd.problems
+    assert [line for line in sshd.drop_in.splitlines() if line.startswith("HostCertificate")] == \
+        [f"HostCertificate {certified}"]
+    kind = "ed25519" if certified == ED25519_CERT else "rsa"
+    assert certificates.read(sshd.certificates[certified]).key == " ".join(keys[kind].split()[:2])
+
+
+def test_a_node_with_only_an_ecdsa_host_key_gets_no_certificate_and_fails_its_step(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes})
+    sshd = plan.nodes["gpu-a01"].sshd
+    assert sshd.certificates == {} and "no ed25519 (or RSA) host key" in sshd.problems[0]
+
+
+def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_after_the_reload(tmp_path):
+    """A node an older deploy gave an ECDSA host certificate too: the drop-in without it, sshd
+    reloaded, then the file removed; a site's own certificate is not trainfleet's to remove."""
+    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    current = converged_sshd(plan)
+    old = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "keys"))
+    current["certificates"][ECDSA_CERT] = old.certificate(None, _public_of("ecdsa"), "host", ["gpu-a01"],
+                                                          "trainfleet:mix:host:gpu-a01")
+    current["drop_in"] = plan.nodes["gpu-a01"].sshd.drop_in.replace(
+        "HostCertificate", f"HostCertificate {ECDSA_CERT}\nHostCertificate", 1).encode()
+    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
+    write, reload, remove = commands
+    assert written(write)[0] == SSHD_MESH_CONF and is_reload(reload)
+    assert shlex.split(remove.get_raw_value()) == ["rm", "-f", "--", ECDSA_CERT]
+    # Only the stale file left (its removal failed last time): removed, no reload needed.
+    current = {**converged_sshd(plan), "certificates": {**converged_sshd(plan)["certificates"],
+                                                        ECDSA_CERT: current["certificates"][ECDSA_CERT]}}
+    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
+    assert [shlex.split(c.get_raw_value()) for c in commands] == [["rm", "-f", "--", ECDSA_CERT]]
+
+
 def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_the_krl(tmp_path):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
@@ -588,7 +724,8 @@ def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_ce
     current["certificates"][RSA_CERT] = site_ca.certificate(None, public_key(), "host", ["gpu-a01"], "site-ca")
     current["certificates"]["/etc/ssh/ssh_host_ecdsa_key-cert.pub"] = current["certificates"][RSA_CERT].rsplit(" ", 1)[0]
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], certificates={}, drop_in=None, revoked_keys=None)
-    remove_drop_in, reload, remove_files = commands
+    remove_client, remove_drop_in, reload, remove_files = commands
+    assert shlex.split(remove_client.get_raw_value()) == ["rm", "-f", "--", SSH_MESH_CONF]  # before the KRL it names
     assert shlex.split(remove_drop_in.get_raw_value()) == ["rm", "-f", "--", SSHD_MESH_CONF]
     assert is_reload(reload)
     assert shlex.split(remove_files.get_raw_value()) == ["rm", "-f", "--", ED25519_CERT, REVOKED_KEYS]
@@ -719,7 +856,7 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
               .key_id(b"x").valid_principals([b"alice"]).valid_after(2**64 - 2).valid_before(2**64 - 1)
               .sign(forger).public_bytes().decode())
     assert certificates.read(forged).valid_after.year == 9999  # read, clamped: no OverflowError
-    assert mesh.certificate_summary(forged).startswith("alice until 9999-12-31")
+    assert mesh.certificate_summary(forged).startswith("user alice until 9999-12-31")
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys", user_certificates={"gpu-a01": {"alice": forged}})
     assert plan.nodes["gpu-a01"].mesh[1].certificate != forged  # signed anew, the run goes on
@@ -874,3 +1011,35 @@ def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_re
 def refused_keys(root: Path) -> list[str]:
     """``type base64`` of every key the store's revoked list holds."""
     return [" ".join(line.split()[:2]) for line in KeyStore("mix", root=root).revoked_keys()]
+
+
+# -- certificates are verified (issue #26) ---------------------------------------------------------
+
+def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_named_by_drift(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].sshd
+    good = first.certificates[ED25519_CERT].strip()
+    names = host_principals(cluster.node("gpu-a01"))
+    kind, blob = good.split()[:2]
+    data = bytearray(base64.b64decode(blob))
+    data[-10] ^= 1  # inside the signature
+    key = host_key_of(cluster, "gpu-a01")
+    other_ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "other"))
+    ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"))
+    bad = {
+        "damaged": f"{kind} {base64.b64encode(bytes(data)).decode()} trainfleet:mix:host:gpu-a01",
+        "another CA": other_ca.certificate(None, key, "host", names, "trainfleet:mix:host:gpu-a01"),
+        "a user certificate": ca.certificate(None, key, "user", names, "trainfleet:mix:host:gpu-a01"),
+    }
+    for why, line in bad.items():
+        sshd = {n.name: {**fresh_sshd(), "certificates": {ED25519_CERT: line if n.name == "gpu-a01" else None}}
+                for n in cluster.nodes}
+        again = plan_of(cluster, tmp_path / "keys", sshd=sshd).nodes["gpu-a01"].sshd
+        new = again.certificates[ED25519_CERT].strip()
+        assert new != line, why  # the deploy writes it anew...
+        assert certificates.problem(new, ca.ca_public, "host", names) is None, why
+        # ...and drift, which compares what the node holds with the plan, names it.
+        assert mesh.host_certificates_summary({ED25519_CERT: line}) != \
+            mesh.host_certificates_summary(again.certificates), why
+    assert mesh.certificate_summary(bad["damaged"]).startswith("BAD SIGNATURE: host gpu-a01,")
+    assert mesh.certificate_summary(good).startswith("host gpu-a01,")

@@ -70,7 +70,8 @@ def public_key() -> str:
 def fresh_sshd() -> dict:
     """The SshdMesh fact of a node no certificate mesh reached yet (Debian 12's sshd_config)."""
     return {"includes_drop_ins": True, "other_revoked_keys": [], "certificates": {}, "drop_in": None,
-            "revoked_keys": None}
+            "revoked_keys": None, "client_includes_drop_ins": True, "other_revoked_host_keys": [],
+            "client_drop_in": None}
 
 
 def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None,
@@ -147,6 +148,7 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     if not sshd.get("problems"):
         given["host certificates"] = mesh.host_certificates_summary(sshd["certificates"])
         given["sshd mesh files"] = mesh.sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
+        given["ssh client drop-in"] = mesh.file_digest(sshd.get("client_drop_in"))
     trust = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if call.get("exactly", True)}
     adding = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if not call.get("exactly", True)}
     for user in calls["ssh_mesh.mesh_user"]:

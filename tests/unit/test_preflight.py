@@ -929,7 +929,8 @@ def test_preflight_names_missing_expired_and_not_yet_valid_certificates_and_warn
     now = datetime(2026, 11, 24, tzinfo=timezone.utc)
 
     def cert(kind: str, signed: datetime, days: int) -> str:
-        return certificates.sign(ca, key, kind, ["a"], "trainfleet:t:a", 7, timedelta(days=days), signed)
+        names = ["a", "192.0.2.1"] if kind == "host" else ["root"]
+        return certificates.sign(ca, key, kind, names, "trainfleet:t:a", 7, timedelta(days=days), signed)
 
     held = {
         "a": {"ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=10), 365),
@@ -947,3 +948,45 @@ def test_preflight_names_missing_expired_and_not_yet_valid_certificates_and_warn
     # A node holding no host certificate at all cannot prove its host by certificate.
     _, problems, _ = certificate_verdicts(cluster, {"a": {"root's certificate": held["a"]["root's certificate"]}}, now)
     assert [p.cause for p in problems] == ["sshd presents no host certificate: run the deploy"]
+
+
+def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_node_and_user():
+    """Issue #26: a damaged signature, another CA, a user certificate where a host one is
+    wanted, or another node's names: each fails the certificate check."""
+    import base64
+    from datetime import datetime, timedelta, timezone
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from trainfleet import certificates
+    from trainfleet.preflight import certificate_verdicts
+
+    cluster = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    ca, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    ca_public = ca.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    key = other.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()  # any key will do
+    now = datetime(2026, 11, 24, tzinfo=timezone.utc)
+
+    def cert(kind: str, names: list[str], signer=ca) -> str:
+        return certificates.sign(signer, key, kind, names, "trainfleet:t", 7, timedelta(days=365), now)
+
+    good = cert("host", ["a", "192.0.2.1"])
+    kind, blob = good.split()[:2]
+    data = bytearray(base64.b64decode(blob))
+    data[-10] ^= 1
+    held = {"a": {"ssh_host_ed25519_key-cert.pub": f"{kind} {base64.b64encode(bytes(data)).decode()}",
+                  "root's certificate": cert("user", ["root"], other)},
+            "b": {"ssh_host_ed25519_key-cert.pub": cert("host", ["a", "192.0.2.1"]),  # a's names
+                  "root's certificate": cert("host", ["root"])}}
+    _, problems, _ = certificate_verdicts(cluster, held, now, ca_public)
+    assert sorted((p.node, p.cause) for p in problems) == [
+        ("a", "root's certificate is not the cluster's (signed by another CA): run the deploy"),
+        ("a", "ssh_host_ed25519_key-cert.pub is not the cluster's (its signature does not verify (damaged or "
+              "forged)): run the deploy"),
+        ("b", "root's certificate is not the cluster's (a host certificate where a user certificate is wanted): "
+              "run the deploy"),
+        ("b", "ssh_host_ed25519_key-cert.pub is not the cluster's (principals a,192.0.2.1, the plan wants "
+              "b,192.0.2.2): run the deploy")]
+    good_held = {"a": {"ssh_host_ed25519_key-cert.pub": good, "root's certificate": cert("user", ["root"])}}
+    assert certificate_verdicts(cluster, good_held, now, ca_public)[1] == []

@@ -38,13 +38,15 @@ def node(tmp_path: Path):
         (bin_dir / name).chmod(0o755)
     (tmp_path / "krl").write_bytes(b"SSHKRL\n\0good")
     (tmp_path / "mesh.conf").write_text("RevokedKeys krl\n")
+    (tmp_path / "client.conf").write_text("Host *\n    RevokedHostKeys krl\n")
     return tmp_path
 
 
 def reload(node: Path, **env: str) -> tuple[int, str, list[str]]:
     """Run the reload script on ``node``: (exit status, stderr, sshd reloads)."""
     reloads = node / "reloads"
-    proc = subprocess.run(["sh", "-c", _RELOAD_SSHD, "trainfleet", str(node / "krl"), str(node / "mesh.conf")],
+    proc = subprocess.run(["sh", "-c", _RELOAD_SSHD, "trainfleet", str(node / "krl"), str(node / "mesh.conf"),
+                           str(node / "client.conf")],
                           env={**os.environ, "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
                                "RELOADS": str(reloads), **env}, capture_output=True, text=True)
     return proc.returncode, proc.stderr, reloads.read_text().splitlines() if reloads.exists() else []
@@ -61,6 +63,8 @@ def test_a_krl_that_does_not_parse_takes_the_drop_in_away_and_reloads_sshd_witho
     assert status == 1 and "does not read as a key revocation list" in err
     assert not (node / "mesh.conf").exists() and (node / "mesh.conf.rejected").exists()
     assert reloads == ["reloaded ssh"]  # sshd no longer names the bad KRL: every key is not refused
+    # Nor does ssh (which would refuse every host while its RevokedHostKeys file does not read).
+    assert not (node / "client.conf").exists() and (node / "client.conf.rejected").exists()
 
 
 def test_a_drop_in_sshd_refuses_is_moved_aside_and_sshd_is_not_reloaded(node):
