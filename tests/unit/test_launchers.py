@@ -4,6 +4,8 @@ tests/lab/test_launchers.py)."""
 
 from __future__ import annotations
 
+import os
+
 import re
 import zipfile
 from pathlib import Path
@@ -61,7 +63,9 @@ WHEELHOUSE = Path("/var/cache/trainfleet/wheelhouse")
 def _wheel_source(wheel: str, member: str) -> str:
     path = WHEELHOUSE / wheel
     if not path.exists():
-        pytest.skip(f"{path} is not here (the lab's wheelhouse)")
+        # make test fills the wheelhouse (make host-deps): in CI a missing wheel is a failure
+        assert not os.environ.get("CI"), f"{path} is missing: run make host-deps"
+        pytest.skip(f"{path} is not here (the lab's wheelhouse; make host-deps fetches it)")
     with zipfile.ZipFile(path) as archive:
         return archive.read(member).decode()
 
