@@ -1,8 +1,8 @@
 """``colossalai run`` with its remote hosts reached by OpenSSH, never by fabric (written by
 trainfleet into the launcher directory; colossalai.sh runs it with the venv's python).
 
-ColossalAI's runner opens one ``fabric.Connection`` per host. fabric 3.2.3 gives paramiko
-``AutoAddPolicy`` and loads no known_hosts file, so it logs in to whatever answers at a
+ColossalAI's runner opens one ``fabric.Connection`` per host. fabric 3.2.3 tells paramiko
+to add any unknown host key and loads no known_hosts file, so it logs in to whatever answers at a
 node's address, and paramiko cannot read the cluster CA's ``@cert-authority`` line anyway.
 Here each host is reached with the system's ``ssh`` in batch mode with strict host key
 checking: host keys are verified as every other mesh login verifies them (the cluster CA,
