@@ -19,7 +19,7 @@ NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11 sudo
 # build this kind of machine serves from its own disk.
 WHEELHOUSE := /var/cache/trainfleet/wheelhouse
 NODE_TORCH := torch==2.13.0
-# The launch packages beside torch (lab/stack.py pins them). DeepSpeed and ColossalAI are
+# The launch packages beside torch (lab/lab_stack.py pins them). DeepSpeed and ColossalAI are
 # sdists: built once into pure-Python wheels, without compiled ops (DS_BUILD_OPS=0,
 # BUILD_EXT=0). ColossalAI's requirements (torch<=2.5.1, ...) are not downloaded: the nodes
 # install it without them, beside what its runner imports (click, fabric; numpy, psutil and

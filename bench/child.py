@@ -26,8 +26,15 @@ def main(argv: list[str]) -> int:
     seconds = time.perf_counter() - started
     proc.returncode = code = os.waitstatus_to_exitcode(status)
     with open(out, "w") as f:
-        json.dump({"returncode": code, "seconds": seconds, "maxrss_kb": usage.ru_maxrss,
-                   "cpu_seconds": usage.ru_utime + usage.ru_stime}, f)
+        json.dump(
+            {
+                "returncode": code,
+                "seconds": seconds,
+                "maxrss_kb": usage.ru_maxrss,
+                "cpu_seconds": usage.ru_utime + usage.ru_stime,
+            },
+            f,
+        )
     return code
 
 

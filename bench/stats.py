@@ -27,7 +27,9 @@ class Summary:
 def summarize(samples: list[float]) -> Summary:
     if not samples:
         raise ValueError("no samples to summarize")
-    return Summary(median=statistics.median(samples), low=min(samples), high=max(samples), runs=len(samples))
+    return Summary(
+        median=statistics.median(samples), low=min(samples), high=max(samples), runs=len(samples)
+    )
 
 
 def ratio(task: Summary, floor: Summary) -> float:

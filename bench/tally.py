@@ -1,4 +1,4 @@
-"""Reading a ``bench.driver`` tally: remote commands per node and where the time went."""
+"""Reading a ``bench.lab_driver`` tally: remote commands per node and where the time went."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ from typing import Any
 
 PHASES = ("startup", "connect", "prepare", "execute", "output")
 # pyinfra stage entered -> the phase it starts
-STAGE_STARTS = {"connect": "connect", "prepare": "prepare", "execute": "execute", "disconnect": "output"}
+STAGE_STARTS = {
+    "connect": "connect",
+    "prepare": "prepare",
+    "execute": "execute",
+    "disconnect": "output",
+}
 
 
 @dataclass(frozen=True)
@@ -55,8 +60,11 @@ def phases(tally: dict[str, Any]) -> dict[str, float]:
 
     A ``fact`` command has no execute stage: its facts are read in prepare.
     """
-    marks = sorted((float(s["at"]), STAGE_STARTS[s["stage"]])
-                   for s in tally.get("stages", []) if s["stage"] in STAGE_STARTS)
+    marks = sorted(
+        (float(s["at"]), STAGE_STARTS[s["stage"]])
+        for s in tally.get("stages", [])
+        if s["stage"] in STAGE_STARTS
+    )
     out = {phase: 0.0 for phase in PHASES}
     current, since = "startup", 0.0
     for at, phase in marks:
@@ -75,8 +83,10 @@ class CommandStat:
 
 def top_commands(tally: dict[str, Any], limit: int = 3) -> list[CommandStat]:
     """The labels (facts, operations) whose remote commands took the most summed time."""
-    stats = [CommandStat(label, int(v["count"]), float(v["seconds"]))
-             for label, v in tally.get("commands", {}).items()]
+    stats = [
+        CommandStat(label, int(v["count"]), float(v["seconds"]))
+        for label, v in tally.get("commands", {}).items()
+    ]
     return sorted(stats, key=lambda s: s.seconds, reverse=True)[:limit]
 
 

@@ -5,8 +5,17 @@ operation lives in operations/<capability>.py, its facts in facts/<capability>.p
 templates in templates/<capability>/.
 """
 
-from facts.gather import deploy_plan, no_host_failed, this_node, whole_cluster_healthy
-from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
+from operations import (
+    gpu_node_ops,
+    hosts_ops,
+    launchers_ops,
+    nccl_env_ops,
+    openmpi_ops,
+    pdsh_ops,
+    ssh_mesh_ops,
+    stack_ops,
+)
+from runtime.gather import deploy_plan, no_host_failed, this_node, whole_cluster_healthy
 
 cluster, node = this_node()
 
@@ -15,8 +24,10 @@ cluster, node = this_node()
 plan = deploy_plan(cluster).nodes[node.name]
 
 # Names: every node knows itself and every peer by name.
-hosts.hostname(name="Hostname is the node's spec name", hostname=plan.hostname)
-hosts.hosts_block(name="Cluster hosts block in /etc/hosts", lines=plan.hosts.lines, names=plan.hosts.names)
+hosts_ops.hostname(name="Hostname is the node's spec name", hostname=plan.hostname)
+hosts_ops.hosts_block(
+    name="Cluster hosts block in /etc/hosts", lines=plan.hosts.lines, names=plan.hosts.names
+)
 
 # SSH mesh: every node reaches every node as each mesh user, host keys verified. In a
 # certificate mesh (ssh.mesh) the cluster CA vouches for hosts and users, one line on every
@@ -25,52 +36,104 @@ hosts.hosts_block(name="Cluster hosts block in /etc/hosts", lines=plan.hosts.lin
 # then nodes change what they present (while moving: only if no node failed its trust step);
 # then, only in a run that reached every node without a failure, the old trust is dropped.
 # A revoked key goes at once. Each user's steps come before the next user's.
-ssh_mesh.known_hosts(name="known_hosts also trusts the cluster's new host lines", entries=plan.known_hosts,
-                     exactly=False)
-if plan.sshd.drop_in is not None or plan.sshd.problems:  # a node that cannot present certificates fails here
-    ssh_mesh.sshd_certificates(name="sshd presents its host certificates, refuses revoked keys",
-                               certificates=plan.sshd.certificates, drop_in=plan.sshd.drop_in,
-                               revoked_keys=plan.sshd.revoked_keys, problems=plan.sshd.problems,
-                               client_drop_in=plan.sshd.client_drop_in,
-                               _if=no_host_failed if plan.sshd.moving else None)
+ssh_mesh_ops.known_hosts(
+    name="known_hosts also trusts the cluster's new host lines",
+    entries=plan.known_hosts,
+    exactly=False,
+)
+if (
+    plan.sshd.drop_in is not None or plan.sshd.problems
+):  # a node that cannot present certificates fails here
+    ssh_mesh_ops.sshd_certificates(
+        name="sshd presents its host certificates, refuses revoked keys",
+        certificates=plan.sshd.certificates,
+        drop_in=plan.sshd.drop_in,
+        revoked_keys=plan.sshd.revoked_keys,
+        problems=plan.sshd.problems,
+        client_drop_in=plan.sshd.client_drop_in,
+        _if=no_host_failed if plan.sshd.moving else None,
+    )
 for user in plan.mesh:
-    ssh_mesh.mesh_trust(name=f"{user.user} also trusts the mesh's new lines", user=user.user,
-                        authorized=user.authorized, refused=user.refused, exactly=False)
-    ssh_mesh.mesh_user(name=f"SSH mesh for {user.user}", user=user.user, identity=user.identity,
-                       config=user.config, certificate=user.certificate,
-                       _if=no_host_failed if user.moving else None)
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} also trusts the mesh's new lines",
+        user=user.user,
+        authorized=user.authorized,
+        refused=user.refused,
+        exactly=False,
+    )
+    ssh_mesh_ops.mesh_user(
+        name=f"SSH mesh for {user.user}",
+        user=user.user,
+        identity=user.identity,
+        config=user.config,
+        certificate=user.certificate,
+        _if=no_host_failed if user.moving else None,
+    )
 if plan.sshd.drop_in is not None:
-    ssh_mesh.revoked_keys(name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)", content=plan.sshd.revoked_keys)
-ssh_mesh.known_hosts(name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
-                     entries=plan.known_hosts, _if=whole_cluster_healthy)
+    ssh_mesh_ops.revoked_keys(
+        name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)", content=plan.sshd.revoked_keys
+    )
+ssh_mesh_ops.known_hosts(
+    name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
+    entries=plan.known_hosts,
+    _if=whole_cluster_healthy,
+)
 for user in plan.mesh:
-    ssh_mesh.mesh_trust(name=f"{user.user} trusts exactly the mesh", user=user.user, authorized=user.authorized,
-                        certificate=user.certificate, refused=user.refused, _if=whole_cluster_healthy)
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} trusts exactly the mesh",
+        user=user.user,
+        authorized=user.authorized,
+        certificate=user.certificate,
+        refused=user.refused,
+        _if=whole_cluster_healthy,
+    )
 if plan.sshd.drop_in is None and not plan.sshd.problems:
-    ssh_mesh.sshd_certificates(name="sshd without trainfleet's certificates", certificates={}, drop_in=None,
-                               revoked_keys=None, _if=whole_cluster_healthy)
+    ssh_mesh_ops.sshd_certificates(
+        name="sshd without trainfleet's certificates",
+        certificates={},
+        drop_in=None,
+        revoked_keys=None,
+        _if=whole_cluster_healthy,
+    )
 
 # pdsh: `pdsh -a` runs on every node, over ssh.
-pdsh.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)
+pdsh_ops.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)
 
 # Software stack: CUDA, cuDNN, NCCL, OpenMPI, GCC and PyTorch exactly at the spec's pins, held.
-stack.software(name="Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)", pins=plan.stack.spec)
+stack_ops.software(
+    name="Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)", pins=plan.stack.spec
+)
 
 # NCCL network environment: from each node's own network, where every rank sees it.
-nccl_env.nccl_env(name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
-                  profile=plan.nccl.profile, environment=plan.nccl.environment, nccl_conf=plan.nccl.nccl_conf,
-                  problems=plan.nccl.problems)
+nccl_env_ops.nccl_env(
+    name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
+    profile=plan.nccl.profile,
+    environment=plan.nccl.environment,
+    nccl_conf=plan.nccl.nccl_conf,
+    problems=plan.nccl.problems,
+)
 
 # OpenMPI: its TCP and wire-up layers on the same cluster network, for every mesh user.
-openmpi.mca_params(name="OpenMPI network (~/.openmpi/mca-params.conf)", users=plan.mpi.users,
-                   lines=plan.mpi.lines, problems=plan.mpi.problems)
+openmpi_ops.mca_params(
+    name="OpenMPI network (~/.openmpi/mca-params.conf)",
+    users=plan.mpi.users,
+    lines=plan.mpi.lines,
+    problems=plan.mpi.problems,
+)
 
 # Launchers: DeepSpeed, OpenMPI, Horovod, accelerate, torchrun and ColossalAI, all from the spec.
-launchers.launcher_files(name="Launcher configs", files=plan.launchers.files, problems=plan.launchers.problems)
+launchers_ops.launcher_files(
+    name="Launcher configs", files=plan.launchers.files, problems=plan.launchers.problems
+)
 
 # GPU node settings: memlock for RDMA (every node); on GPU nodes persistence mode, the NVSwitch
 # fabric manager at exactly the driver's version, nvidia_peermem where InfiniBand/RoCE is active.
-gpu_node.settings(name="GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
-                  memlock_conf=plan.gpu.memlock_conf, persistence_on=plan.gpu.persistence, fabric=plan.gpu.fabric_manager,
-                  peermem_on=plan.gpu.peermem, allow_change=bool(plan.stack.spec.get("allow_change")),
-                  problems=plan.gpu.problems)
+gpu_node_ops.settings(
+    name="GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
+    memlock_conf=plan.gpu.memlock_conf,
+    persistence_on=plan.gpu.persistence,
+    fabric=plan.gpu.fabric_manager,
+    peermem_on=plan.gpu.peermem,
+    allow_change=bool(plan.stack.spec.get("allow_change")),
+    problems=plan.gpu.problems,
+)

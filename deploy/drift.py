@@ -7,12 +7,16 @@ of what differs goes to stderr, the JSON report to .trainfleet/reports/drift-<cl
 fails: the run exits non-zero. Nothing on any node is changed.
 """
 
-from checks import drift
-from operations import report
-from facts.gather import this_node
+from checks import drift_check
+from operations import verdict
+from runtime.gather import this_node
 
 cluster, node = this_node()
 
-found = drift.cluster_report(cluster)
-report.verdict(name="Node matches the spec and its peers", check="drift",
-               problems=[str(f) for f in found.findings_for(node.name)], passed="matches the spec and its peers")
+found = drift_check.cluster_report(cluster)
+verdict.verdict(
+    name="Node matches the spec and its peers",
+    check="drift",
+    problems=[str(f) for f in found.findings_for(node.name)],
+    passed="matches the spec and its peers",
+)

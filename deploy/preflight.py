@@ -26,9 +26,9 @@ import sys
 
 from pyinfra import host
 
-from checks import preflight
-from operations import report
-from facts.gather import this_node
+from checks import preflight_check
+from operations import verdict
+from runtime.gather import this_node
 from trainfleet.schema import smoke_launcher_problem
 
 cluster, node = this_node()
@@ -37,6 +37,10 @@ if smoke and (problem := smoke_launcher_problem(smoke)):
     print(f"trainfleet: trainfleet_smoke: {problem}; nothing was run", file=sys.stderr)
     raise SystemExit(2)
 
-result = preflight.cluster_preflight(cluster, smoke=smoke)
-report.verdict(name="This node can train with the others", check="preflight",
-               problems=[str(p) for p in result.problems_for(node.name)], passed="passed every preflight stage")
+result = preflight_check.cluster_preflight(cluster, smoke=smoke)
+verdict.verdict(
+    name="This node can train with the others",
+    check="preflight",
+    problems=[str(p) for p in result.problems_for(node.name)],
+    passed="passed every preflight stage",
+)

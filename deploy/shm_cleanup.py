@@ -9,11 +9,13 @@ change that with ``--data trainfleet_shm_min_idle=SECONDS``. Never part of deplo
 
 from pyinfra import host
 
-from operations import shm
-from facts.gather import this_node
+from operations import shm_ops
+from runtime.gather import this_node
 
 cluster, node = this_node()
 
 min_idle = int(host.data.get("trainfleet_shm_min_idle", 60))
-shm.stale_segments_removed(name=f"Stale shared memory removed (unattached for {min_idle} s or more)",
-                           min_idle_seconds=min_idle)
+shm_ops.stale_segments_removed(
+    name=f"Stale shared memory removed (unattached for {min_idle} s or more)",
+    min_idle_seconds=min_idle,
+)

@@ -12,16 +12,22 @@ from typing import Any
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
-from facts.gpu_node import GpuNodeState
-from facts.hosts import HOSTS_PURPOSE, HostnameState
-from facts.launchers import LauncherFiles
-from facts.managed_block import ManagedBlock, decode_lines, split_sections
-from facts.nccl_env import NcclEnvFiles, NcclEnvSeen, NcclNetwork
-from facts.npu import NpuDeviceIps
-from facts.openmpi import OpenMpiState
-from facts.pdsh import PdshState
-from facts.ssh_mesh import KNOWN_HOSTS_PURPOSE, SshdMesh, SshHostKeys, SshMeshProof, SshMeshUser
-from facts.stack import StackVersions
+from facts.gpu_node_facts import GpuNodeState
+from facts.hosts_facts import HOSTS_PURPOSE, HostnameState
+from facts.launchers_facts import LauncherFiles
+from facts.managed_block_facts import ManagedBlock, decode_lines, split_sections
+from facts.nccl_env_facts import NcclEnvFiles, NcclEnvSeen, NcclNetwork
+from facts.npu_facts import NpuDeviceIps
+from facts.openmpi_facts import OpenMpiState
+from facts.pdsh_facts import PdshState
+from facts.ssh_mesh_facts import (
+    KNOWN_HOSTS_PURPOSE,
+    SshdMesh,
+    SshHostKeys,
+    SshMeshProof,
+    SshMeshUser,
+)
+from facts.stack_facts import StackVersions
 from trainfleet.defaults import LAUNCH_DIR, SYSTEM_KNOWN_HOSTS, VENV_DIR
 from trainfleet.plan import Gathered
 
@@ -96,36 +102,59 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
     """What the plan needs of every node, from each node's sections (``deploy_sections`` or
     ``sections``; a node that could not be read gives nothing)."""
     readable = {node: found for node, found in gathered.items() if found}
-    return Gathered(networks={node: found["network"] for node, found in readable.items()},
-                    host_keys={node: found["host_keys"] for node, found in readable.items()},
-                    os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
-                    npu_ips={node: found["npus"] for node, found in readable.items()},
-                    gpu_nodes={node: found["gpu_node"] for node, found in readable.items()},
-                    sshd={node: found["sshd_mesh"] for node, found in readable.items()},
-                    user_certificates={node: {key.split(":", 1)[1]: value["certificate"]
-                                              for key, value in found.items() if key.startswith("mesh_user:")}
-                                       for node, found in readable.items()},
-                    trust={node: {SYSTEM_KNOWN_HOSTS: found["known_hosts"]["block"],
-                                  **{key.split(":", 1)[1]: value["authorized"]["block"]
-                                     for key, value in found.items() if key.startswith("mesh_user:")}}
-                           for node, found in readable.items()})
+    return Gathered(
+        networks={node: found["network"] for node, found in readable.items()},
+        host_keys={node: found["host_keys"] for node, found in readable.items()},
+        os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
+        npu_ips={node: found["npus"] for node, found in readable.items()},
+        gpu_nodes={node: found["gpu_node"] for node, found in readable.items()},
+        sshd={node: found["sshd_mesh"] for node, found in readable.items()},
+        user_certificates={
+            node: {
+                key.split(":", 1)[1]: value["certificate"]
+                for key, value in found.items()
+                if key.startswith("mesh_user:")
+            }
+            for node, found in readable.items()
+        },
+        trust={
+            node: {
+                SYSTEM_KNOWN_HOSTS: found["known_hosts"]["block"],
+                **{
+                    key.split(":", 1)[1]: value["authorized"]["block"]
+                    for key, value in found.items()
+                    if key.startswith("mesh_user:")
+                },
+            }
+            for node, found in readable.items()
+        },
+    )
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:
     """Everything a converged node is checked on: what the deploy reads, plus the machine's
     identity, the NCCL variables as processes see them and a live probe of the SSH mesh."""
-    return {"identity": (Identity, {}), **deploy_sections(users), "nccl_seen": (NcclEnvSeen, {}),
-            **mesh_proof_sections(users, peers)}
+    return {
+        "identity": (Identity, {}),
+        **deploy_sections(users),
+        "nccl_seen": (NcclEnvSeen, {}),
+        **mesh_proof_sections(users, peers),
+    }
 
 
 def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
     """A live probe of every peer as each mesh user (drift's and the preflight's)."""
-    return {f"mesh_proof:{user}": (SshMeshProof, {"user": user, "peers": list(peers)}) for user in users}
+    return {
+        f"mesh_proof:{user}": (SshMeshProof, {"user": user, "peers": list(peers)}) for user in users
+    }
 
 
 def certificate_sections(users: list[str]) -> Parts:
     """The node's host certificates and each mesh user's certificate (the preflight's validity check)."""
-    return {"sshd_mesh": (SshdMesh, {}), **{f"mesh_user:{user}": (SshMeshUser, {"user": user}) for user in users}}
+    return {
+        "sshd_mesh": (SshdMesh, {}),
+        **{f"mesh_user:{user}": (SshMeshUser, {"user": user}) for user in users},
+    }
 
 
 class FactBundle(FactBase[dict[str, Any]]):
@@ -146,7 +175,18 @@ class FactBundle(FactBase[dict[str, Any]]):
                 command = StringCommand(command)
             # Each section's output travels as one base64 line: nothing a file or a user's
             # process prints inside it can end the section or forge another one.
-            pieces += ["echo", f"'{_MARK} {name}';", "(", command, ")", "2>/dev/null", "|", "base64", "-w0;", "echo;"]
+            pieces += [
+                "echo",
+                f"'{_MARK} {name}';",
+                "(",
+                command,
+                ")",
+                "2>/dev/null",
+                "|",
+                "base64",
+                "-w0;",
+                "echo;",
+            ]
         return StringCommand(*pieces, "true")
 
     def process(self, output: list[str]) -> dict[str, Any]:
@@ -160,8 +200,10 @@ class FactBundle(FactBase[dict[str, Any]]):
                 lines = decode_lines(encoded[0])
                 # pyinfra gives an empty output the fact's default, not process([]); so do we.
                 result[name] = fact.process(lines) if lines else fact.default()
-            except Exception as exc:  # noqa: BLE001 - any parse failure fails this node only
-                raise FactProcessError(f"section {name}: cannot read what the node returned: {exc}") from exc
+            except Exception as exc:
+                raise FactProcessError(
+                    f"section {name}: cannot read what the node returned: {exc}"
+                ) from exc
         return result
 
 

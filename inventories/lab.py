@@ -2,7 +2,7 @@
 
 import sys
 
-from lab.cluster import Lab
+from lab.netns import Lab
 from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
 
 _lab = Lab()

@@ -5,8 +5,8 @@ import sys
 
 import yaml
 
-from lab.cluster import Lab
-from lab.stack import launch_stack
+from lab.lab_stack import launch_stack
+from lab.netns import Lab
 from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
 
 _lab = Lab()
@@ -18,7 +18,9 @@ if not _lab.spec.exists():
 _spec = yaml.safe_load(_lab.spec.read_text())
 _spec["stack"] = launch_stack()
 _launch_spec = _lab.spec.with_name("lab-launch.yml")
-_launch_spec.write_text("# Written by inventories/lab_launch.py: the lab's spec with the launch stack.\n"
-                        + yaml.safe_dump(_spec, sort_keys=False))
+_launch_spec.write_text(
+    "# Written by inventories/lab_launch.py: the lab's spec with the launch stack.\n"
+    + yaml.safe_dump(_spec, sort_keys=False)
+)
 cluster = load_cluster_or_exit(_launch_spec)
 nodes = pyinfra_hosts(cluster)

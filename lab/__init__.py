@@ -5,6 +5,6 @@ It knows nothing of the product; it writes a cluster spec (``spec.yml`` in its
 state dir) that ``inventories/lab.py`` reads.
 """
 
-from lab.cluster import Lab, LabError
+from lab.netns import Lab, LabError
 
 __all__ = ["Lab", "LabError"]

@@ -7,21 +7,29 @@ import json
 import os
 import sys
 
-from lab.cluster import Lab, LabError
+from lab.netns import Lab, LabError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lab", description="the local namespace lab cluster")
+    parser = argparse.ArgumentParser(
+        prog="python -m lab", description="the local namespace lab cluster"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start N nodes (node1..nodeN at 198.18.0.11...)")
     up.add_argument("count", type=int)
-    up.add_argument("--single-nic", action="store_true",
-                    help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot reach)")
+    up.add_argument(
+        "--single-nic",
+        action="store_true",
+        help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot reach)",
+    )
     sub.add_parser("down", help="stop every node and remove every trace of the lab")
     status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")
     status.add_argument("--json", action="store_true")
     status.add_argument("--quiet", "-q", action="store_true")
-    for verb, text in (("stop", "power a node off (its disk and network stay)"), ("start", "boot a stopped node")):
+    for verb, text in (
+        ("stop", "power a node off (its disk and network stay)"),
+        ("start", "boot a stopped node"),
+    ):
         sub.add_parser(verb, help=text).add_argument("node")
     ssh = sub.add_parser("ssh", help="run a shell or command on a node over SSH")
     ssh.add_argument("node")
@@ -64,9 +72,21 @@ def _ssh(lab: Lab, name: str, cmd: list[str]) -> int:
     node = lab.node(name)
     if cmd[:1] == ["--"]:
         cmd = cmd[1:]
-    argv = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            f"root@{node.address}", *cmd]
+    argv = [
+        "ssh",
+        "-i",
+        str(lab.key),
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        f"root@{node.address}",
+        *cmd,
+    ]
     os.execvp("ssh", argv)
     return 1  # not reached
 

@@ -37,7 +37,7 @@ from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
-from facts.managed_block import USER_ENV_FN
+from facts.managed_block_facts import USER_ENV_FN
 from trainfleet.defaults import RUN_DIR
 
 LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
@@ -66,7 +66,10 @@ fi
 
 # Runs as root: the run dir, the node lock, then the writer (as the user where one is named,
 # with only a fixed environment: USER_ENV_FN).
-_LOCKED = RUN_DIR_SCRIPT + USER_ENV_FN + r"""
+_LOCKED = (
+    RUN_DIR_SCRIPT
+    + USER_ENV_FN
+    + r"""
 exec 9>>"$r/lock"
 if ! flock -w "$TF_LOCK_WAIT" 9; then
   echo "trainfleet: another trainfleet run holds this node's lock: $(cat "$r/holder" 2>/dev/null || echo unknown); gave up after $TF_LOCK_WAIT s" >&2
@@ -88,6 +91,7 @@ else
   sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
 fi
 """
+)
 
 # Root writes only where nobody else can change the path: every existing directory from the
 # file's up to / is root's; the file's own (or the one its new parents are made in) is
@@ -147,11 +151,15 @@ root_link() {
 
 # The writer: $1 path, $2 expected sha256 | absent | any, $3 mode of a new file, $4 mode of new
 # directories; content base64 in $TF_DATA, or on stdin when $TF_DATA is empty.
-_WRITE = r"""set -eu
+_WRITE = (
+    r"""set -eu
 fail() { echo "trainfleet: $f: $*; nothing was changed" >&2; exit 1; }
 f=$1; want=$2; mode=$3; dmode=$4
 cd /
-""" + _ROOT_SAFE_DIR + _ROOT_LINK + r"""
+"""
+    + _ROOT_SAFE_DIR
+    + _ROOT_LINK
+    + r"""
 if [ -L "$f" ]; then
   if [ "$(id -u)" = 0 ]; then f=$(root_link "$f") || exit 1
   else f=$(readlink -f -- "$f") || fail "is a dangling symbolic link"; fi
@@ -180,6 +188,7 @@ fi
 mv -f -- "$t" "$f"
 trap - EXIT
 """
+)
 
 # Linux caps one argument at 128 KiB: larger contents (known hosts of hundreds of nodes)
 # are uploaded instead of travelling on the command line.
@@ -190,12 +199,26 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _locked(script: str, env: dict[str, str], args: list[str], user: str | None = None,
-            staged: str = "") -> StringCommand:
-    env = {"TF_LOCK_WAIT": str(LOCK_WAIT), "TF_USER_TIMEOUT": str(USER_TIMEOUT), "TF_AS": user or "", "TF_STAGED": staged, "TF_SCRIPT": script, **env}
+def _locked(
+    script: str, env: dict[str, str], args: list[str], user: str | None = None, staged: str = ""
+) -> StringCommand:
+    env = {
+        "TF_LOCK_WAIT": str(LOCK_WAIT),
+        "TF_USER_TIMEOUT": str(USER_TIMEOUT),
+        "TF_AS": user or "",
+        "TF_STAGED": staged,
+        "TF_SCRIPT": script,
+        **env,
+    }
     return StringCommand(
-        "env", *(QuoteString(f"{key}={value}") for key, value in env.items()),
-        "sh", "-c", QuoteString(_LOCKED), "trainfleet", RUN_DIR, *(QuoteString(arg) for arg in args),
+        "env",
+        *(QuoteString(f"{key}={value}") for key, value in env.items()),
+        "sh",
+        "-c",
+        QuoteString(_LOCKED),
+        "trainfleet",
+        RUN_DIR,
+        *(QuoteString(arg) for arg in args),
     )
 
 
@@ -203,8 +226,14 @@ def run_dir_command(login: str | None = None) -> StringCommand:
     """Make sure /run/trainfleet is root's own 0700 directory (before an upload into it), and
     a sudo ``login``'s upload directory is that user's own."""
     if login:
-        return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT + UPLOAD_DIR_SCRIPT), "trainfleet", RUN_DIR,
-                             QuoteString(login))
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(RUN_DIR_SCRIPT + UPLOAD_DIR_SCRIPT),
+            "trainfleet",
+            RUN_DIR,
+            QuoteString(login),
+        )
     return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT), "trainfleet", RUN_DIR)
 
 
@@ -220,8 +249,15 @@ def sudo_login() -> str | None:
     return str(data.get("ssh_user")) if data.get("_sudo") else None
 
 
-def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str = "644",
-                  user: str | None = None, secret: bool = False, dir_mode: str = "755") -> list[PyinfraCommand]:
+def write_command(
+    path: str,
+    content: bytes | str,
+    expect: str = ANY,
+    mode: str = "644",
+    user: str | None = None,
+    secret: bool = False,
+    dir_mode: str = "755",
+) -> list[PyinfraCommand]:
     """Replace ``path`` with ``content`` if it still is ``expect`` (its sha256, ABSENT or ANY).
 
     + user: write as this user (a file in a path the user controls); None: as root, where
@@ -238,9 +274,14 @@ def write_command(path: str, content: bytes | str, expect: str = ANY, mode: str 
     name = f"stage.{uuid.uuid4().hex}"
     staged = f"{RUN_DIR}/{name}"
     login = sudo_login()
-    temp = f"{upload_dir(login)}/{name}" if login else None  # pyinfra's sudo upload: SFTP here, then cp
-    return [run_dir_command(login), FileUploadCommand(BytesIO(encoded.encode()), staged, remote_temp_filename=temp),
-            _locked(_WRITE, {"TF_DATA": ""}, args, user, staged=staged)]
+    temp = (
+        f"{upload_dir(login)}/{name}" if login else None
+    )  # pyinfra's sudo upload: SFTP here, then cp
+    return [
+        run_dir_command(login),
+        FileUploadCommand(BytesIO(encoded.encode()), staged, remote_temp_filename=temp),
+        _locked(_WRITE, {"TF_DATA": ""}, args, user, staged=staged),
+    ]
 
 
 def write_file_command(path: str, content: str, mode: str = "644") -> StringCommand:

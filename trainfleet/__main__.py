@@ -27,14 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
     sub.add_parser("schema", help="print the spec reference (markdown)")
     keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
-    keys.add_argument("action", choices=["list", "rotate", "revoke", "retired", "readmit", "ca", "rotate-ca"],
-                      help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
-                           "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
-                           "the spec (moved aside by the deploy); readmit: take back the host keys "
-                           "revoked under the nodes' names (left the spec, replaced by a reimage), "
-                           "only when known safe; "
-                           "ca: the cluster CA's public key; rotate-ca: "
-                           "a new cluster CA (the next deploy moves every node to it, then trusts only it)")
+    keys.add_argument(
+        "action",
+        choices=["list", "rotate", "revoke", "retired", "readmit", "ca", "rotate-ca"],
+        help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
+        "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
+        "the spec (moved aside by the deploy); readmit: take back the host keys "
+        "revoked under the nodes' names (left the spec, replaced by a reimage), "
+        "only when known safe; "
+        "ca: the cluster CA's public key; rotate-ca: "
+        "a new cluster CA (the next deploy moves every node to it, then trusts only it)",
+    )
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
     keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
@@ -56,17 +59,29 @@ def main(argv: list[str] | None = None) -> int:
             status = EXIT_BAD_SPEC
             continue
         if args.json:
-            print(json.dumps({
-                "cluster": cluster.name,
-                "master": cluster.master.name,
-                "total_gpus": cluster.total_gpus,
-                "nodes": [
-                    {"name": n.name, "address": n.address, "rank": n.rank, "gpus": n.gpus, "names": n.names}
-                    for n in cluster.nodes
-                ],
-            }))
+            print(
+                json.dumps(
+                    {
+                        "cluster": cluster.name,
+                        "master": cluster.master.name,
+                        "total_gpus": cluster.total_gpus,
+                        "nodes": [
+                            {
+                                "name": n.name,
+                                "address": n.address,
+                                "rank": n.rank,
+                                "gpus": n.gpus,
+                                "names": n.names,
+                            }
+                            for n in cluster.nodes
+                        ],
+                    }
+                )
+            )
         else:
-            print(f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master {cluster.master.name}")
+            print(
+                f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master {cluster.master.name}"
+            )
     return status
 
 
@@ -79,12 +94,20 @@ def _keys(args: argparse.Namespace) -> int:
     names = [n.name for n in cluster.nodes]
     unknown = [n for n in args.nodes if n not in names]
     if unknown:
-        print(f"not nodes of {cluster.name}: {', '.join(unknown)} (nodes: {', '.join(names)})", file=sys.stderr)
+        print(
+            f"not nodes of {cluster.name}: {', '.join(unknown)} (nodes: {', '.join(names)})",
+            file=sys.stderr,
+        )
         return EXIT_BAD_SPEC
     strangers = [u for u in args.user or [] if u not in cluster.mesh_users]
-    if strangers:  # a user name becomes a path in the key store: only the spec's, checked by its grammar
-        print(f"not mesh users of {cluster.name}: {', '.join(strangers)} "
-              f"(mesh users: {', '.join(cluster.mesh_users)})", file=sys.stderr)
+    if (
+        strangers
+    ):  # a user name becomes a path in the key store: only the spec's, checked by its grammar
+        print(
+            f"not mesh users of {cluster.name}: {', '.join(strangers)} "
+            f"(mesh users: {', '.join(cluster.mesh_users)})",
+            file=sys.stderr,
+        )
         return EXIT_BAD_SPEC
     if args.action in ("revoke", "readmit") and not args.nodes:
         print(f"{args.action} needs the nodes to act on", file=sys.stderr)
@@ -101,17 +124,24 @@ def _keys(args: argparse.Namespace) -> int:
         return 0
     if args.action == "rotate-ca":
         old = store.rotate_certificate_authority()
-        print(f"{cluster.name}: new CA {store.certificate_authority().public}"
-              + (f" (the old one moved to {old})" if old else "")
-              + "; run the deploy to move every node to it (a node that is down holds the "
-                "move back: README, The SSH mesh)")
+        print(
+            f"{cluster.name}: new CA {store.certificate_authority().public}"
+            + (f" (the old one moved to {old})" if old else "")
+            + "; run the deploy to move every node to it (a node that is down holds the "
+            "move back: README, The SSH mesh)"
+        )
         return 0
     if args.action == "readmit":
         for node in args.nodes:
             back = store.readmit_host_keys(node)
-            print(f"{node}: {len(back)} revoked host key(s) taken back"
-                  + ("; run the deploy to vouch for them again" if back
-                     else " (none was revoked under its name)"))
+            print(
+                f"{node}: {len(back)} revoked host key(s) taken back"
+                + (
+                    "; run the deploy to vouch for them again"
+                    if back
+                    else " (none was revoked under its name)"
+                )
+            )
         return 0
     if args.action == "retired":
         for path in store.retired():
@@ -120,7 +150,9 @@ def _keys(args: argparse.Namespace) -> int:
     for user in args.user or cluster.mesh_users:
         for node in args.nodes or names:
             if args.action == "list":
-                state = "revoked" if store.is_revoked(user, node) else store.keypair(user, node).public
+                state = (
+                    "revoked" if store.is_revoked(user, node) else store.keypair(user, node).public
+                )
                 print(f"{user}@{node}: {state}")
             elif args.action == "rotate":
                 store.rotate(user, node)

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 def markers(purpose: str) -> tuple[str, str]:
     """The begin and end lines of the block that holds ``purpose``, e.g. 'cluster hosts'."""
-    return (f"# BEGIN trainfleet managed block: {purpose} (do not edit)",
-            f"# END trainfleet managed block: {purpose}")
+    return (
+        f"# BEGIN trainfleet managed block: {purpose} (do not edit)",
+        f"# END trainfleet managed block: {purpose}",
+    )
 
 
 class BrokenBlock(ValueError):
@@ -38,8 +40,9 @@ class Split:
         """(1-based line number, line) of every line the user owns."""
         before = _lines(self.before)
         offset = len(before) + (len(self.block) + 2 if self.block is not None else 0)
-        return [(i + 1, line) for i, line in enumerate(before)] + \
-               [(offset + i + 1, line) for i, line in enumerate(_lines(self.after))]
+        return [(i + 1, line) for i, line in enumerate(before)] + [
+            (offset + i + 1, line) for i, line in enumerate(_lines(self.after))
+        ]
 
 
 def _lines(text: str) -> list[str]:
@@ -51,7 +54,9 @@ def _lines(text: str) -> list[str]:
 def split_block(text: str, purpose: str) -> Split:
     """Split a file's whole text around the block for ``purpose``; raise BrokenBlock if ambiguous."""
     begin, end = markers(purpose)
-    lookalike = re.compile(rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])")
+    lookalike = re.compile(
+        rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])"
+    )
     # Only lines that hold the purpose's marker text can be markers or look like one: they
     # are found with str.find (a file of N lines is not walked line by line in Python) and
     # each is then judged whole. Lines are split on "\n" only.
@@ -72,19 +77,23 @@ def split_block(text: str, purpose: str) -> Split:
             elif line == end:
                 ends.append(number)
             else:
-                raise BrokenBlock(f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}")
+                raise BrokenBlock(
+                    f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}"
+                )
             offsets.append((line_start, line_end))
         at = text.find(needle, line_end)
     if not starts and not ends:
         return Split(before="", block=None, after=text)
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        where = ", ".join([f"BEGIN at line {n}" for n in starts] + [f"END at line {n}" for n in ends])
+        where = ", ".join(
+            [f"BEGIN at line {n}" for n in starts] + [f"END at line {n}" for n in ends]
+        )
         raise BrokenBlock(f"expected one BEGIN followed by one END marker, found {where}")
     (begin_at, begin_stop), (end_at, end_stop) = offsets
-    inside = text[begin_stop + 1:end_at]  # the lines between the markers, each ending in "\n"
+    inside = text[begin_stop + 1 : end_at]  # the lines between the markers, each ending in "\n"
     block = inside[:-1].split("\n") if inside else []
     # After the END marker: the rest of the file byte for byte (no final newline: nothing)
-    return Split(before=text[:begin_at], block=block, after=text[end_stop + 1:])
+    return Split(before=text[:begin_at], block=block, after=text[end_stop + 1 :])
 
 
 def with_block(split: Split, purpose: str, lines: list[str] | None, top: bool = False) -> str:

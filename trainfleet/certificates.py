@@ -11,17 +11,26 @@ from __future__ import annotations
 import base64
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.hazmat.primitives.serialization import SSHCertificate, SSHCertificateBuilder, SSHCertificateType
+from cryptography.hazmat.primitives.serialization import (
+    SSHCertificate,
+    SSHCertificateBuilder,
+    SSHCertificateType,
+)
 
 # What a user certificate permits: what `ssh-keygen -s` grants by default, so mesh logins
 # (pdsh, mpirun, torchrun's launchers) keep their pty, agent and port forwarding.
-USER_EXTENSIONS = (b"permit-X11-forwarding", b"permit-agent-forwarding", b"permit-port-forwarding",
-                   b"permit-pty", b"permit-user-rc")
+USER_EXTENSIONS = (
+    b"permit-X11-forwarding",
+    b"permit-agent-forwarding",
+    b"permit-port-forwarding",
+    b"permit-pty",
+    b"permit-user-rc",
+)
 FOREVER = 253402300799  # 9999-12-31: what a certificate valid "forever" (2**64-1) reads as
 BACKDATE = timedelta(minutes=5)  # valid from a little before now: nodes' clocks differ
 
@@ -54,8 +63,16 @@ def fingerprint(public_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def sign(ca: Ed25519PrivateKey, public_line: str, kind: str, principals: list[str], key_id: str, serial: int,
-         validity: timedelta, now: datetime | None = None) -> str:
+def sign(
+    ca: Ed25519PrivateKey,
+    public_line: str,
+    kind: str,
+    principals: list[str],
+    key_id: str,
+    serial: int,
+    validity: timedelta,
+    now: datetime | None = None,
+) -> str:
     """A certificate line (``type-cert-v01@openssh.com base64 key_id``) for ``public_line``,
     signed by ``ca``: a host certificate (``kind`` host) or a user certificate (``user``),
     valid for ``principals`` from a little before ``now`` for ``validity``."""
@@ -67,15 +84,17 @@ def sign(ca: Ed25519PrivateKey, public_line: str, kind: str, principals: list[st
         key = serialization.load_ssh_public_key(" ".join(public_line.split()[:2]).encode())
     except (ValueError, TypeError, IndexError, UnsupportedAlgorithm) as exc:
         raise CertificateError(f"{key_id}: not an OpenSSH public key ({exc})") from None
-    now = now or datetime.now(timezone.utc)
-    builder = (SSHCertificateBuilder()
-               .public_key(key)  # type: ignore[arg-type]
-               .serial(serial)
-               .type(SSHCertificateType.HOST if kind == "host" else SSHCertificateType.USER)
-               .key_id(key_id.encode())
-               .valid_principals([p.encode() for p in principals])
-               .valid_after(int((now - BACKDATE).timestamp()))
-               .valid_before(int((now + validity).timestamp())))
+    now = now or datetime.now(UTC)
+    builder = (
+        SSHCertificateBuilder()
+        .public_key(key)  # type: ignore[arg-type]
+        .serial(serial)
+        .type(SSHCertificateType.HOST if kind == "host" else SSHCertificateType.USER)
+        .key_id(key_id.encode())
+        .valid_principals([p.encode() for p in principals])
+        .valid_after(int((now - BACKDATE).timestamp()))
+        .valid_before(int((now + validity).timestamp()))
+    )
     if kind == "user":
         for extension in USER_EXTENSIONS:
             builder = builder.add_extension(extension, b"")
@@ -93,11 +112,13 @@ def read(line: str) -> CertificateInfo:
     except CertificateError:
         raise
     except Exception as exc:  # noqa: BLE001 - any field a forger chose (times out of range, ...)
-        raise CertificateError(f"not a usable OpenSSH certificate ({type(exc).__name__}: {exc})") from None
+        raise CertificateError(
+            f"not a usable OpenSSH certificate ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def _when(seconds: int) -> datetime:
-    return datetime.fromtimestamp(max(0, min(seconds, FOREVER)), timezone.utc)
+    return datetime.fromtimestamp(max(0, min(seconds, FOREVER)), UTC)
 
 
 def _read(line: str) -> CertificateInfo:
@@ -107,17 +128,27 @@ def _read(line: str) -> CertificateInfo:
         raise CertificateError(f"not an OpenSSH certificate ({exc})") from None
     if not isinstance(certificate, SSHCertificate):
         raise CertificateError("a plain public key, not a certificate")
-    ca_line = certificate.signature_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                       serialization.PublicFormat.OpenSSH).decode()
-    key_line = certificate.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                                     serialization.PublicFormat.OpenSSH).decode()
+    ca_line = (
+        certificate.signature_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+    key_line = (
+        certificate.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     return CertificateInfo(
         kind="host" if certificate.type == SSHCertificateType.HOST else "user",
-        key_id=certificate.key_id.decode(errors="replace"), serial=certificate.serial,
+        key_id=certificate.key_id.decode(errors="replace"),
+        serial=certificate.serial,
         principals=tuple(p.decode(errors="replace") for p in certificate.valid_principals),
-        valid_after=_when(certificate.valid_after), valid_before=_when(certificate.valid_before),
-        ca_fingerprint=fingerprint(ca_line), key=" ".join(key_line.split()[:2]),
-        signed=_verifies(certificate))
+        valid_after=_when(certificate.valid_after),
+        valid_before=_when(certificate.valid_before),
+        ca_fingerprint=fingerprint(ca_line),
+        key=" ".join(key_line.split()[:2]),
+        signed=_verifies(certificate),
+    )
 
 
 def _verifies(certificate: SSHCertificate) -> bool:
@@ -128,8 +159,13 @@ def _verifies(certificate: SSHCertificate) -> bool:
     return True
 
 
-def problem(line: str | None, ca_public: str | None, kind: str, principals: list[str],
-            now: datetime | None = None) -> str | None:
+def problem(
+    line: str | None,
+    ca_public: str | None,
+    kind: str,
+    principals: list[str],
+    now: datetime | None = None,
+) -> str | None:
     """Why ``line`` is not a certificate the CA ``ca_public`` signed (None: any CA whose
     signature verifies), of this ``kind`` (host | user), for exactly these ``principals`` and
     valid ``now`` (None: it is)."""
@@ -139,7 +175,7 @@ def problem(line: str | None, ca_public: str | None, kind: str, principals: list
         info = read(line)
     except CertificateError as exc:
         return str(exc)
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     if not info.signed:
         return "its signature does not verify (damaged or forged)"
     if ca_public is not None and info.ca_fingerprint != fingerprint(ca_public):
@@ -155,13 +191,19 @@ def problem(line: str | None, ca_public: str | None, kind: str, principals: list
     return None
 
 
-def needs_renewal(line: str | None, public_line: str, ca_public: str, principals: list[str],
-                  renew_before: timedelta, now: datetime | None = None,
-                  kind: str = "host") -> str | None:
+def needs_renewal(
+    line: str | None,
+    public_line: str,
+    ca_public: str,
+    principals: list[str],
+    renew_before: timedelta,
+    now: datetime | None = None,
+    kind: str = "host",
+) -> str | None:
     """Why the certificate ``line`` must be signed again (None: it is fine): not a valid
     ``kind`` certificate of the CA for these principals (``problem``), for another key, or
     expiring within ``renew_before``."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     why = problem(line, ca_public, kind, principals, now)
     if why:
         return why

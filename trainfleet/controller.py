@@ -24,7 +24,10 @@ def raise_open_files(hosts: int) -> int:
             try:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
                 soft = new
-            except (ValueError, OSError):  # a system cap below the hard limit (macOS): keep what we have
+            except (
+                ValueError,
+                OSError,
+            ):  # a system cap below the hard limit (macOS): keep what we have
                 pass
     return soft
 

@@ -11,12 +11,16 @@ MESH_PROBE_PARALLEL = 4  # concurrent ssh probes per node (stays under sshd's Ma
 MESH_PROBE_TIMEOUT = 10  # seconds per probe
 # SSH certificates (ssh.mesh: certificates): the cluster CA vouches for hosts and mesh users.
 SSHD_MESH_CONF = "/etc/ssh/sshd_config.d/trainfleet-mesh.conf"  # HostCertificate, RevokedKeys
-SSHD_MAIN_CONF = "/etc/ssh/sshd_config"  # must Include sshd_config.d/*.conf (Debian 12, Ubuntu 22.04+, RHEL 9)
+SSHD_MAIN_CONF = (
+    "/etc/ssh/sshd_config"  # must Include sshd_config.d/*.conf (Debian 12, Ubuntu 22.04+, RHEL 9)
+)
 REVOKED_KEYS = "/etc/ssh/trainfleet_revoked_keys"  # the cluster's KRL, the same bytes on every node
 # Every user's ssh refuses the host keys the KRL revokes (RevokedHostKeys), by name or address.
 SSH_MESH_CONF = "/etc/ssh/ssh_config.d/trainfleet-mesh.conf"
 SSH_MAIN_CONF = "/etc/ssh/ssh_config"  # must Include ssh_config.d/*.conf for every host
-HOST_CERT_SUFFIX = "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
+HOST_CERT_SUFFIX = (
+    "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
+)
 CERTIFICATE_DAYS = 365  # a certificate's validity unless the spec sets ssh.certificate_days
 RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left
 
@@ -24,7 +28,9 @@ RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity 
 PDSH_RCMD_DEFAULT = "/etc/pdsh/rcmd_default"  # read by Debian's pdsh wrapper
 PDSH_GENDERS = "/etc/genders"  # `pdsh -a` on Debian/Ubuntu (genders module)
 PDSH_MACHINES = "/etc/pdsh/machines"  # `pdsh -a` on RHEL-family builds (machines module)
-PDSH_PROFILE = "/etc/profile.d/trainfleet-pdsh.sh"  # PDSH_RCMD_TYPE=ssh where no wrapper reads rcmd_default
+PDSH_PROFILE = (
+    "/etc/profile.d/trainfleet-pdsh.sh"  # PDSH_RCMD_TYPE=ssh where no wrapper reads rcmd_default
+)
 
 # Launchers
 LAUNCH_DIR = "/etc/trainfleet/launch"
@@ -35,7 +41,7 @@ NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells
 NCCL_ENVIRONMENT = "/etc/environment"  # non-login ssh sessions (pam_env): pdsh, mpirun, DeepSpeed
 NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NCCL_* only)
 
-# CUDA apt repository keyring (operations/stack.py: cuda_repo). Version pins of the stack live in
+# CUDA apt repository keyring (operations/stack_ops.py: cuda_repo). Version pins of the stack live in
 # the spec; this is a trust anchor, pinned here. NVIDIA's cuda-keyring .deb is checked before
 # `dpkg -i`: the keyring inside it must hold exactly one key, this one: cudatools' 2022 rotation
 # key 3bf863cc. Source: NVIDIA's own github.com/NVIDIA/cuda-repo-management, SIGNATURES.md

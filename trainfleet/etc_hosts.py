@@ -30,8 +30,10 @@ class StaleLine:
     expected: str
 
     def __str__(self) -> str:
-        return (f"line {self.lineno} maps {self.name} to {self.address}, "
-                f"but the cluster says {self.expected}")
+        return (
+            f"line {self.lineno} maps {self.name} to {self.address}, "
+            f"but the cluster says {self.expected}"
+        )
 
 
 def stale_lines(outside: list[tuple[int, str]], expected: dict[str, str]) -> list[StaleLine]:

@@ -83,8 +83,10 @@ def _device_id(server: str, device_id: object) -> int:
     if isinstance(device_id, bool) or not isinstance(device_id, int):
         raise ValueError(f"{server}: device {device_id!r}: the device id is not an integer")
     if not 0 <= device_id <= MAX_DEVICE_ID:
-        raise ValueError(f"{server}: device {device_id}: device ids run 0-{MAX_DEVICE_ID} "
-                         "(hccl_tools addresses at most 8 chips per server)")
+        raise ValueError(
+            f"{server}: device {device_id}: device ids run 0-{MAX_DEVICE_ID} "
+            "(hccl_tools addresses at most 8 chips per server)"
+        )
     return device_id
 
 
@@ -102,10 +104,14 @@ def rank_table(servers: Sequence[tuple[str, str, Sequence[tuple[int, str]]]]) ->
     rank = 0
     for name, address, devices in servers:
         if not is_ipv4(address):
-            raise ValueError(f"{name}: server address {address!r} is not an IPv4 address "
-                             "(server_id is the server's cluster IP)")
+            raise ValueError(
+                f"{name}: server address {address!r} is not an IPv4 address "
+                "(server_id is the server's cluster IP)"
+            )
         if address in server_of_address:
-            raise ValueError(f"{name}: server address {address} is already {server_of_address[address]}'s")
+            raise ValueError(
+                f"{name}: server address {address} is already {server_of_address[address]}'s"
+            )
         server_of_address[address] = name
         if not devices:
             raise ValueError(f"{name}: no NPU devices (no device IP found)")
@@ -115,27 +121,39 @@ def rank_table(servers: Sequence[tuple[str, str, Sequence[tuple[int, str]]]]) ->
             if number in by_id:
                 raise ValueError(f"{name}: device {number}: listed twice")
             if not is_ipv4(device_ip):
-                raise ValueError(f"{name}: device {number}: device IP {device_ip!r} is not an IPv4 address")
+                raise ValueError(
+                    f"{name}: device {number}: device IP {device_ip!r} is not an IPv4 address"
+                )
             if device_ip in owner_of_ip:
                 other, other_id = owner_of_ip[device_ip]
-                raise ValueError(f"{name}: device {number}: device IP {device_ip} is already "
-                                 f"device {other_id}'s on {other} (device IPs are unique cluster-wide)")
+                raise ValueError(
+                    f"{name}: device {number}: device IP {device_ip} is already "
+                    f"device {other_id}'s on {other} (device IPs are unique cluster-wide)"
+                )
             owner_of_ip[device_ip] = (name, number)
             by_id[number] = device_ip
         counts.append((name, len(by_id)))
         entries: list[RankTableDevice] = []
         for number in sorted(by_id):
-            entries.append({"device_id": str(number), "device_ip": by_id[number], "rank_id": str(rank)})
+            entries.append(
+                {"device_id": str(number), "device_ip": by_id[number], "rank_id": str(rank)}
+            )
             rank += 1
         server_list.append({"server_id": address, "device": entries, "host_nic_ip": HOST_NIC_IP})
 
     first, expected = counts[0]
     for name, count in counts[1:]:
         if count != expected:
-            raise ValueError(f"{name}: {count} NPU devices, but {first} has {expected} "
-                             "(every server takes part with the same number of devices)")
-    return {"version": RANK_TABLE_VERSION, "server_count": str(len(server_list)),
-            "server_list": server_list, "status": STATUS}
+            raise ValueError(
+                f"{name}: {count} NPU devices, but {first} has {expected} "
+                "(every server takes part with the same number of devices)"
+            )
+    return {
+        "version": RANK_TABLE_VERSION,
+        "server_count": str(len(server_list)),
+        "server_list": server_list,
+        "status": STATUS,
+    }
 
 
 def render_rank_table(servers: Sequence[tuple[str, str, Sequence[tuple[int, str]]]]) -> str:

@@ -33,7 +33,7 @@ def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
     }
     if ssh["become"] == "sudo":
         # pyinfra runs every operation and fact through `sudo -H -n -E` (never prompting);
-        # facts/gather.py proves passwordless sudo first, so a password prompt is an error.
+        # runtime/gather.py proves passwordless sudo first, so a password prompt is an error.
         # -E keeps the login session's environment (pam_env's /etc/environment, as every
         # non-login ssh session gets it), so checks see what ranks see, not sudo's reset one.
         data["_sudo"] = True
@@ -70,7 +70,9 @@ def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
 def _refuse(problems: list[str], where: str) -> NoReturn:
     for problem in problems:
         print(f"trainfleet: {problem}", file=sys.stderr)
-    print(f"trainfleet: {len(problems)} problem(s) {where}; no host was contacted.", file=sys.stderr)
+    print(
+        f"trainfleet: {len(problems)} problem(s) {where}; no host was contacted.", file=sys.stderr
+    )
     raise SystemExit(EXIT_BAD_SPEC) from None
 
 

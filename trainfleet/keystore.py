@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
@@ -33,7 +33,9 @@ LOCK_NAME = ".lock"
 CA_DIR = ".ca"  # <cluster>/.ca/ca{,.pub}: the cluster's SSH certificate authority
 HOSTS_DIR = "hosts"  # <cluster>/.ca/hosts/<node>: the host keys the CA vouched for
 CA_MOVING = "moving"  # <cluster>/.ca/moving: a new CA whose move is not confirmed on every node
-REVOKED_LIST = "revoked"  # <cluster>/.ca/revoked: every mesh key taken out (revoked, rotated, retired)
+REVOKED_LIST = (
+    "revoked"  # <cluster>/.ca/revoked: every mesh key taken out (revoked, rotated, retired)
+)
 RETIRED = "retired"  # <cluster>/retired/<timestamp>/<user>/<node>{,.pub,.revoked}
 LOCK_WAIT_S = 30.0  # a mutation takes milliseconds: waiting longer means a stuck process
 
@@ -83,7 +85,9 @@ class KeyStore:
             if not _SAFE_NAME.fullmatch(name):
                 raise KeyStoreError(f"{name!r} cannot name a key store entry")
         if user == RETIRED:
-            raise KeyStoreError(f"a mesh user named {RETIRED!r} clashes with the store's {RETIRED}/ folder")
+            raise KeyStoreError(
+                f"a mesh user named {RETIRED!r} clashes with the store's {RETIRED}/ folder"
+            )
         return self.dir / user / node
 
     def comment(self, user: str, node: str) -> str:
@@ -164,8 +168,11 @@ class KeyStore:
         top = self.dir / CA_DIR / HOSTS_DIR
         if not top.is_dir():
             return {}
-        return {path.name: [line for line in path.read_text().splitlines() if line.strip()]
-                for path in sorted(top.iterdir()) if _SAFE_NAME.fullmatch(path.name)}
+        return {
+            path.name: [line for line in path.read_text().splitlines() if line.strip()]
+            for path in sorted(top.iterdir())
+            if _SAFE_NAME.fullmatch(path.name)
+        }
 
     def host_comment(self, node: str) -> str:
         """The comment of a node's host key in the revoked list (the key id of its certificates)."""
@@ -184,8 +191,11 @@ class KeyStore:
         keep = set(nodes)
         known = self.host_keys()
         refused = {_key_of(line) for line in self.revoked_keys()}
-        vouched = {node: sorted({_key_of(key) for key in keys} - refused)
-                   for node, keys in seen.items() if keys and node in keep}
+        vouched = {
+            node: sorted({_key_of(key) for key in keys} - refused)
+            for node, keys in seen.items()
+            if keys and node in keep
+        }
         changed = {node: keys for node, keys in vouched.items() if keys != known.get(node)}
         gone = [node for node in known if node not in keep]
         if not changed and not gone:  # the common case, without taking the lock
@@ -193,8 +203,12 @@ class KeyStore:
         with self._locked():
             known = self.host_keys()
             revoked = [(key, node) for node in gone for key in known[node]]
-            revoked += [(key, node) for node, keys in changed.items()
-                        for key in known.get(node, []) if key not in keys]
+            revoked += [
+                (key, node)
+                for node, keys in changed.items()
+                for key in known.get(node, [])
+                if key not in keys
+            ]
             self._revoke_lines([f"{key} {self.host_comment(node)}" for key, node in revoked])
             top = self.dir / CA_DIR / HOSTS_DIR
             _private_dirs(top, self.root)
@@ -214,8 +228,10 @@ class KeyStore:
             listed = self.revoked_keys()
             back = [line for line in listed if line.split()[2:] == [self.host_comment(node)]]
             if back:
-                _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
-                              "".join(f"{line}\n" for line in listed if line not in back).encode())
+                _write_atomic(
+                    self.dir / CA_DIR / REVOKED_LIST,
+                    "".join(f"{line}\n" for line in listed if line not in back).encode(),
+                )
             return back
 
     def _add_revoked(self, paths: Iterable[Path]) -> None:
@@ -240,14 +256,18 @@ class KeyStore:
         lines = [line for key, line in fresh.items() if key not in known]
         if lines:
             _private_dirs(self.dir / CA_DIR, self.root)
-            _write_atomic(self.dir / CA_DIR / REVOKED_LIST,
-                          "".join(f"{line}\n" for line in [*self.revoked_keys(), *lines]).encode())
+            _write_atomic(
+                self.dir / CA_DIR / REVOKED_LIST,
+                "".join(f"{line}\n" for line in [*self.revoked_keys(), *lines]).encode(),
+            )
 
     def rotate(self, user: str, node: str) -> None:
         """A new key for the node (and back into the mesh if it was revoked); the old one is revoked."""
         with self._locked():
             self._add_revoked([self._path(user, node)])
-            self._generate_at(self._path(user, node), self.comment(user, node))  # replaces the old pair in place
+            self._generate_at(
+                self._path(user, node), self.comment(user, node)
+            )  # replaces the old pair in place
             self._path(user, node).with_name(node + ".revoked").unlink(missing_ok=True)
 
     def revoke(self, user: str, node: str) -> None:
@@ -320,7 +340,8 @@ class KeyStore:
                     if time.monotonic() >= deadline:
                         raise KeyStoreBusy(
                             f"another trainfleet process has held the key store lock {lock} for over "
-                            f"{LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again") from None
+                            f"{LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again"
+                        ) from None
                     time.sleep(0.05)
             yield
         finally:
@@ -350,9 +371,13 @@ class KeyStore:
         _private_dirs(path.parent, self.root)
         key = Ed25519PrivateKey.generate()
         private = key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.OpenSSH,
+            serialization.NoEncryption(),
         )
-        public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        public = key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
         line = f"{public.decode()} {comment}"
         _write_atomic(path.with_name(path.name + ".pub"), (line + "\n").encode())
         _write_atomic(path, private)  # last: its presence means the pair is complete
@@ -378,9 +403,15 @@ def _public_of(private: bytes, path: Path) -> str:
     try:
         key = serialization.load_ssh_private_key(private, password=None)
     except (ValueError, TypeError):
-        raise KeyStoreError(f"{path} is not an unencrypted OpenSSH private key; "
-                            "replace it with `python -m trainfleet keys rotate SPEC NODE`") from None
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+        raise KeyStoreError(
+            f"{path} is not an unencrypted OpenSSH private key; "
+            "replace it with `python -m trainfleet keys rotate SPEC NODE`"
+        ) from None
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
 
 
 def _read_text(path: Path) -> str | None:
@@ -406,7 +437,7 @@ def _private_dirs(path: Path, top: Path) -> None:
 def _new_dir(parent: Path, top: Path) -> Path:
     """A fresh ``parent/<UTC timestamp>[-n]`` directory, 0700."""
     _private_dirs(parent, top)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     for n in range(1000):
         candidate = parent / (stamp if n == 0 else f"{stamp}-{n}")
         try:

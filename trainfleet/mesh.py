@@ -1,7 +1,7 @@
 """The SSH mesh as data: who trusts whom, and which host keys every node must know.
 
 Plain functions of the cluster model, the key store and gathered host keys;
-the operations in operations/ssh_mesh.py only put these lines in place.
+the operations in operations/ssh_mesh_ops.py only put these lines in place.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +34,20 @@ def host_patterns(node: Node) -> list[str]:
 
 def known_hosts_lines(cluster: Cluster, host_keys: dict[str, list[str]]) -> list[str]:
     """One line per node and key type, for every node whose host keys are known."""
-    return [f"{','.join(host_patterns(node))} {key}"
-            for node in cluster.nodes for key in host_keys.get(node.name, [])]
+    return [
+        f"{','.join(host_patterns(node))} {key}"
+        for node in cluster.nodes
+        for key in host_keys.get(node.name, [])
+    ]
 
 
 def authorized_lines(cluster: Cluster, user: str, keys: KeyStore) -> list[str]:
     """Every cluster node's public key for ``user`` (revoked nodes left out), node order."""
-    return [keys.keypair(user, node.name).public
-            for node in cluster.nodes if not keys.is_revoked(user, node.name)]
+    return [
+        keys.keypair(user, node.name).public
+        for node in cluster.nodes
+        if not keys.is_revoked(user, node.name)
+    ]
 
 
 def identity(user: str, node: Node, keys: KeyStore) -> KeyPair | None:
@@ -49,7 +55,9 @@ def identity(user: str, node: Node, keys: KeyStore) -> KeyPair | None:
     return None if keys.is_revoked(user, node.name) else keys.keypair(user, node.name)
 
 
-def cluster_host_keys(cluster: Cluster, gathered: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
+def cluster_host_keys(
+    cluster: Cluster, gathered: dict[str, list[str]]
+) -> tuple[dict[str, list[str]], list[str]]:
     """(every node's host keys, the nodes whose keys came from the controller's known_hosts).
 
     A node that gave none this run (down, unreadable) keeps its entry from the controller's
@@ -60,7 +68,9 @@ def cluster_host_keys(cluster: Cluster, gathered: dict[str, list[str]]) -> tuple
     fallback = [node.name for node in cluster.nodes if node.name not in keys]
     for node in cluster.nodes:
         if node.name in fallback:
-            keys[node.name] = controller_known_keys(node.address, node.ssh["port"], node.ssh["known_hosts"])
+            keys[node.name] = controller_known_keys(
+                node.address, node.ssh["port"], node.ssh["known_hosts"]
+            )
     return keys, fallback
 
 
@@ -73,9 +83,12 @@ def controller_known_keys(address: str, port: int, known_hosts: str | None) -> l
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
 
 
-
-FULL_PROBE_ENV = "TRAINFLEET_DRIFT_MESH"  # "full": drift's probe logs in from every node to every node
-STRIDE_ENV = "TRAINFLEET_DRIFT_STRIDE"  # pin the sampled probe's stride (2..N-1) instead of rotating it
+FULL_PROBE_ENV = (
+    "TRAINFLEET_DRIFT_MESH"  # "full": drift's probe logs in from every node to every node
+)
+STRIDE_ENV = (
+    "TRAINFLEET_DRIFT_STRIDE"  # pin the sampled probe's stride (2..N-1) instead of rotating it
+)
 
 
 def probe_env_problems(nodes: int, env: Mapping[str, str]) -> list[str]:
@@ -85,8 +98,12 @@ def probe_env_problems(nodes: int, env: Mapping[str, str]) -> list[str]:
     if env.get(FULL_PROBE_ENV, "") not in ("", "full", "sampled"):
         problems.append(f"{FULL_PROBE_ENV} is {env[FULL_PROBE_ENV]!r}: use full or sampled")
     pinned = env.get(STRIDE_ENV, "")
-    if pinned and (not (pinned.isascii() and pinned.isdigit()) or not 2 <= int(pinned) <= max(2, nodes - 1)):
-        problems.append(f"{STRIDE_ENV} is {pinned!r}: a stride is 2..{max(2, nodes - 1)} for {nodes} nodes")
+    if pinned and (
+        not (pinned.isascii() and pinned.isdigit()) or not 2 <= int(pinned) <= max(2, nodes - 1)
+    ):
+        problems.append(
+            f"{STRIDE_ENV} is {pinned!r}: a stride is 2..{max(2, nodes - 1)} for {nodes} nodes"
+        )
     return problems
 
 
@@ -109,10 +126,15 @@ def probe_targets(names: list[str], node: str, stride: int) -> list[str]:
 
 # -- certificates (ssh.mesh: certificates) ------------------------------------------------------
 
+
 def host_principals(node: Node) -> list[str]:
     """The names a node's host certificate vouches for: short name, FQDN and cluster address,
     lower-case (ssh lower-cases the name it is given before checking a certificate)."""
-    return list(dict.fromkeys(name.lower() for name in [node.name, *([node.fqdn] if node.fqdn else []), node.address]))
+    return list(
+        dict.fromkeys(
+            name.lower() for name in [node.name, *([node.fqdn] if node.fqdn else []), node.address]
+        )
+    )
 
 
 def name_pattern(name: str) -> str:
@@ -143,7 +165,9 @@ def cluster_patterns(cluster: Cluster, addresses: bool = True) -> list[tuple[int
     and the key, so an address pattern (``10.0.0.?``) would take the user's own entries for
     other hosts of the subnet (a gateway); the mesh's tools reach nodes by name."""
     names: dict[int, list[str]] = {}
-    for node in cluster.nodes:  # as written too: ssh matches a Host pattern against the name as typed
+    for (
+        node
+    ) in cluster.nodes:  # as written too: ssh matches a Host pattern against the name as typed
         written = [node.name, *([node.fqdn] if node.fqdn else [])]
         principals = host_principals(node) if addresses else [n.lower() for n in written]
         names.setdefault(node.ssh["port"], []).extend(dict.fromkeys([*principals, *written]))
@@ -160,8 +184,11 @@ def cluster_patterns(cluster: Cluster, addresses: bool = True) -> list[tuple[int
 def ca_known_hosts_lines(cluster: Cluster, ca_public: str) -> list[str]:
     """The system known_hosts block: one ``@cert-authority`` line per sshd port in the cluster."""
     key = " ".join(ca_public.split()[:2])
-    return [f"@cert-authority {','.join(p if port == 22 else f'[{p}]:{port}' for p in patterns)} {key} "
-            f"trainfleet:{cluster.name}:ca" for port, patterns in cluster_patterns(cluster)]
+    return [
+        f"@cert-authority {','.join(p if port == 22 else f'[{p}]:{port}' for p in patterns)} {key} "
+        f"trainfleet:{cluster.name}:ca"
+        for port, patterns in cluster_patterns(cluster)
+    ]
 
 
 def ca_authorized_line(cluster: Cluster, user: str, ca_public: str) -> str:
@@ -190,33 +217,61 @@ class Certificates:
     def renew_before(self) -> timedelta:
         return self.validity / RENEW_FRACTION
 
-    def certificate(self, current: str | None, public_line: str, kind: str, principals: list[str], key_id: str) -> str:
+    def certificate(
+        self, current: str | None, public_line: str, kind: str, principals: list[str], key_id: str
+    ) -> str:
         """``current`` if it is this CA's, for this key and these principals and not yet due for
         renewal; else a new one."""
-        if current and certificates.needs_renewal(current, public_line, self.ca_public, principals,
-                                                  self.renew_before, self.now, kind) is None \
-                and certificates.read(current).time_left(self.now) <= self.validity + certificates.BACKDATE:
+        if (
+            current
+            and certificates.needs_renewal(
+                current, public_line, self.ca_public, principals, self.renew_before, self.now, kind
+            )
+            is None
+            and certificates.read(current).time_left(self.now)
+            <= self.validity + certificates.BACKDATE
+        ):
             return current  # (one that outlives a validity the spec has shortened is signed anew)
-        return certificates.sign(self.ca, public_line, kind, principals, key_id, secrets.randbits(63) | 1,
-                                 self.validity, self.now)
+        return certificates.sign(
+            self.ca,
+            public_line,
+            kind,
+            principals,
+            key_id,
+            secrets.randbits(63) | 1,
+            self.validity,
+            self.now,
+        )
 
 
-def plan_certificates(cluster: Cluster, keys: KeyStore, now: datetime | None = None) -> Certificates:
+def plan_certificates(
+    cluster: Cluster, keys: KeyStore, now: datetime | None = None
+) -> Certificates:
     """The cluster CA (made on first use), its validity and the KRL of every revoked mesh key."""
     ca = keys.certificate_authority()
     revoked = keys.revoked_keys()
     # Bytes that depend on the list alone (not on a file's time): a copied store changes nothing.
-    krl_bytes = krl.build(None, [], revoked, version=len(revoked), generated=0, comment=f"trainfleet:{cluster.name}")
-    return Certificates(ca_public=ca.public, ca=serialization.load_ssh_private_key(ca.private.encode(), password=None),
-                        validity=timedelta(days=cluster.certificate_days), now=now or datetime.now(timezone.utc),
-                        revoked_keys=krl_bytes, revoked_count=len(revoked), moving=keys.ca_moving(),
-                        revoked=frozenset(" ".join(line.split()[:2]) for line in revoked))
+    krl_bytes = krl.build(
+        None, [], revoked, version=len(revoked), generated=0, comment=f"trainfleet:{cluster.name}"
+    )
+    return Certificates(
+        ca_public=ca.public,
+        ca=serialization.load_ssh_private_key(ca.private.encode(), password=None),
+        validity=timedelta(days=cluster.certificate_days),
+        now=now or datetime.now(UTC),
+        revoked_keys=krl_bytes,
+        revoked_count=len(revoked),
+        moving=keys.ca_moving(),
+        revoked=frozenset(" ".join(line.split()[:2]) for line in revoked),
+    )
 
 
 def signed_by(line: str | None, ca_public: str) -> bool:
     """Whether the certificate ``line`` names ``ca_public`` as its signer."""
     try:
-        return bool(line) and certificates.read(line).ca_fingerprint == certificates.fingerprint(ca_public)
+        return bool(line) and certificates.read(line).ca_fingerprint == certificates.fingerprint(
+            ca_public
+        )
     except certificates.CertificateError:
         return False
 
@@ -239,16 +294,29 @@ def certified_host_key(host_keys: list[str]) -> str | None:
     return next((by_type[kind] for kind in CERTIFIED_HOST_KEY_TYPES if kind in by_type), None)
 
 
-def host_certificates(cluster: Cluster, node: Node, host_keys: list[str], current: Mapping[str, str | None],
-                      certs: Certificates) -> dict[str, str]:
+def host_certificates(
+    cluster: Cluster,
+    node: Node,
+    host_keys: list[str],
+    current: Mapping[str, str | None],
+    certs: Certificates,
+) -> dict[str, str]:
     """``{path: certificate line}`` of the node's certified host key (none: it has no ed25519 or
     RSA key): kept while valid, signed anew otherwise."""
     key = certified_host_key(host_keys)
     path = host_cert_path(key.split()[0]) if key else None
     if not key or not path:
         return {}
-    return {path: certs.certificate(current.get(path), key, "host", host_principals(node),
-                                    f"trainfleet:{cluster.name}:host:{node.name}") + "\n"}
+    return {
+        path: certs.certificate(
+            current.get(path),
+            key,
+            "host",
+            host_principals(node),
+            f"trainfleet:{cluster.name}:host:{node.name}",
+        )
+        + "\n"
+    }
 
 
 def certificate_summary(line: str | None) -> str:
@@ -260,14 +328,22 @@ def certificate_summary(line: str | None) -> str:
         info = certificates.read(line)
     except certificates.CertificateError as exc:
         return f"unreadable ({exc})"
-    return (f"{'' if info.signed else 'BAD SIGNATURE: '}{info.kind} {','.join(info.principals)} "
-            f"until {info.valid_before:%Y-%m-%d %H:%M} UTC, CA {info.ca_fingerprint[:19]}")
+    return (
+        f"{'' if info.signed else 'BAD SIGNATURE: '}{info.kind} {','.join(info.principals)} "
+        f"until {info.valid_before:%Y-%m-%d %H:%M} UTC, CA {info.ca_fingerprint[:19]}"
+    )
 
 
 def host_certificates_summary(found: Mapping[str, str | None]) -> str:
     """Every host certificate sshd would present, one summary each (``none``: none)."""
-    return "; ".join(f"{path.rsplit('/', 1)[-1]}: {certificate_summary(line)}"
-                     for path, line in sorted(found.items()) if line) or "none"
+    return (
+        "; ".join(
+            f"{path.rsplit('/', 1)[-1]}: {certificate_summary(line)}"
+            for path, line in sorted(found.items())
+            if line
+        )
+        or "none"
+    )
 
 
 def file_digest(content: bytes | str | None) -> str:

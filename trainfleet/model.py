@@ -55,9 +55,18 @@ class Cluster:
     stack: dict[str, Any]
     nccl: dict[str, Any]
     openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
-    preflight: dict[str, Any] = field(default_factory=lambda: {"smoke": None, "min_busbw_gbps": None})
-    gpu: dict[str, Any] = field(default_factory=lambda: {"persistence": True, "fabric_manager": "auto", "peermem": "auto",
-                                                          "memlock": "unlimited", "max_clock_offset_ms": 100})
+    preflight: dict[str, Any] = field(
+        default_factory=lambda: {"smoke": None, "min_busbw_gbps": None}
+    )
+    gpu: dict[str, Any] = field(
+        default_factory=lambda: {
+            "persistence": True,
+            "fabric_manager": "auto",
+            "peermem": "auto",
+            "memlock": "unlimited",
+            "max_clock_offset_ms": 100,
+        }
+    )
     nodes: list[Node] = field(default_factory=list)
     source: str = "<spec>"
     mesh: str = "certificates"  # ssh.mesh: certificates | keys
@@ -73,7 +82,10 @@ class Cluster:
                 rank=rank,
                 gpus=raw["gpus"],
                 npus=raw["npus"],
-                ssh={**{k: v for k, v in spec["ssh"].items() if k not in CLUSTER_ONLY_SSH}, **raw["ssh"]},
+                ssh={
+                    **{k: v for k, v in spec["ssh"].items() if k not in CLUSTER_ONLY_SSH},
+                    **raw["ssh"],
+                },
                 nccl={**spec["nccl"], **raw["nccl"]},
                 domain=domain,
             )
@@ -136,4 +148,3 @@ class Cluster:
     def address_of_name(self) -> dict[str, str]:
         """Every cluster name (short and FQDN) -> the address it must resolve to."""
         return {name: node.address for node in self.nodes for name in node.names}
-

@@ -10,9 +10,9 @@ Plain functions over the NcclNetwork fact's data, testable without any host:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_interface
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 if TYPE_CHECKING:
@@ -61,7 +61,12 @@ def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | 
     """(name, None) of the interface holding ``address``, or (None, why not)."""
     holders = [i["name"] for i in interfaces if address in i["addresses"]]
     if not holders:
-        have = ", ".join(f"{i['name']}={'/'.join(i['addresses'])}" for i in interfaces if i["addresses"]) or "none"
+        have = (
+            ", ".join(
+                f"{i['name']}={'/'.join(i['addresses'])}" for i in interfaces if i["addresses"]
+            )
+            or "none"
+        )
         return None, f"no interface holds the cluster address {address} (interfaces: {have})"
     name = holders[0]
     if name.startswith(NEVER):
@@ -102,11 +107,15 @@ def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[s
     indices = set()
     problems = []
     for port in roce:
-        v2 = sorted(g["index"] for g in port["gids"] if g["type"] == "RoCE_v2" and _ipv4_mapped(g["gid"]))
+        v2 = sorted(
+            g["index"] for g in port["gids"] if g["type"] == "RoCE_v2" and _ipv4_mapped(g["gid"])
+        )
         if v2:
             indices.add(v2[0])
         else:
-            problems.append(f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 address")
+            problems.append(
+                f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 address"
+            )
     if len(indices) > 1:
         problems.append(f"RoCE ports disagree on the RoCE v2 GID index ({sorted(indices)})")
     if len(indices) == 1:
@@ -116,7 +125,9 @@ def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[s
     return env, None, problems
 
 
-def derive(address: str, settings: dict[str, Any], interfaces: list[Interface], ports: list[IbPort]) -> Derived:
+def derive(
+    address: str, settings: dict[str, Any], interfaces: list[Interface], ports: list[IbPort]
+) -> Derived:
     """The node's NCCL/Gloo environment from its facts and its spec ``nccl`` settings."""
     result = Derived()
     existing = {i["name"] for i in interfaces}
@@ -134,8 +145,10 @@ def derive(address: str, settings: dict[str, Any], interfaces: list[Interface], 
         if not ifname.startswith("^"):
             missing = [n for n in names if n not in existing]
             if missing:
-                result.problems.append(f"nccl.socket_ifname names {', '.join(missing)}, which this node does not "
-                                       f"have (it has {', '.join(sorted(existing))})")
+                result.problems.append(
+                    f"nccl.socket_ifname names {', '.join(missing)}, which this node does not "
+                    f"have (it has {', '.join(sorted(existing))})"
+                )
             result.env["GLOO_SOCKET_IFNAME"] = ",".join(names)
         result.env["NCCL_SOCKET_IFNAME"] = ifname
         result.interface = names[0] if names and not ifname.startswith("^") else None
@@ -157,7 +170,9 @@ def gid_disagreement(gid_by_node: dict[str, int | None]) -> str | None:
     """RoCE nodes must agree on NCCL_IB_GID_INDEX: launchers forward one node's value to all."""
     values = {node: index for node, index in gid_by_node.items() if index is not None}
     if len(set(values.values())) > 1:
-        return "NCCL_IB_GID_INDEX differs between nodes: " + ", ".join(f"{n}={i}" for n, i in sorted(values.items()))
+        return "NCCL_IB_GID_INDEX differs between nodes: " + ", ".join(
+            f"{n}={i}" for n, i in sorted(values.items())
+        )
     return None
 
 
@@ -166,9 +181,16 @@ def derive_cluster(cluster: Cluster, networks: Mapping[str, Any]) -> dict[str, D
     derived with the cross-node rules applied: RoCE nodes that disagree on the GID index
     get that as a problem. The deploy writes from this and drift expects this, so drift never
     expects files the deploy would refuse to write."""
-    derived = {node.name: derive(node.address, node.nccl, networks[node.name]["interfaces"],
-                                 networks[node.name]["ib_ports"])
-               for node in cluster.nodes if networks.get(node.name) is not None}
+    derived = {
+        node.name: derive(
+            node.address,
+            node.nccl,
+            networks[node.name]["interfaces"],
+            networks[node.name]["ib_ports"],
+        )
+        for node in cluster.nodes
+        if networks.get(node.name) is not None
+    }
     disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
     if disagreement:
         for d in derived.values():

@@ -1,6 +1,6 @@
 """Version pinning as data: the exact packages and the exact torch build a spec pins.
 
-Plain functions of the spec's ``stack`` section; operations/stack.py installs and holds
+Plain functions of the spec's ``stack`` section; operations/stack_ops.py installs and holds
 them, drift expects them.
 """
 
@@ -36,8 +36,9 @@ def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
     pins: Pins = {}
     cuda_parts = cuda.split(".") if cuda else []
     if (cudnn or nccl) and len(cuda_parts) < 2:
-        raise ValueError("cudnn and nccl packages are built per CUDA version: "
-                         "pin stack.cuda too, e.g. 12.4")
+        raise ValueError(
+            "cudnn and nccl packages are built per CUDA version: pin stack.cuda too, e.g. 12.4"
+        )
     if cuda:
         name = f"cuda-toolkit-{cuda_parts[0]}-{cuda_parts[1]}"
         pins[name] = None if len(cuda_parts) == 2 else _release(cuda, "-1")
@@ -71,8 +72,10 @@ def driver_pins(driver: str, family: str) -> Pins:
     if family == "debian":
         return {f"cuda-drivers-{driver.split('.')[0]}": f"{driver}-1" if exact else None}
     if not exact:
-        raise ValueError(f"stack.driver {driver!r}: on RHEL-family nodes pin an exact driver version "
-                         "(e.g. 550.54.15); branches are dnf module streams, not switched by trainfleet")
+        raise ValueError(
+            f"stack.driver {driver!r}: on RHEL-family nodes pin an exact driver version "
+            "(e.g. 550.54.15); branches are dnf module streams, not switched by trainfleet"
+        )
     return {"cuda-drivers": f"{driver}-1"}
 
 
@@ -87,14 +90,19 @@ def torch_requirement(torch_version: str, variant: str) -> str:
 
 def venv_pins(python: Mapping[str, Any]) -> dict[str, str]:
     """The spec's ``stack.python`` as PEP 503 name -> exact version."""
-    return {normalized_dist(name): pin["version"] if isinstance(pin, Mapping) else pin
-            for name, pin in sorted(python.items())}
+    return {
+        normalized_dist(name): pin["version"] if isinstance(pin, Mapping) else pin
+        for name, pin in sorted(python.items())
+    }
 
 
 def without_requirements(python: Mapping[str, Any]) -> list[str]:
     """The ``stack.python`` packages pinned with ``deps: false`` (PEP 503 names)."""
-    return sorted(normalized_dist(name) for name, pin in python.items()
-                  if isinstance(pin, Mapping) and pin.get("deps") is False)
+    return sorted(
+        normalized_dist(name)
+        for name, pin in python.items()
+        if isinstance(pin, Mapping) and pin.get("deps") is False
+    )
 
 
 def satisfies(installed: str, pin: str) -> bool:

@@ -31,7 +31,9 @@ MARKER_TEXT = "trainfleet managed block"
 # characters, and the line/paragraph separators U+2028/U+2029 (U+0085 is a control).
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 
-_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")  # ASCII only: no IGNORECASE (K, ſ)
+_LABEL = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+)  # ASCII only: no IGNORECASE (K, ſ)
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _CLUSTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
@@ -76,16 +78,20 @@ def cluster_name_problem(value: str) -> str | None:
     """A file name of its own: it names the key store's directory and key comments."""
     if _CLUSTER_NAME.fullmatch(value):
         return None
-    return (f"{value!r} is not a valid cluster name (1-64 letters, digits and '._-', "
-            "starting with a letter or digit)")
+    return (
+        f"{value!r} is not a valid cluster name (1-64 letters, digits and '._-', "
+        "starting with a letter or digit)"
+    )
 
 
 def user_problem(value: str) -> str | None:
     """A portable user name, as useradd's default NAME_REGEX takes it (no Samba-style trailing '$')."""
     if _USER.fullmatch(value):
         return None
-    return (f"{value!r} is not a valid user name (1-32 of lower-case letters, digits, '_' and '-', "
-            "starting with a letter or '_')")
+    return (
+        f"{value!r} is not a valid user name (1-32 of lower-case letters, digits, '_' and '-', "
+        "starting with a letter or '_')"
+    )
 
 
 def address_problem(value: str) -> str | None:
@@ -153,13 +159,20 @@ def url_problem(value: str, file_ok: bool = False) -> str | None:
         return problem
     if file_ok and value.startswith("file://"):
         path = value.removeprefix("file://")
-        return None if path.startswith("/") and not node_path_problem(path) else \
-            f"{value!r} is not file:// and an absolute path on the nodes (e.g. 'file:///srv/mirror')"
+        return (
+            None
+            if path.startswith("/") and not node_path_problem(path)
+            else f"{value!r} is not file:// and an absolute path on the nodes (e.g. 'file:///srv/mirror')"
+        )
     if not value.startswith(("https://", "http://")):
-        return f"{value!r} must be an https:// URL" + (" (or file:///path on the nodes)" if file_ok else "")
+        return f"{value!r} must be an https:// URL" + (
+            " (or file:///path on the nodes)" if file_ok else ""
+        )
     if not _URL_CHARS.fullmatch(value):
-        return (f"{value!r} may contain only letters, digits and '._~%/:+-' "
-                "(no spaces, quotes, brackets, credentials, query or fragment)")
+        return (
+            f"{value!r} may contain only letters, digits and '._~%/:+-' "
+            "(no spaces, quotes, brackets, credentials, query or fragment)"
+        )
     if re.search(r"%(?![0-9A-Fa-f]{2})", value):
         return f"{value!r} has a '%' that is not a percent-escape"
     host, colon, port = urlsplit(value).netloc.partition(":")
@@ -232,8 +245,10 @@ def tcp_include_problem(value: str) -> str | None:
 
 _DIST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?", re.ASCII)  # PEP 508 names
 # An exact PEP 440 release: N(.N)*, then optional pre/post/dev parts and a local label (+cpu)
-_DIST_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
-                           re.ASCII)
+_DIST_VERSION = re.compile(
+    r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?",
+    re.ASCII,
+)
 
 
 def dist_name_problem(value: Any) -> str | None:
@@ -305,20 +320,37 @@ VERSION = "digits and dots, as in the example"
 SSH = Section(
     doc="How the controller (and the SSH mesh) reaches a node. Per node, override any key.",
     keys={
-        "user": Key(str, "root", "User pyinfra connects as: root, or a user with passwordless sudo (`become: sudo`).",
-                    check=user_problem, accepts="user name: `[a-z_][a-z0-9_-]{0,31}`"),
-        "become": Key((str, NULL), None, "`sudo`: every command, upload and check runs as root through the login user's "
-                      "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear error, never "
-                      "waits); null: `user` is root.",
-                      check=lambda v: None if v == "sudo" else f"{v!r} must be 'sudo' (or null)", accepts="`sudo`, or null"),
+        "user": Key(
+            str,
+            "root",
+            "User pyinfra connects as: root, or a user with passwordless sudo (`become: sudo`).",
+            check=user_problem,
+            accepts="user name: `[a-z_][a-z0-9_-]{0,31}`",
+        ),
+        "become": Key(
+            (str, NULL),
+            None,
+            "`sudo`: every command, upload and check runs as root through the login user's "
+            "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear error, never "
+            "waits); null: `user` is root.",
+            check=lambda v: None if v == "sudo" else f"{v!r} must be 'sudo' (or null)",
+            accepts="`sudo`, or null",
+        ),
         "port": Key(int, 22, "sshd port of the node.", check=port_problem, accepts="1-65535"),
-        "key": Key((str, NULL), None, "Private key the controller uses (path); null: ssh-agent / default keys.",
-                   check=controller_path_problem, accepts="controller path, one line"),
+        "key": Key(
+            (str, NULL),
+            None,
+            "Private key the controller uses (path); null: ssh-agent / default keys.",
+            check=controller_path_problem,
+            accepts="controller path, one line",
+        ),
         "known_hosts": Key(
-            (str, NULL), None,
+            (str, NULL),
+            None,
             "known_hosts file the controller verifies host keys against; null: ~/.ssh/known_hosts. "
             "Host-key checking is never switched off.",
-            check=controller_path_problem, accepts="controller path, one line",
+            check=controller_path_problem,
+            accepts="controller path, one line",
         ),
     },
 )
@@ -329,102 +361,240 @@ CLUSTER_SSH = Section(
     doc=SSH.doc + " `mesh` and `certificate_days` are cluster-wide.",
     keys={
         **SSH.keys,
-        "mesh": Key(str, "certificates", "How the SSH mesh trusts: `certificates` (the cluster CA signs each node's host key "
-                    "and each mesh user's key; every node holds one CA line, whatever the cluster's size) or `keys` (every "
-                    "node's host key and public key on every node). Switching moves the mesh in one deploy.",
-                    check=lambda v: None if v in MESH_MODES else f"{v!r} must be 'certificates' or 'keys'",
-                    accepts="`certificates`, `keys`"),
-        "certificate_days": Key(int, 365, "Validity of host and user certificates; the deploy signs them again once less "
-                                "than a third is left, and drift names a node whose certificate is in that last third.",
-                                check=lambda v: None if 1 <= v <= 3650 else f"must be 1 to 3650 days, got {v}",
-                                accepts="1-3650"),
+        "mesh": Key(
+            str,
+            "certificates",
+            "How the SSH mesh trusts: `certificates` (the cluster CA signs each node's host key "
+            "and each mesh user's key; every node holds one CA line, whatever the cluster's size) or `keys` (every "
+            "node's host key and public key on every node). Switching moves the mesh in one deploy.",
+            check=lambda v: None if v in MESH_MODES else f"{v!r} must be 'certificates' or 'keys'",
+            accepts="`certificates`, `keys`",
+        ),
+        "certificate_days": Key(
+            int,
+            365,
+            "Validity of host and user certificates; the deploy signs them again once less "
+            "than a third is left, and drift names a node whose certificate is in that last third.",
+            check=lambda v: None if 1 <= v <= 3650 else f"must be 1 to 3650 days, got {v}",
+            accepts="1-3650",
+        ),
     },
 )
 
 NCCL = Section(
     doc="NCCL network environment. `auto` values are derived per node from its cluster address and sysfs.",
     keys={
-        "socket_ifname": Key(str, "auto", "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's address.",
-                             check=ifname_problem, accepts="`auto`, or `^`/`=` then names `[A-Za-z0-9_.:@-]{1,15}`, comma-separated"),
-        "ib": Key(str, "auto", "`auto` (use active InfiniBand/RoCE ports, else disable) or `disable`.",
-                  check=lambda v: None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'",
-                  accepts="`auto` or `disable`"),
-        "env": Key(dict, {}, "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.",
-                   each_key=env_name_problem, each=env_value_problem, example={"NCCL_DEBUG": "WARN"},
-                   accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or `[A-Za-z0-9_.,:=^/%+@ -]*`, "
-                           "no leading/trailing space, no marker text"),
+        "socket_ifname": Key(
+            str,
+            "auto",
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's address.",
+            check=ifname_problem,
+            accepts="`auto`, or `^`/`=` then names `[A-Za-z0-9_.:@-]{1,15}`, comma-separated",
+        ),
+        "ib": Key(
+            str,
+            "auto",
+            "`auto` (use active InfiniBand/RoCE ports, else disable) or `disable`.",
+            check=lambda v: (
+                None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'"
+            ),
+            accepts="`auto` or `disable`",
+        ),
+        "env": Key(
+            dict,
+            {},
+            "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.",
+            each_key=env_name_problem,
+            each=env_value_problem,
+            example={"NCCL_DEBUG": "WARN"},
+            accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or `[A-Za-z0-9_.,:=^/%+@ -]*`, "
+            "no leading/trailing space, no marker text",
+        ),
     },
 )
 
 OPENMPI = Section(
     doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the mpirun line.",
     keys={
-        "tcp_include": Key(str, "auto", "btl_tcp_if_include / oob_tcp_if_include; `auto` = the cluster interface's name if all "
-                           "nodes share it, else the cluster subnets (CIDR).", check=tcp_include_problem, example="198.18.0.0/24",
-                           accepts="`auto`, or interface names / IPv4 CIDR subnets, comma-separated"),
-        "params": Key(dict, {}, "Extra MCA parameters, e.g. `pml: ucx` (Debian's system file disables UCX).",
-                      each_key=mca_name_problem, each=env_value_problem, example={"pml": "ucx"},
-                      accepts="names `[a-z][a-z0-9_]*`; values as `nccl.env`'s"),
+        "tcp_include": Key(
+            str,
+            "auto",
+            "btl_tcp_if_include / oob_tcp_if_include; `auto` = the cluster interface's name if all "
+            "nodes share it, else the cluster subnets (CIDR).",
+            check=tcp_include_problem,
+            example="198.18.0.0/24",
+            accepts="`auto`, or interface names / IPv4 CIDR subnets, comma-separated",
+        ),
+        "params": Key(
+            dict,
+            {},
+            "Extra MCA parameters, e.g. `pml: ucx` (Debian's system file disables UCX).",
+            each_key=mca_name_problem,
+            each=env_value_problem,
+            example={"pml": "ucx"},
+            accepts="names `[a-z][a-z0-9_]*`; values as `nccl.env`'s",
+        ),
     },
 )
 
 STACK = Section(
     doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly these.",
     keys={
-        "cuda": Key((str, NULL), None, "CUDA toolkit version.", check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"), example="12.4",
-                    accepts="`12.4`, `12.4.1`"),
-        "cudnn": Key((str, NULL), None, "cuDNN version.", check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
-                     example="9.1.0.70", accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4`"),
-        "nccl": Key((str, NULL), None, "NCCL version (libnccl2).", check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"),
-                    example="2.21.5-1", accepts="`2.21.5`, `2.21.5-1+cuda12.4`"),
-        "torch": Key((str, NULL), None, "PyTorch version in the node venv.", check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"),
-                     example="2.4.1", accepts="`2.4.1`, `2.4.1+cu124`"),
-        "torch_cuda": Key((str, NULL), None, "PyTorch CUDA variant (wheel index).", check=pattern(r"cu\d{3,4}|cpu", "cu124"),
-                          example="cu124", accepts="`cu124`, `cpu`"),
-        "openmpi": Key((str, NULL), None, "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and held: "
-                       "the runtime `mpirun.sh` and `horovod.sh` use.",
-                       check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"), example="4.1.4-3+b1",
-                       accepts="the package version with its release, as `apt-cache policy openmpi-bin` or `dnf list openmpi` "
-                               "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`"),
-        "python": Key(dict, {}, "Python packages in the node venv beside torch, each at exactly this version "
-                      "(from `wheelhouse`, else the node's pip index); never upgraded silently.",
-                      each_key=dist_name_problem, each=python_pin_problem,
-                      example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
-                      accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`, "
-                              "or `{version: V, deps: false}` to install one without its requirements"),
-        "driver": Key((str, NULL), None, "NVIDIA driver on nodes with GPUs: a branch (`550`: its newest release) or an exact "
-                      "version, installed and held; at least what `stack.cuda` needs (CUDA 12.x: 525.60.13).",
-                      check=pattern(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", "550.54.15"), example="550.54.15",
-                      accepts="`550`, `550.54.15`"),
-        "gcc": Key((str, NULL), None, "GCC major version (devtoolset / gcc-toolset / gcc-N).", check=pattern(r"\d{1,2}", "11"),
-                   example="11", accepts="1-2 digits"),
-        "wheelhouse": Key((str, NULL), None, "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
-                          check=node_path_problem, accepts="absolute path of `[A-Za-z0-9._+@,=:~-]` names, no `..`"),
-        "torch_index": Key((str, NULL), None, "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>.",
-                           check=url_problem, accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`"),
-        "cuda_repo": Key((str, NULL), None, "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com.",
-                         check=partial(url_problem, file_ok=True),
-                         accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the nodes"),
-        "cuda_keyring_fingerprint": Key((str, NULL), None, "The one key the cuda-keyring .deb may hold (checked before it is installed); "
-                                        "null: NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
-                                        check=fingerprint_problem, accepts="40 hex digits, upper case"),
-        "insecure": Key(bool, False, "Allow plain-http mirrors (`cuda_repo`, `torch_index`); never for production.",
-                        accepts="`true`, `false`"),
-        "allow_change": Key(bool, False, "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged.",
-                            accepts="`true`, `false`"),
+        "cuda": Key(
+            (str, NULL),
+            None,
+            "CUDA toolkit version.",
+            check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"),
+            example="12.4",
+            accepts="`12.4`, `12.4.1`",
+        ),
+        "cudnn": Key(
+            (str, NULL),
+            None,
+            "cuDNN version.",
+            check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
+            example="9.1.0.70",
+            accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4`",
+        ),
+        "nccl": Key(
+            (str, NULL),
+            None,
+            "NCCL version (libnccl2).",
+            check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"),
+            example="2.21.5-1",
+            accepts="`2.21.5`, `2.21.5-1+cuda12.4`",
+        ),
+        "torch": Key(
+            (str, NULL),
+            None,
+            "PyTorch version in the node venv.",
+            check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"),
+            example="2.4.1",
+            accepts="`2.4.1`, `2.4.1+cu124`",
+        ),
+        "torch_cuda": Key(
+            (str, NULL),
+            None,
+            "PyTorch CUDA variant (wheel index).",
+            check=pattern(r"cu\d{3,4}|cpu", "cu124"),
+            example="cu124",
+            accepts="`cu124`, `cpu`",
+        ),
+        "openmpi": Key(
+            (str, NULL),
+            None,
+            "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and held: "
+            "the runtime `mpirun.sh` and `horovod.sh` use.",
+            check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"),
+            example="4.1.4-3+b1",
+            accepts="the package version with its release, as `apt-cache policy openmpi-bin` or `dnf list openmpi` "
+            "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`",
+        ),
+        "python": Key(
+            dict,
+            {},
+            "Python packages in the node venv beside torch, each at exactly this version "
+            "(from `wheelhouse`, else the node's pip index); never upgraded silently.",
+            each_key=dist_name_problem,
+            each=python_pin_problem,
+            example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
+            accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`, "
+            "or `{version: V, deps: false}` to install one without its requirements",
+        ),
+        "driver": Key(
+            (str, NULL),
+            None,
+            "NVIDIA driver on nodes with GPUs: a branch (`550`: its newest release) or an exact "
+            "version, installed and held; at least what `stack.cuda` needs (CUDA 12.x: 525.60.13).",
+            check=pattern(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", "550.54.15"),
+            example="550.54.15",
+            accepts="`550`, `550.54.15`",
+        ),
+        "gcc": Key(
+            (str, NULL),
+            None,
+            "GCC major version (devtoolset / gcc-toolset / gcc-N).",
+            check=pattern(r"\d{1,2}", "11"),
+            example="11",
+            accepts="1-2 digits",
+        ),
+        "wheelhouse": Key(
+            (str, NULL),
+            None,
+            "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
+            check=node_path_problem,
+            accepts="absolute path of `[A-Za-z0-9._+@,=:~-]` names, no `..`",
+        ),
+        "torch_index": Key(
+            (str, NULL),
+            None,
+            "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>.",
+            check=url_problem,
+            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`",
+        ),
+        "cuda_repo": Key(
+            (str, NULL),
+            None,
+            "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com.",
+            check=partial(url_problem, file_ok=True),
+            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the nodes",
+        ),
+        "cuda_keyring_fingerprint": Key(
+            (str, NULL),
+            None,
+            "The one key the cuda-keyring .deb may hold (checked before it is installed); "
+            "null: NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
+            check=fingerprint_problem,
+            accepts="40 hex digits, upper case",
+        ),
+        "insecure": Key(
+            bool,
+            False,
+            "Allow plain-http mirrors (`cuda_repo`, `torch_index`); never for production.",
+            accepts="`true`, `false`",
+        ),
+        "allow_change": Key(
+            bool,
+            False,
+            "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged.",
+            accepts="`true`, `false`",
+        ),
     },
 )
 
 CLUSTER = Section(
     doc="Cluster-wide settings.",
     keys={
-        "name": Key((str, NULL), None, "Cluster name, used in reports and the key store; null: the spec file's name.",
-                    check=cluster_name_problem, accepts="`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`"),
-        "domain": Key((str, NULL), None, "DNS domain: /etc/hosts gets `name.domain` beside `name`.", check=hostname_problem,
-                      example="cluster.example.com", accepts="RFC 1123 host name"),
-        "mesh_users": Key(list, ["root"], "Users that get the passwordless SSH mesh.", items=str, each=user_problem,
-                          accepts="user names `[a-z_][a-z0-9_-]{0,31}`, each once"),
-        "master_port": Key(int, 29500, "Rendezvous port of the master (first) node.", check=port_problem, accepts="1-65535"),
+        "name": Key(
+            (str, NULL),
+            None,
+            "Cluster name, used in reports and the key store; null: the spec file's name.",
+            check=cluster_name_problem,
+            accepts="`[A-Za-z0-9][A-Za-z0-9._-]{0,63}`",
+        ),
+        "domain": Key(
+            (str, NULL),
+            None,
+            "DNS domain: /etc/hosts gets `name.domain` beside `name`.",
+            check=hostname_problem,
+            example="cluster.example.com",
+            accepts="RFC 1123 host name",
+        ),
+        "mesh_users": Key(
+            list,
+            ["root"],
+            "Users that get the passwordless SSH mesh.",
+            items=str,
+            each=user_problem,
+            accepts="user names `[a-z_][a-z0-9_-]{0,31}`, each once",
+        ),
+        "master_port": Key(
+            int,
+            29500,
+            "Rendezvous port of the master (first) node.",
+            check=port_problem,
+            accepts="1-65535",
+        ),
     },
 )
 
@@ -438,7 +608,9 @@ def smoke_launcher_problem(value: Any) -> str | None:
 
 
 def memlock_problem(value: Any) -> str | None:
-    if value == "unlimited" or (isinstance(value, int) and not isinstance(value, bool) and value >= 64):
+    if value == "unlimited" or (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 64
+    ):
         return None
     return f"{value!r} must be 'unlimited' or KiB (64 or more)"
 
@@ -450,52 +622,112 @@ def positive_number(value: Any) -> str | None:
 GPU = Section(
     doc="Node settings multi-node GPU jobs depend on; set where the node has GPUs (`memlock`: every node).",
     keys={
-        "persistence": Key(bool, True, "`nvidia-persistenced` enabled and active: the driver stays loaded between jobs "
-                           "(`nvidia-smi -q`: Persistence Mode Enabled).", accepts="`true`, `false` (unmanaged)"),
-        "fabric_manager": Key(str, "auto", "`auto`: a node whose GPUs sit on NVSwitches gets `nvidia-fabricmanager` at exactly "
-                              "the driver's version, active (a mismatch is CUDA error 802); `off`: unmanaged.",
-                              check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
-                              accepts="`auto`, `off`"),
-        "peermem": Key(str, "auto", "`auto`: a GPU node with active InfiniBand/RoCE loads `nvidia_peermem` now and at boot "
-                       "(GPUDirect RDMA; without it NCCL copies through the host); `off`: unmanaged.",
-                       check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
-                       accepts="`auto`, `off`"),
-        "memlock": Key((str, int, NULL), "unlimited", "Locked-memory limit of every session (`/etc/security/limits.d`), as a "
-                       "non-login ssh session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
-                       check=memlock_problem, accepts="`unlimited`, or KiB (64 or more)"),
-        "max_clock_offset_ms": Key(int, 100, "Largest clock offset a node may report (chrony/timesyncd), and spread "
-                                   "between nodes' clocks the preflight accepts.", check=positive_number,
-                                   accepts="1 or more"),
+        "persistence": Key(
+            bool,
+            True,
+            "`nvidia-persistenced` enabled and active: the driver stays loaded between jobs "
+            "(`nvidia-smi -q`: Persistence Mode Enabled).",
+            accepts="`true`, `false` (unmanaged)",
+        ),
+        "fabric_manager": Key(
+            str,
+            "auto",
+            "`auto`: a node whose GPUs sit on NVSwitches gets `nvidia-fabricmanager` at exactly "
+            "the driver's version, active (a mismatch is CUDA error 802); `off`: unmanaged.",
+            check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+            accepts="`auto`, `off`",
+        ),
+        "peermem": Key(
+            str,
+            "auto",
+            "`auto`: a GPU node with active InfiniBand/RoCE loads `nvidia_peermem` now and at boot "
+            "(GPUDirect RDMA; without it NCCL copies through the host); `off`: unmanaged.",
+            check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+            accepts="`auto`, `off`",
+        ),
+        "memlock": Key(
+            (str, int, NULL),
+            "unlimited",
+            "Locked-memory limit of every session (`/etc/security/limits.d`), as a "
+            "non-login ssh session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
+            check=memlock_problem,
+            accepts="`unlimited`, or KiB (64 or more)",
+        ),
+        "max_clock_offset_ms": Key(
+            int,
+            100,
+            "Largest clock offset a node may report (chrony/timesyncd), and spread "
+            "between nodes' clocks the preflight accepts.",
+            check=positive_number,
+            accepts="1 or more",
+        ),
     },
 )
 
 PREFLIGHT = Section(
     doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
     keys={
-        "min_busbw_gbps": Key((int, float, NULL), None, "Bus bandwidth floor (GB/s, as nccl-tests reports busbw) of the timed "
-                              "all_reduce between each pair of nodes; a slower pair names its node or link. null: measured "
-                              "and reported, no floor (CPU nodes: gloo).",
-                              check=positive_number, example=40, accepts="a number above 0"),
-        "smoke": Key((str, NULL), None, "Also train the smoke job (two DDP steps, checked) through this launcher's file in "
-                     "/etc/trainfleet/launch: \"the cluster can train with the launcher you use\". `--data trainfleet_smoke=NAME` "
-                     "overrides it for one run.",
-                     check=smoke_launcher_problem, example="deepspeed", accepts=", ".join(f"`{n}`" for n in SMOKE_LAUNCHERS)),
+        "min_busbw_gbps": Key(
+            (int, float, NULL),
+            None,
+            "Bus bandwidth floor (GB/s, as nccl-tests reports busbw) of the timed "
+            "all_reduce between each pair of nodes; a slower pair names its node or link. null: measured "
+            "and reported, no floor (CPU nodes: gloo).",
+            check=positive_number,
+            example=40,
+            accepts="a number above 0",
+        ),
+        "smoke": Key(
+            (str, NULL),
+            None,
+            "Also train the smoke job (two DDP steps, checked) through this launcher's file in "
+            '/etc/trainfleet/launch: "the cluster can train with the launcher you use". `--data trainfleet_smoke=NAME` '
+            "overrides it for one run.",
+            check=smoke_launcher_problem,
+            example="deepspeed",
+            accepts=", ".join(f"`{n}`" for n in SMOKE_LAUNCHERS),
+        ),
     },
 )
 
 NODE = Section(
     doc="One entry per server, in rank order: the first node is the master.",
     keys={
-        "name": Key(str, None, "Short hostname the node gets (unique).", check=short_name_problem, required=True,
-                    example="gpu-a01", accepts="RFC 1123 label: `[A-Za-z0-9]`, inner `-`, 1-63"),
-        "address": Key(str, None, "Cluster address: where peers reach the node (unique).", check=address_problem, required=True,
-                       example="192.0.2.11", accepts="IPv4 or IPv6, canonical form, no scope id"),
-        "gpus": Key(int, 0, "GPUs in the node: launcher slots and processes per node.", check=non_negative, example=8,
-                    accepts="0 or more"),
-        "npus": Key(int, 0, "Ascend NPUs in the node (device ids 0..N-1): listed, with the device IPs read on the node, "
-                    "in the HCCL rank table MindSpore reads (`/etc/trainfleet/launch/rank_table.json`).",
-                    check=lambda v: None if 0 <= v <= 8 else f"must be 0 to 8 (hccl_tools' limit), got {v}",
-                    example=8, accepts="0-8"),
+        "name": Key(
+            str,
+            None,
+            "Short hostname the node gets (unique).",
+            check=short_name_problem,
+            required=True,
+            example="gpu-a01",
+            accepts="RFC 1123 label: `[A-Za-z0-9]`, inner `-`, 1-63",
+        ),
+        "address": Key(
+            str,
+            None,
+            "Cluster address: where peers reach the node (unique).",
+            check=address_problem,
+            required=True,
+            example="192.0.2.11",
+            accepts="IPv4 or IPv6, canonical form, no scope id",
+        ),
+        "gpus": Key(
+            int,
+            0,
+            "GPUs in the node: launcher slots and processes per node.",
+            check=non_negative,
+            example=8,
+            accepts="0 or more",
+        ),
+        "npus": Key(
+            int,
+            0,
+            "Ascend NPUs in the node (device ids 0..N-1): listed, with the device IPs read on the node, "
+            "in the HCCL rank table MindSpore reads (`/etc/trainfleet/launch/rank_table.json`).",
+            check=lambda v: None if 0 <= v <= 8 else f"must be 0 to 8 (hccl_tools' limit), got {v}",
+            example=8,
+            accepts="0-8",
+        ),
         "ssh": SSH,
         "nccl": Section(doc="Per-node NCCL overrides (same keys as `nccl`).", keys=NCCL.keys),
     },
@@ -517,8 +749,15 @@ SPEC = Section(
 
 
 def type_name(t: type | tuple[type, ...]) -> str:
-    names = {str: "string", int: "integer", float: "number", list: "list", dict: "mapping", bool: "boolean",
-             NULL: "null"}
+    names = {
+        str: "string",
+        int: "integer",
+        float: "number",
+        list: "list",
+        dict: "mapping",
+        bool: "boolean",
+        NULL: "null",
+    }
     if isinstance(t, tuple):
         return " or ".join(names.get(x, x.__name__) for x in t)
     return names.get(t, t.__name__)

@@ -16,8 +16,16 @@ from typing import Any
 
 import yaml
 
-from trainfleet.driver import driver_for_cuda_problem
-from trainfleet.schema import NODE, SPEC, Key, Section, cluster_name_problem, normalized_dist, type_name
+from trainfleet.driver_pins import driver_for_cuda_problem
+from trainfleet.schema import (
+    NODE,
+    SPEC,
+    Key,
+    Section,
+    cluster_name_problem,
+    normalized_dist,
+    type_name,
+)
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
@@ -130,7 +138,9 @@ def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> di
 
 def _validate_value(key: Key, value: Any, path: PathT, ctx: _Ctx) -> Any:
     if not _type_ok(value, key.type):
-        ctx.add(path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {_shown(value)}")
+        ctx.add(
+            path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {_shown(value)}"
+        )
         return _copy(key.default)
     if key.items is not None:
         bad = [v for v in value if not _type_ok(v, key.items)]
@@ -163,7 +173,9 @@ def _validate_entries(key: Key, value: list[Any] | dict[Any, Any], path: PathT, 
                 ctx.add(path + (i,), problem)
         return
     for name, item in value.items():
-        problem = (key.each_key(name) if key.each_key else None) or (key.each(item) if key.each else None)
+        problem = (key.each_key(name) if key.each_key else None) or (
+            key.each(item) if key.each else None
+        )
         if problem:
             ctx.add(path + (str(name),), problem)
 
@@ -196,10 +208,12 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
     nodes = [_validate_section(NODE, item, ("nodes", i), ctx) for i, item in enumerate(raw)]
     # Per-node sections are overrides: keep only what the node sets, so the
     # cluster-wide values apply to the rest.
-    for node, item in zip(nodes, raw):
+    for node, item in zip(nodes, raw, strict=False):
         for sub in ("ssh", "nccl"):
             given = item.get(sub) if isinstance(item, dict) else None
-            node[sub] = {k: v for k, v in node[sub].items() if isinstance(given, dict) and k in given}
+            node[sub] = {
+                k: v for k, v in node[sub].items() if isinstance(given, dict) and k in given
+            }
     for attr in ("name", "address"):
         seen: dict[object, int] = {}
         for i, node in enumerate(nodes):
@@ -208,7 +222,9 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
                 continue
             norm = _identity(attr, value)
             if norm in seen:
-                ctx.add(("nodes", i, attr), f"duplicate {attr} {value!r} (also nodes[{seen[norm]}])")
+                ctx.add(
+                    ("nodes", i, attr), f"duplicate {attr} {value!r} (also nodes[{seen[norm]}])"
+                )
             else:
                 seen[norm] = i
     return nodes
@@ -241,49 +257,72 @@ def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
         ctx.add(("stack", "torch_index"), "give stack.wheelhouse or stack.torch_index, not both")
     for key in ("cudnn", "nccl"):
         if stack[key] and not stack["cuda"] and "+cuda" not in stack[key]:
-            ctx.add(("stack", key), f"pinning {key} needs stack.cuda (its packages are built per CUDA version)")
+            ctx.add(
+                ("stack", key),
+                f"pinning {key} needs stack.cuda (its packages are built per CUDA version)",
+            )
     seen_dists: dict[str, str] = {}
     for name in stack["python"]:
         other = seen_dists.setdefault(normalized_dist(name), name)
         if other != name:
-            ctx.add(("stack", "python", name), f"{name!r} is the same package as {other!r} (pip compares names "
-                                                "case- and separator-blind)")
+            ctx.add(
+                ("stack", "python", name),
+                f"{name!r} is the same package as {other!r} (pip compares names "
+                "case- and separator-blind)",
+            )
     if stack["python"] and not stack["torch"]:
-        ctx.add(("stack", "python"), "pinning python packages needs stack.torch (they go into its venv)")
+        ctx.add(
+            ("stack", "python"), "pinning python packages needs stack.torch (they go into its venv)"
+        )
     if stack["torch"] and not stack["torch_cuda"] and "+" not in stack["torch"]:
         ctx.add(("stack", "torch"), "pinning torch needs stack.torch_cuda (e.g. cu124, or cpu)")
     for key in ("cuda_repo", "torch_index"):
         url = stack[key]
         if isinstance(url, str) and url.startswith("http://") and not stack["insecure"]:
-            ctx.add(("stack", key), f"{url!r} is plain http: packages could be swapped in transit; "
-                                    "use https, or set stack.insecure: true (never for production)")
+            ctx.add(
+                ("stack", key),
+                f"{url!r} is plain http: packages could be swapped in transit; "
+                "use https, or set stack.insecure: true (never for production)",
+            )
 
 
 def _mesh_user_rules(users: list[str], ctx: _Ctx) -> None:
     for i, user in enumerate(users):
         if user in users[:i]:
-            ctx.add(("cluster", "mesh_users", i), f"duplicate mesh user {user!r} (also mesh_users[{users.index(user)}])")
+            ctx.add(
+                ("cluster", "mesh_users", i),
+                f"duplicate mesh user {user!r} (also mesh_users[{users.index(user)}])",
+            )
 
 
 def _fqdn_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
     domain = spec["cluster"]["domain"]
     for i, node in enumerate(spec["nodes"]):
         if domain and isinstance(node.get("name"), str) and len(f"{node['name']}.{domain}") > 253:
-            ctx.add(("nodes", i, "name"), f"{node['name'] + '.' + domain!r} is longer than 253 characters")
+            ctx.add(
+                ("nodes", i, "name"),
+                f"{node['name'] + '.' + domain!r} is longer than 253 characters",
+            )
 
 
 def _ssh_user_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
     """A login user other than root needs ``become: sudo``: trainfleet writes /etc as root."""
     if spec["ssh"]["user"] != "root" and spec["ssh"]["become"] != "sudo":
-        ctx.add(("ssh", "user"), f"{spec['ssh']['user']!r} is not root: trainfleet writes /etc as root, so set "
-                                 "ssh.become: sudo (passwordless sudo for that user) or connect as root")
+        ctx.add(
+            ("ssh", "user"),
+            f"{spec['ssh']['user']!r} is not root: trainfleet writes /etc as root, so set "
+            "ssh.become: sudo (passwordless sudo for that user) or connect as root",
+        )
     for i, node in enumerate(spec["nodes"]):
         if not isinstance(node.get("ssh"), dict) or not ({"user", "become"} & set(node["ssh"])):
             continue
         ssh = {**spec["ssh"], **node["ssh"]}
         if ssh["user"] != "root" and ssh["become"] != "sudo":
-            ctx.add(("nodes", i, "ssh", "user"), f"{ssh['user']!r} is not root: trainfleet writes /etc as root, so set "
-                                                 "ssh.become: sudo (passwordless sudo for that user) or connect as root")
+            ctx.add(
+                ("nodes", i, "ssh", "user"),
+                f"{ssh['user']!r} is not root: trainfleet writes /etc as root, so set "
+                "ssh.become: sudo (passwordless sudo for that user) or connect as root",
+            )
 
 
 def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
@@ -294,7 +333,9 @@ def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
     if not cuda and isinstance(variant, str) and re.fullmatch(r"cu[0-9]{3,4}", variant, re.ASCII):
         cuda = f"{variant[2:-1]}.{variant[-1]}"
     if cuda and stack["driver"] and (problem := driver_for_cuda_problem(stack["driver"], cuda)):
-        ctx.add(("stack", "driver"), problem + ("" if stack["cuda"] else f" (torch_cuda: {variant})"))
+        ctx.add(
+            ("stack", "driver"), problem + ("" if stack["cuda"] else f" (torch_cuda: {variant})")
+        )
 
 
 def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:
@@ -305,11 +346,15 @@ def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{file}:{mark.line + 1}" if mark else file
-        raise SpecError([f"{where}: (top level): not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
+        raise SpecError(
+            [f"{where}: (top level): not valid YAML: {getattr(exc, 'problem', exc)}"]
+        ) from None
     lines, repeated = _line_map(document) if document else ({}, [])
     ctx = _Ctx(file=file, lines=lines, problems=[])
     for path, line, first in repeated:
-        ctx.problems.append(f"{file}:{line}: {dotted(path)}: repeated key (also line {first}); give each key once")
+        ctx.problems.append(
+            f"{file}:{line}: {dotted(path)}: repeated key (also line {first}); give each key once"
+        )
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -330,7 +375,9 @@ def _name_from_file(file: str, ctx: _Ctx) -> str:
     name = "spec" if file == DEFAULT_SOURCE else Path(file).stem
     problem = cluster_name_problem(name)
     if problem:
-        ctx.add(("cluster", "name"), f"not set, and the spec file's name is no cluster name: {problem}")
+        ctx.add(
+            ("cluster", "name"), f"not set, and the spec file's name is no cluster name: {problem}"
+        )
     return name
 
 

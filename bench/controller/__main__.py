@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.controller.controller_report import plot, render_markdown
 from bench.controller.fleet import MESH_MODES
 from bench.controller.measure import Results, Runner, measure
 from bench.controller.record import load, record
-from bench.controller.report import plot, render_markdown
-from bench.report import machine, source
+from bench.lab_report import machine, source
 from bench.run import REPO, node_counts
 
 NAME = "controller-benchmark"
@@ -42,19 +42,48 @@ NOTES = [
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.controller", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.controller", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("command", nargs="?", choices=["run", "record"], default="run")
-    parser.add_argument("--nodes", type=node_counts, default=[16, 64, 256, 1024], help="fleet sizes (default 16,64,256,1024)")
-    parser.add_argument("--runs", type=int, default=3, help="timed runs of each task at each N (default 3)")
-    parser.add_argument("--profile", type=int, default=None, metavar="N",
-                        help="also run the re-run and drift once under cProfile at N (one of --nodes)")
-    parser.add_argument("--mesh", choices=MESH_MODES, default="certificates",
-                        help="the fleet's ssh.mesh (default certificates, the spec's default)")
-    parser.add_argument("--compare", action="append", choices=MESH_MODES, default=[],
-                        help="also build each N in this mesh and run the re-run, plan and drift on it, for comparison")
-    parser.add_argument("--compare-runs", type=int, default=1, help="runs of each compared task (default 1)")
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where the results go (default docs/)")
-    parser.add_argument("--render", action="store_true", help="only redraw the md and png from the JSON")
+    parser.add_argument(
+        "--nodes",
+        type=node_counts,
+        default=[16, 64, 256, 1024],
+        help="fleet sizes (default 16,64,256,1024)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="timed runs of each task at each N (default 3)"
+    )
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also run the re-run and drift once under cProfile at N (one of --nodes)",
+    )
+    parser.add_argument(
+        "--mesh",
+        choices=MESH_MODES,
+        default="certificates",
+        help="the fleet's ssh.mesh (default certificates, the spec's default)",
+    )
+    parser.add_argument(
+        "--compare",
+        action="append",
+        choices=MESH_MODES,
+        default=[],
+        help="also build each N in this mesh and run the re-run, plan and drift on it, for comparison",
+    )
+    parser.add_argument(
+        "--compare-runs", type=int, default=1, help="runs of each compared task (default 1)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("docs"), help="where the results go (default docs/)"
+    )
+    parser.add_argument(
+        "--render", action="store_true", help="only redraw the md and png from the JSON"
+    )
     args = parser.parse_args(argv)
     if args.runs < 1 or args.compare_runs < 1:
         parser.error("--runs and --compare-runs must be at least 1")
@@ -90,17 +119,33 @@ def main(argv: list[str] | None = None) -> int:
     machine_info, src = machine(), source(REPO)
 
     def document(results: Results) -> dict[str, Any]:
-        return {"command": command, "machine": machine_info, "source": src,
-                "recorded": {"date": header["date"], "kernel": header["kernel"], "os": header["os"],
-                             "source": header["source"],
-                             "lab": {k: header["lab"][k] for k in ("nodes", "node", "address")}},
-                "total_minutes": round((time.monotonic() - started) / 60, 1), "notes": NOTES, **results.to_json()}
+        return {
+            "command": command,
+            "machine": machine_info,
+            "source": src,
+            "recorded": {
+                "date": header["date"],
+                "kernel": header["kernel"],
+                "os": header["os"],
+                "source": header["source"],
+                "lab": {k: header["lab"][k] for k in ("nodes", "node", "address")},
+            },
+            "total_minutes": round((time.monotonic() - started) / 60, 1),
+            "notes": NOTES,
+            **results.to_json(),
+        }
 
     with tempfile.TemporaryDirectory(prefix="trainfleet-controller-bench-") as workdir:
         env = {**os.environ, "PYINFRA_PROGRESS": "off"}
         runner = Runner(Path(workdir), env, log)
-        results = Results(nodes=args.nodes, runs=args.runs, profile_at=args.profile, mesh=args.mesh,
-                          compare=args.compare, compare_runs=args.compare_runs)
+        results = Results(
+            nodes=args.nodes,
+            runs=args.runs,
+            profile_at=args.profile,
+            mesh=args.mesh,
+            compare=args.compare,
+            compare_runs=args.compare_runs,
+        )
         measure(runner, results, recorded, lambda r: write_outputs(args.out, document(r)))
     write_outputs(args.out, document(results))
     bad = [s for s in results.samples if not s.ok]

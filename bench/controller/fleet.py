@@ -6,12 +6,12 @@ known hosts, each mesh user's keys and files, pdsh, the network address, the NCC
 variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
 in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
 and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's own block functions, as
-operations/managed_block.py writes them, and sent in the facts' own framing. Everything is
+operations/managed_block_ops.py writes them, and sent in the facts' own framing. Everything is
 built once per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
 certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
-them (facts/ssh_mesh.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes sshd_config.d, no
+them (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes sshd_config.d, no
 other file sets RevokedKeys, and none of trainfleet's sshd files or certificates exist yet.
 """
 
@@ -35,14 +35,27 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from facts.fingerprint import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
-from facts.hosts import HOSTS_PURPOSE
-from facts.managed_block import file_text, read_file_line
-from facts.openmpi import MCA_PURPOSE
-from facts.pdsh import PDSH_PURPOSE
-from facts.ssh_mesh import _HOST_CERT_PATHS, AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
+from facts.hosts_facts import HOSTS_PURPOSE
+from facts.managed_block_facts import file_text, read_file_line
+from facts.openmpi_facts import MCA_PURPOSE
+from facts.pdsh_facts import PDSH_PURPOSE
+from facts.ssh_mesh_facts import (
+    _HOST_CERT_PATHS,
+    AUTHORIZED_PURPOSE,
+    CONFIG_PURPOSE,
+    KNOWN_HOSTS_PURPOSE,
+)
 from trainfleet.blocks import split_block, with_block
-from trainfleet.defaults import (MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE,
-                                 PDSH_GENDERS, PDSH_MACHINES, SYSTEM_KNOWN_HOSTS)
+from trainfleet.defaults import (
+    MESH_PROBE_PARALLEL,
+    MESH_PROBE_TIMEOUT,
+    NCCL_CONF,
+    NCCL_ENVIRONMENT,
+    NCCL_PROFILE,
+    PDSH_GENDERS,
+    PDSH_MACHINES,
+    SYSTEM_KNOWN_HOSTS,
+)
 from trainfleet.inventory import host_data
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
@@ -98,7 +111,7 @@ def sha256(text: str) -> str:
 
 
 def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False) -> str:
-    """A ``file NAME ...`` line whose file holds ``block`` where operations/managed_block.py
+    """A ``file NAME ...`` line whose file holds ``block`` where operations/managed_block_ops.py
     would put it (the recorded file's other bytes kept)."""
     name, read = read_file_line(line)
     new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
@@ -113,21 +126,34 @@ def missing_file(name: str) -> str:
     return f"file {name} missing -"
 
 
-def sshd_mesh_text(drop_in: str | None = None, revoked_keys: bytes | None = None,
-                   certificates: dict[str, str] | None = None, includes_drop_ins: bool = True,
-                   client_drop_in: str | None = None) -> str:
-    """What SshdMesh's script (facts/ssh_mesh.py ``_SSHD_SCRIPT``) prints on a node holding these
+def sshd_mesh_text(
+    drop_in: str | None = None,
+    revoked_keys: bytes | None = None,
+    certificates: dict[str, str] | None = None,
+    includes_drop_ins: bool = True,
+    client_drop_in: str | None = None,
+) -> str:
+    """What SshdMesh's script (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``) prints on a node holding these
     files: ``include`` (sshd's and ssh's), no other ``RevokedKeys`` or ``RevokedHostKeys``, then
     sshd's drop-in, KRL, ssh's drop-in and every host certificate path."""
     certificates = certificates or {}
-    return joined([f"include {'yes' if includes_drop_ins else 'no'}",
-                   f"client_include {'yes' if includes_drop_ins else 'no'}",
-                   whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
-                   whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
-                   (whole_file("client_drop_in", client_drop_in) if client_drop_in is not None
-                    else missing_file("client_drop_in")),
-                   *(whole_file(path, certificates[path]) if path in certificates else missing_file(path)
-                     for path in _HOST_CERT_PATHS)])
+    return joined(
+        [
+            f"include {'yes' if includes_drop_ins else 'no'}",
+            f"client_include {'yes' if includes_drop_ins else 'no'}",
+            whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
+            whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
+            (
+                whole_file("client_drop_in", client_drop_in)
+                if client_drop_in is not None
+                else missing_file("client_drop_in")
+            ),
+            *(
+                whole_file(path, certificates[path]) if path in certificates else missing_file(path)
+                for path in _HOST_CERT_PATHS
+            ),
+        ]
+    )
 
 
 def map_files(text: str, rewrite: dict[str, Callable[[str], str]]) -> str:
@@ -166,16 +192,28 @@ class Machine:
 
 
 def host_key(kind: str, comment: str) -> str:
-    key: Any = ed25519.Ed25519PrivateKey.generate() if kind == "ssh-ed25519" else ec.generate_private_key(ec.SECP256R1())
-    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    key: Any = (
+        ed25519.Ed25519PrivateKey.generate()
+        if kind == "ssh-ed25519"
+        else ec.generate_private_key(ec.SECP256R1())
+    )
+    public = (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
     if not public.startswith(kind + " "):
         raise ValueError(f"cannot make a {kind} host key")
     return f"{public} {comment}"
 
 
 def machine(index: int, name: str, kinds: list[str]) -> Machine:
-    return Machine(index=index, host_keys=[host_key(kind, f"root@{name}") for kind in kinds],
-                   boot_id=str(uuid.uuid4()), machine_id=uuid.uuid4().hex)
+    return Machine(
+        index=index,
+        host_keys=[host_key(kind, f"root@{name}") for kind in kinds],
+        boot_id=str(uuid.uuid4()),
+        machine_id=uuid.uuid4().hex,
+    )
 
 
 @dataclass
@@ -191,10 +229,17 @@ class Recorded:
     @classmethod
     def of(cls, document: dict[str, Any]) -> Recorded:
         lab = document["header"]["lab"]
-        converged = {**document["converged"]["fingerprint"], **document["converged"]["deploy_state"]}
-        return cls(node=lab["node"], address=lab["address"], spec=lab["spec"],
-                   fresh=_with_certificate_parts(dict(document["fresh"]["deploy_state"])),
-                   converged=_with_certificate_parts(converged))
+        converged = {
+            **document["converged"]["fingerprint"],
+            **document["converged"]["deploy_state"],
+        }
+        return cls(
+            node=lab["node"],
+            address=lab["address"],
+            spec=lab["spec"],
+            fresh=_with_certificate_parts(dict(document["fresh"]["deploy_state"])),
+            converged=_with_certificate_parts(converged),
+        )
 
     def key_kinds(self) -> list[str]:
         return [line.split()[0] for line in text_lines(self.converged["host_keys"])]
@@ -208,12 +253,20 @@ def _with_certificate_parts(texts: dict[str, str]) -> dict[str, str]:
     out.setdefault("sshd_mesh", sshd_mesh_text())
 
     def no_certificate(lines: list[str]) -> list[str]:
-        return lines if any(l.startswith("file certificate ") for l in lines) else [*lines, missing_file("certificate")]
+        return (
+            lines
+            if any(l.startswith("file certificate ") for l in lines)
+            else [*lines, missing_file("certificate")]
+        )
 
     for name, text in texts.items():
         if name.startswith("mesh_user:"):
-            out[name] = joined([_user_part(line, no_certificate, 1) if line.startswith("user ") else line
-                                for line in text_lines(text)])
+            out[name] = joined(
+                [
+                    _user_part(line, no_certificate, 1) if line.startswith("user ") else line
+                    for line in text_lines(text)
+                ]
+            )
     return out
 
 
@@ -237,14 +290,23 @@ def _hostname(text: str, old: str, new: str) -> str:
     return joined([new if line == old else line for line in text_lines(text)])
 
 
-def machine_sections(base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, fresh: bool) -> dict[str, str]:
+def machine_sections(
+    base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, fresh: bool
+) -> dict[str, str]:
     """The parts that are this machine whatever trainfleet did: names a fresh node boots with,
     host keys, network."""
-    # A fresh lab node boots with a DHCP-style name (lab/cluster.py: ip-198-18-0-11).
-    old, new = ((f"ip-{recorded.address.replace('.', '-')}", f"ip-{node.address.replace('.', '-')}") if fresh
-                else (recorded.node, node.name))
-    return {**base, "hostname": _hostname(base["hostname"], old, new), "host_keys": joined(mine.host_keys),
-            "network": _network(base["network"], recorded, node, mine)}
+    # A fresh lab node boots with a DHCP-style name (lab/netns.py: ip-198-18-0-11).
+    old, new = (
+        (f"ip-{recorded.address.replace('.', '-')}", f"ip-{node.address.replace('.', '-')}")
+        if fresh
+        else (recorded.node, node.name)
+    )
+    return {
+        **base,
+        "hostname": _hostname(base["hostname"], old, new),
+        "host_keys": joined(mine.host_keys),
+        "network": _network(base["network"], recorded, node, mine),
+    }
 
 
 def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: int) -> str:
@@ -261,32 +323,57 @@ def _mesh_user(text: str, user: Any) -> str:
         for line in lines:
             fields = line.split(" ")
             if fields[0] in ("identity", "identity_pub") and len(fields) == 4 and user.identity:
-                # the sha256 of exactly the bytes operations/ssh_mesh.py writes
-                fields[3] = sha256(user.identity.private if fields[0] == "identity" else user.identity.public + "\n")
+                # the sha256 of exactly the bytes operations/ssh_mesh_ops.py writes
+                fields[3] = sha256(
+                    user.identity.private
+                    if fields[0] == "identity"
+                    else user.identity.public + "\n"
+                )
                 line = " ".join(fields)
             elif line.startswith("file authorized_keys "):
                 line = with_plan_block(line, AUTHORIZED_PURPOSE, user.authorized)
             elif line.startswith("file config "):
                 line = with_plan_block(line, CONFIG_PURPOSE, user.config, top=True)
             elif line.startswith("file certificate "):
-                line = whole_file("certificate", user.certificate) if user.certificate else missing_file("certificate")
+                line = (
+                    whole_file("certificate", user.certificate)
+                    if user.certificate
+                    else missing_file("certificate")
+                )
             out.append(line)
         return out
 
-    return joined([_user_part(line, inner, 1) if line.startswith("user ") else line for line in text_lines(text)])
+    return joined(
+        [
+            _user_part(line, inner, 1) if line.startswith("user ") else line
+            for line in text_lines(text)
+        ]
+    )
 
 
 def _openmpi(text: str, plan: NodePlan) -> str:
     def inner(lines: list[str]) -> list[str]:
-        return [with_plan_block(line, MCA_PURPOSE, plan.mpi.lines, top=True) if line.startswith("file params ")
-                else line for line in lines]
+        return [
+            with_plan_block(line, MCA_PURPOSE, plan.mpi.lines, top=True)
+            if line.startswith("file params ")
+            else line
+            for line in lines
+        ]
 
-    return joined([_user_part(line, inner, 5) if line.startswith("user ") and len(line.split(" ")) == 6 else line
-                   for line in text_lines(text)])
+    return joined(
+        [
+            _user_part(line, inner, 5)
+            if line.startswith("user ") and len(line.split(" ")) == 6
+            else line
+            for line in text_lines(text)
+        ]
+    )
 
 
 def _launchers(text: str, plan: NodePlan) -> str:
-    files = {name: (mode, sha256(content)) for name, (content, mode) in plan.launchers.files.items()}
+    files = {
+        name: (mode, sha256(content)) for name, (content, mode) in plan.launchers.files.items()
+    }
     out = []
     for line in text_lines(text):
         _, _, name = line.split(" ", 2)
@@ -313,8 +400,12 @@ def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str
 
 def _identity(text: str, mine: Machine) -> str:
     values = {"boot_id": mine.boot_id, "machine_id": mine.machine_id}
-    return joined([f"{key} {values[key]}" if (key := line.split(" ", 1)[0]) in values else line
-                   for line in text_lines(text)])
+    return joined(
+        [
+            f"{key} {values[key]}" if (key := line.split(" ", 1)[0]) in values else line
+            for line in text_lines(text)
+        ]
+    )
 
 
 def mesh_proof(peers: list[str]) -> str:
@@ -322,31 +413,59 @@ def mesh_proof(peers: list[str]) -> str:
     return joined([f"probing {len(peers)}", *(f"ok {peer} " for peer in peers)])
 
 
-def converged_sections(base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, plan: NodePlan,
-                       peers: list[str], everyone: list[str]) -> tuple[dict[str, str], str]:
+def converged_sections(
+    base: dict[str, str],
+    recorded: Recorded,
+    node: Node,
+    mine: Machine,
+    plan: NodePlan,
+    peers: list[str],
+    everyone: list[str],
+) -> tuple[dict[str, str], str]:
     """Every section of a converged node (deploy sections and the fingerprint's own) from
     ``base``, its ``machine_sections``, with the mesh proof of ``peers``; and the proof of
     ``everyone`` (the full N x N probe)."""
     out = dict(base)
-    out["hosts"] = map_files(base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)})
+    out["hosts"] = map_files(
+        base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)}
+    )
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
         sshd = plan.sshd
-        out["sshd_mesh"] = sshd_mesh_text(sshd.drop_in, sshd.revoked_keys, sshd.certificates,
-                                          client_drop_in=sshd.client_drop_in)
-    out["known_hosts"] = map_files(base["known_hosts"], {
-        "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(l, KNOWN_HOSTS_PURPOSE, plan.known_hosts)})
-    out["pdsh"] = map_files(base["pdsh"], {
-        PDSH_GENDERS: lambda l: with_plan_block(l, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)),
-        PDSH_MACHINES: lambda l: with_plan_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes))})
-    out["nccl_files"] = map_files(base["nccl_files"], {
-        NCCL_PROFILE: lambda l: whole_file(NCCL_PROFILE, plan.nccl.profile),
-        NCCL_ENVIRONMENT: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.environment),
-        NCCL_CONF: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.nccl_conf)})
+        out["sshd_mesh"] = sshd_mesh_text(
+            sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
+        )
+    out["known_hosts"] = map_files(
+        base["known_hosts"],
+        {
+            "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(
+                l, KNOWN_HOSTS_PURPOSE, plan.known_hosts
+            )
+        },
+    )
+    out["pdsh"] = map_files(
+        base["pdsh"],
+        {
+            PDSH_GENDERS: lambda l: with_plan_block(
+                l, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
+            ),
+            PDSH_MACHINES: lambda l: with_plan_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes)),
+        },
+    )
+    out["nccl_files"] = map_files(
+        base["nccl_files"],
+        {
+            NCCL_PROFILE: lambda l: whole_file(NCCL_PROFILE, plan.nccl.profile),
+            NCCL_ENVIRONMENT: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.environment),
+            NCCL_CONF: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.nccl_conf),
+        },
+    )
     out["launchers"] = _launchers(base["launchers"], plan)
     out["openmpi"] = _openmpi(base["openmpi"], plan)
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
-        out["gpu_node"] = map_files(base["gpu_node"], {"memlock_conf": lambda l: whole_file("memlock_conf", memlock)})
+        out["gpu_node"] = map_files(
+            base["gpu_node"], {"memlock_conf": lambda l: whole_file("memlock_conf", memlock)}
+        )
     for user in plan.mesh:
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
         out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
@@ -374,7 +493,9 @@ class Answers:
         this node's probe targets comes first, any other fingerprint next, DeployState after."""
         out: dict[Any, Any] = {}
         if self.fingerprint:
-            args = " ".join(["trainfleet", str(MESH_PROBE_PARALLEL), str(MESH_PROBE_TIMEOUT), *self.targets])
+            args = " ".join(
+                ["trainfleet", str(MESH_PROBE_PARALLEL), str(MESH_PROBE_TIMEOUT), *self.targets]
+            )
             # the last target must end the probe's arguments (")" of the bundle, or su's quote), so
             # a longer peer list that merely starts with these names is not taken for them
             out[re.compile(re.escape(" " + args) + r"(?=\s*\)|')")] = self.fingerprint
@@ -399,9 +520,18 @@ class Fleet:
     def inventory(self, state: str) -> list[tuple[str, dict[str, Any]]]:
         """pyinfra hosts: ``@fake/<node>`` with trainfleet's host data and the node's answers."""
         answers = self.converged if state == "converged" else self.fresh
-        return [(f"@fake/{node.name}", {**host_data(self.cluster, node), "fake_responses": answers[node.name].responses(),
-                                        "fake_delay": 0, "fake_delay_jitter": 0})
-                for node in self.cluster.nodes]
+        return [
+            (
+                f"@fake/{node.name}",
+                {
+                    **host_data(self.cluster, node),
+                    "fake_responses": answers[node.name].responses(),
+                    "fake_delay": 0,
+                    "fake_delay_jitter": 0,
+                },
+            )
+            for node in self.cluster.nodes
+        ]
 
     def write_inventory(self, state: str, path: Path) -> Path:
         with open(path, "wb") as handle:
@@ -431,15 +561,21 @@ def write_spec(nodes: int, workdir: Path, recorded: Recorded, mesh: str = "certi
         raise ValueError(f"mesh {mesh!r}: one of {', '.join(MESH_MODES)}")
     spec = {key: value for key, value in recorded.spec.items() if key not in ("nodes", "ssh")}
     spec["ssh"] = {"user": "root", "port": 22, "mesh": mesh}
-    spec["nodes"] = [{"name": name, "address": node_address(i), "gpus": 0}
-                     for i, name in enumerate(node_names(nodes), 1)]
+    spec["nodes"] = [
+        {"name": name, "address": node_address(i), "gpus": 0}
+        for i, name in enumerate(node_names(nodes), 1)
+    ]
     path = workdir / f"fleet-{nodes}.yml"
-    path.write_text(f"# The controller benchmark's synthetic {nodes}-node cluster (bench/controller/fleet.py).\n"
-                    + yaml.safe_dump(spec, sort_keys=False))
+    path.write_text(
+        f"# The controller benchmark's synthetic {nodes}-node cluster (bench/controller/fleet.py).\n"
+        + yaml.safe_dump(spec, sort_keys=False)
+    )
     return path
 
 
-def parse_bundle(kind: str, stdout: list[str], users: list[str], peers: list[str] | None = None) -> dict[str, Any]:
+def parse_bundle(
+    kind: str, stdout: list[str], users: list[str], peers: list[str] | None = None
+) -> dict[str, Any]:
     """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them."""
     bundle = DeployState() if kind == "deploy_state" else NodeFingerprint()
     if kind == "deploy_state":
@@ -449,8 +585,13 @@ def parse_bundle(kind: str, stdout: list[str], users: list[str], peers: list[str
     return bundle.process(stdout)
 
 
-def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[str], None] = lambda _: None,
-          mesh: str = "certificates") -> Fleet:
+def build(
+    nodes: int,
+    workdir: Path,
+    document: dict[str, Any],
+    log: Callable[[str], None] = lambda _: None,
+    mesh: str = "certificates",
+) -> Fleet:
     """The fleet of ``nodes``: spec, keys (generated here, under ``workdir``/home), the plan
     exactly as the deploy builds it, and every node's converged and fresh answers. In a
     certificate mesh the plan signs each node's host and user certificates with the cluster CA
@@ -470,10 +611,14 @@ def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[st
 
     # The plan from what the nodes answer (network, host keys, OS, NPUs, GPU state), as
     # facts/gather.deploy_plan builds it; the key store makes each node's mesh keys once.
-    base = {name: machine_sections(recorded.converged, recorded, node, machines[name], fresh=False)
-            for name, node in ((n.name, n) for n in cluster.nodes)}
-    gathered = {name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo), users)
-                for name, texts in base.items()}
+    base = {
+        name: machine_sections(recorded.converged, recorded, node, machines[name], fresh=False)
+        for name, node in ((n.name, n) for n in cluster.nodes)
+    }
+    gathered = {
+        name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo), users)
+        for name, texts in base.items()
+    }
     with _unsynced():
         plan = plan_cluster(cluster, plan_inputs(gathered), keys)
     log(f"N={nodes} ({mesh}): plan built ({len(plan.nodes)} nodes, notes: {plan.notes or 'none'})")
@@ -485,17 +630,33 @@ def build(nodes: int, workdir: Path, document: dict[str, Any], log: Callable[[st
     for node in cluster.nodes:
         mine = machines[node.name]
         targets = probe_targets(names, node.name, stride)
-        texts, full_proof = converged_sections(base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names)
+        texts, full_proof = converged_sections(
+            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names
+        )
         full_texts = {**texts, **{f"mesh_proof:{user}": full_proof for user in users}}
-        converged[node.name] = Answers(deploy_state=bundle_stdout(deploy_order, texts, memo),
-                                       fingerprint=bundle_stdout(order, texts, memo),
-                                       fingerprint_full=bundle_stdout(order, full_texts, memo),
-                                       targets=targets, hostname=node.name)
+        converged[node.name] = Answers(
+            deploy_state=bundle_stdout(deploy_order, texts, memo),
+            fingerprint=bundle_stdout(order, texts, memo),
+            fingerprint_full=bundle_stdout(order, full_texts, memo),
+            targets=targets,
+            hostname=node.name,
+        )
         fresh_texts = machine_sections(recorded.fresh, recorded, node, mine, fresh=True)
-        fresh[node.name] = Answers(deploy_state=bundle_stdout(deploy_order, fresh_texts, memo),
-                                   hostname=text_lines(fresh_texts["hostname"])[0])
-    return Fleet(nodes=nodes, mesh=mesh, spec=spec, home=home, cluster=cluster, plan=plan, stride=stride,
-                 converged=converged, fresh=fresh)
+        fresh[node.name] = Answers(
+            deploy_state=bundle_stdout(deploy_order, fresh_texts, memo),
+            hostname=text_lines(fresh_texts["hostname"])[0],
+        )
+    return Fleet(
+        nodes=nodes,
+        mesh=mesh,
+        spec=spec,
+        home=home,
+        cluster=cluster,
+        plan=plan,
+        stride=stride,
+        converged=converged,
+        fresh=fresh,
+    )
 
 
 def mesh_files(plan: NodePlan) -> dict[str, int]:
@@ -503,6 +664,7 @@ def mesh_files(plan: NodePlan) -> dict[str, int]:
     /etc/ssh/ssh_known_hosts and of each mesh user's authorized_keys and ~/.ssh/config (the block
     with its BEGIN/END lines, as written into an empty file), the user certificates, the host
     certificates, sshd's drop-in and the KRL (each mesh user's files summed over the users)."""
+
     def block(purpose: str, lines: list[str]) -> int:
         return len(with_block(split_block("", purpose), purpose, lines).encode())
 
@@ -512,18 +674,24 @@ def mesh_files(plan: NodePlan) -> dict[str, int]:
         "authorized_keys": sum(block(AUTHORIZED_PURPOSE, u.authorized) for u in plan.mesh),
         "ssh_config": sum(block(CONFIG_PURPOSE, u.config) for u in plan.mesh),
         "user_certificate": sum(len((u.certificate or "").encode()) for u in plan.mesh),
-        "host_certificates": sum(len(c.encode()) for c in sshd.certificates.values()) if sshd else 0,
+        "host_certificates": sum(len(c.encode()) for c in sshd.certificates.values())
+        if sshd
+        else 0,
         "sshd_drop_in": len((sshd.drop_in or "").encode()) if sshd else 0,
         "revoked_keys": len(sshd.revoked_keys or b"") if sshd else 0,
     }
     return {**sizes, "total": sum(sizes.values())}
 
 
-MESH_FILE_PATHS = {"known_hosts": SYSTEM_KNOWN_HOSTS, "authorized_keys": "~/.ssh/authorized_keys",
-                   "ssh_config": "~/.ssh/config", "user_certificate": "~/.ssh/id_trainfleet-cert.pub",
-                   "host_certificates": "/etc/ssh/ssh_host_<type>_key-cert.pub",
-                   "sshd_drop_in": "/etc/ssh/sshd_config.d/trainfleet-mesh.conf",
-                   "revoked_keys": "/etc/ssh/trainfleet_revoked_keys"}
+MESH_FILE_PATHS = {
+    "known_hosts": SYSTEM_KNOWN_HOSTS,
+    "authorized_keys": "~/.ssh/authorized_keys",
+    "ssh_config": "~/.ssh/config",
+    "user_certificate": "~/.ssh/id_trainfleet-cert.pub",
+    "host_certificates": "/etc/ssh/ssh_host_<type>_key-cert.pub",
+    "sshd_drop_in": "/etc/ssh/sshd_config.d/trainfleet-mesh.conf",
+    "revoked_keys": "/etc/ssh/trainfleet_revoked_keys",
+}
 
 
 def section_bytes(lines: list[str]) -> dict[str, int]:
@@ -532,12 +700,17 @@ def section_bytes(lines: list[str]) -> dict[str, int]:
     name = ""
     for line in lines:
         if line.startswith(MARK + " "):
-            name = line[len(MARK) + 1:]
+            name = line[len(MARK) + 1 :]
         out[name] = out.get(name, 0) + len(line.encode("utf-8", "surrogateescape")) + 1
     return out
 
 
-MESH_SECTIONS = ("host_keys", "sshd_mesh", "known_hosts", "mesh_user:")  # the SSH mesh's parts of a bundle
+MESH_SECTIONS = (
+    "host_keys",
+    "sshd_mesh",
+    "known_hosts",
+    "mesh_user:",
+)  # the SSH mesh's parts of a bundle
 
 
 def section_group(name: str) -> str:
@@ -554,12 +727,17 @@ def stdout_bytes(lines: list[str]) -> int:
 
 def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> Any:
     """Drift's comparison of the fleet's converged answers, without pyinfra: each node's
-    fingerprint stdout through NodeFingerprint's own parsing, then checks/drift.py's
-    ``compare_fingerprints``, as checks/drift.py's report does. Returns the
-    ``trainfleet.drift.Report``."""
-    from checks.drift import compare_fingerprints
+    fingerprint stdout through NodeFingerprint's own parsing, then checks/drift_check.py's
+    ``compare_fingerprints``, as checks/drift_check.py's report does. Returns the
+    ``trainfleet.compare.Report``."""
+    from checks.drift_check import compare_fingerprints
 
     cluster, users = fleet.cluster, fleet.cluster.mesh_users
     answers = answers or fleet.converged
-    fingerprints = {name: parse_bundle("fingerprint", a.fingerprint, users, a.targets) for name, a in answers.items()}
-    return compare_fingerprints(cluster, fingerprints, KeyStore(cluster.name, root=fleet.home / "keys"))
+    fingerprints = {
+        name: parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+        for name, a in answers.items()
+    }
+    return compare_fingerprints(
+        cluster, fingerprints, KeyStore(cluster.name, root=fleet.home / "keys")
+    )

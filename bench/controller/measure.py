@@ -27,7 +27,7 @@ from bench.controller import fleet as fleet_mod
 from bench.controller import wire
 from bench.run import PYINFRA, _run_child, _run_measured, busy_share, cpu_times, parse_results
 
-INVENTORY = "bench/controller/inventory.py"
+INVENTORY = "bench/controller/fake_inventory.py"
 NOOP_DEPLOY = "bench/controller/noop_deploy.py"
 TIMEOUT = 1800  # seconds for one run: the largest N on a loaded 2-core machine
 # (task, inventory the fake nodes answer as, pyinfra arguments after the inventory)
@@ -70,7 +70,9 @@ class Sample:
     machine_busy: float | None = None
     stderr_tail: str = ""
     mesh: str = "certificates"  # the fleet's ssh.mesh
-    wire: dict[str, int] | None = None  # what the fake connector was sent and answered (wire.FIELDS)
+    wire: dict[str, int] | None = (
+        None  # what the fake connector was sent and answered (wire.FIELDS)
+    )
 
 
 @dataclass
@@ -81,11 +83,17 @@ class Setup:
     build_seconds: float
     stride: int
     pickle_mb: dict[str, float]
-    responder: dict[str, float]  # loading the converged inventory alone: cpu_seconds, maxrss_kb, seconds
+    responder: dict[
+        str, float
+    ]  # loading the converged inventory alone: cpu_seconds, maxrss_kb, seconds
     fact_bytes: dict[str, int]  # stdout bytes the controller reads per run, by task
     mesh: str = "certificates"
-    mesh_files: dict[str, int] = field(default_factory=dict)  # fleet_mod.mesh_files of the first node
-    mesh_files_total: dict[str, int] = field(default_factory=dict)  # min and max of the total over the nodes
+    mesh_files: dict[str, int] = field(
+        default_factory=dict
+    )  # fleet_mod.mesh_files of the first node
+    mesh_files_total: dict[str, int] = field(
+        default_factory=dict
+    )  # min and max of the total over the nodes
     # re-run's fact bytes (the converged DeployState bundles, all nodes) by fleet_mod.section_group
     fact_bytes_by_group: dict[str, int] = field(default_factory=dict)
 
@@ -103,10 +111,19 @@ class Results:
     profiles: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"plan": {"nodes": self.nodes, "runs": self.runs, "profile_at": self.profile_at, "mesh": self.mesh,
-                         "compare": self.compare, "compare_runs": self.compare_runs},
-                "setups": [asdict(s) for s in self.setups], "samples": [asdict(s) for s in self.samples],
-                "profiles": self.profiles}
+        return {
+            "plan": {
+                "nodes": self.nodes,
+                "runs": self.runs,
+                "profile_at": self.profile_at,
+                "mesh": self.mesh,
+                "compare": self.compare,
+                "compare_runs": self.compare_runs,
+            },
+            "setups": [asdict(s) for s in self.setups],
+            "samples": [asdict(s) for s in self.samples],
+            "profiles": self.profiles,
+        }
 
 
 def _drift_report(fleet: fleet_mod.Fleet) -> dict[str, Any] | None:
@@ -149,9 +166,15 @@ def judge(task: str, sample: Sample, stdout: str, fleet: fleet_mod.Fleet) -> Non
             if report.get("drift") or report.get("findings"):
                 found = report.get("findings", [])
                 problems.append(f"drift: {len(found)} findings, first: {found[:1]}")
-            # No mesh_probe: a checks/drift.py that probes every peer; the full proof answers it.
-            if sample.mesh_probe is not None and sample.mesh_probe.get("stride") != fleet.stride and fleet.nodes >= 4:
-                problems.append(f"drift probed with stride {sample.mesh_probe.get('stride')}, not the pinned {fleet.stride}")
+            # No mesh_probe: a checks/drift_check.py that probes every peer; the full proof answers it.
+            if (
+                sample.mesh_probe is not None
+                and sample.mesh_probe.get("stride") != fleet.stride
+                and fleet.nodes >= 4
+            ):
+                problems.append(
+                    f"drift probed with stride {sample.mesh_probe.get('stride')}, not the pinned {fleet.stride}"
+                )
     if sample.wire is None:
         problems.append("the run's wire counts are missing (bench/controller/wire.py)")
     sample.ok = not problems
@@ -170,38 +193,73 @@ class Runner:
     def _env(self, fleet: fleet_mod.Fleet, state: str) -> dict[str, str]:
         return {**self.env, **fleet.env(), "TRAINFLEET_FLEET": str(self._pickle(fleet, state))}
 
-    def build(self, nodes: int, document: dict[str, Any], mesh: str = "certificates") -> tuple[fleet_mod.Fleet, Setup]:
+    def build(
+        self, nodes: int, document: dict[str, Any], mesh: str = "certificates"
+    ) -> tuple[fleet_mod.Fleet, Setup]:
         import time
 
         started = time.perf_counter()
-        fleet = fleet_mod.build(nodes, self.workdir / f"fleet-{mesh}-{nodes}", document, log=self.log, mesh=mesh)
-        pickles = {state: fleet.write_inventory(state, self._pickle(fleet, state)) for state in ("converged", "fresh")}
+        fleet = fleet_mod.build(
+            nodes, self.workdir / f"fleet-{mesh}-{nodes}", document, log=self.log, mesh=mesh
+        )
+        pickles = {
+            state: fleet.write_inventory(state, self._pickle(fleet, state))
+            for state in ("converged", "fresh")
+        }
         seconds = time.perf_counter() - started
         code, usage, _, stderr = _run_measured(
-            [sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))", str(pickles["converged"])],
-            self.env, TIMEOUT, self.workdir / "usage.json")
+            [
+                sys.executable,
+                "-c",
+                "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))",
+                str(pickles["converged"]),
+            ],
+            self.env,
+            TIMEOUT,
+            self.workdir / "usage.json",
+        )
         if code != 0:
             raise RuntimeError(f"the converged inventory does not load: {stderr[-2000:]}")
-        bytes_of = lambda pick: sum(fleet_mod.stdout_bytes(pick(a)) for a in fleet.converged.values())  # noqa: E731
+        bytes_of = lambda pick: sum(
+            fleet_mod.stdout_bytes(pick(a)) for a in fleet.converged.values()
+        )
         totals = [fleet_mod.mesh_files(plan)["total"] for plan in fleet.plan.nodes.values()]
         groups: dict[str, int] = {}
         for answers in fleet.converged.values():
             for name, count in fleet_mod.section_bytes(answers.deploy_state).items():
-                groups[fleet_mod.section_group(name)] = groups.get(fleet_mod.section_group(name), 0) + count
+                groups[fleet_mod.section_group(name)] = (
+                    groups.get(fleet_mod.section_group(name), 0) + count
+                )
         setup = Setup(
-            nodes=nodes, mesh=mesh, build_seconds=round(seconds, 2), stride=fleet.stride,
+            nodes=nodes,
+            mesh=mesh,
+            build_seconds=round(seconds, 2),
+            stride=fleet.stride,
             mesh_files=fleet_mod.mesh_files(fleet.plan.nodes[fleet.cluster.nodes[0].name]),
             mesh_files_total={"min": min(totals), "max": max(totals)},
             fact_bytes_by_group=dict(sorted(groups.items())),
-            pickle_mb={state: round(path.stat().st_size / 2**20, 1) for state, path in pickles.items()},
-            responder={"seconds": round(usage["seconds"], 3), "cpu_seconds": round(usage["cpu_seconds"], 3),
-                       "maxrss_kb": usage["maxrss_kb"]},
-            fact_bytes={"floor": bytes_of(lambda a: [a.hostname]), "re-run": bytes_of(lambda a: a.deploy_state),
-                        "drift": bytes_of(lambda a: a.fingerprint),
-                        "first-provision plan": sum(fleet_mod.stdout_bytes(a.deploy_state) for a in fleet.fresh.values())})
-        self.log(f"N={nodes} ({mesh}): built in {seconds:.1f}s, inventories {setup.pickle_mb} MB, loading one costs "
-                 f"{setup.responder['cpu_seconds']:.2f}s CPU; fact bytes per run {setup.fact_bytes}; "
-                 f"one node's mesh files {setup.mesh_files['total']} bytes")
+            pickle_mb={
+                state: round(path.stat().st_size / 2**20, 1) for state, path in pickles.items()
+            },
+            responder={
+                "seconds": round(usage["seconds"], 3),
+                "cpu_seconds": round(usage["cpu_seconds"], 3),
+                "maxrss_kb": usage["maxrss_kb"],
+            },
+            fact_bytes={
+                "floor": bytes_of(lambda a: [a.hostname]),
+                "re-run": bytes_of(lambda a: a.deploy_state),
+                "drift": bytes_of(lambda a: a.fingerprint),
+                "first-provision plan": sum(
+                    fleet_mod.stdout_bytes(a.deploy_state) for a in fleet.fresh.values()
+                ),
+            },
+        )
+        self.log(
+            f"N={nodes} ({mesh}): built in {seconds:.1f}s, inventories {setup.pickle_mb} MB, loading one costs "
+            f"{setup.responder['cpu_seconds']:.2f}s CPU; fact bytes per run {setup.fact_bytes}; "
+            f"one node's mesh files {setup.mesh_files['total']} bytes"
+        )
         return fleet, setup
 
     def timed(self, task: str, fleet: fleet_mod.Fleet, round_: int) -> Sample:
@@ -211,35 +269,67 @@ class Runner:
         tally = self.workdir / "wire.json"
         tally.unlink(missing_ok=True)
         before = cpu_times(Path("/proc/stat").read_text())
-        code, usage, stdout, stderr = _run_measured([PYINFRA, *pyinfra_args(task)],
-                                                    {**self._env(fleet, state), wire.ENV: str(tally)}, TIMEOUT,
-                                                    self.workdir / "usage.json")
+        code, usage, stdout, stderr = _run_measured(
+            [PYINFRA, *pyinfra_args(task)],
+            {**self._env(fleet, state), wire.ENV: str(tally)},
+            TIMEOUT,
+            self.workdir / "usage.json",
+        )
         busy = busy_share(before, cpu_times(Path("/proc/stat").read_text()))
-        sample = Sample(task=task, nodes=fleet.nodes, round=round_, seconds=round(usage["seconds"], 3),
-                        cpu_seconds=round(usage["cpu_seconds"], 3), maxrss_kb=usage["maxrss_kb"], returncode=code,
-                        ok=False, machine_busy=busy, mesh=fleet.mesh, wire=wire.read(str(tally)))
+        sample = Sample(
+            task=task,
+            nodes=fleet.nodes,
+            round=round_,
+            seconds=round(usage["seconds"], 3),
+            cpu_seconds=round(usage["cpu_seconds"], 3),
+            maxrss_kb=usage["maxrss_kb"],
+            returncode=code,
+            ok=False,
+            machine_busy=busy,
+            mesh=fleet.mesh,
+            wire=wire.read(str(tally)),
+        )
         judge(task, sample, stdout, fleet)
         if not sample.ok:
             sample.stderr_tail = stderr[-3000:]
         read_mb = sample.wire["stdout_bytes"] / 2**20 if sample.wire else float("nan")
         sent_mb = sample.wire["command_bytes"] / 2**20 if sample.wire else float("nan")
-        self.log(f"  {task:21} N={fleet.nodes:<5} {fleet.mesh[:4]} {sample.seconds:8.2f}s cpu {sample.cpu_seconds:7.2f}s "
-                 f"rss {sample.maxrss_kb // 1024:5} MB busy {busy:.0%} read {read_mb:.2f} MB sent {sent_mb:.2f} MB "
-                 + ("ok" if sample.ok else f"FAILED: {sample.problem}"))
+        self.log(
+            f"  {task:21} N={fleet.nodes:<5} {fleet.mesh[:4]} {sample.seconds:8.2f}s cpu {sample.cpu_seconds:7.2f}s "
+            f"rss {sample.maxrss_kb // 1024:5} MB busy {busy:.0%} read {read_mb:.2f} MB sent {sent_mb:.2f} MB "
+            + ("ok" if sample.ok else f"FAILED: {sample.problem}")
+        )
         return sample
 
     def profiled(self, task: str, fleet: fleet_mod.Fleet) -> dict[str, Any]:
-        """One run through ``bench.driver --cprofile``: the 15 functions with the most own time."""
+        """One run through ``bench.lab_driver --cprofile``: the 15 functions with the most own time."""
         state, _ = TASKS[task]
         tally_file = self.workdir / f"tally-{task}-{fleet.nodes}.json"
-        argv = [sys.executable, "-m", "bench.driver", str(tally_file), "--cprofile", "--", *pyinfra_args(task)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.lab_driver",
+            str(tally_file),
+            "--cprofile",
+            "--",
+            *pyinfra_args(task),
+        ]
         code, _, stderr = _run_child(argv, self._env(fleet, state), TIMEOUT)
         if not tally_file.exists():
-            raise RuntimeError(f"the profiled {task} wrote no tally (exit {code}): {stderr[-2000:]}")
+            raise RuntimeError(
+                f"the profiled {task} wrote no tally (exit {code}): {stderr[-2000:]}"
+            )
         tally = json.loads(tally_file.read_text())
-        self.log(f"  {task:21} N={fleet.nodes:<5} profiled, exit {code}; top: {tally['cprofile'][0]['function']}")
-        return {"task": task, "nodes": fleet.nodes, "exit": code, "end_seconds": tally.get("end"),
-                "cprofile": tally["cprofile"][:15]}
+        self.log(
+            f"  {task:21} N={fleet.nodes:<5} profiled, exit {code}; top: {tally['cprofile'][0]['function']}"
+        )
+        return {
+            "task": task,
+            "nodes": fleet.nodes,
+            "exit": code,
+            "end_seconds": tally.get("end"),
+            "cprofile": tally["cprofile"][:15],
+        }
 
     def discard(self, fleet: fleet_mod.Fleet) -> None:
         """The fleet's files (its inventories reach hundreds of MB at 1024 nodes)."""
@@ -248,7 +338,12 @@ class Runner:
         shutil.rmtree(self.workdir / f"fleet-{fleet.mesh}-{fleet.nodes}", ignore_errors=True)
 
 
-def measure(runner: Runner, results: Results, document: dict[str, Any], on_progress: Callable[[Results], None]) -> Results:
+def measure(
+    runner: Runner,
+    results: Results,
+    document: dict[str, Any],
+    on_progress: Callable[[Results], None],
+) -> Results:
     for nodes in results.nodes:
         fleet, setup = runner.build(nodes, document, results.mesh)
         results.setups.append(setup)

@@ -20,11 +20,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.report import source
+from bench.lab_report import source
 from bench.run import PYINFRA, REPO, parse_results
 
 RECORDED = Path(__file__).with_name("recorded.json")
-LAB_LOCK = "/tmp/trainfleet-lab.lock"  # the lock every session's lab use holds (flock(1) on the same file)
+LAB_LOCK = (
+    "/tmp/trainfleet-lab.lock"  # the lock every session's lab use holds (flock(1) on the same file)
+)
 LAB_NODES = 3
 NODE = "node1"
 MARK = "--trainfleet-fingerprint--"
@@ -34,8 +36,11 @@ def bundle_command(kind: str, users: list[str], peers: list[str]) -> str:
     """The exact shell text pyinfra sends for a bundle (``deploy_state`` | ``fingerprint``)."""
     from facts.fingerprint import DeployState, NodeFingerprint
 
-    command = (DeployState().command(users=users) if kind == "deploy_state"
-               else NodeFingerprint().command(users=users, peers=peers))
+    command = (
+        DeployState().command(users=users)
+        if kind == "deploy_state"
+        else NodeFingerprint().command(users=users, peers=peers)
+    )
     return command.get_raw_value()
 
 
@@ -47,33 +52,64 @@ def decode_bundle(stdout: str) -> dict[str, str]:
     for at, line in enumerate(lines):
         if line.startswith(MARK + " "):
             encoded = lines[at + 1] if at + 1 < len(lines) else ""
-            sections[line.split(" ", 1)[1]] = base64.b64decode(encoded, validate=True).decode("utf-8", "surrogateescape")
+            sections[line.split(" ", 1)[1]] = base64.b64decode(encoded, validate=True).decode(
+                "utf-8", "surrogateescape"
+            )
     return sections
 
 
 def _ssh(lab: Any, node: str, command: str) -> str:
     """Run ``command`` on a lab node as pyinfra's ssh connector does (``sh -c``, no tty)."""
     address = lab.node(node).address
-    argv = ["ssh", "-i", str(lab.key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
-            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-            f"root@{address}", "sh -c " + shlex.quote(command)]
-    result = subprocess.run(argv, capture_output=True, text=True, errors="surrogateescape", timeout=300,
-                            stdin=subprocess.DEVNULL, check=False)
+    argv = [
+        "ssh",
+        "-i",
+        str(lab.key),
+        "-o",
+        f"UserKnownHostsFile={lab.known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "LogLevel=ERROR",
+        f"root@{address}",
+        "sh -c " + shlex.quote(command),
+    ]
+    result = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        errors="surrogateescape",
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     if result.returncode != 0:
-        raise RuntimeError(f"{node}: the bundle command exited {result.returncode}: {result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"{node}: the bundle command exited {result.returncode}: {result.stderr[-2000:]}"
+        )
     return result.stdout
 
 
 def _deploy(env: dict[str, str]) -> tuple[int, int | None, int | None, str]:
-    proc = subprocess.run([PYINFRA, "-y", "--json", "inventories/lab.py", "deploy/cluster.py"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        [PYINFRA, "-y", "--json", "inventories/lab.py", "deploy/cluster.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     changed, errors = parse_results(proc.stdout)
     return proc.returncode, changed, errors, proc.stderr[-3000:]
 
 
 def record(out: Path = RECORDED, log: Any = print) -> dict[str, Any]:
     """Take the recording (needs root and the lab); write and return it."""
-    from lab.cluster import Lab
+    from lab.netns import Lab
 
     if os.geteuid() != 0:
         raise SystemExit("record: the lab needs root")
@@ -82,13 +118,17 @@ def record(out: Path = RECORDED, log: Any = print) -> dict[str, Any]:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the lock `flock /tmp/trainfleet-lab.lock CMD` takes
         lab = Lab()
         if lab.is_up():
-            raise SystemExit("record: a lab is up although nobody holds the lab lock; take it down "
-                             "(`python -m lab down`) if it is yours")
+            raise SystemExit(
+                "record: a lab is up although nobody holds the lab lock; take it down "
+                "(`python -m lab down`) if it is yours"
+            )
         try:
             return _record(lab, out, log)
         finally:
             left = lab.down(log=log)
-            netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+            netns = subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True, check=False
+            ).stdout
             if left or "tflab-" in netns:
                 log(f"record: the lab left this behind: {left} {netns}")
 
@@ -109,22 +149,36 @@ def _record(lab: Any, out: Path, log: Any) -> dict[str, Any]:
             log(f"record: {attempt}: exit {code}, changed {changed}, errors {errors}")
             runs.append({"run": attempt, "exit": code, "changed": changed, "errors": errors})
             if code != 0 or errors:
-                raise RuntimeError(f"record: {attempt} of deploy/cluster.py failed (exit {code}): {stderr}")
+                raise RuntimeError(
+                    f"record: {attempt} of deploy/cluster.py failed (exit {code}): {stderr}"
+                )
         if runs[-1]["changed"]:
-            raise RuntimeError(f"record: the re-run changed {runs[-1]['changed']} host-operations: not converged")
+            raise RuntimeError(
+                f"record: the re-run changed {runs[-1]['changed']} host-operations: not converged"
+            )
     converged = decode_bundle(_ssh(lab, NODE, bundle_command("deploy_state", users, peers)))
     fingerprint = decode_bundle(_ssh(lab, NODE, bundle_command("fingerprint", users, peers)))
     node = lab.node(NODE)
-    identity = dict(line.split(" ", 1) for line in fingerprint["identity"].splitlines() if " " in line)
+    identity = dict(
+        line.split(" ", 1) for line in fingerprint["identity"].splitlines() if " " in line
+    )
     document = {
         "header": {
-            "what": ("node1's answers to trainfleet's one-command fact bundles, decoded section by section: "
-                     "fresh = DeployState of a freshly booted lab node before any deploy; converged = "
-                     "DeployState and NodeFingerprint after deploy/cluster.py and a re-run that changed nothing"),
+            "what": (
+                "node1's answers to trainfleet's one-command fact bundles, decoded section by section: "
+                "fresh = DeployState of a freshly booted lab node before any deploy; converged = "
+                "DeployState and NodeFingerprint after deploy/cluster.py and a re-run that changed nothing"
+            ),
             "how": "python -m bench.controller record (bench/controller/record.py)",
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            "lab": {"nodes": LAB_NODES, "node": NODE, "address": node.address, "peers": peers,
-                    "decoy": True, "spec": spec},
+            "lab": {
+                "nodes": LAB_NODES,
+                "node": NODE,
+                "address": node.address,
+                "peers": peers,
+                "decoy": True,
+                "spec": spec,
+            },
             "kernel": identity.get("kernel", "").strip(),
             "os": identity.get("os", "").strip(),
             "source": source(REPO),
@@ -140,5 +194,7 @@ def _record(lab: Any, out: Path, log: Any) -> dict[str, Any]:
 
 def load(path: Path = RECORDED) -> dict[str, Any]:
     if not path.exists():
-        raise SystemExit(f"{path} is missing: record it first (as root: python -m bench.controller record)")
+        raise SystemExit(
+            f"{path} is missing: record it first (as root: python -m bench.controller record)"
+        )
     return json.loads(path.read_text())

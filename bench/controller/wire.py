@@ -1,7 +1,7 @@
 """What crosses the wire in one pyinfra run against the fake fleet, counted where pyinfra's
 ``@fake`` connector sees it: each command it is asked to run (the string a real connector would
 send), the stdout lines it answers with (what the controller reads back), and the files
-pyinfra would upload. Installed by bench/controller/inventory.py when ``TRAINFLEET_BENCH_WIRE``
+pyinfra would upload. Installed by bench/controller/fake_inventory.py when ``TRAINFLEET_BENCH_WIRE``
 names a file; the counts are written there as JSON when the pyinfra process exits.
 
 The cost inside a timed run is one ``len`` per command and per answered line.
@@ -42,10 +42,14 @@ def install(path: str) -> dict[str, int]:
     def counted_lookup(self: Any, command_str: str) -> Any:
         status, output = lookup(self, command_str)
         counts["commands"] += 1
-        counts["command_bytes"] += len(command_str.encode("utf-8", "surrogateescape")) + 1  # and its newline
+        counts["command_bytes"] += (
+            len(command_str.encode("utf-8", "surrogateescape")) + 1
+        )  # and its newline
         lines = output.stdout_lines
         counts["stdout_lines"] += len(lines)
-        counts["stdout_bytes"] += sum(len(line.encode("utf-8", "surrogateescape")) + 1 for line in lines)
+        counts["stdout_bytes"] += sum(
+            len(line.encode("utf-8", "surrogateescape")) + 1 for line in lines
+        )
         return status, output
 
     def counted_put_file(self: Any, filename_or_io: Any, *args: Any, **kwargs: Any) -> bool:

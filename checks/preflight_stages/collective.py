@@ -17,13 +17,34 @@ def say(step, **data):
     print(json.dumps({"step": step, **data}), flush=True)
 
 
-rank, local, world, master, port, backend, limit = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
-                                                    int(sys.argv[5]), sys.argv[6], float(sys.argv[7]))
+rank, local, world, master, port, backend, limit = (
+    int(sys.argv[1]),
+    int(sys.argv[2]),
+    int(sys.argv[3]),
+    sys.argv[4],
+    int(sys.argv[5]),
+    sys.argv[6],
+    float(sys.argv[7]),
+)
 nbytes = int(sys.argv[8]) if len(sys.argv) > 8 else 0
 deadline = time.monotonic() + limit
 visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-gpu = (visible[local] if local < len(visible) else f"none (CUDA_VISIBLE_DEVICES lists {len(visible)})") if visible else local
-say("start", rank=rank, local=local, host=socket.gethostname(), gpu=gpu if backend == "nccl" else None)
+gpu = (
+    (
+        visible[local]
+        if local < len(visible)
+        else f"none (CUDA_VISIBLE_DEVICES lists {len(visible)})"
+    )
+    if visible
+    else local
+)
+say(
+    "start",
+    rank=rank,
+    local=local,
+    host=socket.gethostname(),
+    gpu=gpu if backend == "nccl" else None,
+)
 try:
     import torch
     import torch.distributed as dist
@@ -64,28 +85,45 @@ def timed_all_reduce(device):
 # Rendezvous through the master's store first, so that on a timeout the master can say
 # which ranks joined and which did not.
 try:
-    store = dist.TCPStore(master, port, world, rank == 0, timedelta(seconds=limit), wait_for_workers=False)
+    store = dist.TCPStore(
+        master, port, world, rank == 0, timedelta(seconds=limit), wait_for_workers=False
+    )
     store.set(f"joined/{rank}", socket.gethostname())
     store.add("joined", 1)
     while int(store.add("joined", 0)) < world:
         if time.monotonic() > deadline:
             joined = [r for r in range(world) if store.check([f"joined/{r}"])]
-            say("timeout", stage="rendezvous", joined=joined, missing=[r for r in range(world) if r not in joined])
+            say(
+                "timeout",
+                stage="rendezvous",
+                joined=joined,
+                missing=[r for r in range(world) if r not in joined],
+            )
             sys.exit(3)
         time.sleep(0.1)
     say("joined")
     if backend == "nccl":
-        torch.cuda.set_device(local)  # local rank i: the i-th device CUDA_VISIBLE_DEVICES leaves visible
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())))
+        torch.cuda.set_device(
+            local
+        )  # local rank i: the i-th device CUDA_VISIBLE_DEVICES leaves visible
+    dist.init_process_group(
+        backend,
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
+    )
     say("initialised", backend=backend)
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     value = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(value)
     expected = world * (world + 1) / 2
     say("all_reduce", ok=bool(torch.all(value == expected)), got=float(value[0]), expected=expected)
-    versions = {"torch": torch.__version__, "cuda": torch.version.cuda,
-                "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None}
+    versions = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None,
+    }
     # all_gather of fixed-size byte tensors (all_gather_object would need numpy in the venv)
     blob = json.dumps(versions).encode()[:255].ljust(256, b" ")
     mine = torch.tensor(list(blob), dtype=torch.uint8, device=device)
@@ -99,5 +137,9 @@ try:
     dist.destroy_process_group()
     say("done")
 except Exception as exc:
-    say("error", stage="collective", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    say(
+        "error",
+        stage="collective",
+        error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+    )
     sys.exit(4)

@@ -13,7 +13,12 @@ HERE = Path(__file__).resolve().parent
 # Modules that share the torch-converged lab, in the order they run: last and back to back, so
 # the stack is installed once per session (a `lab.fresh()` between them would install it again).
 # test_sudo_login hardens that lab (root refused), so it runs last of all.
-TORCH_MODULES = ("test_launchers.py", "test_torch_preflight.py", "test_torch_stack.py", "test_sudo_login.py")
+TORCH_MODULES = (
+    "test_launchers.py",
+    "test_torch_preflight.py",
+    "test_torch_stack.py",
+    "test_sudo_login.py",
+)
 
 
 def _torch_rank(item) -> int:
@@ -29,7 +34,9 @@ def pytest_collection_modifyitems(config, items):
             if os.geteuid() != 0:
                 # In CI a lab test that cannot run is a failure: a green run must have run them.
                 if os.environ.get("CI"):
-                    raise pytest.UsageError("lab tests need root (namespaces, mounts) and CI must run them")
+                    raise pytest.UsageError(
+                        "lab tests need root (namespaces, mounts) and CI must run them"
+                    )
                 item.add_marker(pytest.mark.skip(reason="lab tests need root (namespaces, mounts)"))
 
 
@@ -39,7 +46,9 @@ def lab(tmp_path_factory) -> LabController:
     os.environ["TRAINFLEET_HOME"] = str(tmp_path_factory.mktemp("trainfleet-home"))
     controller = LabController()
     if controller.lab.is_up():
-        pytest.fail("a lab is already up: the tests bring up their own (`python -m lab down` first)")
+        pytest.fail(
+            "a lab is already up: the tests bring up their own (`python -m lab down` first)"
+        )
     yield controller
     left = controller.down()
     assert not left, f"the test lab left this behind: {left}"

@@ -7,19 +7,21 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from lab.cluster import Lab
-from lab.stack import launch_stack
+from lab.lab_stack import launch_stack
+from lab.netns import Lab
 
 REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 LAB_INVENTORY = str(REPO / "inventories/lab.py")
-TORCH_STACK = launch_stack()  # torch, accelerate, DeepSpeed, OpenMPI: one install shared by every torch test
+TORCH_STACK = (
+    launch_stack()
+)  # torch, accelerate, DeepSpeed, OpenMPI: one install shared by every torch test
 
 
 @dataclass
@@ -53,21 +55,38 @@ class Run:
 
     def planned_changes(self) -> dict[str, list[str]]:
         """With --dry: operation name -> hosts pyinfra would change."""
-        return {op["name"]: op["hosts_with_change"] for op in self.report.get("plan", []) if op["hosts_with_change"]}
+        return {
+            op["name"]: op["hosts_with_change"]
+            for op in self.report.get("plan", [])
+            if op["hosts_with_change"]
+        }
 
     def describe(self) -> str:
         return f"$ {' '.join(self.argv)}\nexit {self.returncode}\n{self.stderr[-4000:]}"
 
 
-def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300,
-            data: dict[str, str] | None = None, env: dict[str, str] | None = None, limit: str | None = None) -> Run:
+def pyinfra(
+    inventory: str,
+    *deploys: str,
+    dry: bool = False,
+    timeout: int = 300,
+    data: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+    limit: str | None = None,
+) -> Run:
     extra = [arg for key, value in (data or {}).items() for arg in ("--data", f"{key}={value}")]
     extra += ["--limit", limit] if limit else []
     # --dry without -y: pyinfra's -y turns change-checking off, so a dry run with it plans
     # no change whatever the nodes hold (a dry run never prompts, so no -y is needed).
     argv = [PYINFRA, *(["--dry"] if dry else ["-y"]), "--json", *extra, inventory, *deploys]
-    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**os.environ, **env} if env else None)
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
     report: dict[str, Any] | None = None
     error = "no JSON in the output"
     start = proc.stdout.find("{")
@@ -81,14 +100,21 @@ def pyinfra(inventory: str, *deploys: str, dry: bool = False, timeout: int = 300
 
 def fact(inventory: str, fact_name: str, *args: str) -> dict[str, Any]:
     """``pyinfra INVENTORY fact NAME ARGS --json``: {host: value}."""
-    proc = subprocess.run([PYINFRA, "--json", inventory, "fact", fact_name, *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    proc = subprocess.run(
+        [PYINFRA, "--json", inventory, "fact", fact_name, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     (values,) = json.loads(proc.stdout).values()
     return values
 
 
-def deploy_twice(inventory: str, deploy: str, data: dict[str, str] | None = None) -> tuple[Run, Run]:
+def deploy_twice(
+    inventory: str, deploy: str, data: dict[str, str] | None = None
+) -> tuple[Run, Run]:
     """Run a deploy, then again: the second run must change nothing (the idempotency property)."""
     first = pyinfra(inventory, deploy, data=data)
     assert first.returncode == 0, first.describe()
@@ -99,19 +125,29 @@ def deploy_twice(inventory: str, deploy: str, data: dict[str, str] | None = None
     return first, second
 
 
-def readmit(lab: "LabController", *nodes: str) -> None:
+def readmit(lab: LabController, *nodes: str) -> None:
     """The operator's word that nodes put back in the spec may present the host keys they had
     when they left it (``keys readmit``): revoked host keys come back only this way."""
-    subprocess.run([sys.executable, "-m", "trainfleet", "keys", "readmit", str(lab.lab.spec),
-                    *nodes], check=True, cwd=REPO, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "trainfleet", "keys", "readmit", str(lab.lab.spec), *nodes],
+        check=True,
+        cwd=REPO,
+        capture_output=True,
+    )
 
 
-def on_every_node(lab: "LabController", nodes: list[str], command: str, timeout: int = 300) -> dict[str, str]:
+def on_every_node(
+    lab: LabController, nodes: list[str], command: str, timeout: int = 300
+) -> dict[str, str]:
     """Run ``command`` on the nodes at once (installs take a while); {node: stdout}."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(nodes)) as pool:
-        return dict(zip(nodes, pool.map(lambda n: lab.ssh(n, command, timeout=timeout), nodes)))
+        return dict(
+            zip(
+                nodes, pool.map(lambda n: lab.ssh(n, command, timeout=timeout), nodes), strict=False
+            )
+        )
 
 
 class LabController:
@@ -129,15 +165,39 @@ class LabController:
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
 
-    def ssh(self, node: str, command: str, check: bool = True, input: str | None = None, timeout: int = 60,
-            user: str = "root") -> str:
+    def ssh(
+        self,
+        node: str,
+        command: str,
+        check: bool = True,
+        input: str | None = None,
+        timeout: int = 60,
+        user: str = "root",
+    ) -> str:
         """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return stdout."""
         address = self.lab.node(node).address
-        argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                f"{user}@{address}", command]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                input=input if input is not None else "")
+        argv = [
+            "ssh",
+            "-i",
+            str(self.lab.key),
+            "-o",
+            f"UserKnownHostsFile={self.lab.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"{user}@{address}",
+            command,
+        ]
+        result = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input if input is not None else "",
+        )
         if check:
             assert result.returncode == 0, f"{node}: {command}: {result.stderr}"
         return result.stdout
@@ -146,31 +206,52 @@ class LabController:
         """Copy a local directory's contents to ``remote`` on ``node`` (tar over the same SSH)."""
         address = self.lab.node(node).address
         tar = subprocess.Popen(["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE)
-        argv = ["ssh", "-i", str(self.lab.key), "-o", f"UserKnownHostsFile={self.lab.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
-                f"root@{address}", f"mkdir -p '{remote}' && tar -C '{remote}' -xf -"]
+        argv = [
+            "ssh",
+            "-i",
+            str(self.lab.key),
+            "-o",
+            f"UserKnownHostsFile={self.lab.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+            f"root@{address}",
+            f"mkdir -p '{remote}' && tar -C '{remote}' -xf -",
+        ]
         result = subprocess.run(argv, stdin=tar.stdout, capture_output=True, timeout=120)
         tar.wait()
-        assert tar.returncode == 0 and result.returncode == 0, f"{node}: copy to {remote}: {result.stderr!r}"
+        assert tar.returncode == 0 and result.returncode == 0, (
+            f"{node}: copy to {remote}: {result.stderr!r}"
+        )
 
     def read(self, node: str, paths: list[str]) -> dict[str, str | None]:
         """Several files of a node in one SSH round trip: {path: content, or None if missing}."""
         sep = "--8<-- trainfleet test --8<--"
-        script = "; ".join(f"echo '{sep} {p}'; cat '{p}' 2>/dev/null || echo '{sep} missing'" for p in paths)
+        script = "; ".join(
+            f"echo '{sep} {p}'; cat '{p}' 2>/dev/null || echo '{sep} missing'" for p in paths
+        )
         out: dict[str, str | None] = {}
         current = None
         for line in self.ssh(node, script).splitlines(keepends=True):
             if line.startswith(sep + " missing"):
                 out[current] = None
             elif line.startswith(sep):
-                current = line[len(sep) + 1:].strip()
+                current = line[len(sep) + 1 :].strip()
                 out[current] = ""
             else:
                 out[current] += line
         return out
 
-    def spec_inventory(self, tmp_path: Path, keep: list[str] | None = None,
-                       node_settings: dict[str, dict] | None = None, **sections: dict) -> str:
+    def spec_inventory(
+        self,
+        tmp_path: Path,
+        keep: list[str] | None = None,
+        node_settings: dict[str, dict] | None = None,
+        **sections: dict,
+    ) -> str:
         """An inventory for a variant of the lab's spec: only the ``keep`` nodes, per-node
         settings and top-level sections merged in."""
         spec = yaml.safe_load(self.lab.spec.read_text())
@@ -183,8 +264,10 @@ class LabController:
         spec_file = tmp_path / "variant.yml"
         spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
         inventory = tmp_path / "variant.py"
-        inventory.write_text(textwrap.dedent(f"""\
+        inventory.write_text(
+            textwrap.dedent(f"""\
             from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
             nodes = pyinfra_hosts(load_cluster_or_exit({str(spec_file)!r}))
-            """))
+            """)
+        )
         return str(inventory)

@@ -16,10 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from checks.drift import report_path
-from facts.gpu_node import MEMLOCK_CONF
+from checks.drift_check import report_path
+from facts.gpu_node_facts import MEMLOCK_CONF
 from tests.lab.harness import deploy_twice, pyinfra
-from trainfleet.gpu_node import memlock_conf
+from trainfleet.capabilities.gpu_node import memlock_conf
 
 CLUSTER = "deploy/cluster.py"
 DRIFT = "deploy/drift.py"
@@ -34,8 +34,10 @@ MEMLOCK = "unlimited" if HARD == resource.RLIM_INFINITY else str(max(64, HARD //
 @pytest.fixture(scope="module")
 def converged(lab, tmp_path_factory):
     lab.fresh(3)
-    inventory = lab.spec_inventory(tmp_path_factory.mktemp("gpu_node"), gpu={"memlock": MEMLOCK if MEMLOCK == "unlimited"
-                                                                             else int(MEMLOCK)})
+    inventory = lab.spec_inventory(
+        tmp_path_factory.mktemp("gpu_node"),
+        gpu={"memlock": MEMLOCK if MEMLOCK == "unlimited" else int(MEMLOCK)},
+    )
     first, second = deploy_twice(inventory, CLUSTER)
     return SimpleNamespace(lab=lab, inventory=inventory, first=first, second=second)
 
@@ -63,7 +65,9 @@ def test_drift_is_clean_and_reads_memlock_as_the_session_sees_it(converged):
         props = report["nodes"][node]["properties"]
         assert props["memlock (non-login ssh)"] == MEMLOCK
         assert props["clock sync"] == "none" and props["cluster MTU"] == "1500"
-        assert "persistence mode" not in props  # no nvidia-smi on a lab node: no GPU property to compare
+        assert (
+            "persistence mode" not in props
+        )  # no nvidia-smi on a lab node: no GPU property to compare
 
 
 def test_a_hand_lowered_memlock_is_named_on_its_node_then_converged_again(converged):
@@ -73,9 +77,13 @@ def test_a_hand_lowered_memlock_is_named_on_its_node_then_converged_again(conver
     run, report = drift_run(converged.inventory)
     assert run.returncode != 0
     found = {(f["node"], f["property"]): f for f in report["findings"]}
-    assert set(found) == {("node2", "memlock (non-login ssh)"), ("node2", "memlock file")}, report["findings"]
-    assert (found[("node2", "memlock (non-login ssh)")]["observed"],
-            found[("node2", "memlock (non-login ssh)")]["expected"]) == ("64", MEMLOCK)
+    assert set(found) == {("node2", "memlock (non-login ssh)"), ("node2", "memlock file")}, report[
+        "findings"
+    ]
+    assert (
+        found[("node2", "memlock (non-login ssh)")]["observed"],
+        found[("node2", "memlock (non-login ssh)")]["expected"],
+    ) == ("64", MEMLOCK)
     first, _ = deploy_twice(converged.inventory, CLUSTER)
     assert first.changed()[OP] == ["node2"]
     run, report = drift_run(converged.inventory)

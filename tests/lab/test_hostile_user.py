@@ -6,24 +6,28 @@ from __future__ import annotations
 
 import pytest
 
-from facts.managed_block import USER_PATH
+from facts.managed_block_facts import USER_PATH
 from tests.lab.harness import fact, pyinfra
 
 DEPLOY = "deploy/cluster.py"
 # node3's root: its login carries a variable (bash reads ~/.bashrc for an ssh command, so every
 # command pyinfra runs there has it) and its ssh config is a link into its own dotfiles.
 ROOT_ENV = "TF_ROOT_ONLY"
-ROOTS_NODE3 = (f"sed -i '1i export {ROOT_ENV}=root-env-marker' /root/.bashrc && mkdir -m 700 /root/dotfiles && "
-               "{ [ -f /root/.ssh/config ] && mv /root/.ssh/config /root/dotfiles/ssh_config || "
-               "  printf 'Host *\\n    ServerAliveInterval 60\\n' > /root/dotfiles/ssh_config; } && "
-               "chmod 600 /root/dotfiles/ssh_config && ln -s ../dotfiles/ssh_config /root/.ssh/config")
+ROOTS_NODE3 = (
+    f"sed -i '1i export {ROOT_ENV}=root-env-marker' /root/.bashrc && mkdir -m 700 /root/dotfiles && "
+    "{ [ -f /root/.ssh/config ] && mv /root/.ssh/config /root/dotfiles/ssh_config || "
+    "  printf 'Host *\\n    ServerAliveInterval 60\\n' > /root/dotfiles/ssh_config; } && "
+    "chmod 600 /root/dotfiles/ssh_config && ln -s ../dotfiles/ssh_config /root/.ssh/config"
+)
 ALICE = "su -s /bin/sh alice -c "
 # What alice must never get at: root's SSH directory, the password hashes, a host key.
 GUARDED = "/root /root/.ssh /root/.ssh/authorized_keys /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key"
-SNAPSHOT = (f"for f in {GUARDED}; do printf '%s ' \"$f\"; stat -c '%U:%G %a' \"$f\"; done; "
-            "sha256sum /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key; "
-            # everything alice owns outside her home (the places root writes)
-            "find /root /etc /run /opt -xdev -user alice 2>/dev/null")
+SNAPSHOT = (
+    f"for f in {GUARDED}; do printf '%s ' \"$f\"; stat -c '%U:%G %a' \"$f\"; done; "
+    "sha256sum /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key; "
+    # everything alice owns outside her home (the places root writes)
+    "find /root /etc /run /opt -xdev -user alice 2>/dev/null"
+)
 
 
 def as_alice(lab, node: str, script: str) -> str:
@@ -53,9 +57,13 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
     # dotfiles habit that must keep working: ~/.ssh/config is a link into her own dotfiles
     # (whose `Match exec` records the environment every ssh of hers runs with); root has
     # the same habit.
-    as_alice(lab, "node3", "mkdir -m 700 ~/.ssh ~/dotfiles && ln -s /etc/shadow ~/.ssh/id_trainfleet.trainfleet-new"
-                           " && printf 'Match exec \"env > ~/ssh-env; false\"\\nHost *\\n    ServerAliveInterval 30\\n'"
-                           " > ~/dotfiles/ssh_config && ln -s ~/dotfiles/ssh_config ~/.ssh/config")
+    as_alice(
+        lab,
+        "node3",
+        "mkdir -m 700 ~/.ssh ~/dotfiles && ln -s /etc/shadow ~/.ssh/id_trainfleet.trainfleet-new"
+        " && printf 'Match exec \"env > ~/ssh-env; false\"\\nHost *\\n    ServerAliveInterval 30\\n'"
+        " > ~/dotfiles/ssh_config && ln -s ~/dotfiles/ssh_config ~/.ssh/config",
+    )
     lab.ssh("node3", ROOTS_NODE3)
     before = {node: lab.ssh(node, SNAPSHOT) for node in ("node1", "node2", "node3")}
 
@@ -71,41 +79,67 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         assert run.errors()["SSH mesh for alice"] == ["node2"]
         assert "node1" in run.errors()["OpenMPI network (~/.openmpi/mca-params.conf)"]
         assert "SSH mesh for root" not in run.errors()
-        assert "[node1] trainfleet: /etc/passwd: cannot make a temp file in /etc; nothing was changed" in run.stderr
+        assert (
+            "[node1] trainfleet: /etc/passwd: cannot make a temp file in /etc; nothing was changed"
+            in run.stderr
+        )
         # (her writer runs with LANG=C.UTF-8: coreutils quotes in Unicode)
         assert "[node2] mkdir: cannot stat ‘/home/alice/.ssh’: Permission denied" in run.stderr
-    assert not {op: hosts for op, hosts in second.changed().items() if "node3" in hosts}, second.changed()
+    assert not {op: hosts for op, hosts in second.changed().items() if "node3" in hosts}, (
+        second.changed()
+    )
     for node in ("node1", "node2", "node3"):
         assert lab.ssh(node, SNAPSHOT) == before[node], f"{node}: something of root's changed"
         assert lab.ssh(node, "true") == ""  # root still logs in
     # The dotfiles link stays a link; its target, hers, holds the block above her lines.
-    assert lab.ssh("node3", "readlink /home/alice/.ssh/config") == "/home/alice/dotfiles/ssh_config\n"
+    assert (
+        lab.ssh("node3", "readlink /home/alice/.ssh/config") == "/home/alice/dotfiles/ssh_config\n"
+    )
     config = lab.ssh("node3", "cat /home/alice/dotfiles/ssh_config")
     assert config.startswith("# BEGIN trainfleet managed block: ssh mesh hosts")
     assert config.endswith("Host *\n    ServerAliveInterval 30\n")
     # Her mesh works on node3: she reaches node3 itself by name with the cluster key.
-    assert lab.ssh("node3", ALICE + _q("ssh -o BatchMode=yes node3 true && echo mesh-ok")) == "mesh-ok\n"
+    assert (
+        lab.ssh("node3", ALICE + _q("ssh -o BatchMode=yes node3 true && echo mesh-ok"))
+        == "mesh-ok\n"
+    )
     # Root's dotfiles link too stays a link; its target, root's, holds the block above root's lines.
-    assert lab.ssh("node3", "readlink /root/.ssh/config; stat -c '%U %a' /root/dotfiles/ssh_config") == (
-        "../dotfiles/ssh_config\nroot 600\n")
-    assert lab.ssh("node3", "cat /root/dotfiles/ssh_config").startswith("# BEGIN trainfleet managed block: ssh mesh hosts")
+    assert lab.ssh(
+        "node3", "readlink /root/.ssh/config; stat -c '%U %a' /root/dotfiles/ssh_config"
+    ) == ("../dotfiles/ssh_config\nroot 600\n")
+    assert lab.ssh("node3", "cat /root/dotfiles/ssh_config").startswith(
+        "# BEGIN trainfleet managed block: ssh mesh hosts"
+    )
 
     # The mesh probe as alice (drift's and the preflight's) runs ssh with a fixed environment:
     # nothing of root's, although every command pyinfra runs as root on node3 carries it.
     assert lab.ssh("node3", f"echo ${ROOT_ENV}") == "root-env-marker\n"
     lab.ssh("node3", "rm -f /home/alice/ssh-env")
-    assert fact(inventory, "facts.ssh_mesh.SshMeshProof", "user=alice", "peers=node3")["node3"] == {"node3": "ok"}
-    seen = dict(line.split("=", 1) for line in lab.ssh("node3", "cat /home/alice/ssh-env").splitlines() if "=" in line)
-    assert ROOT_ENV not in seen and seen["PATH"] == USER_PATH and seen["HOME"] == "/home/alice", seen
+    assert fact(inventory, "facts.ssh_mesh_facts.SshMeshProof", "user=alice", "peers=node3")[
+        "node3"
+    ] == {"node3": "ok"}
+    seen = dict(
+        line.split("=", 1)
+        for line in lab.ssh("node3", "cat /home/alice/ssh-env").splitlines()
+        if "=" in line
+    )
+    assert ROOT_ENV not in seen and seen["PATH"] == USER_PATH and seen["HOME"] == "/home/alice", (
+        seen
+    )
 
     # Root's link into a directory alice can change is refused, naming the file, untouched.
     as_alice(lab, "node3", "printf 'Host *\\n' > ~/theirs")
     lab.ssh("node3", "ln -sfn /home/alice/theirs /root/.ssh/config")
     refused = pyinfra(inventory, DEPLOY, limit="node3")
     assert refused.returncode != 0, refused.describe()  # node3 was the only host: no --json report
-    assert ("[node3] trainfleet: /root/.ssh/config: is a symbolic link through /home/alice, which is not root's alone"
-            in refused.stderr), refused.describe()
-    assert lab.ssh("node3", "cat /home/alice/theirs; readlink /root/.ssh/config") == "Host *\n/home/alice/theirs\n"
+    assert (
+        "[node3] trainfleet: /root/.ssh/config: is a symbolic link through /home/alice, which is not root's alone"
+        in refused.stderr
+    ), refused.describe()
+    assert (
+        lab.ssh("node3", "cat /home/alice/theirs; readlink /root/.ssh/config")
+        == "Host *\n/home/alice/theirs\n"
+    )
 
 
 def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
@@ -114,11 +148,15 @@ def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
     # For the length of two deploys (bounded in count and by timeout), replace every temp file trainfleet makes in her
     # directories with a link to /etc/shadow, as fast as she can.
     # (temp names of today's writer, .trainfleet.XXXXXX, and of earlier ones, FILE.trainfleet.XXXXXX)
-    swap = ("mkdir -p ~/.ssh ~/.openmpi; i=0; while [ $i -lt 3000000 ]; do i=$((i + 1)); "
-            "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.* ~/.ssh/*.trainfleet.* ~/.openmpi/*.trainfleet.*; do "
-            "[ -f \"$f\" ] && [ ! -L \"$f\" ] && rm -f \"$f\" && ln -s /etc/shadow \"$f\" && echo \"$f\" >> ~/swapped; "
-            "done; done")
-    pid = lab.ssh("node3", ALICE + _q(f"nohup timeout 60 sh -c {_q(swap)} >/dev/null 2>&1 & echo $!")).strip()
+    swap = (
+        "mkdir -p ~/.ssh ~/.openmpi; i=0; while [ $i -lt 3000000 ]; do i=$((i + 1)); "
+        "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.* ~/.ssh/*.trainfleet.* ~/.openmpi/*.trainfleet.*; do "
+        '[ -f "$f" ] && [ ! -L "$f" ] && rm -f "$f" && ln -s /etc/shadow "$f" && echo "$f" >> ~/swapped; '
+        "done; done"
+    )
+    pid = lab.ssh(
+        "node3", ALICE + _q(f"nohup timeout 60 sh -c {_q(swap)} >/dev/null 2>&1 & echo $!")
+    ).strip()
     assert pid.isdigit()
     try:
         for _ in range(2):

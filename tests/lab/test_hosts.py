@@ -22,7 +22,7 @@ def expected_block(nodes: dict[str, str]) -> list[str]:
 def split(text: str) -> tuple[list[str], list[str]]:
     lines = text.splitlines()
     start, stop = lines.index(BEGIN), lines.index(END)
-    return lines[start + 1:stop], lines[:start] + lines[stop + 1:]
+    return lines[start + 1 : stop], lines[:start] + lines[stop + 1 :]
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,10 @@ def test_every_node_gets_its_name_and_every_peer_and_a_rerun_changes_nothing(nam
         assert lab3.ssh(node, "getent hosts node3").split()[0] == "198.18.0.13" or node == "node2"
         assert lab3.ssh(node, "getent hosts node1.lab.trainfleet.test").split()[0] == "198.18.0.11"
     # node2's stale line comes before the block and shadows it: reported, not silently kept.
-    assert "[node2]" in first.stderr and "maps node3 to 198.18.0.99, but the cluster says 198.18.0.13" in first.stderr
+    assert (
+        "[node2]" in first.stderr
+        and "maps node3 to 198.18.0.99, but the cluster says 198.18.0.13" in first.stderr
+    )
     assert lab3.ssh("node2", "getent hosts node3").split()[0] == "198.18.0.99"
 
 

@@ -10,25 +10,42 @@ from pathlib import Path
 
 import pytest
 
-from lab.cluster import BRIDGE, PREFIX, STATE_DIR, Lab
+from lab.netns import BRIDGE, PREFIX, STATE_DIR, Lab
 from tests.lab.harness import REPO
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lab", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "lab", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def traces() -> list[str]:
     """Everything of a lab that could outlive it: namespaces, links, mounts, files, processes."""
     found = []
-    found += [f"netns {ns}" for ns in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                      text=True).stdout.split() if ns.startswith(PREFIX)]
+    found += [
+        f"netns {ns}"
+        for ns in subprocess.run(
+            ["ip", "netns", "list"], capture_output=True, text=True
+        ).stdout.split()
+        if ns.startswith(PREFIX)
+    ]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    found += [f"link {line.split(':')[1].strip()}" for line in links.splitlines()
-              if line.split(":")[1].strip().startswith((PREFIX, BRIDGE))]
-    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if PREFIX in line or str(STATE_DIR) in line]
+    found += [
+        f"link {line.split(':')[1].strip()}"
+        for line in links.splitlines()
+        if line.split(":")[1].strip().startswith((PREFIX, BRIDGE))
+    ]
+    found += [
+        f"mount {line.split()[4]}"
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+        if PREFIX in line or str(STATE_DIR) in line
+    ]
     if STATE_DIR.exists():
         found.append(f"dir {STATE_DIR}")
     return found
@@ -55,7 +72,10 @@ def test_cli_up_status_ssh_and_down_leave_nothing(lab):
 
     status = json.loads(cli("status", "--json").stdout)
     assert status["up"] is True
-    assert [(n["name"], n["address"]) for n in status["nodes"]] == [("node1", "198.18.0.11"), ("node2", "198.18.0.12")]
+    assert [(n["name"], n["address"]) for n in status["nodes"]] == [
+        ("node1", "198.18.0.11"),
+        ("node2", "198.18.0.12"),
+    ]
 
     ssh = cli("ssh", "node2", "--", "hostname")
     assert ssh.returncode == 0 and ssh.stdout.strip() == "ip-198-18-0-12"
@@ -71,21 +91,53 @@ def test_nodes_are_isolated_servers_with_their_own_identity(lab):
     lab.fresh(2)
     ids = {node: lab.ssh(node, "cat /etc/machine-id").strip() for node in ("node1", "node2")}
     assert len(set(ids.values())) == 2
-    assert Path("/etc/machine-id").read_text().strip() not in ids.values() if Path("/etc/machine-id").exists() else True
-    host_keys = {node: lab.ssh(node, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1] for node in ("node1", "node2")}
+    assert (
+        Path("/etc/machine-id").read_text().strip() not in ids.values()
+        if Path("/etc/machine-id").exists()
+        else True
+    )
+    host_keys = {
+        node: lab.ssh(node, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+        for node in ("node1", "node2")
+    }
     assert len(set(host_keys.values())) == 2
-    node1 = lab.ssh("node1", "ip route; cat /proc/sys/net/ipv6/conf/all/disable_ipv6; stat -c %a /root; "
-                             f"ls -A {STATE_DIR} | wc -l; ls -A /root/.ssh; echo $$").splitlines()
-    assert not any(line.startswith("default") for line in node1), "a node must have no default route"
+    node1 = lab.ssh(
+        "node1",
+        "ip route; cat /proc/sys/net/ipv6/conf/all/disable_ipv6; stat -c %a /root; "
+        f"ls -A {STATE_DIR} | wc -l; ls -A /root/.ssh; echo $$",
+    ).splitlines()
+    assert not any(line.startswith("default") for line in node1), (
+        "a node must have no default route"
+    )
     assert node1[-5:] == ["1", "700", "0", "authorized_keys", node1[-1]]
     # PID namespace: the node sees only its own processes, its init is PID 1.
     assert lab.ssh("node1", "cat /proc/1/comm").strip() == "tini"
     # /proc/sys is the host's: read-only in nodes.
-    assert "Read-only" in subprocess.run(
-        [sys.executable, "-m", "lab", "ssh", "node1", "--", "echo 1 > /proc/sys/kernel/domainname"],
-        capture_output=True, text=True, cwd=REPO).stderr
+    assert (
+        "Read-only"
+        in subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lab",
+                "ssh",
+                "node1",
+                "--",
+                "echo 1 > /proc/sys/kernel/domainname",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        ).stderr
+    )
     # Nodes reach each other, over the lab bridge only.
-    assert lab.ssh("node1", "getent ahostsv4 198.18.0.12 >/dev/null && timeout 3 bash -c '</dev/tcp/198.18.0.12/22' && echo open").strip() == "open"
+    assert (
+        lab.ssh(
+            "node1",
+            "getent ahostsv4 198.18.0.12 >/dev/null && timeout 3 bash -c '</dev/tcp/198.18.0.12/22' && echo open",
+        ).strip()
+        == "open"
+    )
     lab.down()
     assert traces() == []
 

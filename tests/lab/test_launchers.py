@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from checks.preflight import report_path
+from checks.preflight_check import report_path
 from tests.lab.harness import on_every_node, pyinfra
 
 NODES = ["node1", "node2", "node3"]
@@ -36,8 +36,14 @@ def assert_trained_on_every_node(found: list[dict]) -> None:
     assert sorted(r["host"] for r in found) == NODES, found
     assert sorted(r["rank"] for r in found) == [0, 1, 2], found
     for r in found:
-        assert (r["smoke"], r["world"], r["backend"], r["all_reduce"], r["weights_equal"], r["steps"]) == \
-            ("ok", 3, "gloo", 6.0, True, 2), r
+        assert (
+            r["smoke"],
+            r["world"],
+            r["backend"],
+            r["all_reduce"],
+            r["weights_equal"],
+            r["steps"],
+        ) == ("ok", 3, "gloo", 6.0, True, 2), r
 
 
 def assert_nothing_left_running(lab) -> None:
@@ -64,8 +70,12 @@ def test_torchrun_sh_on_every_node_trains(torch_lab):
 
 def test_mpirun_sh_from_node1_trains_with_the_deployed_openmpi(torch_lab):
     lab, _ = torch_lab
-    found = launched(lab, f"{LAUNCH}/mpirun.sh /opt/trainfleet/venv/bin/python {SMOKE} "
-                          "--master-addr 198.18.0.11 --master-port 29500", everywhere=False)
+    found = launched(
+        lab,
+        f"{LAUNCH}/mpirun.sh /opt/trainfleet/venv/bin/python {SMOKE} "
+        "--master-addr 198.18.0.11 --master-port 29500",
+        everywhere=False,
+    )
     assert_trained_on_every_node(found)
     assert {r["launcher_env"] for r in found} == {"openmpi"}
 
@@ -74,21 +84,29 @@ def test_deepspeed_sh_from_node1_trains_over_pdsh_from_any_directory(torch_lab):
     lab, _ = torch_lab
     # Started in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the cluster's);
     # the runner starts every rank in that same directory, so it is one only root can write.
-    assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False))
+    assert_trained_on_every_node(
+        launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False)
+    )
 
 
 def test_colossalai_sh_from_node1_trains_over_ssh_with_the_venv_on_the_path(torch_lab):
     lab, _ = torch_lab
     # ColossalAI runs a bare `torchrun` on every host in the directory it was started in.
-    assert_trained_on_every_node(launched(lab, f"sh -c 'cd /root && {LAUNCH}/colossalai.sh {SMOKE}'", everywhere=False))
+    assert_trained_on_every_node(
+        launched(lab, f"sh -c 'cd /root && {LAUNCH}/colossalai.sh {SMOKE}'", everywhere=False)
+    )
     # A host whose key ssh does not trust is refused: node2's address under a name no
     # certificate names (fabric, with paramiko's AutoAddPolicy, logged in to it and ran the job).
     lab.ssh("node1", "echo '198.18.0.12 imposter' >> /etc/hosts")
     try:
-        out = lab.ssh("node1", f"cd /root && timeout -k 5 {BOUND} /opt/trainfleet/venv/bin/python "
-                      f"{LAUNCH}/colossalai_run.py run --nproc_per_node 1 --host imposter "
-                      f"--master_addr 198.18.0.12 --master_port 29511 {SMOKE} 2>&1",
-                      check=False, timeout=BOUND + 30)
+        out = lab.ssh(
+            "node1",
+            f"cd /root && timeout -k 5 {BOUND} /opt/trainfleet/venv/bin/python "
+            f"{LAUNCH}/colossalai_run.py run --nproc_per_node 1 --host imposter "
+            f"--master_addr 198.18.0.12 --master_port 29511 {SMOKE} 2>&1",
+            check=False,
+            timeout=BOUND + 30,
+        )
     finally:
         lab.ssh("node1", "sed -i '/ imposter$/d' /etc/hosts")
     assert "Host key verification failed" in out and not ranks(out), out[-2000:]
@@ -102,13 +120,18 @@ def test_accelerate_sh_on_every_node_trains_on_cpu_only_nodes(torch_lab):
 @pytest.mark.parametrize("launcher", ["deepspeed", "mpirun"])
 def test_the_preflight_trains_the_smoke_job_through_the_launcher_asked_for(torch_lab, launcher):
     lab, inventory = torch_lab
-    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": launcher}, timeout=240)
+    run = pyinfra(
+        inventory, "deploy/preflight.py", data={"trainfleet_smoke": launcher}, timeout=240
+    )
     assert run.returncode == 0, run.describe()
     report = json.loads(report_path("lab").read_text())
     assert report["stages"]["smoke"] == "ok" and report["ok"] is True
     ranks = report["details"]["smoke"]["ranks"]
     assert sorted((int(rank), r["host"], r["smoke"]) for rank, r in ranks.items()) == [
-        (0, "node1", "ok"), (1, "node2", "ok"), (2, "node3", "ok")]
+        (0, "node1", "ok"),
+        (1, "node2", "ok"),
+        (2, "node3", "ok"),
+    ]
     assert_nothing_left_running(lab)
 
 
@@ -116,5 +139,7 @@ def test_a_smoke_launcher_trainfleet_does_not_know_is_refused_before_anything_ru
     lab, inventory = torch_lab
     run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": "horovod; reboot"})
     assert run.returncode != 0
-    assert ("trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, deepspeed, "
-            "accelerate, colossalai; nothing was run") in run.stderr
+    assert (
+        "trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, deepspeed, "
+        "accelerate, colossalai; nothing was run"
+    ) in run.stderr

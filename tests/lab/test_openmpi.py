@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from checks.drift import report_path
+from checks.drift_check import report_path
 from tests.lab.harness import deploy_twice, fact, pyinfra
 
 DEPLOY = "deploy/cluster.py"
@@ -27,7 +27,9 @@ USER_LINE = "mpi_show_mca_params = enviro"  # the admin's own line on node2: kep
 OPENMPI = "4.1.4-3+b1"  # Debian 12's openmpi-bin, as `apt-cache policy openmpi-bin` shows it
 STACK_OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
 # Each rank prints where it runs and the UCX device its node gave it; bounded: never a hang.
-EVERY_RANK = "timeout 90 /etc/trainfleet/launch/mpirun.sh sh -c 'echo $(hostname) ${UCX_NET_DEVICES:-unset}'"
+EVERY_RANK = (
+    "timeout 90 /etc/trainfleet/launch/mpirun.sh sh -c 'echo $(hostname) ${UCX_NET_DEVICES:-unset}'"
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,9 @@ def test_the_deploy_installs_exactly_the_pinned_openmpi_and_holds_it(mpi):
     drift = pyinfra(mpi.inventory, "deploy/drift.py")
     assert drift.returncode == 0, drift.describe()
     seen = json.loads(report_path("lab").read_text())["nodes"]
-    assert {node: seen[node]["properties"]["package openmpi-bin"] for node in NODES} == {n: OPENMPI for n in NODES}
+    assert {node: seen[node]["properties"]["package openmpi-bin"] for node in NODES} == {
+        n: OPENMPI for n in NODES
+    }
 
 
 def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(mpi):
@@ -60,8 +64,9 @@ def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(m
         lines = lab.ssh(node, f"cat {MCA_FILE}").splitlines()
         assert "btl_tcp_if_include = eth0" in lines and "oob_tcp_if_include = eth0" in lines
         # OpenMPI itself, not our parser: ompi_info reports the value and that it came from a file.
-        info = lab.ssh(node, "ompi_info --parsable --param btl tcp --level 9 "
-                             "| grep ':btl_tcp_if_include:'")
+        info = lab.ssh(
+            node, "ompi_info --parsable --param btl tcp --level 9 | grep ':btl_tcp_if_include:'"
+        )
         assert "btl_tcp_if_include:value:eth0" in info, info
         assert "btl_tcp_if_include:source:file" in info, info
     assert lab.ssh("node2", f"tail -n 1 {MCA_FILE}").strip() == USER_LINE
@@ -80,7 +85,7 @@ def test_a_stale_segment_is_reported_for_its_node_and_removed_only_on_request(mp
     lab = mpi.lab
     shmid = int(lab.ssh("node2", "ipcmk -M 65536").split(":")[1])  # created, then nobody attached
 
-    seen = fact(mpi.inventory, "facts.shm.StaleSharedMemory")
+    seen = fact(mpi.inventory, "facts.shm_facts.StaleSharedMemory")
     assert [(s["shmid"], s["bytes"]) for s in seen["node2"]] == [(shmid, 65536)]
     assert seen["node1"] == [] and seen["node3"] == []
 
@@ -100,7 +105,11 @@ def test_differing_interface_names_pin_openmpi_to_the_cluster_subnet(mpi):
     lab = mpi.lab
     # node3's cluster NIC becomes ens5 (renamed from the host, in the node's own namespace).
     netns = lab.lab.node("node3").netns
-    for step in (["link", "set", "eth0", "down"], ["link", "set", "eth0", "name", "ens5"], ["link", "set", "ens5", "up"]):
+    for step in (
+        ["link", "set", "eth0", "down"],
+        ["link", "set", "eth0", "name", "ens5"],
+        ["link", "set", "ens5", "up"],
+    ):
         subprocess.run(["ip", "-n", netns, *step], check=True)
 
     first, _ = deploy_twice(mpi.inventory, DEPLOY)
@@ -108,7 +117,9 @@ def test_differing_interface_names_pin_openmpi_to_the_cluster_subnet(mpi):
     assert sorted(first.changed()[OP]) == NODES
     for node in NODES:
         assert "btl_tcp_if_include = 198.18.0.0/24" in lab.ssh(node, f"cat {MCA_FILE}").splitlines()
-    assert "--mca oob_tcp_if_include 198.18.0.0/24" in lab.ssh("node1", "cat /etc/trainfleet/launch/mpirun.sh")
+    assert "--mca oob_tcp_if_include 198.18.0.0/24" in lab.ssh(
+        "node1", "cat /etc/trainfleet/launch/mpirun.sh"
+    )
     out = lab.ssh("node1", EVERY_RANK, timeout=120)
     # UCX_NET_DEVICES differs now, so it is not forwarded: each rank has its own node's value.
     assert sorted(out.splitlines()) == ["node1 eth0", "node2 eth0", "node3 ens5"]

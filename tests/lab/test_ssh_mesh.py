@@ -24,8 +24,12 @@ USER_CONFIG = "Host bastion\n    HostName 192.0.2.200\n    User alice\n"
 
 def mesh_matrix(lab, nodes=NODES) -> dict[str, dict[str, str]]:
     """What a user sees: `ssh peer hostname` from every node to every node, by name ('' = failed)."""
-    probe = "; ".join(f"echo {dst}=$(ssh -o BatchMode=yes {dst} hostname 2>/dev/null)" for dst in nodes)
-    return {src: dict(line.split("=", 1) for line in lab.ssh(src, probe).splitlines()) for src in nodes}
+    probe = "; ".join(
+        f"echo {dst}=$(ssh -o BatchMode=yes {dst} hostname 2>/dev/null)" for dst in nodes
+    )
+    return {
+        src: dict(line.split("=", 1) for line in lab.ssh(src, probe).splitlines()) for src in nodes
+    }
 
 
 def outside_block(text: str, purpose: str) -> list[str]:
@@ -34,7 +38,7 @@ def outside_block(text: str, purpose: str) -> list[str]:
     end = f"# END trainfleet managed block: {purpose}"
     if begin not in lines:
         return lines
-    return lines[:lines.index(begin)] + lines[lines.index(end) + 1:]
+    return lines[: lines.index(begin)] + lines[lines.index(end) + 1 :]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +61,9 @@ def test_mesh_pdsh_and_launchers_converge_keep_user_content_and_rerun_changes_no
     assert sorted(first.changed()["SSH mesh for root"]) == NODES
     # Every node reaches every node (itself included) by name, host keys verified.
     assert mesh_matrix(lab3) == {src: {dst: dst for dst in NODES} for src in NODES}
-    proof = fact(LAB_INVENTORY, "facts.ssh_mesh.SshMeshProof", "user=root", "peers=" + ",".join(NODES))
+    proof = fact(
+        LAB_INVENTORY, "facts.ssh_mesh_facts.SshMeshProof", "user=root", "peers=" + ",".join(NODES)
+    )
     assert proof == {src: {dst: "ok" for dst in NODES} for src in NODES}
     # The user's own key and Host entry are byte-for-byte where they were.
     after_keys = lab3.ssh("node2", "cat /root/.ssh/authorized_keys")
@@ -66,7 +72,12 @@ def test_mesh_pdsh_and_launchers_converge_keep_user_content_and_rerun_changes_no
     assert outside_block(after_keys, "ssh mesh keys") == before["authorized_keys"].splitlines()
     assert outside_block(after_config, "ssh mesh hosts") == before["config"].splitlines()
     # Keys: 0600 on the nodes and in the controller's store, never printed.
-    assert lab3.ssh("node1", "stat -c '%a %U' /root/.ssh /root/.ssh/id_trainfleet").split() == ["700", "root", "600", "root"]
+    assert lab3.ssh("node1", "stat -c '%a %U' /root/.ssh /root/.ssh/id_trainfleet").split() == [
+        "700",
+        "root",
+        "600",
+        "root",
+    ]
     store = KeyStore("lab")
     for node in NODES:
         private = store.keypair("root", node).private
@@ -84,15 +95,24 @@ def test_launcher_files_match_the_spec_on_every_node(mesh):
         names = ("hostfile", "colossalai_hostfile", "accelerate.yaml", "torchrun.sh", "mpirun.sh")
         read = lab3.read(node, [f"/etc/trainfleet/launch/{name}" for name in names])
         files = {name: read[f"/etc/trainfleet/launch/{name}"] for name in names}
-        assert files["hostfile"] == "".join(f"{n} slots=1\n" for n in NODES)  # gpus: 0 -> one CPU process
+        assert files["hostfile"] == "".join(
+            f"{n} slots=1\n" for n in NODES
+        )  # gpus: 0 -> one CPU process
         assert files["colossalai_hostfile"] == "".join(f"{n}\n" for n in NODES)
         config = yaml.safe_load(files["accelerate.yaml"])
         assert config["machine_rank"] == rank
         assert config["num_machines"] == 3 and config["num_processes"] == 3
-        assert config["main_process_ip"] == ADDRESSES["node1"] and config["main_process_port"] == 29500
+        assert (
+            config["main_process_ip"] == ADDRESSES["node1"] and config["main_process_port"] == 29500
+        )
         assert config["rdzv_backend"] == "static" and config["same_network"] is True
-        assert config["mixed_precision"] == "no" and config["downcast_bf16"] == "no"  # strings, not False
-        assert f"--node-rank={rank} --master-addr=198.18.0.11 --master-port=29500" in files["torchrun.sh"]
+        assert (
+            config["mixed_precision"] == "no" and config["downcast_bf16"] == "no"
+        )  # strings, not False
+        assert (
+            f"--node-rank={rank} --master-addr=198.18.0.11 --master-port=29500"
+            in files["torchrun.sh"]
+        )
         assert "--hostfile /etc/trainfleet/launch/hostfile -np 3" in files["mpirun.sh"]
         assert lab3.ssh(node, "stat -c %a /etc/trainfleet/launch/torchrun.sh").strip() == "755"
 
@@ -109,9 +129,14 @@ def test_an_unreachable_node_is_named_and_converges_on_a_later_run(mesh, tmp_pat
     assert "[node3] Could not connect" in run.stderr
     # A certificate mesh: a node joining changes none of the others' SSH files.
     assert not {op for op in run.changed() if "mesh" in op or "known_hosts" in op}, run.changed()
-    assert mesh_matrix(lab3, ["node1", "node2"]) == {s: {d: d for d in ("node1", "node2")} for s in ("node1", "node2")}
+    assert mesh_matrix(lab3, ["node1", "node2"]) == {
+        s: {d: d for d in ("node1", "node2")} for s in ("node1", "node2")
+    }
     # node3 stays trusted by the others: the one CA line names it with every node.
-    assert lab3.ssh("node1", "grep -c '^@cert-authority node?,' /etc/ssh/ssh_known_hosts").strip() == "1"
+    assert (
+        lab3.ssh("node1", "grep -c '^@cert-authority node?,' /etc/ssh/ssh_known_hosts").strip()
+        == "1"
+    )
 
     lab3.lab.start("node3")
     krl_digest = "sha256sum /etc/ssh/trainfleet_revoked_keys"
@@ -138,8 +163,14 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
     for node in ("node1", "node2"):
         assert node3_key not in lab3.ssh(node, "cat /root/.ssh/authorized_keys")
         # Its key (and so its still valid certificate) is refused by every remaining node's sshd.
-        assert lab3.ssh(node, f"echo '{node3_key}' > /run/node3.pub; ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys "
-                              "/run/node3.pub; echo rc=$?").split()[-1] == "rc=1"
+        assert (
+            lab3.ssh(
+                node,
+                f"echo '{node3_key}' > /run/node3.pub; ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys "
+                "/run/node3.pub; echo rc=$?",
+            ).split()[-1]
+            == "rc=1"
+        )
         assert "Host node3" not in lab3.ssh(node, "cat /root/.ssh/config")
         assert "node3" not in lab3.ssh(node, "pdsh -a hostname")
     readmit(lab3, "node3")  # its host keys were revoked when it left the spec

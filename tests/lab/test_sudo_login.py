@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from checks.drift import report_path as drift_report
-from checks.preflight import report_path as preflight_report
+from checks.drift_check import report_path as drift_report
+from checks.preflight_check import report_path as preflight_report
 from tests.lab.conftest import converged_torch_lab
 from tests.lab.harness import TORCH_STACK, deploy_twice, on_every_node, pyinfra
 
@@ -38,8 +38,10 @@ kill -HUP "$(pgrep -o -x sshd)"
 """
 # What trainfleet manages, checksummed as the admin sees it through sudo (a file not made yet
 # is named as missing: the same answer before and after a run that changed nothing).
-MANAGED = ("sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /etc/environment /etc/nccl.conf "
-           "/etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/* 2>&1; true")
+MANAGED = (
+    "sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /etc/environment /etc/nccl.conf "
+    "/etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/* 2>&1; true"
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +52,21 @@ def sudo_lab(lab, tmp_path_factory):
     lab.prepared = None
     on_every_node(lab, NODES, HARDEN)
     workdir = tmp_path_factory.mktemp("sudo")
-    admin = lab.spec_inventory(workdir, cluster={"mesh_users": [ADMIN]}, ssh={"user": ADMIN, "become": "sudo"},
-                               stack=TORCH_STACK)
+    admin = lab.spec_inventory(
+        workdir,
+        cluster={"mesh_users": [ADMIN]},
+        ssh={"user": ADMIN, "become": "sudo"},
+        stack=TORCH_STACK,
+    )
     stranger_dir = tmp_path_factory.mktemp("nosudo")
-    stranger = lab.spec_inventory(stranger_dir, cluster={"mesh_users": [ADMIN]},
-                                  ssh={"user": STRANGER, "become": "sudo"})
-    narrow = lab.spec_inventory(tmp_path_factory.mktemp("narrow"), cluster={"mesh_users": [ADMIN]},
-                                ssh={"user": NARROW, "become": "sudo"})
+    stranger = lab.spec_inventory(
+        stranger_dir, cluster={"mesh_users": [ADMIN]}, ssh={"user": STRANGER, "become": "sudo"}
+    )
+    narrow = lab.spec_inventory(
+        tmp_path_factory.mktemp("narrow"),
+        cluster={"mesh_users": [ADMIN]},
+        ssh={"user": NARROW, "become": "sudo"},
+    )
     return lab, admin, {STRANGER: stranger, NARROW: narrow}
 
 
@@ -70,7 +80,9 @@ def test_root_cannot_log_in_but_the_admin_and_the_stranger_can(sudo_lab):
         assert lab.ssh(node, "id -un", user=STRANGER).strip() == STRANGER
         # narrow's rule lets `sudo -n -E id` through (a proof of that form would pass), not sh
         assert lab.ssh(node, "sudo -n -E id -u", user=NARROW).strip() == "0"
-        assert "a password is required" in lab.ssh(node, "sudo -H -n -E sh -c 'id -u' 2>&1; true", user=NARROW)
+        assert "a password is required" in lab.ssh(
+            node, "sudo -H -n -E sh -c 'id -u' 2>&1; true", user=NARROW
+        )
 
 
 def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_change(sudo_lab):
@@ -83,9 +95,15 @@ def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_
         assert lab.ssh(node, "hostname", user=ADMIN).strip() == node
         # The mesh user's key, written through sudo as the user, is the user's and 0600;
         # nothing was left in the upload directory the secret went through.
-        assert lab.ssh(node, "stat -c '%U %a' ~/.ssh/id_trainfleet", user=ADMIN).strip() == f"{ADMIN} 600"
+        assert (
+            lab.ssh(node, "stat -c '%U %a' ~/.ssh/id_trainfleet", user=ADMIN).strip()
+            == f"{ADMIN} 600"
+        )
         assert lab.ssh(node, f"ls -A /run/trainfleet-upload.{ADMIN}", user=ADMIN).strip() == ""
-        assert lab.ssh(node, f"stat -c '%U %a' /run/trainfleet-upload.{ADMIN}", user=ADMIN).strip() == f"{ADMIN} 700"
+        assert (
+            lab.ssh(node, f"stat -c '%U %a' /run/trainfleet-upload.{ADMIN}", user=ADMIN).strip()
+            == f"{ADMIN} 700"
+        )
     # The admin's mesh: every node reaches every node by name, host keys verified.
     assert lab.ssh("node1", "ssh -o BatchMode=yes node3 hostname", user=ADMIN).strip() == "node3"
 
@@ -94,14 +112,20 @@ def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_
     assert drift.returncode == 0, drift.describe()
     report = json.loads(drift_report("lab").read_text())
     assert report["drift"] is False, report["findings"]
-    assert set(report["nodes"]) == set(NODES) and all(n["reachable"] for n in report["nodes"].values())
+    assert set(report["nodes"]) == set(NODES) and all(
+        n["reachable"] for n in report["nodes"].values()
+    )
 
     preflight = pyinfra(admin, "deploy/preflight.py", timeout=400)
     assert preflight.returncode == 0, preflight.describe()
     verdict = json.loads(preflight_report("lab").read_text())
     assert verdict["ok"] is True, verdict["problems"]
-    assert "failed" not in verdict["stages"].values() and "collective" in verdict["stages"], verdict["stages"]
-    assert {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES} == before, "drift or the preflight changed a node"
+    assert "failed" not in verdict["stages"].values() and "collective" in verdict["stages"], (
+        verdict["stages"]
+    )
+    assert {n: lab.ssh(n, MANAGED, user=ADMIN) for n in NODES} == before, (
+        "drift or the preflight changed a node"
+    )
 
 
 @pytest.mark.parametrize("login", [STRANGER, NARROW])
@@ -116,8 +140,11 @@ def test_a_login_without_sudo_gets_one_clear_error_per_node_and_changes_nothing(
 
         assert run.returncode != 0, run.describe()
         for node in NODES:
-            lines = [line for line in run.stderr.splitlines()
-                     if f"[{node}]" in line and f"{login} cannot act as root without a password" in line]
+            lines = [
+                line
+                for line in run.stderr.splitlines()
+                if f"[{node}]" in line and f"{login} cannot act as root without a password" in line
+            ]
             assert len(lines) == 1, run.describe()
             assert "sudo -n said: " in lines[0] and "sudo: a password is required" in lines[0]
         assert "sudo password:" not in run.stdout + run.stderr  # pyinfra never prompted

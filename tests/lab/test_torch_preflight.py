@@ -10,15 +10,21 @@ import signal
 import subprocess
 import time
 
-from checks.preflight import report_path
+from checks.preflight_check import report_path
 from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, deploy_twice, pyinfra
 
 NODES = ["node1", "node2", "node3"]
 PREFLIGHT = "deploy/preflight.py"
 BOUND = 60  # seconds: the issue's limit for naming any of these faults
-HEALTHY_STAGES = {"hygiene": "ok", "reachability": "ok", "ssh": "ok", "collective": "ok", "bandwidth": "ok"}
+HEALTHY_STAGES = {
+    "hygiene": "ok",
+    "reachability": "ok",
+    "ssh": "ok",
+    "collective": "ok",
+    "bandwidth": "ok",
+}
 # Our remote processes, by their scripts ("[p]" keeps pgrep from matching this very shell).
-LEFTOVERS = "pgrep -f \"[p]reflight's collective|s[.]listen[(]128[)]\" || true"
+LEFTOVERS = 'pgrep -f "[p]reflight\'s collective|s[.]listen[(]128[)]" || true'
 # Modules a node user (or anyone who could write there) leaves where a `python -c` started in
 # /tmp or in root's home would import them before the standard library's; each leaves a
 # marker when imported. sitecustomize and os would be found only on a path set before startup.
@@ -47,7 +53,9 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
-    assert report["details"]["ssh"] == {node: {"root": {peer: "ok" for peer in NODES}} for node in NODES}
+    assert report["details"]["ssh"] == {
+        node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
+    }
     steps = report["details"]["collective"]["steps"]
     assert report["details"]["collective"]["backend"] == "gloo"
     for node in NODES:
@@ -58,45 +66,67 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     assert [v["torch"] for v in gathered] == ["2.13.0+cpu"] * 3
     # every node pair measured with gloo: a real figure per pair, reported, no floor
     bandwidth = report["details"]["bandwidth"]
-    assert (bandwidth["backend"], bandwidth["bytes"], bandwidth["floor_gbps"]) == ("gloo", 16 << 20, None)
+    assert (bandwidth["backend"], bandwidth["bytes"], bandwidth["floor_gbps"]) == (
+        "gloo",
+        16 << 20,
+        None,
+    )
     assert set(bandwidth["pairs"]) == {"node1-node2", "node2-node3", "node1-node3"}
     for pair in bandwidth["pairs"].values():
-        assert pair["ranks"] == 2 and pair["busbw_gbps"] > 0 and pair["busbw_gbps"] == pair["algbw_gbps"]
+        assert (
+            pair["ranks"] == 2
+            and pair["busbw_gbps"] > 0
+            and pair["busbw_gbps"] == pair["algbw_gbps"]
+        )
     print("lab busbw (GB/s):", {name: p["busbw_gbps"] for name, p in bandwidth["pairs"].items()})
-    assert "busbw node1-node2: " in run.stderr and "busbw floor: none" in run.stderr  # for people, too
+    assert (
+        "busbw node1-node2: " in run.stderr and "busbw floor: none" in run.stderr
+    )  # for people, too
     assert run.changed() == {}
     assert_nothing_left_running(lab)
 
 
 def test_an_impossible_bandwidth_floor_names_every_pair_on_both_its_nodes(torch_lab, tmp_path):
     lab, _ = torch_lab
-    inventory = lab.spec_inventory(tmp_path, stack=TORCH_STACK, preflight={"min_busbw_gbps": 100000})
+    inventory = lab.spec_inventory(
+        tmp_path, stack=TORCH_STACK, preflight={"min_busbw_gbps": 100000}
+    )
     run, report, seconds = preflight(inventory)
     assert run.returncode != 0
     bandwidth = [(node, cause) for node, stage, cause in problems(report) if stage == "bandwidth"]
     # Every pair is slow, so no node reaches the floor anywhere: nothing tells node from link.
     assert sorted(node for node, _ in bandwidth) == sorted(NODES * 2), bandwidth
-    assert all(" is under the floor of 100000 GB/s, and not both reach it with another peer" in cause
-               for _, cause in bandwidth), bandwidth
+    assert all(
+        " is under the floor of 100000 GB/s, and not both reach it with another peer" in cause
+        for _, cause in bandwidth
+    ), bandwidth
     assert {p[1] for p in problems(report)} == {"bandwidth"}
     assert report["stages"] == {**HEALTHY_STAGES, "bandwidth": "failed"}
     assert len(report["details"]["bandwidth"]["pairs"]) == 3
     # every node fails its verdict (pyinfra then has no host left and prints no --json report)
-    assert all(f"[{node}] trainfleet: preflight: bandwidth: " in run.stderr for node in NODES), run.describe()
+    assert all(f"[{node}] trainfleet: preflight: bandwidth: " in run.stderr for node in NODES), (
+        run.describe()
+    )
     assert seconds < BOUND
     assert_nothing_left_running(lab)
 
 
 def test_the_naive_interface_on_one_node_is_named(torch_lab):
     lab, inventory = torch_lab
-    lab.ssh("node2", "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/; "
-                     "s/^NCCL_SOCKET_IFNAME==eth0$/NCCL_SOCKET_IFNAME==eno1/' /etc/environment")
+    lab.ssh(
+        "node2",
+        "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/; "
+        "s/^NCCL_SOCKET_IFNAME==eth0$/NCCL_SOCKET_IFNAME==eno1/' /etc/environment",
+    )
     try:
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
         found = problems(report)
-        assert ("node2", "hygiene", "GLOO_SOCKET_IFNAME is 'eno1' in the non-login environment ranks get, "
-                                    "expected 'eth0'") in found
+        assert (
+            "node2",
+            "hygiene",
+            "GLOO_SOCKET_IFNAME is 'eno1' in the non-login environment ranks get, expected 'eth0'",
+        ) in found
         # Only node2 is blamed, whatever the later stages make of it (in this sandbox's
         # network stack gloo still completes over the decoy; isolation's verdicts are
         # covered in tests/unit/test_preflight.py).
@@ -107,7 +137,9 @@ def test_the_naive_interface_on_one_node_is_named(torch_lab):
     assert_nothing_left_running(lab)
 
 
-def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_not_as_timeouts(torch_lab):
+def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_not_as_timeouts(
+    torch_lab,
+):
     lab, inventory = torch_lab
     torch_dir = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch"
     lab.ssh("node2", "mv /opt/trainfleet/venv /opt/trainfleet/venv.off")
@@ -115,10 +147,15 @@ def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_n
     try:
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
-        collective = [(node, cause) for node, stage, cause in problems(report) if stage == "collective"]
+        collective = [
+            (node, cause) for node, stage, cause in problems(report) if stage == "collective"
+        ]
         assert collective == [
-            ("node2", "python failed: no python at /opt/trainfleet/venv/bin/python: the node has no venv "
-                      "(pin stack.torch and deploy)"),
+            (
+                "node2",
+                "python failed: no python at /opt/trainfleet/venv/bin/python: the node has no venv "
+                "(pin stack.torch and deploy)",
+            ),
             ("node3", "import failed: ModuleNotFoundError: No module named 'torch'"),
         ], collective
         assert "timed out" not in json.dumps(report["problems"])
@@ -140,8 +177,10 @@ def test_a_shared_hostname_and_a_node_whose_mesh_key_is_gone_are_named(torch_lab
         assert ("node3", "hygiene", "its hostname 'node2' is also the hostname of node2") in found
         ssh = [(node, cause) for node, stage, cause in found if stage == "ssh"]
         assert [node for node, _ in ssh] == ["node1"] * 3, ssh
-        assert all(cause.startswith(f"as root, cannot ssh to {peer}: rc=255")
-                   for (_, cause), peer in zip(ssh, NODES)), ssh
+        assert all(
+            cause.startswith(f"as root, cannot ssh to {peer}: rc=255")
+            for (_, cause), peer in zip(ssh, NODES, strict=False)
+        ), ssh
         assert report["stages"]["ssh"] == "failed"
     finally:
         lab.ssh("node3", "hostname node3")
@@ -151,8 +190,11 @@ def test_a_shared_hostname_and_a_node_whose_mesh_key_is_gone_are_named(torch_lab
 
 def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
     lab, inventory = torch_lab
-    pid = lab.ssh("node1", "nohup timeout 120 python3 -m http.server 29500 --bind 198.18.0.11 "
-                           ">/dev/null 2>&1 & echo $!").strip()
+    pid = lab.ssh(
+        "node1",
+        "nohup timeout 120 python3 -m http.server 29500 --bind 198.18.0.11 "
+        ">/dev/null 2>&1 & echo $!",
+    ).strip()
     try:
         time.sleep(1)
         run, report, _ = preflight(inventory)
@@ -169,10 +211,13 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
     lab, inventory = torch_lab
     # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
     # own network namespace and drops what it sends to port 29500, nothing else.
-    lab.ssh("node3", "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
-                     "nft add table inet tf_test && "
-                     "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
-                     "nft add rule inet tf_test out tcp dport 29500 drop")
+    lab.ssh(
+        "node3",
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
+        "nft add table inet tf_test && "
+        "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
+        "nft add rule inet tf_test out tcp dport 29500 drop",
+    )
     try:
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
@@ -204,13 +249,23 @@ def test_a_different_torch_on_one_node_is_named(torch_lab):
     # No second torch release is available offline: node2 gets a locally patched build of
     # the same wheel that reports another version, as a hand-rebuilt torch would.
     version_file = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch/version.py"
-    lab.ssh("node2", f"sed -i \"s/^__version__ = '2.13.0+cpu'/__version__ = '2.13.1+cpu'/\" {version_file}")
+    lab.ssh(
+        "node2",
+        f"sed -i \"s/^__version__ = '2.13.0+cpu'/__version__ = '2.13.1+cpu'/\" {version_file}",
+    )
     try:
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
-        assert ("node2", "collective", "torch 2.13.1+cpu differs from the other ranks' 2.13.0+cpu") in problems(report)
+        assert (
+            "node2",
+            "collective",
+            "torch 2.13.1+cpu differs from the other ranks' 2.13.0+cpu",
+        ) in problems(report)
     finally:
-        lab.ssh("node2", f"sed -i \"s/^__version__ = '2.13.1+cpu'/__version__ = '2.13.0+cpu'/\" {version_file}")
+        lab.ssh(
+            "node2",
+            f"sed -i \"s/^__version__ = '2.13.1+cpu'/__version__ = '2.13.0+cpu'/\" {version_file}",
+        )
 
 
 def test_one_node_down_is_named_without_waiting_for_a_collective(torch_lab):
@@ -229,12 +284,21 @@ def test_one_node_down_is_named_without_waiting_for_a_collective(torch_lab):
 def test_an_interrupted_preflight_leaves_nothing_running(torch_lab):
     lab, inventory = torch_lab
     # A collective that cannot complete (node2 bound to its decoy NIC), interrupted mid-way.
-    lab.ssh("node2", "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/' /etc/environment")
+    lab.ssh(
+        "node2", "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/' /etc/environment"
+    )
     try:
-        proc = subprocess.Popen([PYINFRA, "-y", inventory, PREFLIGHT], cwd=REPO,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [PYINFRA, "-y", inventory, PREFLIGHT],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not lab.ssh("node1", "pgrep -f \"[p]reflight's collective\" || true").strip():
+        while (
+            time.monotonic() < deadline
+            and not lab.ssh("node1", 'pgrep -f "[p]reflight\'s collective" || true').strip()
+        ):
             time.sleep(0.5)
         assert proc.poll() is None, "the preflight ended before its collective started"
         proc.send_signal(signal.SIGINT)
@@ -259,7 +323,11 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
     lab, inventory = torch_lab
     for node in NODES:
         lab.ssh(node, "id mallory >/dev/null 2>&1 || useradd -M -s /bin/sh mallory")
-        lab.ssh(node, "runuser -u mallory -- sh", input="".join(_plant("/tmp", m) for m in PLANTED_BY_USER))
+        lab.ssh(
+            node,
+            "runuser -u mallory -- sh",
+            input="".join(_plant("/tmp", m) for m in PLANTED_BY_USER),
+        )
         lab.ssh(node, "sh", input="".join(_plant("/root", m) for m in PLANTED_IN_ROOTS_HOME))
         assert lab.ssh(node, "stat -c %U /tmp/json.py").strip() == "mallory"
     try:
@@ -273,9 +341,18 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
             # The private working directories are made under a root-only directory and removed.
             assert lab.ssh(node, "stat -c '%u %a %F' /run/trainfleet").strip() == "0 700 directory"
             # (the deploy's node lock and its holder note, plain files, stay there)
-            assert lab.ssh(node, "find /run/trainfleet -mindepth 1 -not -name lock -not -name holder").strip() == ""
+            assert (
+                lab.ssh(
+                    node, "find /run/trainfleet -mindepth 1 -not -name lock -not -name holder"
+                ).strip()
+                == ""
+            )
         assert_nothing_left_running(lab)
     finally:
-        planted = [f"/tmp/{m}.py" for m in PLANTED_BY_USER] + [f"/root/{m}.py" for m in PLANTED_IN_ROOTS_HOME]
+        planted = [f"/tmp/{m}.py" for m in PLANTED_BY_USER] + [
+            f"/root/{m}.py" for m in PLANTED_IN_ROOTS_HOME
+        ]
         for node in NODES:
-            lab.ssh(node, f"rm -f {' '.join(planted)} /tmp/PWNED-*; userdel mallory 2>/dev/null; true")
+            lab.ssh(
+                node, f"rm -f {' '.join(planted)} /tmp/PWNED-*; userdel mallory 2>/dev/null; true"
+            )

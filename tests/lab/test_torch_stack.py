@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from checks.drift import report_path
+from checks.drift_check import report_path
 from tests.lab.harness import TORCH_STACK, deploy_twice, fact, pyinfra
 
 NODES = ["node1", "node2", "node3"]
@@ -16,10 +16,15 @@ def test_every_node_imports_the_pinned_torch_and_a_rerun_changes_nothing(torch_l
     lab, inventory = torch_lab
     assert sorted(lab.torch_first_run.changed()[OP]) == NODES
     for node in NODES:
-        out = lab.ssh(node, f"{VENV_PYTHON} -c 'import torch; print(torch.__version__, torch.distributed.is_available())'")
+        out = lab.ssh(
+            node,
+            f"{VENV_PYTHON} -c 'import torch; print(torch.__version__, torch.distributed.is_available())'",
+        )
         assert out.split()[-2:] == ["2.13.0+cpu", "True"], node
-    versions = fact(inventory, "facts.stack.StackVersions", "venv=/opt/trainfleet/venv")
-    assert {n: v["torch"]["version"] for n, v in versions.items()} == {n: "2.13.0+cpu" for n in NODES}
+    versions = fact(inventory, "facts.stack_facts.StackVersions", "venv=/opt/trainfleet/venv")
+    assert {n: v["torch"]["version"] for n, v in versions.items()} == {
+        n: "2.13.0+cpu" for n in NODES
+    }
     assert all(v["torch"]["gpu"] is False for v in versions.values())
 
 
@@ -32,9 +37,14 @@ def test_a_different_torch_pin_is_refused_not_silently_applied(torch_lab, tmp_pa
     assert run.returncode != 0
     # Every node fails (pyinfra then ends with "No hosts remaining" and no JSON results).
     for node in NODES:
-        assert (f"[{node}] trainfleet: torch_venv: /opt/trainfleet/venv has torch 2.13.0+cpu, "
-                "the pin is 2.12.0+cpu; not replacing it") in run.stderr, run.describe()
-    assert lab.ssh("node1", f"{VENV_PYTHON} -c 'import torch; print(torch.__version__)'").split()[-1] == "2.13.0+cpu"
+        assert (
+            f"[{node}] trainfleet: torch_venv: /opt/trainfleet/venv has torch 2.13.0+cpu, "
+            "the pin is 2.12.0+cpu; not replacing it"
+        ) in run.stderr, run.describe()
+    assert (
+        lab.ssh("node1", f"{VENV_PYTHON} -c 'import torch; print(torch.__version__)'").split()[-1]
+        == "2.13.0+cpu"
+    )
 
 
 def test_drift_names_the_node_whose_torch_differs_and_the_deploy_restores_it(torch_lab):
@@ -45,7 +55,11 @@ def test_drift_names_the_node_whose_torch_differs_and_the_deploy_restores_it(tor
 
     report = json.loads(report_path("lab").read_text())
     assert run.returncode != 0
-    torch_findings = {(f["node"], f["kind"], f["observed"]) for f in report["findings"] if f["property"] == "torch"}
+    torch_findings = {
+        (f["node"], f["kind"], f["observed"])
+        for f in report["findings"]
+        if f["property"] == "torch"
+    }
     assert torch_findings == {("node2", "spec", "absent")}
     deploy_twice(inventory, "deploy/cluster.py")
     assert pyinfra(inventory, "deploy/drift.py").returncode == 0

@@ -20,56 +20,76 @@ from typing import Any
 from pyinfra_testing.facts import _make_command
 from pyinfra_testing.util import get_command_string
 
-from facts.gpu_node import MEMLOCK_CONF, GpuNodeState
+from facts.gpu_node_facts import MEMLOCK_CONF, GpuNodeState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_node"
 CAPTURES = FIXTURES / "captures"
 # NVSwitches and GPUs of an HGX H200 board as `lspci -nn` lists them (bigstack-oss/cubecos#259):
 # bridges of class 0680 are the NVSwitches (10de:22a3), 3D controllers 0302 the GPUs (10de:2335).
-HGX_PCI = {"0000:05:00.0": ("0x10de", "0x068000"), "0000:06:00.0": ("0x10de", "0x068000"),
-           "0000:07:00.0": ("0x10de", "0x068000"), "0000:18:00.0": ("0x10de", "0x030200"),
-           "0000:2a:00.0": ("0x10de", "0x030200"), "0000:3a:00.0": ("0x15b3", "0x020700")}  # + a ConnectX
+HGX_PCI = {
+    "0000:05:00.0": ("0x10de", "0x068000"),
+    "0000:06:00.0": ("0x10de", "0x068000"),
+    "0000:07:00.0": ("0x10de", "0x068000"),
+    "0000:18:00.0": ("0x10de", "0x030200"),
+    "0000:2a:00.0": ("0x10de", "0x030200"),
+    "0000:3a:00.0": ("0x15b3", "0x020700"),
+}  # + a ConnectX
 PCIE_PCI = {"0000:ad:00.0": ("0x10de", "0x030200"), "0000:ae:00.0": ("0x10de", "0x030200")}
 
 # name -> (what it is, the tool stubs' captures and answers, the root tree)
 SCENARIOS: dict[str, dict[str, Any]] = {
     "hgx_a100_converged": {
         "_source": "HGX A100 board GPU (nvidia-smi -q -x of an A100-SXM4-80GB, driver 535.54.03, influxdata/telegraf "
-                   "testdata/a100-sxm4-v12.xml, persistence mode turned on: the one line changed), NVSwitch bridges "
-                   "as on an HGX H200 (cubecos#259), chronyc tracking of a synchronised server "
-                   "(socallinuxexpo/scale-network#121), lsmod with nvidia_peermem (leptonai/gpud#39); systemd "
-                   "running, every unit enabled and active, fabric manager package held.",
-        "smi": "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03_persistence-on.xml", "chrony": "chronyc-tracking_in-sync.txt",
-        "lsmod": "lsmod_peermem.txt", "pci": HGX_PCI, "systemd": True,
-        "units": {"nvidia-persistenced": "enabled active", "nvidia-fabricmanager": "enabled active",
-                  "chrony": "enabled active"},
+        "testdata/a100-sxm4-v12.xml, persistence mode turned on: the one line changed), NVSwitch bridges "
+        "as on an HGX H200 (cubecos#259), chronyc tracking of a synchronised server "
+        "(socallinuxexpo/scale-network#121), lsmod with nvidia_peermem (leptonai/gpud#39); systemd "
+        "running, every unit enabled and active, fabric manager package held.",
+        "smi": "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03_persistence-on.xml",
+        "chrony": "chronyc-tracking_in-sync.txt",
+        "lsmod": "lsmod_peermem.txt",
+        "pci": HGX_PCI,
+        "systemd": True,
+        "units": {
+            "nvidia-persistenced": "enabled active",
+            "nvidia-fabricmanager": "enabled active",
+            "chrony": "enabled active",
+        },
         "dpkg": "hold ok installed nvidia-fabricmanager-535 535.54.03-1",
         "modules_load": {"trainfleet-peermem.conf": "nvidia_peermem\n"},
         "memlock_conf": "* soft memlock unlimited\n",
     },
     "pcie_rtx4000_timesyncd_1s_slow": {
         "_source": "An RTX 4000 SFF Ada on PCIe running 4 processes (nvidia-smi -q -x of driver 595.84, "
-                   "influxdata/telegraf testdata/rtx-4000-sff-ada-v13.xml): no NVSwitch, fabric state N/A; "
-                   "systemd-timesyncd 1.09 s slow (timedatectl timesync-status, systemd/systemd#16492); "
-                   "nvidia-persistenced disabled though the GPU reports persistence on; no fabric manager "
-                   "package, no peermem.",
-        "smi": "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml", "timesync": "timedatectl-timesync-status_1s-slow.txt",
-        "pci": PCIE_PCI, "systemd": True, "ntpsync": "yes",
-        "units": {"nvidia-persistenced": "disabled inactive", "systemd-timesyncd": "enabled active"},
+        "influxdata/telegraf testdata/rtx-4000-sff-ada-v13.xml): no NVSwitch, fabric state N/A; "
+        "systemd-timesyncd 1.09 s slow (timedatectl timesync-status, systemd/systemd#16492); "
+        "nvidia-persistenced disabled though the GPU reports persistence on; no fabric manager "
+        "package, no peermem.",
+        "smi": "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml",
+        "timesync": "timedatectl-timesync-status_1s-slow.txt",
+        "pci": PCIE_PCI,
+        "systemd": True,
+        "ntpsync": "yes",
+        "units": {
+            "nvidia-persistenced": "disabled inactive",
+            "systemd-timesyncd": "enabled active",
+        },
     },
     "cpu_node_chrony_7s_slow": {
         "_source": "A CPU node: no nvidia-smi; chrony 7.8 s slow of NTP time (chronyc tracking, "
-                   "omniosorg/omnios-build#2576); systemd running, no NVIDIA units.",
-        "chrony": "chronyc-tracking_7.8s-slow.txt", "systemd": True, "units": {"chrony": "enabled active"},
+        "omniosorg/omnios-build#2576); systemd running, no NVIDIA units.",
+        "chrony": "chronyc-tracking_7.8s-slow.txt",
+        "systemd": True,
+        "units": {"chrony": "enabled active"},
     },
     "lab_node_no_systemd": {
         "_source": "A lab node as the namespaces lab runs it: no nvidia-smi, no systemd (PID 1 is tini), "
-                   "no chronyc; trainfleet's memlock file in place.",
+        "no chronyc; trainfleet's memlock file in place.",
         "memlock_conf": "*    soft memlock unlimited\n",
     },
     "nvidia_smi_hangs": {
         "_source": "A wedged GPU: nvidia-smi never answers (the stub sleeps); timeout ends it (exit 124).",
-        "smi_hang": True, "systemd": False,
+        "smi_hang": True,
+        "systemd": False,
     },
 }
 
@@ -87,22 +107,41 @@ def run_scenario(tmp: Path, scenario: dict[str, Any], timeout: int = 20) -> list
     root.mkdir()
     # The real tools the script needs besides the stubs (awk, sed, base64, timeout, cat, ...).
     for tool in ("awk", "sed", "base64", "timeout", "cat", "head", "tr", "sleep", "sh", "printf"):
-        real = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True).stdout.strip()
+        real = subprocess.run(
+            ["sh", "-c", f"command -v {tool}"], capture_output=True, text=True
+        ).stdout.strip()
         if real.startswith("/"):
             (bin_dir / tool).symlink_to(real)
     if "smi" in scenario:
         # only `nvidia-smi -q -x` answers: the fact must ask for XML (a path may be the test's own)
-        _stub(bin_dir, "nvidia-smi", f"[ \"$*\" = '-q -x' ] && exec cat '{CAPTURES / scenario['smi']}'\nexit 2\n")
+        _stub(
+            bin_dir,
+            "nvidia-smi",
+            f"[ \"$*\" = '-q -x' ] && exec cat '{CAPTURES / scenario['smi']}'\nexit 2\n",
+        )
     if scenario.get("smi_hang"):
         _stub(bin_dir, "nvidia-smi", "exec sleep 30\n")
     if "chrony" in scenario:
-        _stub(bin_dir, "chronyc", f"[ \"$1\" = tracking ] && cat '{CAPTURES / scenario['chrony']}'\n")
-    _stub(bin_dir, "lsmod", f"cat '{CAPTURES / scenario['lsmod']}'\n" if "lsmod" in scenario
-          else "echo 'Module                  Size  Used by'\n")
+        _stub(
+            bin_dir, "chronyc", f"[ \"$1\" = tracking ] && cat '{CAPTURES / scenario['chrony']}'\n"
+        )
+    _stub(
+        bin_dir,
+        "lsmod",
+        f"cat '{CAPTURES / scenario['lsmod']}'\n"
+        if "lsmod" in scenario
+        else "echo 'Module                  Size  Used by'\n",
+    )
     if scenario.get("systemd"):
         (root / "run/systemd/system").mkdir(parents=True)
-        answers = "\n".join(f"  {unit}.service) set -- \"$1\" {states} ;;" for unit, states in scenario["units"].items())
-        _stub(bin_dir, "systemctl", f"""q=$1; u=$2
+        answers = "\n".join(
+            f'  {unit}.service) set -- "$1" {states} ;;'
+            for unit, states in scenario["units"].items()
+        )
+        _stub(
+            bin_dir,
+            "systemctl",
+            f"""q=$1; u=$2
 case $u in
 {answers}
   *) [ "$q" = is-active ] && echo inactive; exit 4 ;;
@@ -110,14 +149,19 @@ esac
 [ "$q" = is-enabled ] && echo "$2"
 [ "$q" = is-active ] && echo "$3"
 exit 0
-""")
+""",
+        )
         sync = scenario.get("ntpsync", "no")
         capture = CAPTURES / scenario["timesync"] if "timesync" in scenario else None
-        _stub(bin_dir, "timedatectl", f"""case $1 in
+        _stub(
+            bin_dir,
+            "timedatectl",
+            f"""case $1 in
   show) echo {sync} ;;
   timesync-status) {f"cat '{capture}'" if capture else "exit 1"} ;;
 esac
-""")
+""",
+        )
     if "dpkg" in scenario:
         _stub(bin_dir, "dpkg-query", f"echo 'fmpkg {scenario['dpkg']}'\n")
     for address, (vendor, klass) in scenario.get("pci", {}).items():
@@ -133,8 +177,13 @@ esac
         target.parent.mkdir(parents=True)
         target.write_text(scenario["memlock_conf"])
     command = GpuNodeState().command(root=str(root), timeout=timeout).get_raw_value()
-    result = subprocess.run([str(bin_dir / "sh"), "-c", command], capture_output=True, text=True, timeout=120,
-                            env={"PATH": str(bin_dir), "HOME": str(tmp)})
+    result = subprocess.run(
+        [str(bin_dir / "sh"), "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": str(bin_dir), "HOME": str(tmp)},
+    )
     assert result.returncode == 0, result.stderr
     # The root prefix is the test's own: the node sees "" there.
     return [line.replace(str(root), "") for line in result.stdout.splitlines()]
@@ -143,8 +192,13 @@ esac
 def fixture(name: str, output: list[str]) -> dict[str, Any]:
     fact = GpuNodeState()
     command = get_command_string(_make_command(fact.command, {}))
-    return {"_source": SCENARIOS[name]["_source"], "arg": {}, "command": command, "output": output,
-            "fact": fact.process(output)}
+    return {
+        "_source": SCENARIOS[name]["_source"],
+        "arg": {},
+        "command": command,
+        "output": output,
+        "fact": fact.process(output),
+    }
 
 
 def write_fixtures() -> None:
@@ -154,7 +208,9 @@ def write_fixtures() -> None:
     for name, scenario in SCENARIOS.items():
         with tempfile.TemporaryDirectory() as tmp:
             output = run_scenario(Path(tmp), scenario, timeout=2)
-        (FIXTURES / "facts" / f"{name}.json").write_text(json.dumps(fixture(name, output), indent=4) + "\n")
+        (FIXTURES / "facts" / f"{name}.json").write_text(
+            json.dumps(fixture(name, output), indent=4) + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.report import build_rows, render_markdown, render_table
+from bench.lab_report import build_rows, render_markdown, render_table
 from bench.run import parse_results, pyinfra_args
 from bench.stats import Summary, ratio, summarize, verdict
 from bench.tally import exec_count, phases, short_label, top_commands
 
-# A tally as bench/driver.py writes it for `deploy/drift.py` on a 2-node lab (shape and values
+# A tally as bench/lab_driver.py writes it for `deploy/drift.py` on a 2-node lab (shape and values
 # from an accounted run; node2 got a second command, as a drift run that misses its target would).
 DRIFT_TALLY = {
     "exit_code": 0,
@@ -22,8 +22,12 @@ DRIFT_TALLY = {
         "fact facts.fingerprint.NodeFingerprint": {"count": 2, "seconds": 1.8214},
         "op Node matches the spec and its peers": {"count": 1, "seconds": 0.0123},
     },
-    "stages": [{"stage": "connect", "at": 0.9112}, {"stage": "prepare", "at": 1.2345},
-               {"stage": "execute", "at": 2.5001}, {"stage": "disconnect", "at": 2.5402}],
+    "stages": [
+        {"stage": "connect", "at": 0.9112},
+        {"stage": "prepare", "at": 1.2345},
+        {"stage": "execute", "at": 2.5001},
+        {"stage": "disconnect", "at": 2.5402},
+    ],
     "end": 2.6003,
     "connect": {"node1": 0.2981, "node2": 0.3011},
     "names": {"198.18.0.11": "node1", "198.18.0.12": "node2"},
@@ -84,11 +88,21 @@ def test_exec_count_keeps_an_address_it_cannot_name():
 
 
 def test_phases_split_the_run_at_pyinfras_stages():
-    assert phases(DRIFT_TALLY) == {"startup": 0.911, "connect": 0.323, "prepare": 1.266,
-                                   "execute": 0.04, "output": 0.06}
+    assert phases(DRIFT_TALLY) == {
+        "startup": 0.911,
+        "connect": 0.323,
+        "prepare": 1.266,
+        "execute": 0.04,
+        "output": 0.06,
+    }
     # A fact run has no execute stage: everything after connecting is prepare.
-    assert phases(FLOOR_TALLY) == {"startup": 0.842, "connect": 0.308, "prepare": 0.07,
-                                   "execute": 0.0, "output": 0.0}
+    assert phases(FLOOR_TALLY) == {
+        "startup": 0.842,
+        "connect": 0.308,
+        "prepare": 0.07,
+        "execute": 0.0,
+        "output": 0.0,
+    }
     assert sum(phases(DRIFT_TALLY).values()) == pytest.approx(DRIFT_TALLY["end"], abs=0.01)
 
 
@@ -96,7 +110,10 @@ def test_top_commands_by_summed_time():
     top = top_commands(DRIFT_TALLY, 1)
     assert [(c.label, c.count) for c in top] == [("fact facts.fingerprint.NodeFingerprint", 2)]
     assert short_label(top[0].label) == "fact NodeFingerprint"
-    assert short_label("op Cluster hosts block in /etc/hosts") == "op Cluster hosts block in /etc/hosts"
+    assert (
+        short_label("op Cluster hosts block in /etc/hosts")
+        == "op Cluster hosts block in /etc/hosts"
+    )
 
 
 # pyinfra 3.10's --json results (pyinfra_cli/prints.py: build_results_json), trimmed to 2 ops.
@@ -104,10 +121,26 @@ PYINFRA_JSON = {
     "plan": [],
     "results": {
         "operations": [
-            {"op_hash": "a1", "name": "Hostname is the node's spec name", "names": ["Hostname is the node's spec name"],
-             "args": [], "hosts": 2, "success": ["node2"], "error": [], "no_change": ["node1"]},
-            {"op_hash": "b2", "name": "pdsh over ssh to every node", "names": ["pdsh over ssh to every node"],
-             "args": [], "hosts": 2, "success": [], "error": ["node1"], "no_change": ["node2"]},
+            {
+                "op_hash": "a1",
+                "name": "Hostname is the node's spec name",
+                "names": ["Hostname is the node's spec name"],
+                "args": [],
+                "hosts": 2,
+                "success": ["node2"],
+                "error": [],
+                "no_change": ["node1"],
+            },
+            {
+                "op_hash": "b2",
+                "name": "pdsh over ssh to every node",
+                "names": ["pdsh over ssh to every node"],
+                "args": [],
+                "hosts": 2,
+                "success": [],
+                "error": ["node1"],
+                "no_change": ["node2"],
+            },
         ],
         "totals": {"hosts": 4, "success": 1, "error": 1, "no_change": 2},
     },
@@ -123,32 +156,69 @@ def test_parse_results_counts_changed_and_failed_host_operations():
 
 
 def test_every_task_runs_pyinfra_with_yes_and_json():
-    assert pyinfra_args("floor", "inventories/lab.py") == ["-y", "--json", "inventories/lab.py", "fact",
-                                                           "server.Hostname"]
+    assert pyinfra_args("floor", "inventories/lab.py") == [
+        "-y",
+        "--json",
+        "inventories/lab.py",
+        "fact",
+        "server.Hostname",
+    ]
     assert pyinfra_args("drift", "inv.py") == ["-y", "--json", "inv.py", "deploy/drift.py"]
 
 
-def _sample(task: str, nodes: int, round_: int, seconds: float, code: int = 0, changed: int | None = 0) -> dict:
-    return {"task": task, "nodes": nodes, "round": round_, "seconds": seconds, "cpu_seconds": seconds * 0.9,
-            "maxrss_kb": 90_000 + nodes * 1024, "returncode": code, "changed": changed, "errors": 0}
+def _sample(
+    task: str, nodes: int, round_: int, seconds: float, code: int = 0, changed: int | None = 0
+) -> dict:
+    return {
+        "task": task,
+        "nodes": nodes,
+        "round": round_,
+        "seconds": seconds,
+        "cpu_seconds": seconds * 0.9,
+        "maxrss_kb": 90_000 + nodes * 1024,
+        "returncode": code,
+        "changed": changed,
+        "errors": 0,
+    }
 
 
 def results_document() -> dict:
     samples = []
-    for r, (floor, rerun, drift) in enumerate([(1.2, 1.6, 2.5), (1.3, 1.7, 2.6), (1.25, 1.75, 2.7)]):
-        samples += [_sample("floor", 2, r, floor, changed=None), _sample("re-run", 2, r, rerun),
-                    _sample("drift", 2, r, drift)]
+    for r, (floor, rerun, drift) in enumerate(
+        [(1.2, 1.6, 2.5), (1.3, 1.7, 2.6), (1.25, 1.75, 2.7)]
+    ):
+        samples += [
+            _sample("floor", 2, r, floor, changed=None),
+            _sample("re-run", 2, r, rerun),
+            _sample("drift", 2, r, drift),
+        ]
     samples.append(_sample("first provision", 2, 0, 14.0, changed=20))
     samples.append(_sample("first provision", 2, 1, 15.0, code=1, changed=3))
     return {
-        "command": "python -m bench --nodes 2", "total_minutes": 3.2,
-        "machine": {"cpu": "Intel(R) Xeon(R) Processor @ 2.00GHz", "cores": 2, "memory_gib": 23.5,
-                    "os": "Debian GNU/Linux 12 (bookworm)", "kernel": "6.1.0", "python": "3.11.2",
-                    "pyinfra": "3.10.0", "date": "2026-11-22 18:00 UTC"},
-        "plan": {"nodes": [2], "runs": 3, "preflight_max_nodes": 0, "budget_seconds": 2400, "cprofile_at": 2},
+        "command": "python -m bench --nodes 2",
+        "total_minutes": 3.2,
+        "machine": {
+            "cpu": "Intel(R) Xeon(R) Processor @ 2.00GHz",
+            "cores": 2,
+            "memory_gib": 23.5,
+            "os": "Debian GNU/Linux 12 (bookworm)",
+            "kernel": "6.1.0",
+            "python": "3.11.2",
+            "pyinfra": "3.10.0",
+            "date": "2026-11-22 18:00 UTC",
+        },
+        "plan": {
+            "nodes": [2],
+            "runs": 3,
+            "preflight_max_nodes": 0,
+            "budget_seconds": 2400,
+            "cprofile_at": 2,
+        },
         "samples": samples,
-        "accounted": [{"task": "floor", "nodes": 2, "seconds": 1.3, "cprofile": False, "tally": FLOOR_TALLY},
-                      {"task": "drift", "nodes": 2, "seconds": 2.6, "cprofile": False, "tally": DRIFT_TALLY}],
+        "accounted": [
+            {"task": "floor", "nodes": 2, "seconds": 1.3, "cprofile": False, "tally": FLOOR_TALLY},
+            {"task": "drift", "nodes": 2, "seconds": 2.6, "cprofile": False, "tally": DRIFT_TALLY},
+        ],
         "not_measured": [{"task": "preflight", "nodes": 2, "why": "not run above 0 nodes"}],
     }
 
@@ -187,7 +257,7 @@ def test_markdown_explains_a_miss_from_the_profile_and_lists_what_was_not_measur
 
 def test_plot_is_written(tmp_path: Path):
     pytest.importorskip("matplotlib")
-    from bench.report import plot
+    from bench.lab_report import plot
 
     plot(results_document(), tmp_path / "b.png")
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -202,11 +272,19 @@ def test_section_times_are_read_from_the_nodes_own_clock():
 
 def test_a_missed_drift_names_the_slowest_fingerprint_parts():
     doc = results_document()
-    doc["sections"] = [{"nodes": 2, "node": "node1",
-                        "seconds": {"identity": 0.01, "mesh_proof:root": 0.91, "stack": 0.32, "hosts": 0.0}}]
+    doc["sections"] = [
+        {
+            "nodes": 2,
+            "node": "node1",
+            "seconds": {"identity": 0.01, "mesh_proof:root": 0.91, "stack": 0.32, "hosts": 0.0},
+        }
+    ]
     text = render_markdown(doc)
     why = text.split("## Why targets were missed", 1)[1].split("##", 1)[0]
-    assert "alone on one node of an idle lab, its parts take 1.24 s, slowest mesh_proof:root 0.91 s, stack 0.32 s" in why
+    assert (
+        "alone on one node of an idle lab, its parts take 1.24 s, slowest mesh_proof:root 0.91 s, stack 0.32 s"
+        in why
+    )
     assert "fact NodeFingerprint took 0.91 s on average with 2 nodes at once" in why
     assert "| mesh_proof:root | 0.91 |" in text
 
@@ -214,9 +292,14 @@ def test_a_missed_drift_names_the_slowest_fingerprint_parts():
 def test_machine_busy_share_from_proc_stat():
     from bench.run import busy_share, cpu_times
 
-    before = cpu_times("cpu  1136618 0 522550 1082208 24315 0 4067 13583 0 0\ncpu0 568309 0 261275 541104 0 0 0 0 0 0\n")
+    before = cpu_times(
+        "cpu  1136618 0 522550 1082208 24315 0 4067 13583 0 0\ncpu0 568309 0 261275 541104 0 0 0 0 0 0\n"
+    )
     after = cpu_times("cpu  1136918 0 522650 1082288 24335 0 4067 13583 0 0\n")
-    assert before == (1136618 + 522550 + 4067 + 13583, 1136618 + 522550 + 4067 + 13583 + 1082208 + 24315)
+    assert before == (
+        1136618 + 522550 + 4067 + 13583,
+        1136618 + 522550 + 4067 + 13583 + 1082208 + 24315,
+    )
     assert busy_share(before, after) == 0.8  # 400 busy ticks of 500
     assert busy_share(after, after) == 0.0
 
@@ -249,21 +332,35 @@ def test_check_findings_are_read_per_node():
 
 
 def test_a_check_that_failed_nodes_is_timed_and_its_findings_are_shown():
-    from bench.report import summarize_findings
+    from bench.lab_report import summarize_findings
 
-    assert summarize_findings({"node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'",
-                               "node6": "ssh mesh (root) is 'fails: node1 (rc=124)', the spec wants 'ok'",
-                               "node2": "hostname is 'ip-198-18-0-12', the spec wants 'node2'"}) == \
-        "ssh mesh (root) on 2 nodes (rc=124); hostname on 1 node"
+    assert (
+        summarize_findings(
+            {
+                "node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'",
+                "node6": "ssh mesh (root) is 'fails: node1 (rc=124)', the spec wants 'ok'",
+                "node2": "hostname is 'ip-198-18-0-12', the spec wants 'node2'",
+            }
+        )
+        == "ssh mesh (root) on 2 nodes (rc=124); hostname on 1 node"
+    )
     doc = results_document()
     drift = [s for s in doc["samples"] if s["task"] == "drift"]
     drift[0].update(returncode=1, stderr_tail=DRIFT_STDERR)  # older results: findings from the tail
-    drift[1].update(returncode=1, findings={"node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'"})
+    drift[1].update(
+        returncode=1,
+        findings={"node7": "ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'"},
+    )
     row = next(r for r in build_rows(doc) if r.task == "drift")
     assert row.summary.runs == 3  # the check ran to its verdict: its time counts
-    assert row.problems == ["2 of 3 runs failed nodes (up to 3): ssh mesh (root) on 1 node (rc=124)"]
+    assert row.problems == [
+        "2 of 3 runs failed nodes (up to 3): ssh mesh (root) on 1 node (rc=124)"
+    ]
     why = render_markdown(doc).split("## Why targets were missed", 1)[1]
-    assert "2 runs failed nodes of the converged cluster: ssh mesh (root) on 2 nodes (rc=124); hostname" in why
+    assert (
+        "2 runs failed nodes of the converged cluster: ssh mesh (root) on 2 nodes (rc=124); hostname"
+        in why
+    )
     # A crash (exit 2, no verdict) is not timed.
     drift[2].update(returncode=2)
     row = next(r for r in build_rows(doc) if r.task == "drift")
@@ -271,7 +368,7 @@ def test_a_check_that_failed_nodes_is_timed_and_its_findings_are_shown():
 
 
 def test_summary_is_nodes_by_tasks_with_ratios():
-    from bench.report import render_summary
+    from bench.lab_report import render_summary
 
     lines = render_summary(build_rows(results_document())).splitlines()
     assert lines[0] == "| N | floor | first provision | re-run | drift |"

@@ -15,7 +15,9 @@ PURPOSE = "cluster hosts"
 
 def line_by_line(text: str, purpose: str) -> Split:
     begin, end = markers(purpose)
-    lookalike = re.compile(rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])")
+    lookalike = re.compile(
+        rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])"
+    )
     starts, ends = [], []
     lines = text.split("\n")
     for number, line in enumerate(lines, 1):
@@ -24,15 +26,23 @@ def line_by_line(text: str, purpose: str) -> Split:
         elif line == end:
             ends.append(number)
         elif lookalike.search(line):
-            raise BrokenBlock(f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}")
+            raise BrokenBlock(
+                f"line {number} looks like a trainfleet marker but is not exactly one: {line!r}"
+            )
     if not starts and not ends:
         return Split(before="", block=None, after=text)
     if len(starts) != 1 or len(ends) != 1 or ends[0] < starts[0]:
-        where = ", ".join([f"BEGIN at line {n}" for n in starts] + [f"END at line {n}" for n in ends])
+        where = ", ".join(
+            [f"BEGIN at line {n}" for n in starts] + [f"END at line {n}" for n in ends]
+        )
         raise BrokenBlock(f"expected one BEGIN followed by one END marker, found {where}")
     start, stop = starts[0] - 1, ends[0] - 1
-    after = "" if stop == len(lines) - 1 else "\n".join(lines[stop + 1:])
-    return Split(before="".join(line + "\n" for line in lines[:start]), block=lines[start + 1:stop], after=after)
+    after = "" if stop == len(lines) - 1 else "\n".join(lines[stop + 1 :])
+    return Split(
+        before="".join(line + "\n" for line in lines[:start]),
+        block=lines[start + 1 : stop],
+        after=after,
+    )
 
 
 def read(reader, text: str):
@@ -43,9 +53,24 @@ def read(reader, text: str):
 
 
 BEGIN, END = markers(PURPOSE)
-PIECES = [BEGIN, END, "127.0.0.1 localhost", "", "198.18.0.11 node1", f"{BEGIN}\r", f" {END}", f"# {END} x",
-          f"{BEGIN} ", f"x{END}", "# BEGIN trainfleet managed block: other (do not edit)", "\u2028",
-          f"{END}(", f"{END}\tnote", "a\rb", f"{BEGIN}{END}"]
+PIECES = [
+    BEGIN,
+    END,
+    "127.0.0.1 localhost",
+    "",
+    "198.18.0.11 node1",
+    f"{BEGIN}\r",
+    f" {END}",
+    f"# {END} x",
+    f"{BEGIN} ",
+    f"x{END}",
+    "# BEGIN trainfleet managed block: other (do not edit)",
+    "\u2028",
+    f"{END}(",
+    f"{END}\tnote",
+    "a\rb",
+    f"{BEGIN}{END}",
+]
 
 
 @pytest.mark.parametrize("seed", range(400))

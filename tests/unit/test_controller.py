@@ -19,8 +19,12 @@ RAISE = textwrap.dedent("""
 
 
 def limits_after(soft: int, hard: int, hosts: int) -> list[int]:
-    out = subprocess.run([sys.executable, "-c", RAISE, str(soft), str(hard), str(hosts)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", RAISE, str(soft), str(hard), str(hosts)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [int(v) for v in out.split()]
 
 
@@ -41,18 +45,28 @@ def test_every_host_runs_at_once_as_far_as_open_files_allow():
 
 def test_pyinfra_gets_the_parallelism_unless_the_user_chose_one(tmp_path):
     inventory = tmp_path / "big.py"
-    inventory.write_text(textwrap.dedent("""
+    inventory.write_text(
+        textwrap.dedent("""
         from pyinfra import config
         from trainfleet.controller import configure_pyinfra
         configure_pyinfra(700)
         print("PARALLEL", config.PARALLEL)
         hosts = ["@local"]
-    """))
+    """)
+    )
     pyinfra = str(__import__("pathlib").Path(sys.executable).with_name("pyinfra"))
-    chosen = subprocess.run([pyinfra, str(inventory), "debug-inventory"], capture_output=True, text=True, timeout=60)
+    chosen = subprocess.run(
+        [pyinfra, str(inventory), "debug-inventory"], capture_output=True, text=True, timeout=60
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     files = soft if soft >= 2164 else (2164 if hard == resource.RLIM_INFINITY else min(hard, 2164))
-    assert f"PARALLEL {parallel_hosts(700, files)}" in chosen.stdout, chosen.stderr  # 700 unless the hard limit binds
-    given = subprocess.run([pyinfra, "--parallel", "5", str(inventory), "debug-inventory"], capture_output=True,
-                           text=True, timeout=60)
+    assert f"PARALLEL {parallel_hosts(700, files)}" in chosen.stdout, (
+        chosen.stderr
+    )  # 700 unless the hard limit binds
+    given = subprocess.run(
+        [pyinfra, "--parallel", "5", str(inventory), "debug-inventory"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "PARALLEL 5" in given.stdout + given.stderr

@@ -8,18 +8,17 @@ import json
 import os
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from bench.controller import fleet as fleet_mod
 from bench.controller import wire
+from bench.controller.controller_report import growth
 from bench.controller.measure import pyinfra_args
 from bench.controller.record import load
-from bench.controller.report import growth
 from bench.run import PYINFRA, REPO, parse_results
 from facts.fingerprint import DeployState, NodeFingerprint
-from facts.hosts import HOSTS_PURPOSE
+from facts.hosts_facts import HOSTS_PURPOSE
 from trainfleet.mesh import probe_targets
 
 
@@ -37,7 +36,7 @@ def keys_fleet(tmp_path_factory) -> fleet_mod.Fleet:
 def _first_match(responses: dict, command: str):
     """pyinfra's fake connector: the first matcher (substring or pattern) in insertion order."""
     for matcher, response in responses.items():
-        if (matcher.search(command) if hasattr(matcher, "search") else matcher in command):
+        if matcher.search(command) if hasattr(matcher, "search") else matcher in command:
             return response
     return None
 
@@ -53,7 +52,9 @@ def test_converged_answers_are_the_plan(fleet):
     """What the deploy's operations compare against the plan, node by node."""
     for node in fleet.cluster.nodes:
         plan = fleet.plan.nodes[node.name]
-        state = fleet_mod.parse_bundle("deploy_state", fleet.converged[node.name].deploy_state, ["root"])
+        state = fleet_mod.parse_bundle(
+            "deploy_state", fleet.converged[node.name].deploy_state, ["root"]
+        )
         assert state["hostname"] == {"running": node.name, "static": node.name}
         assert state["hosts"]["block"] == plan.hosts.lines
         assert state["known_hosts"]["block"] == plan.known_hosts
@@ -61,37 +62,62 @@ def test_converged_answers_are_the_plan(fleet):
         assert state["nccl_files"]["profile"] == plan.nccl.profile
         assert state["openmpi"]["users"]["root"]["params"]["block"] == plan.mpi.lines
         user, mine = state["mesh_user:root"], plan.mesh[0]
-        assert user["authorized"]["block"] == mine.authorized and user["config"]["block"] == mine.config
+        assert (
+            user["authorized"]["block"] == mine.authorized
+            and user["config"]["block"] == mine.config
+        )
         assert user["identity"]["sha256"] == fleet_mod.sha256(mine.identity.private)
         # the certificate mesh: exactly the plan's certificates (signed by the key store's CA)
         assert mine.certificate and user["certificate"] == mine.certificate.strip()
         sshd = state["sshd_mesh"]
         assert sshd["includes_drop_ins"] and sshd["other_revoked_keys"] == []
-        assert {p: c for p, c in sshd["certificates"].items() if c} == \
-            {p: c.strip() for p, c in plan.sshd.certificates.items()}
+        assert {p: c for p, c in sshd["certificates"].items() if c} == {
+            p: c.strip() for p, c in plan.sshd.certificates.items()
+        }
         # the recorded node has ecdsa and ed25519 host keys: the ed25519 one is certified
         assert list(plan.sshd.certificates) == ["/etc/ssh/ssh_host_ed25519_key-cert.pub"]
-        assert sshd["drop_in"] == plan.sshd.drop_in.encode() and sshd["revoked_keys"] == plan.sshd.revoked_keys
+        assert (
+            sshd["drop_in"] == plan.sshd.drop_in.encode()
+            and sshd["revoked_keys"] == plan.sshd.revoked_keys
+        )
         assert sshd["client_drop_in"] == plan.sshd.client_drop_in.encode()
         assert plan.known_hosts[0].startswith("@cert-authority ") and len(plan.known_hosts) == 1
-        assert {n: f["sha256"] for n, f in state["launchers"].items() if n in plan.launchers.files} == \
-            {n: fleet_mod.sha256(c) for n, (c, _) in plan.launchers.files.items()}
-        assert node.address in next(i for i in state["network"]["interfaces"] if i["name"] == "eth0")["addresses"]
-    identities = [fleet_mod.parse_bundle("fingerprint", a.fingerprint, ["root"], a.targets)["identity"]
-                  for a in fleet.converged.values()]
-    assert len({i["boot_id"] for i in identities}) == len({i["machine_id"] for i in identities}) == fleet.nodes
+        assert {
+            n: f["sha256"] for n, f in state["launchers"].items() if n in plan.launchers.files
+        } == {n: fleet_mod.sha256(c) for n, (c, _) in plan.launchers.files.items()}
+        assert (
+            node.address
+            in next(i for i in state["network"]["interfaces"] if i["name"] == "eth0")["addresses"]
+        )
+    identities = [
+        fleet_mod.parse_bundle("fingerprint", a.fingerprint, ["root"], a.targets)["identity"]
+        for a in fleet.converged.values()
+    ]
+    assert (
+        len({i["boot_id"] for i in identities})
+        == len({i["machine_id"] for i in identities})
+        == fleet.nodes
+    )
 
 
 def test_fresh_answers_need_the_deploy(fleet):
     for node in fleet.cluster.nodes:
-        state = fleet_mod.parse_bundle("deploy_state", fleet.fresh[node.name].deploy_state, ["root"])
+        state = fleet_mod.parse_bundle(
+            "deploy_state", fleet.fresh[node.name].deploy_state, ["root"]
+        )
         assert state["hostname"]["running"] == "ip-" + node.address.replace(".", "-")
         assert state["hosts"]["block"] is None and state["mesh_user:root"]["identity"] is None
         assert state["mesh_user:root"]["certificate"] is None
-        assert state["sshd_mesh"] == {"includes_drop_ins": True, "other_revoked_keys": [],
-                                      "certificates": dict.fromkeys(state["sshd_mesh"]["certificates"]),
-                                      "drop_in": None, "revoked_keys": None, "client_includes_drop_ins": True,
-                                      "other_revoked_host_keys": [], "client_drop_in": None}
+        assert state["sshd_mesh"] == {
+            "includes_drop_ins": True,
+            "other_revoked_keys": [],
+            "certificates": dict.fromkeys(state["sshd_mesh"]["certificates"]),
+            "drop_in": None,
+            "revoked_keys": None,
+            "client_includes_drop_ins": True,
+            "other_revoked_host_keys": [],
+            "client_drop_in": None,
+        }
 
 
 def test_one_nodes_hosts_block_is_named_by_drift(fleet):
@@ -102,8 +128,14 @@ def test_one_nodes_hosts_block_is_named_by_drift(fleet):
     at = lines.index(f"{fleet_mod.MARK} hosts") + 1
     section = base64.b64decode(lines[at]).decode()
     block = fleet.plan.nodes[victim].hosts.lines[:-1]
-    lines[at] = fleet_mod.b64(fleet_mod.joined([fleet_mod.with_plan_block(line, HOSTS_PURPOSE, block)
-                                                for line in fleet_mod.text_lines(section)]))
+    lines[at] = fleet_mod.b64(
+        fleet_mod.joined(
+            [
+                fleet_mod.with_plan_block(line, HOSTS_PURPOSE, block)
+                for line in fleet_mod.text_lines(section)
+            ]
+        )
+    )
     answers[victim] = replace(answers[victim], fingerprint=lines)
     report = fleet_mod.offline_drift(fleet, answers)
     assert {f.node for f in report.findings} == {victim}
@@ -121,7 +153,10 @@ def test_each_command_gets_its_answer(fleet):
         full = NodeFingerprint().command(users=["root"], peers=names).get_masked_value()
         assert _first_match(responses, sampled) is answers.fingerprint
         assert _first_match(responses, full) is answers.fingerprint_full
-        assert _first_match(responses, DeployState().command(users=["root"]).get_masked_value()) is answers.deploy_state
+        assert (
+            _first_match(responses, DeployState().command(users=["root"]).get_masked_value())
+            is answers.deploy_state
+        )
         assert _first_match(responses, "uname -n") == [node.name]
         proof = NodeFingerprint()
         proof.command(users=["root"], peers=names)
@@ -140,17 +175,36 @@ def test_pyinfra_rerun_and_drift_on_four_fake_nodes(tmp_path):
     fleet = fleet_mod.build(4, tmp_path / "fleet", load())
     inventory = fleet.write_inventory("converged", tmp_path / "converged.pkl")
     tally = tmp_path / "wire.json"
-    env = {**os.environ, **fleet.env(), "TRAINFLEET_FLEET": str(inventory), "PYINFRA_PROGRESS": "off",
-           wire.ENV: str(tally)}
-    for task, answered in (("re-run", lambda a: a.deploy_state), ("drift", lambda a: a.fingerprint)):
+    env = {
+        **os.environ,
+        **fleet.env(),
+        "TRAINFLEET_FLEET": str(inventory),
+        "PYINFRA_PROGRESS": "off",
+        wire.ENV: str(tally),
+    }
+    for task, answered in (
+        ("re-run", lambda a: a.deploy_state),
+        ("drift", lambda a: a.fingerprint),
+    ):
         tally.unlink(missing_ok=True)
-        proc = subprocess.run([PYINFRA, *pyinfra_args(task)], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=60, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            [PYINFRA, *pyinfra_args(task)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert parse_results(proc.stdout) == (0, 0)
         counts = wire.read(str(tally))
-        assert counts["commands"] == 4 and counts["uploads"] == 0  # one bundle per node, nothing written
-        assert counts["stdout_bytes"] == sum(fleet_mod.stdout_bytes(answered(a)) for a in fleet.converged.values())
+        assert (
+            counts["commands"] == 4 and counts["uploads"] == 0
+        )  # one bundle per node, nothing written
+        assert counts["stdout_bytes"] == sum(
+            fleet_mod.stdout_bytes(answered(a)) for a in fleet.converged.values()
+        )
         assert counts["command_bytes"] > 4 * 1000
     report = json.loads((fleet.home / "reports" / f"drift-{fleet.cluster.name}.json").read_text())
     assert report["drift"] is False and report["findings"] == []
@@ -163,8 +217,11 @@ def test_a_missing_host_certificate_is_named_by_drift(fleet):
     kept = {p: c for p, c in plan.certificates.items() if "ed25519" not in p}
     lines = list(fleet.converged[victim].fingerprint)
     at = lines.index(f"{fleet_mod.MARK} sshd_mesh") + 1
-    lines[at] = fleet_mod.b64(fleet_mod.sshd_mesh_text(plan.drop_in, plan.revoked_keys, kept,
-                                                       client_drop_in=plan.client_drop_in))
+    lines[at] = fleet_mod.b64(
+        fleet_mod.sshd_mesh_text(
+            plan.drop_in, plan.revoked_keys, kept, client_drop_in=plan.client_drop_in
+        )
+    )
     answers = {**fleet.converged, victim: replace(fleet.converged[victim], fingerprint=lines)}
     report = fleet_mod.offline_drift(fleet, answers)
     assert {(f.node, f.property) for f in report.findings} == {(victim, "host certificates")}
@@ -177,8 +234,12 @@ def test_keys_mesh_fleet(keys_fleet):
         plan = keys_fleet.plan.nodes[node.name]
         assert plan.sshd.drop_in is None and plan.mesh[0].certificate is None
         assert len(plan.known_hosts) == 2 * keys_fleet.nodes  # a line per node and host key
-        state = fleet_mod.parse_bundle("deploy_state", keys_fleet.converged[node.name].deploy_state, ["root"])
-        assert state["sshd_mesh"]["drop_in"] is None and state["mesh_user:root"]["certificate"] is None
+        state = fleet_mod.parse_bundle(
+            "deploy_state", keys_fleet.converged[node.name].deploy_state, ["root"]
+        )
+        assert (
+            state["sshd_mesh"]["drop_in"] is None and state["mesh_user:root"]["certificate"] is None
+        )
         assert state["known_hosts"]["block"] == plan.known_hosts
 
 
@@ -195,7 +256,9 @@ def test_mesh_files_constant_in_a_certificate_mesh_and_growing_with_keys(tmp_pat
     assert sizes["keys", 64]["total"] > 3.5 * sizes["keys", 16]["total"]
     assert sizes["keys", 16]["host_certificates"] == sizes["keys", 16]["user_certificate"] == 0
     assert sizes["certificates", 64]["total"] < sizes["keys", 16]["total"]
-    assert sum(v for k, v in sizes["keys", 16].items() if k != "total") == sizes["keys", 16]["total"]
+    assert (
+        sum(v for k, v in sizes["keys", 16].items() if k != "total") == sizes["keys", 16]["total"]
+    )
 
 
 def test_fact_bytes_by_section(fleet):
@@ -203,36 +266,70 @@ def test_fact_bytes_by_section(fleet):
     by = fleet_mod.section_bytes(answers)
     assert sum(by.values()) == fleet_mod.stdout_bytes(answers)
     assert {fleet_mod.section_group(n) for n in by} == {"ssh mesh", "hosts + pdsh", "other"}
-    assert fleet_mod.section_group("mesh_user:root") == fleet_mod.section_group("sshd_mesh") == "ssh mesh"
+    assert (
+        fleet_mod.section_group("mesh_user:root")
+        == fleet_mod.section_group("sshd_mesh")
+        == "ssh mesh"
+    )
 
 
 def test_mesh_targets_from_results():
     """The report's issue #18 targets: constant per-node files met, N² read bytes missed."""
-    from bench.controller.report import mesh_series, render_mesh_targets
+    from bench.controller.controller_report import mesh_series, render_mesh_targets
 
     def setup(n, mesh, files):
-        return {"nodes": n, "mesh": mesh, "mesh_files": {"total": files}, "mesh_files_total": {"min": files, "max": files},
-                "fact_bytes_by_group": {"ssh mesh": 100 * n, "hosts + pdsh": n * n, "other": 10 * n}}
+        return {
+            "nodes": n,
+            "mesh": mesh,
+            "mesh_files": {"total": files},
+            "mesh_files_total": {"min": files, "max": files},
+            "fact_bytes_by_group": {"ssh mesh": 100 * n, "hosts + pdsh": n * n, "other": 10 * n},
+        }
 
     def sample(n, mesh, task, read):
-        return {"nodes": n, "mesh": mesh, "task": task, "ok": True,
-                "wire": {"commands": n, "command_bytes": 1000 * n, "stdout_lines": n, "stdout_bytes": read}}
+        return {
+            "nodes": n,
+            "mesh": mesh,
+            "task": task,
+            "ok": True,
+            "wire": {
+                "commands": n,
+                "command_bytes": 1000 * n,
+                "stdout_lines": n,
+                "stdout_bytes": read,
+            },
+        }
 
-    results = {"plan": {"mesh": "certificates"},
-               "setups": [setup(n, "certificates", 3200) for n in (16, 64)] + [setup(n, "keys", 160 * n) for n in (16, 64)],
-               "samples": [sample(n, "certificates", t, 500 * n) for n in (16, 64) for t in ("re-run", "drift")]
-               + [sample(n, "certificates", "first-provision plan", 9 * n * n) for n in (16, 64)]}
+    results = {
+        "plan": {"mesh": "certificates"},
+        "setups": [setup(n, "certificates", 3200) for n in (16, 64)]
+        + [setup(n, "keys", 160 * n) for n in (16, 64)],
+        "samples": [
+            sample(n, "certificates", t, 500 * n) for n in (16, 64) for t in ("re-run", "drift")
+        ]
+        + [sample(n, "certificates", "first-provision plan", 9 * n * n) for n in (16, 64)],
+    }
     series = mesh_series(results)
     assert series[("keys", "one node's mesh files")] == {16: 2560, 64: 10240}
     lines = render_mesh_targets(results)
-    assert any(l.startswith("- one node's SSH mesh files of constant size") and ": met; k = 0.00" in l for l in lines)
-    assert any("all fact bytes read per run grow linearly with N (first-provision plan)" in l and "**missed**; k = 2.00" in l
-               for l in lines)
-    assert any("(re-run)" in l and "bytes sent per run" in l and ": met; k = 1.00" in l for l in lines)
+    assert any(
+        l.startswith("- one node's SSH mesh files of constant size") and ": met; k = 0.00" in l
+        for l in lines
+    )
+    assert any(
+        "all fact bytes read per run grow linearly with N (first-provision plan)" in l
+        and "**missed**; k = 2.00" in l
+        for l in lines
+    )
+    assert any(
+        "(re-run)" in l and "bytes sent per run" in l and ": met; k = 1.00" in l for l in lines
+    )
 
 
 @pytest.mark.parametrize("mesh_mode", ["certificates", "keys"])
-def test_the_baseline_runs_as_many_operations_as_the_deploy_with_the_same_names(tmp_path, monkeypatch, mesh_mode):
+def test_the_baseline_runs_as_many_operations_as_the_deploy_with_the_same_names(
+    tmp_path, monkeypatch, mesh_mode
+):
     """The no-op baseline stands for deploy/cluster.py's operations (one mesh user): the same
     names, in the same order."""
     import ast
@@ -240,15 +337,28 @@ def test_the_baseline_runs_as_many_operations_as_the_deploy_with_the_same_names(
     from tests.unit.test_plan import ROOT, deploy_order, three_node_plan
 
     cluster, plan = three_node_plan(tmp_path, mesh_mode=mesh_mode)  # mesh users root and alice
-    names = [kwargs["name"] for _, kwargs in deploy_order(monkeypatch, cluster, cluster.nodes[0].name, plan)]
+    names = [
+        kwargs["name"]
+        for _, kwargs in deploy_order(monkeypatch, cluster, cluster.nodes[0].name, plan)
+    ]
 
     root_only = [n for n in names if "alice" not in n]
-    source = (ROOT / "bench/controller/noop_deploy.py").read_text()  # a deploy file: importing it runs it
-    (listed,) = [node.value for node in ast.parse(source).body
-                 if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPERATIONS"]
+    source = (
+        ROOT / "bench/controller/noop_deploy.py"
+    ).read_text()  # a deploy file: importing it runs it
+    (listed,) = [
+        node.value
+        for node in ast.parse(source).body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "OPERATIONS"
+    ]
     expected = ast.literal_eval(listed)
-    if mesh_mode == "keys":  # sshd's certificates are taken away after the trust instead of set before the users
+    if (
+        mesh_mode == "keys"
+    ):  # sshd's certificates are taken away after the trust instead of set before the users
         expected.remove("sshd presents its host certificates, refuses revoked keys")
         expected.remove("Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)")
-        expected.insert(expected.index("root trusts exactly the mesh") + 1, "sshd without trainfleet's certificates")
+        expected.insert(
+            expected.index("root trusts exactly the mesh") + 1,
+            "sshd without trainfleet's certificates",
+        )
     assert root_only == expected

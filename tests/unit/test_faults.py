@@ -14,7 +14,7 @@ DEPLOY = """
 from pyinfra import state
 from pyinfra.operations import server
 
-from facts.faults import name_step_faults
+from runtime.faults import name_step_faults
 
 name_step_faults(state)
 server.shell(name="A step that fails", commands=["false"], _ignore_errors=True)
@@ -25,7 +25,14 @@ server.shell(name="A step that hangs", commands=["sleep 30"], _timeout=1)
 def test_a_timed_out_step_is_named_with_its_timeout_and_a_failed_command_is_left_alone(tmp_path):
     deploy = tmp_path / "hang.py"
     deploy.write_text(DEPLOY)
-    run = subprocess.run([PYINFRA, "-y", "@local", str(deploy)], cwd=REPO, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [PYINFRA, "-y", "@local", str(deploy)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     said = [line.strip() for line in run.stderr.splitlines() if "trainfleet:" in line]
-    assert said == ["[@local] trainfleet: timed out after 1s, in the step 'A step that hangs'"], run.stderr
+    assert said == ["[@local] trainfleet: timed out after 1s, in the step 'A step that hangs'"], (
+        run.stderr
+    )

@@ -6,9 +6,9 @@ import pytest
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from facts.hosts import HostnameState
-from facts.launchers import LauncherFiles
-from facts.gather import _key, fact, lent, run_facts
+from facts.hosts_facts import HostnameState
+from facts.launchers_facts import LauncherFiles
+from runtime.gather import _key, fact, lent, run_facts
 
 GATHERED = {"running": "gpu-a01", "static": "gpu-a01"}
 
@@ -25,7 +25,14 @@ def test_a_fact_the_bundle_did_not_gather_is_an_error_not_an_extra_round_trip():
 
 def test_a_lent_fact_answers_only_while_lent_and_each_run_has_its_own_store():
     state, other = FakeState(), FakeState()
-    host = create_host(state, facts={"hosts.HostnameState": {"path=/etc/hostname": {"running": "from-the-node", "static": None}}})
+    host = create_host(
+        state,
+        facts={
+            "hosts_facts.HostnameState": {
+                "path=/etc/hostname": {"running": "from-the-node", "static": None}
+            }
+        },
+    )
     with ctx_state.use(state), ctx_host.use(host):
         with lent(HostnameState, GATHERED, path="/etc/hostname"):
             assert fact(HostnameState, path="/etc/hostname") == GATHERED

@@ -30,7 +30,9 @@ def test_prod_inventory_has_every_node_with_strict_host_keys():
 
 def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
     spec = tmp_path / "bad.yml"
-    spec.write_text("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: a, address: 192.0.2.1}\n")
+    spec.write_text(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: a, address: 192.0.2.1}\n"
+    )
     inventory = tmp_path / "bad.py"
     inventory.write_text(
         "from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts\n"
@@ -44,11 +46,23 @@ def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
 
 
 def test_a_bad_drift_probe_setting_stops_pyinfra_with_status_2_before_connecting():
-    env = {**__import__("os").environ, "TRAINFLEET_DRIFT_STRIDE": "1", "TRAINFLEET_DRIFT_MESH": "all"}
-    result = subprocess.run([PYINFRA, "-y", "inventories/prod.py", "deploy/drift.py"], capture_output=True,
-                            text=True, cwd=REPO, timeout=60, env=env)
+    env = {
+        **__import__("os").environ,
+        "TRAINFLEET_DRIFT_STRIDE": "1",
+        "TRAINFLEET_DRIFT_MESH": "all",
+    }
+    result = subprocess.run(
+        [PYINFRA, "-y", "inventories/prod.py", "deploy/drift.py"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env=env,
+    )
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "trainfleet: TRAINFLEET_DRIFT_MESH is 'all': use full or sampled" in result.stderr
-    assert "trainfleet: TRAINFLEET_DRIFT_STRIDE is '1': a stride is 2..2 for 2 nodes" in result.stderr
+    assert (
+        "trainfleet: TRAINFLEET_DRIFT_STRIDE is '1': a stride is 2..2 for 2 nodes" in result.stderr
+    )
     assert "2 problem(s) in the environment; no host was contacted." in result.stderr
     assert "Connecting" not in result.stdout + result.stderr

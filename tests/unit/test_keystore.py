@@ -19,7 +19,11 @@ NODES = ["a", "b", "c"]
 
 def _derived_public(private: str) -> str:
     key = serialization.load_ssh_private_key(private.encode(), password=None)
-    return key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
+    return (
+        key.public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
 
 
 def _files_match(store: KeyStore, user: str, node: str) -> bool:
@@ -39,8 +43,10 @@ def test_processes_generating_the_same_keys_at_once_agree_and_leave_matching_pai
     ctx = multiprocessing.get_context("fork")
     procs_n = 6
     barrier, results = ctx.Barrier(procs_n), ctx.Queue()
-    procs = [ctx.Process(target=_generate_after, args=(str(tmp_path / "keys"), barrier, results))
-             for _ in range(procs_n)]
+    procs = [
+        ctx.Process(target=_generate_after, args=(str(tmp_path / "keys"), barrier, results))
+        for _ in range(procs_n)
+    ]
     for proc in procs:
         proc.start()
     seen = [results.get(timeout=60) for _ in procs]
@@ -95,12 +101,19 @@ def test_a_node_removed_from_the_spec_has_its_keys_retired_and_comes_back_with_a
 
     for user in ("root", "alice"):
         assert not any((store.dir / user / f"a{s}").exists() for s in ("", ".pub", ".revoked"))
-        assert KeyStore("c1", root=root).keypair(user, "b") == old[(user, "b")]  # the others keep theirs
+        assert (
+            KeyStore("c1", root=root).keypair(user, "b") == old[(user, "b")]
+        )  # the others keep theirs
     retired = store.retired()
     assert sorted(p.relative_to(store.dir / "retired").parts[1:] for p in retired) == [
-        ("alice", "a.revoked"), ("root", "a"), ("root", "a.pub")]
-    assert (retired[1].read_text(), retired[2].read_text()) == (old[("root", "a")].private,
-                                                                old[("root", "a")].public + "\n")
+        ("alice", "a.revoked"),
+        ("root", "a"),
+        ("root", "a.pub"),
+    ]
+    assert (retired[1].read_text(), retired[2].read_text()) == (
+        old[("root", "a")].private,
+        old[("root", "a")].public + "\n",
+    )
     assert stat.S_IMODE(retired[1].stat().st_mode) == 0o600
     assert stat.S_IMODE(retired[1].parent.parent.stat().st_mode) == 0o700
 
@@ -129,7 +142,12 @@ def test_the_store_never_changes_the_mode_of_trainfleet_home(tmp_path, monkeypat
     for directory in (home / "keys", store.dir, store.dir / "root"):
         assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
     for name in ("a", "a.pub", ".lock"):
-        assert stat.S_IMODE((store.dir / "root" / name if name != ".lock" else store.dir / name).stat().st_mode) == 0o600
+        assert (
+            stat.S_IMODE(
+                (store.dir / "root" / name if name != ".lock" else store.dir / name).stat().st_mode
+            )
+            == 0o600
+        )
 
 
 def test_keys_are_0600_in_0700_dirs_and_the_private_half_is_never_shown(tmp_path):
@@ -150,7 +168,12 @@ def test_a_user_named_like_the_retired_folder_is_refused(tmp_path):
 
 
 def test_names_that_would_leave_the_store_are_refused(tmp_path):
-    for cluster, user, node in (("..", "root", "n1"), ("c", "../../x", "n1"), ("c", "root", "a/b"), ("c", "root", "..")):
+    for cluster, user, node in (
+        ("..", "root", "n1"),
+        ("c", "../../x", "n1"),
+        ("c", "root", "a/b"),
+        ("c", "root", ".."),
+    ):
         with pytest.raises(KeyStoreError):
             KeyStore(cluster, root=tmp_path).keypair(user, node)
     assert list(tmp_path.iterdir()) == []
@@ -166,11 +189,18 @@ def test_the_cluster_ca_is_made_once_kept_0600_and_never_retired(tmp_path):
     assert ca.public.startswith("ssh-ed25519 ") and ca.public.endswith(" trainfleet:prod:ca")
     assert "PRIVATE" not in repr(ca) and "PRIVATE" not in str(ca)
     path = tmp_path / "keys" / "prod" / ".ca" / "ca"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert (
+        stat.S_IMODE(path.stat().st_mode) == 0o600
+        and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    )
     assert (path.parent / "ca.pub").read_text() == ca.public + "\n"
     store.keypair("root", "gpu-a01")
-    assert KeyStore("prod", root=tmp_path / "keys", nodes=[]).retired() != []  # the node's key is retired ...
-    assert KeyStore("prod", root=tmp_path / "keys").certificate_authority() == ca  # ... the CA is not
+    assert (
+        KeyStore("prod", root=tmp_path / "keys", nodes=[]).retired() != []
+    )  # the node's key is retired ...
+    assert (
+        KeyStore("prod", root=tmp_path / "keys").certificate_authority() == ca
+    )  # ... the CA is not
 
 
 def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_path):
@@ -186,7 +216,9 @@ def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_
     store.rotate("root", "b")
     assert store.revoked_keys() == [old["a"], old["b"]]
     rotated = store.keypair("root", "b").public
-    assert rotated != old["b"] and rotated not in store.revoked_keys()  # the new key is in use, not revoked
+    assert (
+        rotated != old["b"] and rotated not in store.revoked_keys()
+    )  # the new key is in use, not revoked
 
     store.rotate("root", "a")  # back in with a new key: a revoked node has no old key left to add
     assert store.revoked_keys() == [old["a"], old["b"]]
@@ -194,7 +226,9 @@ def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_
     KeyStore("c1", root=root, nodes=["a", "b"])  # c left the spec
     KeyStore("c1", root=root, nodes=["a", "b"])  # every host's run does it again
     assert store.revoked_keys() == [old["a"], old["b"], old["c"]]
-    assert (store.dir / ".ca" / "revoked").read_text() == "".join(f"{line}\n" for line in store.revoked_keys())
+    assert (store.dir / ".ca" / "revoked").read_text() == "".join(
+        f"{line}\n" for line in store.revoked_keys()
+    )
     assert stat.S_IMODE((store.dir / ".ca" / "revoked").stat().st_mode) == 0o600
     assert stat.S_IMODE((store.dir / ".ca").stat().st_mode) == 0o700
 
@@ -207,14 +241,19 @@ def test_a_revoked_node_that_comes_back_and_is_rotated_again_adds_only_its_new_k
     second = store.keypair("alice", "a").public
     store.rotate("alice", "a")
     assert store.revoked_keys() == [first, second]
-    assert KeyStore("c1", root=tmp_path / "keys").revoked_keys() == [first, second]  # what another process reads
+    assert KeyStore("c1", root=tmp_path / "keys").revoked_keys() == [
+        first,
+        second,
+    ]  # what another process reads
 
 
 def test_revoking_a_node_revokes_the_key_it_holds_even_when_its_public_file_is_stale(tmp_path):
     store = KeyStore("c1", root=tmp_path / "keys")
     held = store.keypair("root", "a")
     other = store.keypair("root", "b")
-    (store.dir / "root" / "a.pub").write_text(other.public + "\n")  # as in the stale-.pub test above
+    (store.dir / "root" / "a.pub").write_text(
+        other.public + "\n"
+    )  # as in the stale-.pub test above
     store.revoke("root", "a")
     assert [line.split()[:2] for line in store.revoked_keys()] == [held.public.split()[:2]]
 
@@ -224,7 +263,8 @@ HOST_C = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAccc"
 
 
 def test_a_revoked_host_key_stays_revoked_when_its_node_presents_it_again_until_readmitted(
-        tmp_path):
+    tmp_path,
+):
     store = KeyStore("c1", root=tmp_path / "keys")
     a_key, c_key = HOST_A, HOST_C
     store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
@@ -246,13 +286,16 @@ def test_a_revoked_host_key_stays_revoked_when_its_node_presents_it_again_until_
 
 
 def test_keys_readmit_is_explicit_and_takes_back_only_the_named_nodes_host_keys(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     from trainfleet.__main__ import main
 
     monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
     spec = tmp_path / "c1.yml"
-    spec.write_text("cluster: {name: c1, mesh_users: [root]}\nnodes:\n"
-                    "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n")
+    spec.write_text(
+        "cluster: {name: c1, mesh_users: [root]}\nnodes:\n"
+        "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n"
+    )
     store = KeyStore("c1")
     a_key, c_key = HOST_A, HOST_C
     store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])

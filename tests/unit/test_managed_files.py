@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from facts.fingerprint import FactBundle
-from facts.managed_block import ManagedBlock, split_sections
-from facts.hosts import HOSTS_PURPOSE
-from facts.openmpi import MCA_PURPOSE
-from facts.pdsh import PDSH_PURPOSE
-from facts.ssh_mesh import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
-from operations.managed_block import block_change
+from facts.hosts_facts import HOSTS_PURPOSE
+from facts.managed_block_facts import ManagedBlock, split_sections
+from facts.openmpi_facts import MCA_PURPOSE
+from facts.pdsh_facts import PDSH_PURPOSE
+from facts.ssh_mesh_facts import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
+from operations.managed_block_ops import block_change
 from operations.remote import FailCommand
 from tests.unit.test_remote import run
 from trainfleet.blocks import markers, split_block
@@ -48,8 +48,14 @@ def states(purpose: str) -> dict[str, tuple[bytes | None, bool]]:
         "block then a last line without newline": (f"user 1\n{block}user 2".encode(), True),
         "CRLF user lines": (b"user 1\r\nuser 2\r\n", True),
         "bytes that are not UTF-8": (b"caf\xe9 \xff\xfe\n", True),
-        "lines that look like fact framing": (b"--trainfleet-section-- hosts\nfile x regular - QUJD\nuser\n", True),
-        "another purpose's markers": (b"# BEGIN trainfleet managed block: something else (do not edit)\n", True),
+        "lines that look like fact framing": (
+            b"--trainfleet-section-- hosts\nfile x regular - QUJD\nuser\n",
+            True,
+        ),
+        "another purpose's markers": (
+            b"# BEGIN trainfleet managed block: something else (do not edit)\n",
+            True,
+        ),
         "lone BEGIN": (f"user 1\n{b}\nuser 2\nuser 3\n".encode(), False),
         "lone END": (f"user 1\n{e}\nuser 2\n".encode(), False),
         "END before BEGIN": (f"{e}\nx\n{b}\n".encode(), False),
@@ -62,8 +68,10 @@ def states(purpose: str) -> dict[str, tuple[bytes | None, bool]]:
 
 def read(path: Path, purpose: str):
     fact = ManagedBlock()
-    result = subprocess.run(["sh", "-c", fact.command(path=str(path), purpose=purpose).get_raw_value()],
-                            capture_output=True)
+    result = subprocess.run(
+        ["sh", "-c", fact.command(path=str(path), purpose=purpose).get_raw_value()],
+        capture_output=True,
+    )
     assert result.returncode == 0, result.stderr
     return fact.process(result.stdout.decode().split("\n")[:-1])
 
@@ -77,7 +85,9 @@ CASES = [(managed, state) for managed in MANAGED for state in states(MANAGED[man
 
 
 @pytest.mark.parametrize(("managed", "state"), CASES, ids=[f"{m} | {s}" for m, s in CASES])
-def test_a_managed_file_converges_keeping_every_user_byte_or_is_refused_untouched(tmp_path, managed, state):
+def test_a_managed_file_converges_keeping_every_user_byte_or_is_refused_untouched(
+    tmp_path, managed, state
+):
     purpose, top = MANAGED[managed]
     original, converges = states(purpose)[state]
     target = tmp_path / "file"
@@ -97,7 +107,10 @@ def test_a_managed_file_converges_keeping_every_user_byte_or_is_refused_untouche
     after = read(target, purpose)
     assert after["block"] == NEW and after["broken"] is None
     kept = user_text(original, purpose) if original is not None else ""
-    had_block = original is not None and split_block(original.decode("utf-8", "surrogateescape"), purpose).block is not None
+    had_block = (
+        original is not None
+        and split_block(original.decode("utf-8", "surrogateescape"), purpose).block is not None
+    )
     if not had_block and not top and kept and not kept.endswith("\n"):
         kept += "\n"  # the last user line gets its newline before the appended block
     assert user_text(target.read_bytes(), purpose) == kept
@@ -119,26 +132,35 @@ def test_a_block_is_removed_and_nothing_else_changes(tmp_path):
     b, e = markers(HOSTS_PURPOSE)
     target = tmp_path / "hosts"
     target.write_text(f"a\n{b}\nold\n{e}\nb")
-    assert run(block_change(str(target), HOSTS_PURPOSE, read(target, HOSTS_PURPOSE), None)).returncode == 0
+    assert (
+        run(block_change(str(target), HOSTS_PURPOSE, read(target, HOSTS_PURPOSE), None)).returncode
+        == 0
+    )
     assert target.read_text() == "a\nb"
 
 
 class _TwoFiles(FactBundle):
     def parts(self, first: str, second: str):  # type: ignore[override]
-        return {"first": (ManagedBlock, {"path": first, "purpose": HOSTS_PURPOSE}),
-                "second": (ManagedBlock, {"path": second, "purpose": HOSTS_PURPOSE})}
+        return {
+            "first": (ManagedBlock, {"path": first, "purpose": HOSTS_PURPOSE}),
+            "second": (ManagedBlock, {"path": second, "purpose": HOSTS_PURPOSE}),
+        }
 
 
 def test_file_contents_cannot_forge_the_bundles_sections(tmp_path):
     b, e = markers(HOSTS_PURPOSE)
     first, second = tmp_path / "first", tmp_path / "second"
     # The first file carries lines shaped like every marker the bundle and the facts use.
-    first.write_text("--trainfleet-fingerprint-- second\n--trainfleet-section-- second\n"
-                     f"file second regular - {'QUJD'}\n{b}\nforged\n{e}\nno newline")
+    first.write_text(
+        "--trainfleet-fingerprint-- second\n--trainfleet-section-- second\n"
+        f"file second regular - {'QUJD'}\n{b}\nforged\n{e}\nno newline"
+    )
     second.write_text(f"{b}\n198.18.0.11 node1\n{e}\n")
     bundle = _TwoFiles()
     command = bundle.command(first=str(first), second=str(second))
-    output = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True).stdout
+    output = subprocess.run(
+        ["sh", "-c", command.get_raw_value()], capture_output=True, text=True
+    ).stdout
     result = bundle.process(output.split("\n")[:-1])
     assert result["second"]["block"] == ["198.18.0.11 node1"]
     assert result["first"]["text"] == first.read_text()

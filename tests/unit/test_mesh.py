@@ -18,7 +18,9 @@ nodes:
 
 def test_known_hosts_name_every_node_by_name_fqdn_and_address():
     cluster = Cluster.parse(SPEC)
-    lines = known_hosts_lines(cluster, {"a": ["ssh-ed25519 AAAA1"], "b": ["ssh-ed25519 BBBB", "ecdsa-sha2-nistp256 CCCC"]})
+    lines = known_hosts_lines(
+        cluster, {"a": ["ssh-ed25519 AAAA1"], "b": ["ssh-ed25519 BBBB", "ecdsa-sha2-nistp256 CCCC"]}
+    )
     assert lines == [
         "a,a.example.com,192.0.2.1 ssh-ed25519 AAAA1",
         "[b]:2222,[b.example.com]:2222,[192.0.2.2]:2222 ssh-ed25519 BBBB",
@@ -31,8 +33,12 @@ def test_keys_are_made_once_0600_in_a_0700_store_and_reused(tmp_path):
     first = store.keypair("root", "a")
     again = KeyStore("c1", root=tmp_path / "keys").keypair("root", "a")
     assert first == again
-    assert first.private.splitlines()[0] == "-----BEGIN " + "OPENSSH PRIVATE KEY-----"  # OpenSSH format
-    assert first.public.startswith("ssh-ed25519 ") and first.public.endswith(" trainfleet:c1:root@a")
+    assert (
+        first.private.splitlines()[0] == "-----BEGIN " + "OPENSSH PRIVATE KEY-----"
+    )  # OpenSSH format
+    assert first.public.startswith("ssh-ed25519 ") and first.public.endswith(
+        " trainfleet:c1:root@a"
+    )
     assert stat.S_IMODE((store.dir / "root" / "a").stat().st_mode) == 0o600
     assert stat.S_IMODE((store.dir / "root").stat().st_mode) == 0o700
     assert first.private not in repr(first)
@@ -58,18 +64,34 @@ def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defa
     `Host *` defaults after it, as trainfleet writes ~/.ssh/config."""
     import subprocess
 
-    from trainfleet.render import render_lines
     from trainfleet.blocks import markers
+    from trainfleet.render import render_lines
 
     cluster = Cluster.parse(SPEC)
     begin, end = markers("ssh mesh hosts")
-    block = render_lines("ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user="root", key_name="id_trainfleet")
+    block = render_lines(
+        "ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user="root", key_name="id_trainfleet"
+    )
     config = tmp_path / "config"
-    config.write_text("\n".join([begin, *block, end, "ServerAliveInterval 42", "Host *", "    User alice",
-                                 "    Port 2200"]) + "\n")
+    config.write_text(
+        "\n".join(
+            [
+                begin,
+                *block,
+                end,
+                "ServerAliveInterval 42",
+                "Host *",
+                "    User alice",
+                "    Port 2200",
+            ]
+        )
+        + "\n"
+    )
 
     def resolved(host: str) -> dict[str, str]:
-        out = subprocess.run(["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            ["ssh", "-G", "-F", str(config), host], capture_output=True, text=True, check=True
+        ).stdout
         return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
 
     b = resolved("b")
@@ -99,7 +121,7 @@ def run_probe(tmp_path, answers: dict[str, list[str]]) -> tuple[dict[str, str], 
     import os
     import subprocess
 
-    from facts.ssh_mesh import SshMeshProof
+    from facts.ssh_mesh_facts import SshMeshProof
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -110,18 +132,28 @@ def run_probe(tmp_path, answers: dict[str, list[str]]) -> tuple[dict[str, str], 
     fact = SshMeshProof()
     command = fact.command(user="root", peers=list(answers)).get_raw_value()
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path)}
-    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=30).stdout
+    out = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, env=env, timeout=30
+    ).stdout
     attempts = {peer: int((tmp_path / f"{peer}.n").read_text()) for peer in answers}
     return fact.process(out.splitlines()), attempts
 
 
 def test_the_mesh_probe_tries_a_dropped_connection_once_more_and_a_refusal_never(tmp_path):
-    result, attempts = run_probe(tmp_path, {"a": ["dropped", "ok"], "b": ["refused", "ok"], "c": ["ok"],
-                                            "d": ["dropped", "dropped"]})
+    result, attempts = run_probe(
+        tmp_path,
+        {"a": ["dropped", "ok"], "b": ["refused", "ok"], "c": ["ok"], "d": ["dropped", "dropped"]},
+    )
     assert result["a"] == "ok" and attempts["a"] == 2  # sshd was busy: fine the second time
-    assert result["b"].startswith("rc=255") and "Permission denied" in result["b"] and attempts["b"] == 1
+    assert (
+        result["b"].startswith("rc=255")
+        and "Permission denied" in result["b"]
+        and attempts["b"] == 1
+    )
     assert result["c"] == "ok" and attempts["c"] == 1
-    assert "kex_exchange_identification" in result["d"] and attempts["d"] == 2  # reported after one retry
+    assert (
+        "kex_exchange_identification" in result["d"] and attempts["d"] == 2
+    )  # reported after one retry
 
 
 def test_the_ca_lines_name_each_port_apart_and_trust_the_ca_only_for_the_mesh_user():
@@ -135,5 +167,7 @@ def test_the_ca_lines_name_each_port_apart_and_trust_the_ca_only_for_the_mesh_us
         "@cert-authority [b]:2222,[b.example.com]:2222,[192.0.2.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA "
         "trainfleet:c1:ca",
     ]
-    assert ca_authorized_line(cluster, "alice", ca + " extra words") == \
-        'cert-authority,principals="alice" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca'
+    assert (
+        ca_authorized_line(cluster, "alice", ca + " extra words")
+        == 'cert-authority,principals="alice" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca'
+    )

@@ -11,7 +11,7 @@ import hashlib
 import shlex
 import shutil
 import subprocess
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,29 +22,43 @@ from pyinfra.api.exceptions import FactProcessError
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra_testing.util import FakeState, create_host
 
-from facts.gather import _key, run_facts
-from facts.managed_block import block_state
-from facts.ssh_mesh import _SSHD_SCRIPT, AUTHORIZED_PURPOSE, CONFIG_PURPOSE, SshdMesh, SshMeshUser
+from facts.managed_block_facts import block_state
+from facts.ssh_mesh_facts import (
+    _SSHD_SCRIPT,
+    AUTHORIZED_PURPOSE,
+    CONFIG_PURPOSE,
+    SshdMesh,
+    SshMeshUser,
+)
 from operations.remote import ABSENT, FailCommand
-from operations.ssh_mesh import mesh_trust, mesh_user, sshd_certificates
+from operations.ssh_mesh_ops import mesh_trust, mesh_user, sshd_certificates
+from runtime.gather import _key, run_facts
 from tests.unit.test_krl import revoked
 from tests.unit.test_plan import fresh_sshd, public_key
 from trainfleet import certificates, keystore, mesh
 from trainfleet.blocks import markers, split_block, with_block
 from trainfleet.defaults import REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF
 from trainfleet.keystore import KeyStore
-from trainfleet.mesh import (ca_known_hosts_lines, cluster_patterns, host_principals, name_pattern, pattern_matches,
-                             plan_certificates)
+from trainfleet.mesh import (
+    ca_known_hosts_lines,
+    cluster_patterns,
+    host_principals,
+    name_pattern,
+    pattern_matches,
+    plan_certificates,
+)
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, plan_cluster, sshd_part
 from trainfleet.spec import SpecError, parse_spec
 
-needs_openssh = pytest.mark.skipif(shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
-                                   reason="needs OpenSSH's ssh and ssh-keygen")
+needs_openssh = pytest.mark.skipif(
+    shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
+    reason="needs OpenSSH's ssh and ssh-keygen",
+)
 
 ED25519_CERT = "/etc/ssh/ssh_host_ed25519_key-cert.pub"
 RSA_CERT = "/etc/ssh/ssh_host_rsa_key-cert.pub"
-NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
 # Two sshd ports, a domain: every kind of name a cluster node has.
 MIXED = """\
@@ -59,30 +73,43 @@ nodes:
 
 def big_spec(n: int, mode: str = "certificates", ipv6: bool = False) -> str:
     """``n`` nodes gpu0001.. in one naming scheme (IPv6 addresses keep one width for any n < 4096)."""
-    lines = ["cluster: {name: big, domain: cluster.example.com, mesh_users: [root]}", f"ssh: {{mesh: {mode}}}",
-             "nodes:"]
+    lines = [
+        "cluster: {name: big, domain: cluster.example.com, mesh_users: [root]}",
+        f"ssh: {{mesh: {mode}}}",
+        "nodes:",
+    ]
     for i in range(1, n + 1):
         address = f'"fd00:18::{0x1000 + i:x}"' if ipv6 else f"198.18.{i // 256}.{i % 256}"
         lines.append(f"  - {{name: gpu{i:04d}, address: {address}}}")
     return "\n".join(lines) + "\n"
 
 
-_HOST_KEYS: dict[tuple[str, str], str] = {}  # a node keeps its host key from plan to plan, as a real one does
+_HOST_KEYS: dict[
+    tuple[str, str], str
+] = {}  # a node keeps its host key from plan to plan, as a real one does
 
 
 def host_key_of(cluster: Cluster, node: str) -> str:
     return _HOST_KEYS.setdefault((cluster.name, node), public_key())
 
 
-def gathered_for(cluster: Cluster, host_keys: dict[str, list[str]] | None = None, sshd: dict | None = None,
-                 user_certificates: dict | None = None) -> Gathered:
-    return Gathered(host_keys=host_keys or {n.name: [host_key_of(cluster, n.name)] for n in cluster.nodes},
-                    sshd=sshd if sshd is not None else {n.name: fresh_sshd() for n in cluster.nodes},
-                    user_certificates=user_certificates or {})
+def gathered_for(
+    cluster: Cluster,
+    host_keys: dict[str, list[str]] | None = None,
+    sshd: dict | None = None,
+    user_certificates: dict | None = None,
+) -> Gathered:
+    return Gathered(
+        host_keys=host_keys or {n.name: [host_key_of(cluster, n.name)] for n in cluster.nodes},
+        sshd=sshd if sshd is not None else {n.name: fresh_sshd() for n in cluster.nodes},
+        user_certificates=user_certificates or {},
+    )
 
 
 def plan_of(cluster: Cluster, keys_root: Path, **gathered: Any) -> ClusterPlan:
-    return plan_cluster(cluster, gathered_for(cluster, **gathered), KeyStore(cluster.name, root=keys_root))
+    return plan_cluster(
+        cluster, gathered_for(cluster, **gathered), KeyStore(cluster.name, root=keys_root)
+    )
 
 
 def all_names(cluster: Cluster) -> list[str]:
@@ -91,37 +118,56 @@ def all_names(cluster: Cluster) -> list[str]:
 
 # -- host patterns ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, pattern", [
-    ("gpu-a01", "gpu-a??"),
-    ("gpu-a01.cluster.example.com", "gpu-a??.cluster.example.com"),  # only the first label's digits
-    ("n1.rack2.example.com", "n?.rack2.example.com"),
-    ("198.18.0.11", "198.18.0.??"),  # IPv4: the last octet only
-    ("198.18.0.7", "198.18.0.?"),
-    ("2001:db8::b1", "2001:db8::??"),  # IPv6: the last group, hex letters included
-    ("fd00:18::1001", "fd00:18::????"),
-    ("head", "head"),  # nothing to generalise
-])
+
+@pytest.mark.parametrize(
+    "name, pattern",
+    [
+        ("gpu-a01", "gpu-a??"),
+        (
+            "gpu-a01.cluster.example.com",
+            "gpu-a??.cluster.example.com",
+        ),  # only the first label's digits
+        ("n1.rack2.example.com", "n?.rack2.example.com"),
+        ("198.18.0.11", "198.18.0.??"),  # IPv4: the last octet only
+        ("198.18.0.7", "198.18.0.?"),
+        ("2001:db8::b1", "2001:db8::??"),  # IPv6: the last group, hex letters included
+        ("fd00:18::1001", "fd00:18::????"),
+        ("head", "head"),  # nothing to generalise
+    ],
+)
 def test_a_name_pattern_turns_the_digits_of_a_names_first_label_or_an_addresss_last_part_into_question_marks(
-        name, pattern):
+    name, pattern
+):
     assert name_pattern(name) == pattern
     assert pattern_matches(pattern, name)
 
 
 def test_a_thousand_nodes_need_a_handful_of_patterns_and_each_name_is_matched_by_its_groups():
     hundred, thousand = Cluster.parse(big_spec(100)), Cluster.parse(big_spec(1024))
-    ((port_100, patterns_100),), ((port, patterns),) = cluster_patterns(hundred), cluster_patterns(thousand)
+    ((port_100, patterns_100),), ((port, patterns),) = (
+        cluster_patterns(hundred),
+        cluster_patterns(thousand),
+    )
     assert port == port_100 == 22
     # The names are one scheme whatever N: the same two patterns for 100 nodes and for 1024.
     names = [p for p in patterns if not p.startswith("198.")]
-    assert names == [p for p in patterns_100 if not p.startswith("198.")] == ["gpu????", "gpu????.cluster.example.com"]
+    assert (
+        names
+        == [p for p in patterns_100 if not p.startswith("198.")]
+        == ["gpu????", "gpu????.cluster.example.com"]
+    )
     # IPv4 addresses: one pattern per /24 and last-octet width (198.18.0-4.x: 13), not one per node.
     assert sorted(p for p in patterns if p.startswith("198.")) == sorted(
-        [f"198.18.{o}.{'?' * w}" for o in range(4) for w in (1, 2, 3)] + ["198.18.4.?"])
+        [f"198.18.{o}.{'?' * w}" for o in range(4) for w in (1, 2, 3)] + ["198.18.4.?"]
+    )
     assert len(patterns) == 15 < len(all_names(thousand)) == 3072
     for name in all_names(thousand):
         assert any(pattern_matches(p, name) for p in patterns), name
-    assert not any(pattern_matches(p, other) for p in patterns
-                   for other in ("gpu001", "gpu00001", "gpu0001.example.com", "198.18.5.1", "github.com"))
+    assert not any(
+        pattern_matches(p, other)
+        for p in patterns
+        for other in ("gpu001", "gpu00001", "gpu0001.example.com", "198.18.5.1", "github.com")
+    )
 
 
 def test_a_group_whose_patterns_would_match_a_node_on_another_port_lists_its_names_as_they_are():
@@ -141,20 +187,25 @@ nodes:
     groups = dict(cluster_patterns(cluster))
     for node in cluster.nodes:
         for name in host_principals(node):
-            assert [port for port, pats in groups.items() if any(pattern_matches(p, name) for p in pats)] == \
-                [node.ssh["port"]], name
+            assert [
+                port for port, pats in groups.items() if any(pattern_matches(p, name) for p in pats)
+            ] == [node.ssh["port"]], name
 
 
 def ssh_config_file(tmp_path: Path, block: list[str]) -> Path:
     """~/.ssh/config as trainfleet leaves it: its block first, then the user's own defaults."""
     begin, end = markers(CONFIG_PURPOSE)
     config = tmp_path / "config"
-    config.write_text("\n".join([begin, *block, end, "Host *", "    User alice", "    Port 2200"]) + "\n")
+    config.write_text(
+        "\n".join([begin, *block, end, "Host *", "    User alice", "    Port 2200"]) + "\n"
+    )
     return config
 
 
 def ssh_resolved(config: Path, name: str) -> dict[str, list[str]]:
-    out = subprocess.run(["ssh", "-G", "-F", str(config), name], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["ssh", "-G", "-F", str(config), name], capture_output=True, text=True, check=True
+    ).stdout
     resolved: dict[str, list[str]] = {}
     for line in out.splitlines():
         key, _, value = line.partition(" ")
@@ -164,7 +215,8 @@ def ssh_resolved(config: Path, name: str) -> dict[str, list[str]]:
 
 @needs_openssh
 def test_ssh_gives_every_cluster_name_the_mesh_user_port_and_key_from_the_planned_config_and_other_hosts_nothing(
-        tmp_path):
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
     config = ssh_config_file(tmp_path, plan.nodes["gpu-a01"].mesh[1].config)  # alice's
@@ -172,10 +224,19 @@ def test_ssh_gives_every_cluster_name_the_mesh_user_port_and_key_from_the_planne
         for name in host_principals(node)[:-1]:  # names: what pdsh, mpirun and the launchers ssh to
             got = ssh_resolved(config, name)
             assert (got["user"], got["port"]) == (["alice"], [str(node.ssh["port"])]), name
-            assert got["identityfile"] == ["~/.ssh/id_trainfleet"] and got["identitiesonly"] == ["yes"], name
+            assert got["identityfile"] == ["~/.ssh/id_trainfleet"] and got["identitiesonly"] == [
+                "yes"
+            ], name
     # Not addresses: the block comes first, and a subnet pattern would take the user's own
     # entries for other hosts there (a gateway at 198.18.0.1).
-    for other in ("github.com", "gpu-c01", "198.18.0.111", "2001:db8::1b1", "198.18.0.1", "198.18.0.11"):
+    for other in (
+        "github.com",
+        "gpu-c01",
+        "198.18.0.111",
+        "2001:db8::1b1",
+        "198.18.0.1",
+        "198.18.0.11",
+    ):
         got = ssh_resolved(config, other)
         assert got["port"] == ["2200"] and "~/.ssh/id_trainfleet" not in got["identityfile"], other
 
@@ -196,20 +257,29 @@ nodes:
 
 # -- the known_hosts CA lines and host certificates, read by OpenSSH -----------------------------
 
+
 @needs_openssh
-def test_the_known_hosts_ca_lines_vouch_for_every_cluster_name_at_its_port_and_for_nothing_else(tmp_path):
+def test_the_known_hosts_ca_lines_vouch_for_every_cluster_name_at_its_port_and_for_nothing_else(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
     lines = plan.nodes["gpu-a02"].known_hosts
     ca = KeyStore(cluster.name, root=tmp_path / "keys").certificate_authority()
-    assert lines == ca_known_hosts_lines(cluster, ca.public) and len(lines) == 2  # one line per port
-    assert lines[1].startswith("@cert-authority [gpu-b??]:2222,[gpu-b??.cluster.example.com]:2222,"
-                               "[2001:db8::??]:2222 ssh-ed25519 ")
+    assert (
+        lines == ca_known_hosts_lines(cluster, ca.public) and len(lines) == 2
+    )  # one line per port
+    assert lines[1].startswith(
+        "@cert-authority [gpu-b??]:2222,[gpu-b??.cluster.example.com]:2222,"
+        "[2001:db8::??]:2222 ssh-ed25519 "
+    )
     known = tmp_path / "ssh_known_hosts"
     known.write_text("\n".join(lines) + "\n")
 
     def found(host: str) -> str | None:
-        result = subprocess.run(["ssh-keygen", "-F", host, "-f", str(known)], capture_output=True, text=True)
+        result = subprocess.run(
+            ["ssh-keygen", "-F", host, "-f", str(known)], capture_output=True, text=True
+        )
         assert result.returncode in (0, 1), result.stderr
         return result.stdout if result.returncode == 0 else None
 
@@ -235,14 +305,17 @@ nodes:
     host_keys = {n.name: [public_key()] for n in cluster.nodes}
     plan = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     ca = KeyStore("prod", root=tmp_path / "keys").certificate_authority()
-    for node, principals in ((cluster.nodes[0], ["gpu-a01", "gpu-a01.cluster.example.com", "198.18.0.11"]),
-                             (cluster.nodes[1], ["gpu-b01", "gpu-b01.cluster.example.com", "2001:db8::b1"])):
-        (path, line), = plan.nodes[node.name].sshd.certificates.items()
+    for node, principals in (
+        (cluster.nodes[0], ["gpu-a01", "gpu-a01.cluster.example.com", "198.18.0.11"]),
+        (cluster.nodes[1], ["gpu-b01", "gpu-b01.cluster.example.com", "2001:db8::b1"]),
+    ):
+        ((path, line),) = plan.nodes[node.name].sshd.certificates.items()
         assert path == ED25519_CERT and line.endswith(f" trainfleet:prod:host:{node.name}\n")
         cert = tmp_path / f"{node.name}-cert.pub"
         cert.write_text(line)
-        shown = subprocess.run(["ssh-keygen", "-L", "-f", str(cert)], capture_output=True, text=True,
-                               check=True).stdout
+        shown = subprocess.run(
+            ["ssh-keygen", "-L", "-f", str(cert)], capture_output=True, text=True, check=True
+        ).stdout
         assert "Type: ssh-ed25519-cert-v01@openssh.com host certificate" in shown
         assert f"Signing CA: ED25519 {certificates.fingerprint(ca.public)}" in shown
         assert f'Key ID: "trainfleet:prod:host:{node.name}"' in shown
@@ -252,44 +325,71 @@ nodes:
 
 # -- renewal -------------------------------------------------------------------------------------
 
+
 def test_a_rerun_with_the_nodes_current_certificates_keeps_every_one_byte_for_byte(tmp_path):
     cluster = Cluster.parse(MIXED)
     host_keys = {n.name: [public_key()] for n in cluster.nodes}
     first = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
-    sshd = {name: {**fresh_sshd(), "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()}}
-            for name, p in first.nodes.items()}
-    users = {name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in first.nodes.items()}
-    again = plan_of(cluster, tmp_path / "keys", host_keys=host_keys, sshd=sshd, user_certificates=users)
+    sshd = {
+        name: {
+            **fresh_sshd(),
+            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+        }
+        for name, p in first.nodes.items()
+    }
+    users = {
+        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in first.nodes.items()
+    }
+    again = plan_of(
+        cluster, tmp_path / "keys", host_keys=host_keys, sshd=sshd, user_certificates=users
+    )
     for name in first.nodes:
         assert again.nodes[name].sshd == first.nodes[name].sshd
-        assert [u.certificate for u in again.nodes[name].mesh] == [u.certificate for u in first.nodes[name].mesh]
+        assert [u.certificate for u in again.nodes[name].mesh] == [
+            u.certificate for u in first.nodes[name].mesh
+        ]
     # ... and without them, every certificate is new (new serials).
     fresh = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
-    assert all(fresh.nodes[n].sshd.certificates != first.nodes[n].sshd.certificates for n in first.nodes)
+    assert all(
+        fresh.nodes[n].sshd.certificates != first.nodes[n].sshd.certificates for n in first.nodes
+    )
 
 
-def test_a_certificate_is_signed_again_in_its_last_third_for_another_ca_another_key_or_other_principals(tmp_path):
+def test_a_certificate_is_signed_again_in_its_last_third_for_another_ca_another_key_or_other_principals(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
     certs = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"), now=NOW)
     assert certs.validity == timedelta(days=30) and certs.renew_before == timedelta(days=10)
     key = public_key()
-    line = certs.certificate(None, key, "host", ["gpu-a01", "198.18.0.11"], "trainfleet:mix:host:gpu-a01")
+    line = certs.certificate(
+        None, key, "host", ["gpu-a01", "198.18.0.11"], "trainfleet:mix:host:gpu-a01"
+    )
 
     def again(c, public=key, principals=("gpu-a01", "198.18.0.11")):
         return c.certificate(line, public, "host", list(principals), "trainfleet:mix:host:gpu-a01")
 
     assert again(certs) == line
-    assert again(certs, principals=("198.18.0.11", "gpu-a01")) == line  # the same principals, in any order
-    assert again(dataclasses.replace(certs, now=NOW + timedelta(days=19, hours=23))) == line  # a third left
+    assert (
+        again(certs, principals=("198.18.0.11", "gpu-a01")) == line
+    )  # the same principals, in any order
+    assert (
+        again(dataclasses.replace(certs, now=NOW + timedelta(days=19, hours=23))) == line
+    )  # a third left
     due = again(dataclasses.replace(certs, now=NOW + timedelta(days=20, hours=1)))
     assert due != line and certificates.read(due).valid_before == NOW + timedelta(days=50, hours=1)
 
     other_ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "other"), now=NOW)
-    assert certificates.read(again(other_ca)).ca_fingerprint == certificates.fingerprint(other_ca.ca_public)
+    assert certificates.read(again(other_ca)).ca_fingerprint == certificates.fingerprint(
+        other_ca.ca_public
+    )
     new_key = public_key()
     assert certificates.read(again(certs, public=new_key)).key == new_key
     assert certificates.read(again(certs, principals=("gpu-a01",))).principals == ("gpu-a01",)
-    assert certs.certificate("ssh-ed25519 AAAA not-a-certificate", key, "host", ["gpu-a01"], "k") != line
+    assert (
+        certs.certificate("ssh-ed25519 AAAA not-a-certificate", key, "host", ["gpu-a01"], "k")
+        != line
+    )
 
 
 def test_a_certificate_that_outlives_a_shortened_validity_is_signed_anew(tmp_path):
@@ -297,57 +397,90 @@ def test_a_certificate_that_outlives_a_shortened_validity_is_signed_anew(tmp_pat
     month = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
     key = public_key()
     line = plan_certificates(year, KeyStore("mix", root=tmp_path / "keys"), now=NOW).certificate(
-        None, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01")
-    shortened = plan_certificates(month, KeyStore("mix", root=tmp_path / "keys"), now=NOW + timedelta(days=1))
+        None, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01"
+    )
+    shortened = plan_certificates(
+        month, KeyStore("mix", root=tmp_path / "keys"), now=NOW + timedelta(days=1)
+    )
     again = shortened.certificate(line, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01")
     assert again != line and certificates.read(again).valid_before == NOW + timedelta(days=31)
     # ... and one signed for the shortened validity is kept from then on.
-    assert shortened.certificate(again, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01") == again
+    assert (
+        shortened.certificate(again, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01")
+        == again
+    )
 
 
-def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_their_last_third(tmp_path):
-    cluster = Cluster.parse("cluster: {name: short}\nssh: {certificate_days: 3}\n"
-                            "nodes:\n  - {name: gpu-a01, address: 198.18.0.11}\n")
+def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_their_last_third(
+    tmp_path,
+):
+    cluster = Cluster.parse(
+        "cluster: {name: short}\nssh: {certificate_days: 3}\n"
+        "nodes:\n  - {name: gpu-a01, address: 198.18.0.11}\n"
+    )
     keys = KeyStore("short", root=tmp_path / "keys")
     host_key = public_key()
-    old = plan_certificates(cluster, keys, now=datetime.now(timezone.utc) - timedelta(days=2, hours=1))
-    host_line = old.certificate(None, host_key, "host", ["gpu-a01", "198.18.0.11"], "trainfleet:short:host:gpu-a01")
+    old = plan_certificates(cluster, keys, now=datetime.now(UTC) - timedelta(days=2, hours=1))
+    host_line = old.certificate(
+        None, host_key, "host", ["gpu-a01", "198.18.0.11"], "trainfleet:short:host:gpu-a01"
+    )
     user_line = old.certificate(None, keys.keypair("root", "gpu-a01").public, "user", ["root"], "x")
-    plan = plan_of(cluster, tmp_path / "keys", host_keys={"gpu-a01": [host_key]},
-                   sshd={"gpu-a01": {**fresh_sshd(), "certificates": {ED25519_CERT: host_line}}},
-                   user_certificates={"gpu-a01": {"root": user_line}})
+    plan = plan_of(
+        cluster,
+        tmp_path / "keys",
+        host_keys={"gpu-a01": [host_key]},
+        sshd={"gpu-a01": {**fresh_sshd(), "certificates": {ED25519_CERT: host_line}}},
+        user_certificates={"gpu-a01": {"root": user_line}},
+    )
     node = plan.nodes["gpu-a01"]
-    for new, was in ((node.sshd.certificates[ED25519_CERT], host_line), (node.mesh[0].certificate, user_line)):
+    for new, was in (
+        (node.sshd.certificates[ED25519_CERT], host_line),
+        (node.mesh[0].certificate, user_line),
+    ):
         assert new.strip() != was
-        assert certificates.read(new).time_left(datetime.now(timezone.utc)) > timedelta(days=2, hours=23)
+        assert certificates.read(new).time_left(datetime.now(UTC)) > timedelta(days=2, hours=23)
 
 
 # -- the KRL of revoked mesh keys ---------------------------------------------------------------
 
+
 @needs_openssh
-def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_their_certificates(tmp_path):
+def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_their_certificates(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     root = tmp_path / "keys"
     before = plan_of(cluster, root)
     store = KeyStore("mix", root=root)
-    old = {(u.user, name): (u.identity.public, u.certificate.strip()) for name, p in before.nodes.items() for u in p.mesh}
+    old = {
+        (u.user, name): (u.identity.public, u.certificate.strip())
+        for name, p in before.nodes.items()
+        for u in p.mesh
+    }
     store.revoke("alice", "gpu-a02")
     store.rotate("root", "gpu-b01")
-    KeyStore("mix", root=root, nodes=["gpu-a01", "gpu-a02", "gpu-b01"])  # gpu-b02 left the spec (and comes back)
+    KeyStore(
+        "mix", root=root, nodes=["gpu-a01", "gpu-a02", "gpu-b01"]
+    )  # gpu-b02 left the spec (and comes back)
     gone = [("alice", "gpu-a02"), ("root", "gpu-b01"), ("root", "gpu-b02"), ("alice", "gpu-b02")]
     after = plan_of(cluster, root)
     krl = tmp_path / "revoked_keys"
     krl.write_bytes(after.nodes["gpu-a01"].sshd.revoked_keys)
-    assert all(p.sshd.revoked_keys == krl.read_bytes() for p in after.nodes.values())  # the same on every node
+    assert all(
+        p.sshd.revoked_keys == krl.read_bytes() for p in after.nodes.values()
+    )  # the same on every node
     for who, (key, cert) in old.items():
         assert revoked(krl, key, tmp_path) == revoked(krl, cert, tmp_path) == (who in gone), who
     for name, p in after.nodes.items():  # the keys in use now, and their certificates, pass
         for u in p.mesh:
             if u.identity:
-                assert not revoked(krl, u.identity.public, tmp_path) and not revoked(krl, u.certificate, tmp_path)
+                assert not revoked(krl, u.identity.public, tmp_path) and not revoked(
+                    krl, u.certificate, tmp_path
+                )
     # The KRL holds a 32-byte hash per revoked key (one section), nothing per node of the cluster.
-    assert len(after.nodes["gpu-a01"].sshd.revoked_keys) == \
-        len(before.nodes["gpu-a01"].sshd.revoked_keys) + 1 + 4 + len(gone) * (4 + 32)
+    assert len(after.nodes["gpu-a01"].sshd.revoked_keys) == len(
+        before.nodes["gpu-a01"].sshd.revoked_keys
+    ) + 1 + 4 + len(gone) * (4 + 32)
 
 
 def test_two_plans_of_the_same_key_store_write_the_same_krl_so_a_rerun_changes_nothing(tmp_path):
@@ -356,11 +489,15 @@ def test_two_plans_of_the_same_key_store_write_the_same_krl_so_a_rerun_changes_n
     assert first.nodes["gpu-a01"].sshd.revoked_keys == second.nodes["gpu-b02"].sshd.revoked_keys
     KeyStore("mix", root=tmp_path / "keys").revoke("root", "gpu-a01")
     third, fourth = plan_of(cluster, tmp_path / "keys"), plan_of(cluster, tmp_path / "keys")
-    assert third.nodes["gpu-a01"].sshd.revoked_keys == fourth.nodes["gpu-a01"].sshd.revoked_keys \
+    assert (
+        third.nodes["gpu-a01"].sshd.revoked_keys
+        == fourth.nodes["gpu-a01"].sshd.revoked_keys
         != first.nodes["gpu-a01"].sshd.revoked_keys
+    )
 
 
 # -- keys or certificates -----------------------------------------------------------------------
+
 
 def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
     cluster = Cluster.parse(MIXED + "ssh: {mesh: keys}\n")
@@ -368,59 +505,87 @@ def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
     plan = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     store = KeyStore("mix", root=tmp_path / "keys")
     for node_plan in plan.nodes.values():
-        assert len(node_plan.known_hosts) == 4 and not any(l.startswith("@") for l in node_plan.known_hosts)
+        assert len(node_plan.known_hosts) == 4 and not any(
+            l.startswith("@") for l in node_plan.known_hosts
+        )
         assert node_plan.sshd == SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
         for user in node_plan.mesh:
             assert user.certificate is None
-            assert user.authorized == [store.keypair(user.user, n.name).public for n in cluster.nodes]
+            assert user.authorized == [
+                store.keypair(user.user, n.name).public for n in cluster.nodes
+            ]
     assert not (store.dir / ".ca").exists()  # a key mesh never makes the CA
 
 
 def mesh_file_sizes(plan: ClusterPlan) -> set[int]:
     """Per node, the bytes of its known_hosts block, authorized_keys block and ssh config block."""
-    return {sum(len(line) + 1 for line in [*p.known_hosts, *u.authorized, *u.config])
-            for p in plan.nodes.values() for u in p.mesh}
+    return {
+        sum(len(line) + 1 for line in [*p.known_hosts, *u.authorized, *u.config])
+        for p in plan.nodes.values()
+        for u in p.mesh
+    }
 
 
-def test_a_certificate_meshs_files_are_the_same_size_for_3_and_300_nodes_and_a_key_meshs_grow(tmp_path, monkeypatch):
-    monkeypatch.setattr(keystore.os, "fsync", lambda fd: None)  # 300 new keys: durability is not the point here
+def test_a_certificate_meshs_files_are_the_same_size_for_3_and_300_nodes_and_a_key_meshs_grow(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(
+        keystore.os, "fsync", lambda fd: None
+    )  # 300 new keys: durability is not the point here
     sizes = {}
     for mode in ("certificates", "keys"):
         for n in (3, 300):
             cluster = Cluster.parse(big_spec(n, mode, ipv6=True))
-            plan = plan_of(cluster, tmp_path / "keys", host_keys={c.name: [public_key()] for c in cluster.nodes},
-                           sshd={c.name: fresh_sshd() for c in cluster.nodes})
+            plan = plan_of(
+                cluster,
+                tmp_path / "keys",
+                host_keys={c.name: [public_key()] for c in cluster.nodes},
+                sshd={c.name: fresh_sshd() for c in cluster.nodes},
+            )
             sizes[mode, n] = mesh_file_sizes(plan)
-    assert sizes["certificates", 3] == sizes["certificates", 300] and len(sizes["certificates", 3]) == 1
+    assert (
+        sizes["certificates", 3] == sizes["certificates", 300]
+        and len(sizes["certificates", 3]) == 1
+    )
     assert min(sizes["keys", 300]) > 50 * max(sizes["keys", 3]) > max(sizes["certificates", 3])
 
 
 # -- the spec ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra, key", [
-    ("ssh: {mesh: bogus}\n", "ssh.mesh"),
-    ("ssh: {mesh: Keys}\n", "ssh.mesh"),
-    ("ssh: {certificate_days: 0}\n", "ssh.certificate_days"),
-    ("ssh: {certificate_days: 3651}\n", "ssh.certificate_days"),
-    ("ssh: {certificate_days: thirty}\n", "ssh.certificate_days"),
-    ("NODE_SSH: {mesh: keys}", "nodes[0].ssh.mesh"),
-    ("NODE_SSH: {certificate_days: 30}", "nodes[0].ssh.certificate_days"),
-])
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ("ssh: {mesh: bogus}\n", "ssh.mesh"),
+        ("ssh: {mesh: Keys}\n", "ssh.mesh"),
+        ("ssh: {certificate_days: 0}\n", "ssh.certificate_days"),
+        ("ssh: {certificate_days: 3651}\n", "ssh.certificate_days"),
+        ("ssh: {certificate_days: thirty}\n", "ssh.certificate_days"),
+        ("NODE_SSH: {mesh: keys}", "nodes[0].ssh.mesh"),
+        ("NODE_SSH: {certificate_days: 30}", "nodes[0].ssh.certificate_days"),
+    ],
+)
 def test_a_bad_or_misplaced_mesh_setting_is_refused_naming_its_key(extra, key):
     spec = "cluster: {name: p}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
     if extra.startswith("NODE_SSH: "):
-        spec = spec.replace("192.0.2.1}", f"192.0.2.1, ssh: {extra[len('NODE_SSH: '):]}}}")
+        spec = spec.replace("192.0.2.1}", f"192.0.2.1, ssh: {extra[len('NODE_SSH: ') :]}}}")
     else:
         spec += extra
     with pytest.raises(SpecError) as refused:
         parse_spec(spec)
-    assert any(f": {key}: " in problem for problem in refused.value.problems), refused.value.problems
+    assert any(f": {key}: " in problem for problem in refused.value.problems), (
+        refused.value.problems
+    )
 
 
 def test_the_mesh_settings_default_to_certificates_for_a_year_and_never_reach_a_nodes_ssh():
-    cluster = Cluster.parse("cluster: {name: p}\nssh: {port: 2200}\nnodes:\n  - {name: a, address: 192.0.2.1}\n")
+    cluster = Cluster.parse(
+        "cluster: {name: p}\nssh: {port: 2200}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
+    )
     assert (cluster.mesh, cluster.certificate_days) == ("certificates", 365)
-    assert cluster.nodes[0].ssh["port"] == 2200 and not {"mesh", "certificate_days"} & set(cluster.nodes[0].ssh)
+    assert cluster.nodes[0].ssh["port"] == 2200 and not {"mesh", "certificate_days"} & set(
+        cluster.nodes[0].ssh
+    )
 
 
 # -- what sshd reads: the SshdMesh fact and sshd's part of the plan --------------------------------
@@ -434,10 +599,17 @@ def sshd_fact_output(etc: Path) -> list[str]:
     for glob in ("/etc/ssh/sshd_config.d/*.conf", "/etc/ssh/ssh_config.d/*.conf"):
         script = script.replace(glob, glob.replace("/etc/ssh", str(etc)))
     assert script.count(str(etc)) == 2
-    args = [f"{etc}/sshd_config", f"{etc}/sshd_config.d/trainfleet-mesh.conf", f"{etc}/trainfleet_revoked_keys",
-            f"{etc}/ssh_config", f"{etc}/ssh_config.d/trainfleet-mesh.conf",
-            *(f"{etc}/ssh_host_{kind}_key-cert.pub" for kind in CERT_KINDS)]
-    out = subprocess.run(["sh", "-c", script, "trainfleet", *args], capture_output=True, text=True, check=True).stdout
+    args = [
+        f"{etc}/sshd_config",
+        f"{etc}/sshd_config.d/trainfleet-mesh.conf",
+        f"{etc}/trainfleet_revoked_keys",
+        f"{etc}/ssh_config",
+        f"{etc}/ssh_config.d/trainfleet-mesh.conf",
+        *(f"{etc}/ssh_host_{kind}_key-cert.pub" for kind in CERT_KINDS),
+    ]
+    out = subprocess.run(
+        ["sh", "-c", script, "trainfleet", *args], capture_output=True, text=True, check=True
+    ).stdout
 
     def real(path: str) -> str:
         return path.replace(f"{etc}/", "/etc/ssh/")
@@ -454,11 +626,19 @@ def sshd_fact_output(etc: Path) -> list[str]:
     return lines
 
 
-DEBIAN_SSH_CONFIG = (Path(__file__).parent.parent / "fixtures" / "openssh" / "ssh_config.debian12").read_text()
+DEBIAN_SSH_CONFIG = (
+    Path(__file__).parent.parent / "fixtures" / "openssh" / "ssh_config.debian12"
+).read_text()
 
 
-def fake_etc(tmp_path: Path, main: str, drop_ins: dict[str, str], files: dict[str, bytes],
-             client: str = DEBIAN_SSH_CONFIG, client_drop_ins: dict[str, str] | None = None) -> Path:
+def fake_etc(
+    tmp_path: Path,
+    main: str,
+    drop_ins: dict[str, str],
+    files: dict[str, bytes],
+    client: str = DEBIAN_SSH_CONFIG,
+    client_drop_ins: dict[str, str] | None = None,
+) -> Path:
     etc = tmp_path / "etc_ssh"
     (etc / "sshd_config.d").mkdir(parents=True)
     (etc / "ssh_config.d").mkdir()
@@ -475,73 +655,143 @@ def fake_etc(tmp_path: Path, main: str, drop_ins: dict[str, str], files: dict[st
 
 def test_the_sshd_fact_reads_a_converged_node_and_ignores_trainfleets_own_revoked_keys(tmp_path):
     cert = "ssh-ed25519-cert-v01@openssh.com AAAAC3Nz trainfleet:prod:host:gpu-a01"
-    etc = fake_etc(tmp_path, "Include /etc/ssh/sshd_config.d/*.conf\nKbdInteractiveAuthentication no\n",
-                   {"50-cloud-init.conf": "PasswordAuthentication no\n",
-                    "trainfleet-mesh.conf": f"HostCertificate {ED25519_CERT}\nRevokedKeys {REVOKED_KEYS}\n"},
-                   {"ssh_host_ed25519_key-cert.pub": (cert + "\n").encode(), "trainfleet_revoked_keys": b"SSHKRL\n\0\x01"})
+    etc = fake_etc(
+        tmp_path,
+        "Include /etc/ssh/sshd_config.d/*.conf\nKbdInteractiveAuthentication no\n",
+        {
+            "50-cloud-init.conf": "PasswordAuthentication no\n",
+            "trainfleet-mesh.conf": f"HostCertificate {ED25519_CERT}\nRevokedKeys {REVOKED_KEYS}\n",
+        },
+        {
+            "ssh_host_ed25519_key-cert.pub": (cert + "\n").encode(),
+            "trainfleet_revoked_keys": b"SSHKRL\n\0\x01",
+        },
+    )
     found = SshdMesh().process(sshd_fact_output(etc))
     assert found == {
-        "includes_drop_ins": True, "other_revoked_keys": [],
-        "certificates": {f"/etc/ssh/ssh_host_{k}_key-cert.pub": cert if k == "ed25519" else None for k in CERT_KINDS},
+        "includes_drop_ins": True,
+        "other_revoked_keys": [],
+        "certificates": {
+            f"/etc/ssh/ssh_host_{k}_key-cert.pub": cert if k == "ed25519" else None
+            for k in CERT_KINDS
+        },
         "drop_in": f"HostCertificate {ED25519_CERT}\nRevokedKeys {REVOKED_KEYS}\n".encode(),
         "revoked_keys": b"SSHKRL\n\0\x01",
-        "client_includes_drop_ins": True, "other_revoked_host_keys": [], "client_drop_in": None,
+        "client_includes_drop_ins": True,
+        "other_revoked_host_keys": [],
+        "client_drop_in": None,
     }
 
 
-def test_the_sshd_fact_names_an_sshd_config_without_the_include_and_every_other_revoked_keys(tmp_path):
-    etc = fake_etc(tmp_path, "#Include /etc/ssh/sshd_config.d/*.conf\nRevokedKeys /etc/ssh/site.krl\n",
-                   {"10-site.conf": "  revokedkeys /etc/ssh/other.krl\n", "20-fine.conf": "# RevokedKeys none\n"}, {})
+def test_the_sshd_fact_names_an_sshd_config_without_the_include_and_every_other_revoked_keys(
+    tmp_path,
+):
+    etc = fake_etc(
+        tmp_path,
+        "#Include /etc/ssh/sshd_config.d/*.conf\nRevokedKeys /etc/ssh/site.krl\n",
+        {
+            "10-site.conf": "  revokedkeys /etc/ssh/other.krl\n",
+            "20-fine.conf": "# RevokedKeys none\n",
+        },
+        {},
+    )
     found = SshdMesh().process(sshd_fact_output(etc))
     assert found["includes_drop_ins"] is False
-    assert found["other_revoked_keys"] == ["/etc/ssh/sshd_config", "/etc/ssh/sshd_config.d/10-site.conf"]
+    assert found["other_revoked_keys"] == [
+        "/etc/ssh/sshd_config",
+        "/etc/ssh/sshd_config.d/10-site.conf",
+    ]
     assert found["drop_in"] is None and found["revoked_keys"] is None
     assert set(found["certificates"].values()) == {None}
 
 
 # ssh_config reads ssh_config.d for every host, or not: where the Include stands decides
 # (ssh scopes an included file's lines to the Host/Match block around its Include).
-@pytest.mark.parametrize("client, reads", [
-    (DEBIAN_SSH_CONFIG, True),  # Include first, before Host *
-    ("# RHEL 9: every line commented, the Include last\n# Host *\n#   ForwardAgent no\n"
-     "Include /etc/ssh/ssh_config.d/*.conf\n", True),
-    ("Host *\n    SendEnv LANG\n  include   ssh_config.d/*.conf\n", True),  # relative to /etc/ssh, in Host *
-    ("Match all\nInclude=/etc/ssh/ssh_config.d/*.conf\n", True),
-    ("#Include /etc/ssh/ssh_config.d/*.conf\nHost *\n", False),
-    ("Host gateway\n    User ops\nInclude /etc/ssh/ssh_config.d/*.conf\n", False),  # read for gateway only
-    ("Match user alice\nInclude /etc/ssh/ssh_config.d/*.conf\n", False),
-    ("Include /etc/ssh/ssh_config.d/site-*.conf\n", False),
-])
-def test_the_sshd_fact_says_whether_ssh_config_reads_ssh_config_d_for_every_host(tmp_path, client, reads):
+@pytest.mark.parametrize(
+    "client, reads",
+    [
+        (DEBIAN_SSH_CONFIG, True),  # Include first, before Host *
+        (
+            "# RHEL 9: every line commented, the Include last\n# Host *\n#   ForwardAgent no\n"
+            "Include /etc/ssh/ssh_config.d/*.conf\n",
+            True,
+        ),
+        (
+            "Host *\n    SendEnv LANG\n  include   ssh_config.d/*.conf\n",
+            True,
+        ),  # relative to /etc/ssh, in Host *
+        ("Match all\nInclude=/etc/ssh/ssh_config.d/*.conf\n", True),
+        ("#Include /etc/ssh/ssh_config.d/*.conf\nHost *\n", False),
+        (
+            "Host gateway\n    User ops\nInclude /etc/ssh/ssh_config.d/*.conf\n",
+            False,
+        ),  # read for gateway only
+        ("Match user alice\nInclude /etc/ssh/ssh_config.d/*.conf\n", False),
+        ("Include /etc/ssh/ssh_config.d/site-*.conf\n", False),
+    ],
+)
+def test_the_sshd_fact_says_whether_ssh_config_reads_ssh_config_d_for_every_host(
+    tmp_path, client, reads
+):
     found = SshdMesh().process(sshd_fact_output(fake_etc(tmp_path, "", {}, {}, client=client)))
     assert found["client_includes_drop_ins"] is reads
 
 
-def test_the_sshd_fact_names_every_other_file_that_sets_revoked_host_keys_and_reads_the_client_drop_in(tmp_path):
+def test_the_sshd_fact_names_every_other_file_that_sets_revoked_host_keys_and_reads_the_client_drop_in(
+    tmp_path,
+):
     ours = f"Host *\n    RevokedHostKeys {REVOKED_KEYS}\n"
-    etc = fake_etc(tmp_path, "", {}, {}, client=DEBIAN_SSH_CONFIG + "Host old\n  RevokedHostKeys /etc/ssh/site.krl\n",
-                   client_drop_ins={"10-site.conf": "revokedhostkeys=/etc/ssh/other.krl\n",
-                                    "20-fine.conf": "# RevokedHostKeys none\n", "trainfleet-mesh.conf": ours})
+    etc = fake_etc(
+        tmp_path,
+        "",
+        {},
+        {},
+        client=DEBIAN_SSH_CONFIG + "Host old\n  RevokedHostKeys /etc/ssh/site.krl\n",
+        client_drop_ins={
+            "10-site.conf": "revokedhostkeys=/etc/ssh/other.krl\n",
+            "20-fine.conf": "# RevokedHostKeys none\n",
+            "trainfleet-mesh.conf": ours,
+        },
+    )
     found = SshdMesh().process(sshd_fact_output(etc))
-    assert found["other_revoked_host_keys"] == ["/etc/ssh/ssh_config", "/etc/ssh/ssh_config.d/10-site.conf"]
+    assert found["other_revoked_host_keys"] == [
+        "/etc/ssh/ssh_config",
+        "/etc/ssh/ssh_config.d/10-site.conf",
+    ]
     assert found["client_drop_in"] == ours.encode()
 
 
 @needs_openssh
-def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless_it_sets_its_own(tmp_path):
+def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless_it_sets_its_own(
+    tmp_path,
+):
     """OpenSSH's own reading (``ssh -G``) of a system config that includes the rendered drop-in."""
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     (tmp_path / "ssh_config.d").mkdir()
-    (tmp_path / "ssh_config.d" / "trainfleet-mesh.conf").write_text(plan.nodes["gpu-a01"].sshd.client_drop_in)
+    (tmp_path / "ssh_config.d" / "trainfleet-mesh.conf").write_text(
+        plan.nodes["gpu-a01"].sshd.client_drop_in
+    )
     system = tmp_path / "ssh_config"
-    system.write_text(DEBIAN_SSH_CONFIG.replace("/etc/ssh/ssh_config.d/", f"{tmp_path}/ssh_config.d/"))
+    system.write_text(
+        DEBIAN_SSH_CONFIG.replace("/etc/ssh/ssh_config.d/", f"{tmp_path}/ssh_config.d/")
+    )
 
     def revoked_host_keys(host: str, *configs: Path) -> str:
-        text = "".join(f"Include {c}\n" for c in configs)  # -F reads one file: the user's, then the system's
+        text = "".join(
+            f"Include {c}\n" for c in configs
+        )  # -F reads one file: the user's, then the system's
         (tmp_path / "run_config").write_text(text)
-        out = subprocess.run(["ssh", "-G", "-F", str(tmp_path / "run_config"), host], capture_output=True,
-                             text=True, check=True).stdout
-        return next(line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("revokedhostkeys "))
+        out = subprocess.run(
+            ["ssh", "-G", "-F", str(tmp_path / "run_config"), host],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return next(
+            line.split(" ", 1)[1]
+            for line in out.splitlines()
+            if line.startswith("revokedhostkeys ")
+        )
 
     for host in ("gpu-a01", "198.18.0.11", "gpu-a02.cluster.example.com", "unrelated.example.org"):
         assert revoked_host_keys(host, system) == REVOKED_KEYS
@@ -550,7 +800,9 @@ def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless
     assert revoked_host_keys("198.18.0.11", own, system).endswith("/.ssh/my.krl")
 
 
-def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a_fresh_node(tmp_path):
+def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a_fresh_node(
+    tmp_path,
+):
     lines = sshd_fact_output(fake_etc(tmp_path, "Include /etc/ssh/sshd_config.d/*.conf\n", {}, {}))
     assert SshdMesh().process(lines)["includes_drop_ins"] is True
     with pytest.raises(FactProcessError):
@@ -564,33 +816,65 @@ def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a
         SshdMesh().process([])
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"includes_drop_ins": False}, "does not read /etc/ssh/sshd_config.d/*.conf"),
-    ({"other_revoked_keys": ["/etc/ssh/sshd_config.d/10-site.conf"]}, "10-site.conf sets RevokedKeys"),
-    ({"client_includes_drop_ins": False}, "/etc/ssh/ssh_config does not read /etc/ssh/ssh_config.d/*.conf for every"),
-    ({"other_revoked_host_keys": ["/etc/ssh/ssh_config"]}, "/etc/ssh/ssh_config sets RevokedHostKeys"),
-    ({"sshd": None}, "could not be read"),
-    ({"host_keys": []}, "could not be read"),
-    ({"certificates": {ED25519_CERT: "ssh-ed25519-cert-v01@openssh.com AAAA site-ca:gpu-a01"}},
-     "holds a host certificate trainfleet did not sign (site-ca:gpu-a01)"),
-])
-def test_a_node_whose_sshd_would_not_read_the_mesh_files_carries_the_problem_and_no_files(tmp_path, change, problem):
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"includes_drop_ins": False}, "does not read /etc/ssh/sshd_config.d/*.conf"),
+        (
+            {"other_revoked_keys": ["/etc/ssh/sshd_config.d/10-site.conf"]},
+            "10-site.conf sets RevokedKeys",
+        ),
+        (
+            {"client_includes_drop_ins": False},
+            "/etc/ssh/ssh_config does not read /etc/ssh/ssh_config.d/*.conf for every",
+        ),
+        (
+            {"other_revoked_host_keys": ["/etc/ssh/ssh_config"]},
+            "/etc/ssh/ssh_config sets RevokedHostKeys",
+        ),
+        ({"sshd": None}, "could not be read"),
+        ({"host_keys": []}, "could not be read"),
+        (
+            {
+                "certificates": {
+                    ED25519_CERT: "ssh-ed25519-cert-v01@openssh.com AAAA site-ca:gpu-a01"
+                }
+            },
+            "holds a host certificate trainfleet did not sign (site-ca:gpu-a01)",
+        ),
+    ],
+)
+def test_a_node_whose_sshd_would_not_read_the_mesh_files_carries_the_problem_and_no_files(
+    tmp_path, change, problem
+):
     cluster = Cluster.parse(MIXED)
     node = cluster.node("gpu-a01")
     sshd = {**fresh_sshd(), **{k: v for k, v in change.items() if k not in ("sshd", "host_keys")}}
-    gathered = Gathered(host_keys={"gpu-a01": change.get("host_keys", [public_key()])},
-                        sshd={} if "sshd" in change else {"gpu-a01": sshd})
+    gathered = Gathered(
+        host_keys={"gpu-a01": change.get("host_keys", [public_key()])},
+        sshd={} if "sshd" in change else {"gpu-a01": sshd},
+    )
     certs = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"))
     part = sshd_part(cluster, node, gathered, certs)
     assert (part.certificates, part.drop_in, part.revoked_keys) == ({}, None, None)
     assert len(part.problems) == 1 and problem in part.problems[0]
-    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, sshd)], certificates=part.certificates,
-                         drop_in=part.drop_in, revoked_keys=part.revoked_keys, problems=part.problems)
+    commands, _ = run_op(
+        sshd_certificates,
+        [(SshdMesh, {}, sshd)],
+        certificates=part.certificates,
+        drop_in=part.drop_in,
+        revoked_keys=part.revoked_keys,
+        problems=part.problems,
+    )
     assert len(commands) == 1 and isinstance(commands[0], FailCommand)
-    assert problem in commands[0].get_raw_value() and "nothing was changed" in commands[0].get_raw_value()
+    assert (
+        problem in commands[0].get_raw_value()
+        and "nothing was changed" in commands[0].get_raw_value()
+    )
 
 
 # -- the operations, at the generator level ------------------------------------------------------
+
 
 def run_op(op, facts: list[tuple[type, dict, Any]], **kwargs: Any) -> tuple[list, str | None]:
     """The commands ``op`` yields on a node whose facts this run read are ``facts``
@@ -616,48 +900,80 @@ def is_reload(command) -> bool:
 
 def sshd_args(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
     sshd = plan.nodes[node].sshd
-    return {"certificates": sshd.certificates, "drop_in": sshd.drop_in, "revoked_keys": sshd.revoked_keys,
-            "problems": sshd.problems, "client_drop_in": sshd.client_drop_in}
+    return {
+        "certificates": sshd.certificates,
+        "drop_in": sshd.drop_in,
+        "revoked_keys": sshd.revoked_keys,
+        "problems": sshd.problems,
+        "client_drop_in": sshd.client_drop_in,
+    }
 
 
 def converged_sshd(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
     sshd = plan.nodes[node].sshd
-    return {**fresh_sshd(), "certificates": {**{f"/etc/ssh/ssh_host_{k}_key-cert.pub": None for k in CERT_KINDS},
-                                             **{p: line.strip() for p, line in sshd.certificates.items()}},
-            "drop_in": sshd.drop_in.encode(), "revoked_keys": sshd.revoked_keys,
-            "client_drop_in": sshd.client_drop_in.encode()}
+    return {
+        **fresh_sshd(),
+        "certificates": {
+            **{f"/etc/ssh/ssh_host_{k}_key-cert.pub": None for k in CERT_KINDS},
+            **{p: line.strip() for p, line in sshd.certificates.items()},
+        },
+        "drop_in": sshd.drop_in.encode(),
+        "revoked_keys": sshd.revoked_keys,
+        "client_drop_in": sshd.client_drop_in.encode(),
+    }
 
 
-def test_sshd_certificates_writes_certificates_then_the_krl_then_the_drop_ins_then_reloads_sshd_once(tmp_path):
+def test_sshd_certificates_writes_certificates_then_the_krl_then_the_drop_ins_then_reloads_sshd_once(
+    tmp_path,
+):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, fresh_sshd())], **sshd_args(plan))
     *writes, reload = commands
     sshd = plan.nodes["gpu-a01"].sshd
-    assert [written(c)[0] for c in writes] == [ED25519_CERT, REVOKED_KEYS, SSHD_MESH_CONF, SSH_MESH_CONF]
+    assert [written(c)[0] for c in writes] == [
+        ED25519_CERT,
+        REVOKED_KEYS,
+        SSHD_MESH_CONF,
+        SSH_MESH_CONF,
+    ]
     assert is_reload(reload)
-    assert [written(c)[2] for c in writes] == [sshd.certificates[ED25519_CERT].encode(), sshd.revoked_keys,
-                                               sshd.drop_in.encode(), sshd.client_drop_in.encode()]
-    assert f"HostCertificate {ED25519_CERT}\n" in sshd.drop_in and f"RevokedKeys {REVOKED_KEYS}\n" in sshd.drop_in
+    assert [written(c)[2] for c in writes] == [
+        sshd.certificates[ED25519_CERT].encode(),
+        sshd.revoked_keys,
+        sshd.drop_in.encode(),
+        sshd.client_drop_in.encode(),
+    ]
+    assert (
+        f"HostCertificate {ED25519_CERT}\n" in sshd.drop_in
+        and f"RevokedKeys {REVOKED_KEYS}\n" in sshd.drop_in
+    )
     assert f"Host *\n    RevokedHostKeys {REVOKED_KEYS}\n" in sshd.client_drop_in
 
 
 def test_a_node_without_the_client_drop_in_gets_it_alone_and_sshd_is_not_reloaded(tmp_path):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
-    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, {**converged_sshd(plan), "client_drop_in": None})],
-                         **sshd_args(plan))
+    commands, _ = run_op(
+        sshd_certificates,
+        [(SshdMesh, {}, {**converged_sshd(plan), "client_drop_in": None})],
+        **sshd_args(plan),
+    )
     assert [written(c)[0] for c in commands] == [SSH_MESH_CONF]
 
 
 def test_sshd_certificates_changes_nothing_on_a_node_that_holds_the_plans_files(tmp_path):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
-    commands, noop = run_op(sshd_certificates, [(SshdMesh, {}, converged_sshd(plan))], **sshd_args(plan))
+    commands, noop = run_op(
+        sshd_certificates, [(SshdMesh, {}, converged_sshd(plan))], **sshd_args(plan)
+    )
     assert commands == [] and noop
 
 
 def test_sshd_certificates_writes_a_renewed_certificate_alone_and_reloads(tmp_path):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
-    current["certificates"][ED25519_CERT] = "ssh-ed25519-cert-v01@openssh.com AAAAold trainfleet:mix:host:gpu-a01"
+    current["certificates"][ED25519_CERT] = (
+        "ssh-ed25519-cert-v01@openssh.com AAAAold trainfleet:mix:host:gpu-a01"
+    )
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
     assert [written(c)[0] for c in commands[:-1]] == [ED25519_CERT] and is_reload(commands[-1])
 
@@ -667,81 +983,150 @@ ECDSA_CERT = "/etc/ssh/ssh_host_ecdsa_key-cert.pub"
 
 def _public_of(kind: str) -> str:
     """A fresh ECDSA (P-256) or RSA public key line."""
-    key = {"ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
-           "rsa": lambda: rsa.generate_private_key(65537, 2048)}[kind]().public_key()
+    key = {
+        "ecdsa": lambda: ec.generate_private_key(ec.SECP256R1()),
+        "rsa": lambda: rsa.generate_private_key(65537, 2048),
+    }[kind]().public_key()
     return key.public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
 
 
-@pytest.mark.parametrize("kinds, certified", [
-    (("ecdsa", "ed25519", "rsa"), ED25519_CERT),  # Debian's three host keys: the ed25519 one only
-    (("ecdsa", "rsa"), RSA_CERT),  # no ed25519: RSA
-])
-def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_certificate(tmp_path, kinds,
-                                                                                             certified):
+@pytest.mark.parametrize(
+    "kinds, certified",
+    [
+        (
+            ("ecdsa", "ed25519", "rsa"),
+            ED25519_CERT,
+        ),  # Debian's three host keys: the ed25519 one only
+        (("ecdsa", "rsa"), RSA_CERT),  # no ed25519: RSA
+    ],
+)
+def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_certificate(
+    tmp_path, kinds, certified
+):
     cluster = Cluster.parse(MIXED)
     keys = {kind: (public_key() if kind == "ed25519" else _public_of(kind)) for kind in kinds}
-    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes})
+    plan = plan_of(
+        cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes}
+    )
     sshd = plan.nodes["gpu-a01"].sshd
     assert list(sshd.certificates) == [certified] and not sshd.problems
-    assert [line for line in sshd.drop_in.splitlines() if line.startswith("HostCertificate")] == \
-        [f"HostCertificate {certified}"]
+    assert [line for line in sshd.drop_in.splitlines() if line.startswith("HostCertificate")] == [
+        f"HostCertificate {certified}"
+    ]
     kind = "ed25519" if certified == ED25519_CERT else "rsa"
     assert certificates.read(sshd.certificates[certified]).key == " ".join(keys[kind].split()[:2])
 
 
 def test_a_node_with_only_an_ecdsa_host_key_gets_no_certificate_and_fails_its_step(tmp_path):
     cluster = Cluster.parse(MIXED)
-    plan = plan_of(cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes})
+    plan = plan_of(
+        cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes}
+    )
     sshd = plan.nodes["gpu-a01"].sshd
     assert sshd.certificates == {} and "no ed25519 (or RSA) host key" in sshd.problems[0]
 
 
-def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_after_the_reload(tmp_path):
+def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_after_the_reload(
+    tmp_path,
+):
     """A node an older deploy gave an ECDSA host certificate too: the drop-in without it, sshd
     reloaded, then the file removed; a site's own certificate is not trainfleet's to remove."""
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
     old = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "keys"))
-    current["certificates"][ECDSA_CERT] = old.certificate(None, _public_of("ecdsa"), "host", ["gpu-a01"],
-                                                          "trainfleet:mix:host:gpu-a01")
-    current["drop_in"] = plan.nodes["gpu-a01"].sshd.drop_in.replace(
-        "HostCertificate", f"HostCertificate {ECDSA_CERT}\nHostCertificate", 1).encode()
+    current["certificates"][ECDSA_CERT] = old.certificate(
+        None, _public_of("ecdsa"), "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01"
+    )
+    current["drop_in"] = (
+        plan.nodes["gpu-a01"]
+        .sshd.drop_in.replace(
+            "HostCertificate", f"HostCertificate {ECDSA_CERT}\nHostCertificate", 1
+        )
+        .encode()
+    )
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
     write, reload, remove = commands
     assert written(write)[0] == SSHD_MESH_CONF and is_reload(reload)
     assert shlex.split(remove.get_raw_value()) == ["rm", "-f", "--", ECDSA_CERT]
     # Only the stale file left (its removal failed last time): removed, no reload needed.
-    current = {**converged_sshd(plan), "certificates": {**converged_sshd(plan)["certificates"],
-                                                        ECDSA_CERT: current["certificates"][ECDSA_CERT]}}
+    current = {
+        **converged_sshd(plan),
+        "certificates": {
+            **converged_sshd(plan)["certificates"],
+            ECDSA_CERT: current["certificates"][ECDSA_CERT],
+        },
+    }
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], **sshd_args(plan))
     assert [shlex.split(c.get_raw_value()) for c in commands] == [["rm", "-f", "--", ECDSA_CERT]]
 
 
-def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_the_krl(tmp_path):
+def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_the_krl(
+    tmp_path,
+):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
     site_ca = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "site"))
-    current["certificates"][RSA_CERT] = site_ca.certificate(None, public_key(), "host", ["gpu-a01"], "site-ca")
-    current["certificates"]["/etc/ssh/ssh_host_ecdsa_key-cert.pub"] = current["certificates"][RSA_CERT].rsplit(" ", 1)[0]
-    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], certificates={}, drop_in=None, revoked_keys=None)
+    current["certificates"][RSA_CERT] = site_ca.certificate(
+        None, public_key(), "host", ["gpu-a01"], "site-ca"
+    )
+    current["certificates"]["/etc/ssh/ssh_host_ecdsa_key-cert.pub"] = current["certificates"][
+        RSA_CERT
+    ].rsplit(" ", 1)[0]
+    commands, _ = run_op(
+        sshd_certificates,
+        [(SshdMesh, {}, current)],
+        certificates={},
+        drop_in=None,
+        revoked_keys=None,
+    )
     remove_client, remove_drop_in, reload, remove_files = commands
-    assert shlex.split(remove_client.get_raw_value()) == ["rm", "-f", "--", SSH_MESH_CONF]  # before the KRL it names
+    assert shlex.split(remove_client.get_raw_value()) == [
+        "rm",
+        "-f",
+        "--",
+        SSH_MESH_CONF,
+    ]  # before the KRL it names
     assert shlex.split(remove_drop_in.get_raw_value()) == ["rm", "-f", "--", SSHD_MESH_CONF]
     assert is_reload(reload)
-    assert shlex.split(remove_files.get_raw_value()) == ["rm", "-f", "--", ED25519_CERT, REVOKED_KEYS]
+    assert shlex.split(remove_files.get_raw_value()) == [
+        "rm",
+        "-f",
+        "--",
+        ED25519_CERT,
+        REVOKED_KEYS,
+    ]
     # A key mesh on a node that never had the certificate mesh: nothing to do.
-    assert run_op(sshd_certificates, [(SshdMesh, {}, fresh_sshd())], certificates={}, drop_in=None,
-                  revoked_keys=None)[0] == []
+    assert (
+        run_op(
+            sshd_certificates,
+            [(SshdMesh, {}, fresh_sshd())],
+            certificates={},
+            drop_in=None,
+            revoked_keys=None,
+        )[0]
+        == []
+    )
 
 
-def test_a_key_mesh_removes_trainfleets_certificates_and_krl_left_behind_without_the_drop_in(tmp_path):
+def test_a_key_mesh_removes_trainfleets_certificates_and_krl_left_behind_without_the_drop_in(
+    tmp_path,
+):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = {**converged_sshd(plan), "drop_in": None}  # removed, then the reload failed
-    commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, current)], certificates={}, drop_in=None, revoked_keys=None)
-    assert ["rm", "-f", "--", ED25519_CERT, REVOKED_KEYS] in [shlex.split(c.get_raw_value()) for c in commands]
+    commands, _ = run_op(
+        sshd_certificates,
+        [(SshdMesh, {}, current)],
+        certificates={},
+        drop_in=None,
+        revoked_keys=None,
+    )
+    assert ["rm", "-f", "--", ED25519_CERT, REVOKED_KEYS] in [
+        shlex.split(c.get_raw_value()) for c in commands
+    ]
 
 
 # mesh_user / mesh_trust: a mesh moving from keys to certificates
+
 
 def regular(text: str, link: bool = False) -> dict:
     return {"state": "regular", "link": link, "data": text.encode()}
@@ -754,17 +1139,31 @@ def sha(text: str) -> str:
 USERS_OWN = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOwnkey alice@laptop\n"
 
 
-def alice_on_node(user_plan, authorized_block: list[str], certificate: str | None, link: bool = False) -> dict:
+def alice_on_node(
+    user_plan, authorized_block: list[str], certificate: str | None, link: bool = False
+) -> dict:
     """alice's SshMeshUser fact on a node holding her key, ``authorized_block`` after her own line,
     and the plan's ssh config."""
-    authorized = USERS_OWN + with_block(split_block("", AUTHORIZED_PURPOSE), AUTHORIZED_PURPOSE, authorized_block)
+    authorized = USERS_OWN + with_block(
+        split_block("", AUTHORIZED_PURPOSE), AUTHORIZED_PURPOSE, authorized_block
+    )
     config = with_block(split_block("", CONFIG_PURPOSE), CONFIG_PURPOSE, user_plan.config, top=True)
-    return {"exists": True, "home": "/home/alice", "group": "alice", "uid": "1000",
-            "ssh_dir": {"mode": "700", "owner": "alice", "sha256": None},
-            "identity": {"mode": "600", "owner": "alice", "sha256": sha(user_plan.identity.private)},
-            "identity_pub": {"mode": "644", "owner": "alice", "sha256": sha(user_plan.identity.public + "\n")},
-            "authorized": block_state(regular(authorized, link), AUTHORIZED_PURPOSE),
-            "config": block_state(regular(config), CONFIG_PURPOSE), "certificate": certificate}
+    return {
+        "exists": True,
+        "home": "/home/alice",
+        "group": "alice",
+        "uid": "1000",
+        "ssh_dir": {"mode": "700", "owner": "alice", "sha256": None},
+        "identity": {"mode": "600", "owner": "alice", "sha256": sha(user_plan.identity.private)},
+        "identity_pub": {
+            "mode": "644",
+            "owner": "alice",
+            "sha256": sha(user_plan.identity.public + "\n"),
+        },
+        "authorized": block_state(regular(authorized, link), AUTHORIZED_PURPOSE),
+        "config": block_state(regular(config), CONFIG_PURPOSE),
+        "certificate": certificate,
+    }
 
 
 def keys_then_certificates(tmp_path: Path):
@@ -779,11 +1178,24 @@ def mesh_steps(fact_value: dict, user_plan) -> tuple[list, list]:
     adding the new lines, then mesh_user (identity, certificate, config) -> ``added``; then
     mesh_trust leaving exactly the plan's lines -> ``trusted``."""
     facts = [(SshMeshUser, {"user": "alice"}, fact_value)]
-    adding, _ = run_op(mesh_trust, facts, user="alice", authorized=user_plan.authorized, exactly=False)
-    user, _ = run_op(mesh_user, facts, user="alice", identity=user_plan.identity, config=user_plan.config,
-                     certificate=user_plan.certificate)
-    trusted, _ = run_op(mesh_trust, facts, user="alice", authorized=user_plan.authorized,
-                        certificate=user_plan.certificate)
+    adding, _ = run_op(
+        mesh_trust, facts, user="alice", authorized=user_plan.authorized, exactly=False
+    )
+    user, _ = run_op(
+        mesh_user,
+        facts,
+        user="alice",
+        identity=user_plan.identity,
+        config=user_plan.config,
+        certificate=user_plan.certificate,
+    )
+    trusted, _ = run_op(
+        mesh_trust,
+        facts,
+        user="alice",
+        authorized=user_plan.authorized,
+        certificate=user_plan.certificate,
+    )
     return adding + user, trusted
 
 
@@ -793,22 +1205,32 @@ def test_moving_to_certificates_the_ca_line_is_added_first_and_then_kept_alone(t
     added, trusted = mesh_steps(alice_on_node(cert_user, keys_user.authorized, None), cert_user)
 
     authorized, cert = (written(c) for c in added)  # trust first, then the certificate
-    assert cert[0] == "/home/alice/.ssh/id_trainfleet-cert.pub" and cert[2] == cert_user.certificate.encode()
+    assert (
+        cert[0] == "/home/alice/.ssh/id_trainfleet-cert.pub"
+        and cert[2] == cert_user.certificate.encode()
+    )
     assert authorized[0] == "/home/alice/.ssh/authorized_keys"
     during = split_block(authorized[2].decode(), AUTHORIZED_PURPOSE)
-    assert during.block == [*keys_user.authorized, *cert_user.authorized]  # both trusted while nodes move
+    assert during.block == [
+        *keys_user.authorized,
+        *cert_user.authorized,
+    ]  # both trusted while nodes move
     assert authorized[2].decode().startswith(USERS_OWN)
 
     (final,) = trusted
     path, expected, data = written(final)
-    assert path == authorized[0] and expected == hashlib.sha256(authorized[2]).hexdigest()  # chained on the adding run
+    assert (
+        path == authorized[0] and expected == hashlib.sha256(authorized[2]).hexdigest()
+    )  # chained on the adding run
     assert split_block(data.decode(), AUTHORIZED_PURPOSE).block == cert_user.authorized
     assert data.decode().startswith(USERS_OWN)
 
 
 def test_a_converged_certificate_mesh_user_changes_nothing(tmp_path):
     _, cert_user = keys_then_certificates(tmp_path)
-    added, trusted = mesh_steps(alice_on_node(cert_user, cert_user.authorized, cert_user.certificate.strip()), cert_user)
+    added, trusted = mesh_steps(
+        alice_on_node(cert_user, cert_user.authorized, cert_user.certificate.strip()), cert_user
+    )
     assert added == [] and trusted == []
 
 
@@ -817,17 +1239,23 @@ def test_moving_back_to_keys_mesh_trust_drops_the_ca_line_and_removes_the_certif
     current = alice_on_node(keys_user, cert_user.authorized, cert_user.certificate.strip())
     added, trusted = mesh_steps(current, keys_user)
     (authorized,) = (written(c) for c in added)  # the certificate is left to the final mesh_trust
-    assert split_block(authorized[2].decode(), AUTHORIZED_PURPOSE).block == [*cert_user.authorized,
-                                                                              *keys_user.authorized]
+    assert split_block(authorized[2].decode(), AUTHORIZED_PURPOSE).block == [
+        *cert_user.authorized,
+        *keys_user.authorized,
+    ]
     final, remove = trusted
     assert written(final)[1] == hashlib.sha256(authorized[2]).hexdigest()
     assert split_block(written(final)[2].decode(), AUTHORIZED_PURPOSE).block == keys_user.authorized
     assert shlex.split(remove.get_raw_value())[-1] == "/home/alice/.ssh/id_trainfleet-cert.pub"
 
 
-def test_moving_to_certificates_mesh_trust_chains_on_its_adding_run_through_a_users_linked_authorized_keys(tmp_path):
+def test_moving_to_certificates_mesh_trust_chains_on_its_adding_run_through_a_users_linked_authorized_keys(
+    tmp_path,
+):
     keys_user, cert_user = keys_then_certificates(tmp_path)
-    added, trusted = mesh_steps(alice_on_node(cert_user, keys_user.authorized, None, link=True), cert_user)
+    added, trusted = mesh_steps(
+        alice_on_node(cert_user, keys_user.authorized, None, link=True), cert_user
+    )
     (authorized,) = [written(c) for c in added if written(c)[0].endswith("/authorized_keys")]
     assert written(trusted[0])[1] == hashlib.sha256(authorized[2]).hexdigest()
 
@@ -835,7 +1263,9 @@ def test_moving_to_certificates_mesh_trust_chains_on_its_adding_run_through_a_us
 def test_a_fresh_user_gets_the_certificate_and_the_ca_line_in_one_write_each(tmp_path):
     _, cert_user = keys_then_certificates(tmp_path)
     fresh = alice_on_node(cert_user, [], None)
-    fresh["authorized"] = block_state({"state": "missing", "link": False, "data": None}, AUTHORIZED_PURPOSE)
+    fresh["authorized"] = block_state(
+        {"state": "missing", "link": False, "data": None}, AUTHORIZED_PURPOSE
+    )
     added, trusted = mesh_steps(fresh, cert_user)
     writes = [written(c) for c in added]
     assert [w[0].rsplit("/", 1)[1] for w in writes] == ["authorized_keys", "id_trainfleet-cert.pub"]
@@ -846,15 +1276,31 @@ def test_a_fresh_user_gets_the_certificate_and_the_ca_line_in_one_write_each(tmp
 
 # -- what the review found (issue #18) -----------------------------------------------------------
 
-def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_crash(tmp_path):
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-    from cryptography.hazmat.primitives.serialization import SSHCertificateBuilder, SSHCertificateType
-    from cryptography.hazmat.primitives import serialization
 
-    forger = Ed25519PrivateKey.generate()  # any key: a user can sign what lands in the user's own home
-    forged = (SSHCertificateBuilder().public_key(forger.public_key()).serial(1).type(SSHCertificateType.USER)
-              .key_id(b"x").valid_principals([b"alice"]).valid_after(2**64 - 2).valid_before(2**64 - 1)
-              .sign(forger).public_bytes().decode())
+def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_crash(tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import (
+        SSHCertificateBuilder,
+        SSHCertificateType,
+    )
+
+    forger = (
+        Ed25519PrivateKey.generate()
+    )  # any key: a user can sign what lands in the user's own home
+    forged = (
+        SSHCertificateBuilder()
+        .public_key(forger.public_key())
+        .serial(1)
+        .type(SSHCertificateType.USER)
+        .key_id(b"x")
+        .valid_principals([b"alice"])
+        .valid_after(2**64 - 2)
+        .valid_before(2**64 - 1)
+        .sign(forger)
+        .public_bytes()
+        .decode()
+    )
     assert certificates.read(forged).valid_after.year == 9999  # read, clamped: no OverflowError
     assert mesh.certificate_summary(forged).startswith("user alice until 9999-12-31")
     cluster = Cluster.parse(MIXED)
@@ -864,21 +1310,30 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
 
 
 def test_a_revoked_key_leaves_the_block_at_once_even_while_the_mesh_trusts_both_ways(tmp_path):
-    from operations.ssh_mesh import trusting
+    from operations.ssh_mesh_ops import trusting
 
     keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
     lines = keys_plan.nodes["gpu-a01"].mesh[0].authorized
     KeyStore("mix", root=tmp_path / "keys").revoke("root", "gpu-a02")
     cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     user = cert_plan.nodes["gpu-a01"].mesh[0]
-    current = block_state({"state": "regular", "link": False,
-                           "data": with_block(split_block("", AUTHORIZED_PURPOSE), AUTHORIZED_PURPOSE, lines).encode()},
-                          AUTHORIZED_PURPOSE)
+    current = block_state(
+        {
+            "state": "regular",
+            "link": False,
+            "data": with_block(
+                split_block("", AUTHORIZED_PURPOSE), AUTHORIZED_PURPOSE, lines
+            ).encode(),
+        },
+        AUTHORIZED_PURPOSE,
+    )
     moving = trusting(current, user.authorized, user.refused)
     assert lines[1] not in moving and [lines[0], *lines[2:]] + user.authorized == moving
 
 
-def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_all_present_it(tmp_path):
+def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_all_present_it(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     first = plan_of(cluster, tmp_path / "keys")
@@ -886,33 +1341,59 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     assert store.ca_moving()
     # A partial run (one node not read): every node's sshd step fails, nothing moves.
     gathered = gathered_for(cluster)
-    partial = Gathered(host_keys=gathered.host_keys, sshd={n: s for n, s in gathered.sshd.items() if n != "gpu-b02"})
+    partial = Gathered(
+        host_keys=gathered.host_keys,
+        sshd={n: s for n, s in gathered.sshd.items() if n != "gpu-b02"},
+    )
     plan = plan_cluster(cluster, partial, store)
-    assert all(any("deploy the whole cluster at once" in why for why in p.sshd.problems) for p in plan.nodes.values())
+    assert all(
+        any("deploy the whole cluster at once" in why for why in p.sshd.problems)
+        for p in plan.nodes.values()
+    )
     # A whole run moves them; once every node presents the new CA's certificates, the mark goes.
     whole = plan_of(cluster, tmp_path / "keys")
     assert store.ca_moving() and whole.nodes["gpu-a01"].sshd.problems == []
-    held = {name: {**fresh_sshd(), "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()}}
-            for name, p in whole.nodes.items()}
-    users = {name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in whole.nodes.items()}
-    plan_cluster(cluster, Gathered(host_keys=gathered.host_keys, sshd=held, user_certificates=users), store)
+    held = {
+        name: {
+            **fresh_sshd(),
+            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+        }
+        for name, p in whole.nodes.items()
+    }
+    users = {
+        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in whole.nodes.items()
+    }
+    plan_cluster(
+        cluster, Gathered(host_keys=gathered.host_keys, sshd=held, user_certificates=users), store
+    )
     assert not store.ca_moving()
     assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
 
 
-def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_and_the_old_key_goes(tmp_path):
+def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_and_the_old_key_goes(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     plan_of(cluster, tmp_path / "keys")
     old = store.rotate_certificate_authority()
     assert (old / "ca").exists()
     # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest move.
-    smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
+    smaller = Cluster.parse(
+        MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
+    )
     moved = plan_of(smaller, tmp_path / "keys")
     assert all(p.sshd.problems == [] and p.sshd.certificates for p in moved.nodes.values())
-    held = {name: {**fresh_sshd(), "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()}}
-            for name, p in moved.nodes.items()}
-    users = {name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()}
+    held = {
+        name: {
+            **fresh_sshd(),
+            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+        }
+        for name, p in moved.nodes.items()
+    }
+    users = {
+        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()
+    }
     plan_cluster(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
     # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
     assert not store.ca_moving()
@@ -921,41 +1402,68 @@ def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_
     store.readmit_host_keys("gpu-b02")
     back = plan_of(cluster, tmp_path / "keys")
     (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
-    assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(cert.strip(), store.certificate_authority().public)
+    assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(
+        cert.strip(), store.certificate_authority().public
+    )
 
 
-def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(tmp_path,
-                                                                                                       monkeypatch):
+def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(
+    tmp_path, monkeypatch
+):
     from tests.unit.test_plan import deploy_order, three_node_plan
 
     cluster, _ = three_node_plan(tmp_path)
     sshd = {n.name: fresh_sshd() for n in cluster.nodes}
     sshd["gpu-a03"]["includes_drop_ins"] = False  # a RHEL 8 sshd_config
-    plan = plan_cluster(cluster, Gathered(host_keys={n.name: [public_key()] for n in cluster.nodes}, sshd=sshd),
-                        KeyStore(cluster.name, root=tmp_path / "keys"))
-    order = [(op.split(".")[1], kwargs) for op, kwargs in deploy_order(monkeypatch, cluster, "gpu-a03", plan)]
+    plan = plan_cluster(
+        cluster,
+        Gathered(host_keys={n.name: [public_key()] for n in cluster.nodes}, sshd=sshd),
+        KeyStore(cluster.name, root=tmp_path / "keys"),
+    )
+    order = [
+        (op.split(".")[1], kwargs)
+        for op, kwargs in deploy_order(monkeypatch, cluster, "gpu-a03", plan)
+    ]
     ops = [op for op, _ in order]
     sshd_at = ops.index("sshd_certificates")
     assert "does not read /etc/ssh/sshd_config.d" in order[sshd_at][1]["problems"][0]
     assert sshd_at < ops.index("mesh_user")  # fails before anything presents a certificate...
     # ... and the steps that drop the old trust wait for a run without a failed node.
-    assert all(kwargs.get("_if") is not None for op, kwargs in order if kwargs.get("exactly", True)
-               and op in ("known_hosts", "mesh_trust"))
+    assert all(
+        kwargs.get("_if") is not None
+        for op, kwargs in order
+        if kwargs.get("exactly", True) and op in ("known_hosts", "mesh_trust")
+    )
 
 
-def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certificates_are_refused(tmp_path):
+def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certificates_are_refused(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     root = tmp_path / "keys"
     old_key = host_key_of(cluster, "gpu-a02")
     plan_of(cluster, root)
-    assert KeyStore("mix", root=root).revoked_keys() == []  # a re-run with the same host keys revokes nothing
-    plan = plan_of(cluster, root, host_keys={**{n.name: [host_key_of(cluster, n.name)] for n in cluster.nodes},
-                                             "gpu-a02": [public_key()]})  # gpu-a02 reimaged
+    assert (
+        KeyStore("mix", root=root).revoked_keys() == []
+    )  # a re-run with the same host keys revokes nothing
+    plan = plan_of(
+        cluster,
+        root,
+        host_keys={
+            **{n.name: [host_key_of(cluster, n.name)] for n in cluster.nodes},
+            "gpu-a02": [public_key()],
+        },
+    )  # gpu-a02 reimaged
     assert refused_keys(root) == [old_key]
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert revoked(tmp_path / "krl", old_key, tmp_path)
-    assert "    RevokedHostKeys /etc/ssh/trainfleet_revoked_keys" in plan.nodes["gpu-a01"].mesh[0].config
-    smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
+    assert (
+        "    RevokedHostKeys /etc/ssh/trainfleet_revoked_keys"
+        in plan.nodes["gpu-a01"].mesh[0].config
+    )
+    smaller = Cluster.parse(
+        MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
+    )
     plan_of(smaller, root)
     assert host_key_of(cluster, "gpu-b02") in refused_keys(root)  # removed from the spec
 
@@ -967,10 +1475,15 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
     base = gathered_for(cluster)
 
     def trusting_now(known: list[str] | None, root: list[str] | None) -> dict:
-        return {n.name: {"/etc/ssh/ssh_known_hosts": known, "root": root, "alice": None} for n in cluster.nodes}
+        return {
+            n.name: {"/etc/ssh/ssh_known_hosts": known, "root": root, "alice": None}
+            for n in cluster.nodes
+        }
 
     def plan_with(trust: dict):
-        plan = plan_cluster(cluster, dataclasses.replace(base, trust=trust), KeyStore("mix", root=tmp_path / "keys"))
+        plan = plan_cluster(
+            cluster, dataclasses.replace(base, trust=trust), KeyStore("mix", root=tmp_path / "keys")
+        )
         node = plan.nodes["gpu-a01"]
         return node.sshd.moving, node.mesh[0].moving, node.mesh[1].moving
 
@@ -982,23 +1495,35 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
     # Converged, or trusting both ways already: nothing moves.
     c01 = cert_plan.nodes["gpu-a01"]
     assert plan_with(trusting_now(c01.known_hosts, c01.mesh[0].authorized)) == (False, False, False)
-    assert plan_with(trusting_now(a01.known_hosts + c01.known_hosts,
-                                  a01.mesh[0].authorized + c01.mesh[0].authorized)) == (False, False, False)
+    assert plan_with(
+        trusting_now(
+            a01.known_hosts + c01.known_hosts, a01.mesh[0].authorized + c01.mesh[0].authorized
+        )
+    ) == (False, False, False)
 
 
-def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_readmits_its_host_key(tmp_path):
+def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_readmits_its_host_key(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     root = tmp_path / "keys"
     plan_of(cluster, root)
-    smaller = Cluster.parse(MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', ""))
+    smaller = Cluster.parse(
+        MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
+    )
     plan_of(smaller, root)
     key = host_key_of(cluster, "gpu-b02")
     assert key in refused_keys(root)
     plan = plan_of(cluster, root)  # back, with the host key it had: still revoked, the node named
     assert key in refused_keys(root)
     (why,) = plan.nodes["gpu-b02"].sshd.problems
-    assert f"presents the host key {certificates.fingerprint(key)}" in why and "keys readmit SPEC gpu-b02" in why
-    assert plan.nodes["gpu-b02"].sshd.certificates == {} and plan.nodes["gpu-a01"].sshd.problems == []
+    assert (
+        f"presents the host key {certificates.fingerprint(key)}" in why
+        and "keys readmit SPEC gpu-b02" in why
+    )
+    assert (
+        plan.nodes["gpu-b02"].sshd.certificates == {} and plan.nodes["gpu-a01"].sshd.problems == []
+    )
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert revoked(tmp_path / "krl", key, tmp_path)
     KeyStore("mix", root=root).readmit_host_keys("gpu-b02")  # the operator's explicit word
@@ -1015,7 +1540,10 @@ def refused_keys(root: Path) -> list[str]:
 
 # -- certificates are verified (issue #26) ---------------------------------------------------------
 
-def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_named_by_drift(tmp_path):
+
+def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_named_by_drift(
+    tmp_path,
+):
     cluster = Cluster.parse(MIXED)
     first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].sshd
     good = first.certificates[ED25519_CERT].strip()
@@ -1029,17 +1557,25 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
     bad = {
         "damaged": f"{kind} {base64.b64encode(bytes(data)).decode()} trainfleet:mix:host:gpu-a01",
         "another CA": other_ca.certificate(None, key, "host", names, "trainfleet:mix:host:gpu-a01"),
-        "a user certificate": ca.certificate(None, key, "user", names, "trainfleet:mix:host:gpu-a01"),
+        "a user certificate": ca.certificate(
+            None, key, "user", names, "trainfleet:mix:host:gpu-a01"
+        ),
     }
     for why, line in bad.items():
-        sshd = {n.name: {**fresh_sshd(), "certificates": {ED25519_CERT: line if n.name == "gpu-a01" else None}}
-                for n in cluster.nodes}
+        sshd = {
+            n.name: {
+                **fresh_sshd(),
+                "certificates": {ED25519_CERT: line if n.name == "gpu-a01" else None},
+            }
+            for n in cluster.nodes
+        }
         again = plan_of(cluster, tmp_path / "keys", sshd=sshd).nodes["gpu-a01"].sshd
         new = again.certificates[ED25519_CERT].strip()
         assert new != line, why  # the deploy writes it anew...
         assert certificates.problem(new, ca.ca_public, "host", names) is None, why
         # ...and drift, which compares what the node holds with the plan, names it.
-        assert mesh.host_certificates_summary({ED25519_CERT: line}) != \
-            mesh.host_certificates_summary(again.certificates), why
+        assert mesh.host_certificates_summary(
+            {ED25519_CERT: line}
+        ) != mesh.host_certificates_summary(again.certificates), why
     assert mesh.certificate_summary(bad["damaged"]).startswith("BAD SIGNATURE: host gpu-a01,")
     assert mesh.certificate_summary(good).startswith("host gpu-a01,")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from facts.nccl_env import NcclNetwork
+from facts.nccl_env_facts import NcclNetwork
 from trainfleet.nccl import derive, gid_disagreement, uniform_variables
 
 SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -28,13 +28,16 @@ def ib_ports(tree: str) -> list:
     return fact.process(output.splitlines())["ib_ports"]
 
 
-@pytest.mark.parametrize(("tree", "expected"), [
-    ("roce_v2_cx6", {"NCCL_IB_HCA": "=mlx5_0:1", "NCCL_IB_GID_INDEX": "5"}),
-    ("ib_two_hcas", {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}),
-    ("ib_one_of_two_down", {"NCCL_IB_HCA": "=mlx5_0:1"}),
-    ("ib_port_down", {"NCCL_IB_DISABLE": "1"}),
-    ("no_rdma", {"NCCL_IB_DISABLE": "1"}),
-])
+@pytest.mark.parametrize(
+    ("tree", "expected"),
+    [
+        ("roce_v2_cx6", {"NCCL_IB_HCA": "=mlx5_0:1", "NCCL_IB_GID_INDEX": "5"}),
+        ("ib_two_hcas", {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1"}),
+        ("ib_one_of_two_down", {"NCCL_IB_HCA": "=mlx5_0:1"}),
+        ("ib_port_down", {"NCCL_IB_DISABLE": "1"}),
+        ("no_rdma", {"NCCL_IB_DISABLE": "1"}),
+    ],
+)
 def test_infiniband_and_roce_settings_come_from_sysfs(tree, expected):
     derived = derive("198.18.0.11", AUTO, INTERFACES, ib_ports(tree))
     assert derived.problems == []
@@ -43,8 +46,16 @@ def test_infiniband_and_roce_settings_come_from_sysfs(tree, expected):
 
 def test_the_fact_reads_the_gid_table_as_the_kernel_writes_it():
     (port,) = ib_ports("roce_v2_cx6")
-    assert (port["device"], port["port"], port["link_layer"], port["state"]) == ("mlx5_0", 1, "Ethernet", "4:ACTIVE")
-    assert [(g["index"], g["type"]) for g in port["gids"]][-2:] == [(4, "IB/RoCE_v1"), (5, "RoCE_v2")]
+    assert (port["device"], port["port"], port["link_layer"], port["state"]) == (
+        "mlx5_0",
+        1,
+        "Ethernet",
+        "4:ACTIVE",
+    )
+    assert [(g["index"], g["type"]) for g in port["gids"]][-2:] == [
+        (4, "IB/RoCE_v1"),
+        (5, "RoCE_v2"),
+    ]
     assert port["gids"][5]["ndev"] == "ens1f0"
 
 
@@ -64,8 +75,10 @@ def test_the_interface_is_the_one_holding_the_cluster_address_not_the_first_list
 def test_an_address_no_interface_holds_is_named_with_what_the_node_has():
     derived = derive("198.18.0.99", AUTO, INTERFACES, [])
     assert "NCCL_SOCKET_IFNAME" not in derived.env
-    assert derived.problems == ["no interface holds the cluster address 198.18.0.99 "
-                                "(interfaces: lo=127.0.0.1, eno1=198.18.0.139, eth0=198.18.0.11)"]
+    assert derived.problems == [
+        "no interface holds the cluster address 198.18.0.99 "
+        "(interfaces: lo=127.0.0.1, eno1=198.18.0.139, eth0=198.18.0.11)"
+    ]
 
 
 def test_the_cluster_address_on_a_docker_bridge_is_refused():
@@ -74,9 +87,15 @@ def test_the_cluster_address_on_a_docker_bridge_is_refused():
 
 
 def test_spec_overrides_are_validated_against_the_node_and_pass_through():
-    settings = {"socket_ifname": "=ens9", "ib": "disable", "env": {"NCCL_DEBUG": "WARN", "NCCL_IB_TC": 106}}
+    settings = {
+        "socket_ifname": "=ens9",
+        "ib": "disable",
+        "env": {"NCCL_DEBUG": "WARN", "NCCL_IB_TC": 106},
+    }
     derived = derive("198.18.0.11", settings, INTERFACES, ib_ports("ib_two_hcas"))
-    assert derived.problems == ["nccl.socket_ifname names ens9, which this node does not have (it has eno1, eth0, lo)"]
+    assert derived.problems == [
+        "nccl.socket_ifname names ens9, which this node does not have (it has eno1, eth0, lo)"
+    ]
     assert derived.env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in derived.env
     assert derived.env["NCCL_DEBUG"] == "WARN" and derived.env["NCCL_IB_TC"] == "106"
 
@@ -84,4 +103,6 @@ def test_spec_overrides_are_validated_against_the_node_and_pass_through():
 def test_cross_node_rules():
     assert gid_disagreement({"a": 3, "b": 3, "c": None}) is None
     assert gid_disagreement({"a": 3, "b": 5}) == "NCCL_IB_GID_INDEX differs between nodes: a=3, b=5"
-    assert uniform_variables({"a": {"X": "1", "IF": "=eth0"}, "b": {"X": "1", "IF": "=ens1"}}) == ["X"]
+    assert uniform_variables({"a": {"X": "1", "IF": "=eth0"}, "b": {"X": "1", "IF": "=ens1"}}) == [
+        "X"
+    ]

@@ -11,8 +11,8 @@ from trainfleet.osfamily import os_family
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pdsh"
 
-TestPdshStateFact = make_fact_tests("facts", "pdsh.PdshState", FIXTURES / "facts")
-TestPdshOperation = make_operation_tests("operations", "pdsh.pdsh", FIXTURES / "pdsh")
+TestPdshStateFact = make_fact_tests("facts", "pdsh_facts.PdshState", FIXTURES / "facts")
+TestPdshOperation = make_operation_tests("operations", "pdsh_ops.pdsh", FIXTURES / "pdsh")
 
 
 def test_os_release_maps_to_the_package_manager():

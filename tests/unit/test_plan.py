@@ -10,23 +10,29 @@ import pkgutil
 import runpy
 import types
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-import facts.gather
-import operations
-import trainfleet.inventory
-from checks.drift import _env_string, expect
-from operations import gpu_node, hosts, launchers, nccl_env, openmpi, pdsh, ssh_mesh, stack
-from operations.launchers import launcher_files as apply_launcher_files
-from operations.nccl_env import nccl_env as apply_nccl_env
+import runtime.gather
+from checks.drift_check import _env_string, expect
+from operations import (
+    gpu_node_ops,
+    hosts_ops,
+    launchers_ops,
+    nccl_env_ops,
+    openmpi_ops,
+    pdsh_ops,
+    ssh_mesh_ops,
+    stack_ops,
+)
+from operations.launchers_ops import launcher_files as apply_launcher_files
+from operations.nccl_env_ops import nccl_env as apply_nccl_env
 from operations.remote import FailCommand
 from tests.unit.test_nccl_env import ib_ports
 from trainfleet import mesh
-from trainfleet.drift import digest
+from trainfleet.compare import digest
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.pins import package_pins
@@ -45,11 +51,14 @@ stack: {cuda: "12.4", nccl: 2.21.5-1, torch: 2.4.1, torch_cuda: cpu}
 
 def plain_network(address: str) -> dict:
     """A lab node: a decoy NIC first, the cluster interface second, no InfiniBand."""
-    return {"interfaces": [{"name": "lo", "addresses": ["127.0.0.1"], "bridge": False},
-                           {"name": "eno1", "addresses": ["203.0.113.9"], "bridge": False},
-                           {"name": "eth0", "addresses": [address], "bridge": False,
-                            "cidrs": [f"{address}/24"]}],
-            "ib_ports": []}
+    return {
+        "interfaces": [
+            {"name": "lo", "addresses": ["127.0.0.1"], "bridge": False},
+            {"name": "eno1", "addresses": ["203.0.113.9"], "bridge": False},
+            {"name": "eth0", "addresses": [address], "bridge": False, "cidrs": [f"{address}/24"]},
+        ],
+        "ib_ports": [],
+    }
 
 
 def roce_network(address: str, gid_index: int) -> dict:
@@ -64,45 +73,73 @@ def roce_network(address: str, gid_index: int) -> dict:
 
 
 def public_key() -> str:
-    return Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    return (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+        .decode()
+    )
 
 
 def fresh_sshd() -> dict:
     """The SshdMesh fact of a node no certificate mesh reached yet (Debian 12's sshd_config)."""
-    return {"includes_drop_ins": True, "other_revoked_keys": [], "certificates": {}, "drop_in": None,
-            "revoked_keys": None, "client_includes_drop_ins": True, "other_revoked_host_keys": [],
-            "client_drop_in": None}
+    return {
+        "includes_drop_ins": True,
+        "other_revoked_keys": [],
+        "certificates": {},
+        "drop_in": None,
+        "revoked_keys": None,
+        "client_includes_drop_ins": True,
+        "other_revoked_host_keys": [],
+        "client_drop_in": None,
+    }
 
 
-def three_node_plan(tmp_path: Path, networks: dict[str, dict] | None = None,
-                    mesh_mode: str = "certificates") -> tuple[Cluster, ClusterPlan]:
+def three_node_plan(
+    tmp_path: Path, networks: dict[str, dict] | None = None, mesh_mode: str = "certificates"
+) -> tuple[Cluster, ClusterPlan]:
     cluster = Cluster.parse(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
-    gathered = Gathered(networks=networks,
-                        host_keys={n.name: [public_key()] for n in cluster.nodes},
-                        os_families={n.name: "debian" for n in cluster.nodes},
-                        sshd={n.name: fresh_sshd() for n in cluster.nodes})
+    gathered = Gathered(
+        networks=networks,
+        host_keys={n.name: [public_key()] for n in cluster.nodes},
+        os_families={n.name: "debian" for n in cluster.nodes},
+        sshd={n.name: fresh_sshd() for n in cluster.nodes},
+    )
     return cluster, plan_cluster(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
 
 
-def deploy_order(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> list[tuple[str, dict]]:
+def deploy_order(
+    monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan
+) -> list[tuple[str, dict]]:
     """Run deploy/cluster.py for one node with its operations recording, in order, what they
     are given: ``[("module.operation", kwargs)]``."""
     order: list[tuple[str, dict]] = []
-    monkeypatch.setattr(facts.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
-    monkeypatch.setattr(facts.gather, "deploy_plan", lambda _cluster: plan)
-    for module, names in ((hosts, ["hostname", "hosts_block"]),
-                          (ssh_mesh, ["known_hosts", "mesh_user", "mesh_trust", "sshd_certificates", "revoked_keys"]),
-                          (pdsh, ["pdsh"]), (stack, ["software"]), (nccl_env, ["nccl_env"]),
-                          (openmpi, ["mca_params"]), (launchers, ["launcher_files"]), (gpu_node, ["settings"])):
+    monkeypatch.setattr(runtime.gather, "this_node", lambda: (cluster, cluster.node(node_name)))
+    monkeypatch.setattr(runtime.gather, "deploy_plan", lambda _cluster: plan)
+    for module, names in (
+        (hosts_ops, ["hostname", "hosts_block"]),
+        (
+            ssh_mesh_ops,
+            ["known_hosts", "mesh_user", "mesh_trust", "sshd_certificates", "revoked_keys"],
+        ),
+        (pdsh_ops, ["pdsh"]),
+        (stack_ops, ["software"]),
+        (nccl_env_ops, ["nccl_env"]),
+        (openmpi_ops, ["mca_params"]),
+        (launchers_ops, ["launcher_files"]),
+        (gpu_node_ops, ["settings"]),
+    ):
         for name in names:
-            op = f"{module.__name__.split('.')[-1]}.{name}"
+            op = f"{module.__name__.split('.')[-1].removesuffix('_ops')}.{name}"
             monkeypatch.setattr(module, name, lambda _op=op, **kwargs: order.append((_op, kwargs)))
     runpy.run_path(str(ROOT / "deploy/cluster.py"))
     return order
 
 
-def deploy_calls(monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan) -> dict[str, list[dict]]:
+def deploy_calls(
+    monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan
+) -> dict[str, list[dict]]:
     """What deploy/cluster.py gives each of its operations for one node: ``{"module.operation": [kwargs]}``."""
     calls: dict[str, list[dict]] = {}
     for op, kwargs in deploy_order(monkeypatch, cluster, node_name, plan):
@@ -115,8 +152,15 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
     out from nothing but the operations' arguments."""
     (hostname,), (block,) = calls["hosts.hostname"], calls["hosts.hosts_block"]
     adding, known = calls["ssh_mesh.known_hosts"]  # trust the new lines too; then exactly them
-    assert adding["entries"] == known["entries"] and (adding["exactly"], known.get("exactly", True)) == (False, True)
-    (pdsh_call,), (software,), (nccl,) = calls["pdsh.pdsh"], calls["stack.software"], calls["nccl_env.nccl_env"]
+    assert adding["entries"] == known["entries"] and (
+        adding["exactly"],
+        known.get("exactly", True),
+    ) == (False, True)
+    (pdsh_call,), (software,), (nccl,) = (
+        calls["pdsh.pdsh"],
+        calls["stack.software"],
+        calls["nccl_env.nccl_env"],
+    )
     (mpi,), (files,) = calls["openmpi.mca_params"], calls["launchers.launcher_files"]
     (gpu,) = calls["gpu_node.settings"]
     given = {
@@ -128,29 +172,52 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
         "torch": f"{software['pins']['torch']}+{software['pins']['torch_cuda']}",
         "cuda": software["pins"]["cuda"],
     }
-    given.update({f"package {name}": version for name, version in package_pins(software["pins"], "debian").items()
-                  if version})
+    given.update(
+        {
+            f"package {name}": version
+            for name, version in package_pins(software["pins"], "debian").items()
+            if version
+        }
+    )
     # apt-mark hold: every pin
-    given.update({f"package {name} hold": "held" for name in package_pins(software["pins"], "debian")})
+    given.update(
+        {f"package {name} hold": "held" for name in package_pins(software["pins"], "debian")}
+    )
     if not nccl["problems"]:
-        written = dict(line.split("=", 1) for line in nccl["environment"])  # KEY=value, as pam_env reads it
-        given["NCCL env (non-login ssh)"] = _env_string({k: v.strip('"') for k, v in written.items()})
+        written = dict(
+            line.split("=", 1) for line in nccl["environment"]
+        )  # KEY=value, as pam_env reads it
+        given["NCCL env (non-login ssh)"] = _env_string(
+            {k: v.strip('"') for k, v in written.items()}
+        )
         given["NCCL env (login shell)"] = given["NCCL env (non-login ssh)"]
-        given["NCCL env files"] = digest([nccl["profile"], *nccl["environment"], "--", *nccl["nccl_conf"]])
+        given["NCCL env files"] = digest(
+            [nccl["profile"], *nccl["environment"], "--", *nccl["nccl_conf"]]
+        )
     if not files["problems"]:
-        given["launcher files"] = digest([f"{name} {hashlib.sha256(content.encode()).hexdigest()}"
-                                          for name, (content, _) in sorted(files["files"].items())])
+        given["launcher files"] = digest(
+            [
+                f"{name} {hashlib.sha256(content.encode()).hexdigest()}"
+                for name, (content, _) in sorted(files["files"].items())
+            ]
+        )
     if gpu["memlock_conf"] is not None and not gpu["problems"]:
         given["memlock file"] = digest(gpu["memlock_conf"])
     (sshd,) = calls["ssh_mesh.sshd_certificates"]
-    for krl in calls.get("ssh_mesh.revoked_keys", []):  # a certificate mesh: the KRL once more, after the users
+    for krl in calls.get(
+        "ssh_mesh.revoked_keys", []
+    ):  # a certificate mesh: the KRL once more, after the users
         assert krl["content"] == sshd["revoked_keys"]
     if not sshd.get("problems"):
         given["host certificates"] = mesh.host_certificates_summary(sshd["certificates"])
         given["sshd mesh files"] = mesh.sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
         given["ssh client drop-in"] = mesh.file_digest(sshd.get("client_drop_in"))
-    trust = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if call.get("exactly", True)}
-    adding = {call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if not call.get("exactly", True)}
+    trust = {
+        call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if call.get("exactly", True)
+    }
+    adding = {
+        call["user"]: call for call in calls["ssh_mesh.mesh_trust"] if not call.get("exactly", True)
+    }
     for user in calls["ssh_mesh.mesh_user"]:
         name = user["user"]
         assert trust[name]["certificate"] == user["certificate"]
@@ -158,22 +225,31 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
         given[f"user certificate ({name})"] = mesh.certificate_summary(user["certificate"])
         given[f"authorized_keys ({name})"] = digest(trust[name]["authorized"])
         given[f"ssh config ({name})"] = digest(user["config"])
-        given[f"cluster key ({name})"] = f"{hashlib.sha256(user['identity'].private.encode()).hexdigest()[:12]} 600"
+        given[f"cluster key ({name})"] = (
+            f"{hashlib.sha256(user['identity'].private.encode()).hexdigest()[:12]} 600"
+        )
         if name in mpi["users"] and not mpi["problems"]:
             given[f"openmpi params ({name})"] = digest(mpi["lines"])
     return given
 
 
 # Properties drift checks that no operation writes: the node's own answers.
-OBSERVED_ONLY = {"gpus", "stale /etc/hosts lines", "ssh mesh (root)", "ssh mesh (alice)",
-                 "sshd mesh plan",  # "ok": the plan's problems, where it has any, are the finding
-                 "memlock (non-login ssh)",  # the limit a session gets once the file is in place
-                 "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
-                 "memlock set elsewhere"}  # "none": other files' memlock lines, which no operation writes
+OBSERVED_ONLY = {
+    "gpus",
+    "stale /etc/hosts lines",
+    "ssh mesh (root)",
+    "ssh mesh (alice)",
+    "sshd mesh plan",  # "ok": the plan's problems, where it has any, are the finding
+    "memlock (non-login ssh)",  # the limit a session gets once the file is in place
+    "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
+    "memlock set elsewhere",
+}  # "none": other files' memlock lines, which no operation writes
 
 
 @pytest.mark.parametrize("mesh_mode", ["certificates", "keys"])
-def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(tmp_path, monkeypatch, mesh_mode):
+def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(
+    tmp_path, monkeypatch, mesh_mode
+):
     cluster, plan = three_node_plan(tmp_path, mesh_mode=mesh_mode)
     for node in cluster.nodes:
         given = given_to_operations(deploy_calls(monkeypatch, cluster, node.name, plan))
@@ -181,21 +257,37 @@ def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operation
         assert set(expected) - set(given) == OBSERVED_ONLY, node.name
         assert {prop: expected[prop] for prop in given} == given, node.name
     # Nothing was left out: every capability of the deploy is expected of the node.
-    assert {"NCCL env files", "launcher files", "openmpi params (alice)", "package libnccl2"} <= set(expected)
+    assert {
+        "NCCL env files",
+        "launcher files",
+        "openmpi params (alice)",
+        "package libnccl2",
+    } <= set(expected)
 
 
 def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
     _, plan = three_node_plan(tmp_path)
     first, *others = plan.nodes.values()
-    assert all(p.hosts is first.hosts and p.known_hosts is first.known_hosts and p.mpi is first.mpi
-               for p in others)
-    assert len({id(user.config) for p in plan.nodes.values() for user in p.mesh}) == 2  # one per mesh user
-    assert first.nccl.env["NCCL_SOCKET_IFNAME"] == "=eth0"  # the cluster address's NIC, not the decoy
+    assert all(
+        p.hosts is first.hosts and p.known_hosts is first.known_hosts and p.mpi is first.mpi
+        for p in others
+    )
+    assert (
+        len({id(user.config) for p in plan.nodes.values() for user in p.mesh}) == 2
+    )  # one per mesh user
+    assert (
+        first.nccl.env["NCCL_SOCKET_IFNAME"] == "=eth0"
+    )  # the cluster address's NIC, not the decoy
 
 
-def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_expected_by_drift(tmp_path, monkeypatch):
-    networks = {"gpu-a01": roce_network("198.18.0.11", 5), "gpu-a02": roce_network("198.18.0.12", 3),
-                "gpu-a03": plain_network("198.18.0.13")}
+def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_expected_by_drift(
+    tmp_path, monkeypatch
+):
+    networks = {
+        "gpu-a01": roce_network("198.18.0.11", 5),
+        "gpu-a02": roce_network("198.18.0.12", 3),
+        "gpu-a03": plain_network("198.18.0.13"),
+    }
     cluster, plan = three_node_plan(tmp_path, networks)
     for name in ("gpu-a01", "gpu-a02"):
         calls = deploy_calls(monkeypatch, cluster, name, plan)
@@ -210,45 +302,77 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
         assert not {p for p in expected if p.startswith("NCCL env") or p == "launcher files"}
         assert set(expected) - set(given_to_operations(calls)) == OBSERVED_ONLY
     # The node without RoCE is not dragged in.
-    assert plan.nodes["gpu-a03"].nccl.problems == [] and "NCCL env files" in expect(plan.nodes["gpu-a03"])
+    assert plan.nodes["gpu-a03"].nccl.problems == [] and "NCCL env files" in expect(
+        plan.nodes["gpu-a03"]
+    )
 
 
 def test_a_node_whose_network_was_not_read_fails_its_nccl_step_and_is_expected_none_of_it(tmp_path):
     cluster = Cluster.parse(SPEC)
-    _, plan = three_node_plan(tmp_path, {n.name: plain_network(n.address) for n in cluster.nodes[:2]})
+    _, plan = three_node_plan(
+        tmp_path, {n.name: plain_network(n.address) for n in cluster.nodes[:2]}
+    )
     assert plan.nodes["gpu-a03"].nccl.problems == ["the node's network could not be read"]
     assert "NCCL env files" not in expect(plan.nodes["gpu-a03"])
 
 
 def test_a_node_that_gave_no_host_keys_gets_them_from_the_controllers_known_hosts(tmp_path):
-    public = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    public = (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH)
+        .decode()
+    )
     known = tmp_path / "known_hosts"
     known.write_text(f"198.18.0.12 {public}\n")
-    cluster = Cluster.parse(SPEC.replace("address: 198.18.0.12}", f"address: 198.18.0.12, ssh: {{known_hosts: {known}}}}}"))
-    gathered = Gathered(networks={}, host_keys={"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [], "gpu-a03": ["ssh-ed25519 AAAA3"]})
+    cluster = Cluster.parse(
+        SPEC.replace(
+            "address: 198.18.0.12}", f"address: 198.18.0.12, ssh: {{known_hosts: {known}}}}}"
+        )
+    )
+    gathered = Gathered(
+        networks={},
+        host_keys={
+            "gpu-a01": ["ssh-ed25519 AAAA1"],
+            "gpu-a02": [],
+            "gpu-a03": ["ssh-ed25519 AAAA3"],
+        },
+    )
     plan = plan_cluster(cluster, gathered)
     assert plan.nodes["gpu-a01"].known_hosts == mesh.known_hosts_lines(
-        cluster, {"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [public], "gpu-a03": ["ssh-ed25519 AAAA3"]})
-    assert plan.notes == ["[gpu-a02] not reachable: its host keys come from the controller's known_hosts (1 found)"]
+        cluster,
+        {"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [public], "gpu-a03": ["ssh-ed25519 AAAA3"]},
+    )
+    assert plan.notes == [
+        "[gpu-a02] not reachable: its host keys come from the controller's known_hosts (1 found)"
+    ]
 
 
 def test_a_plan_without_the_key_store_plans_no_mesh_and_creates_no_key(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path))
     cluster = Cluster.parse(SPEC)
-    plan = plan_cluster(cluster, Gathered(networks={n.name: plain_network(n.address) for n in cluster.nodes}))
+    plan = plan_cluster(
+        cluster, Gathered(networks={n.name: plain_network(n.address) for n in cluster.nodes})
+    )
     assert all(p.mesh == [] and p.known_hosts == [] for p in plan.nodes.values())
     assert not any(tmp_path.iterdir())
 
 
 def _modules(package: types.ModuleType) -> list[types.ModuleType]:
-    return [importlib.import_module(f"{package.__name__}.{info.name}") for info in pkgutil.iter_modules(package.__path__)]
+    return [
+        importlib.import_module(f"{package.__name__}.{info.name}")
+        for info in pkgutil.iter_modules(package.__path__)
+    ]
 
 
 @pytest.mark.parametrize("package", ["operations", "facts", "checks"])
 def test_no_module_holds_mutable_state(package):
     """Run-time state lives on pyinfra's State: a module-level dict, list or set is refused
     (constants are tuples or read-only mappings)."""
-    found = [f"{module.__name__}.{name}" for module in _modules(importlib.import_module(package))
-             for name, value in vars(module).items()
-             if isinstance(value, (dict, list, set, bytearray)) and not name.startswith("__")]
+    found = [
+        f"{module.__name__}.{name}"
+        for module in _modules(importlib.import_module(package))
+        for name, value in vars(module).items()
+        if isinstance(value, (dict, list, set, bytearray)) and not name.startswith("__")
+    ]
     assert found == []

@@ -9,13 +9,20 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
 
 import pytest
 
-from checks.preflight import parse_hygiene
+from checks.preflight_check import parse_hygiene
 from trainfleet import Cluster
-from trainfleet.preflight import PreflightReport, collective_problems, hygiene_problems, isolate, listener_pids
+from trainfleet.verdicts import (
+    PreflightReport,
+    collective_problems,
+    hygiene_problems,
+    isolate,
+    listener_pids,
+)
 
 CLUSTER = Cluster.parse("""\
 nodes:
@@ -24,16 +31,29 @@ nodes:
   - {name: gpu-a03, address: 192.0.2.13, gpus: 8}
 """)
 # `nvidia-smi -L` on an 8x H100 SXM node (format of nvidia-smi 550; UUIDs shortened).
-NVIDIA_SMI_L = [f"gpu GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-5b7a1c3e-0c2d-4f1a-9e6b-7d3c2a1b0f{i:02d})" for i in range(8)]
+NVIDIA_SMI_L = [
+    f"gpu GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-5b7a1c3e-0c2d-4f1a-9e6b-7d3c2a1b0f{i:02d})"
+    for i in range(8)
+]
 # `ss -Hltnp 'sport = :29500'` while a stale torchrun still holds the port.
 SS_HOLDER = 'holder LISTEN 0      128          0.0.0.0:29500      0.0.0.0:*    users:(("python3",pid=4242,fd=3))'
 ENV = {"NCCL_SOCKET_IFNAME": "=ens1f0", "GLOO_SOCKET_IFNAME": "ens1f0", "NCCL_IB_HCA": "=mlx5_0:1"}
 
 
-def node_output(cvd: str = "", slots: int = 8, env: dict | None = None, extra: list[str] | None = None) -> list[str]:
+def node_output(
+    cvd: str = "", slots: int = 8, env: dict | None = None, extra: list[str] | None = None
+) -> list[str]:
     resolves = [f"resolve {n.name} {n.address}" for n in CLUSTER.nodes]
     env_lines = [f"env {k}={v}" for k, v in (ENV if env is None else env).items()]
-    return [*(extra or []), *resolves, "gpus", *NVIDIA_SMI_L, f"cvd {cvd}", *env_lines, f"slots {slots}"]
+    return [
+        *(extra or []),
+        *resolves,
+        "gpus",
+        *NVIDIA_SMI_L,
+        f"cvd {cvd}",
+        *env_lines,
+        f"slots {slots}",
+    ]
 
 
 def problems_for(outputs: dict[str, list[str]]) -> list[str]:
@@ -61,12 +81,15 @@ def test_a_taken_master_port_names_the_master_and_the_holder():
     outputs = {n.name: node_output() for n in CLUSTER.nodes}
     outputs["gpu-a01"] = node_output(extra=[SS_HOLDER])
     assert problems_for(outputs) == [
-        'gpu-a01: master port 29500 is already in use (users:(("python3",pid=4242,fd=3)))']
+        'gpu-a01: master port 29500 is already in use (users:(("python3",pid=4242,fd=3)))'
+    ]
 
 
 def test_a_missing_or_wrong_variable_in_the_non_login_environment_is_named():
     outputs = {n.name: node_output() for n in CLUSTER.nodes}
-    outputs["gpu-a03"] = node_output(env={"NCCL_SOCKET_IFNAME": "=eno1", "NCCL_IB_HCA": "=mlx5_0:1"})
+    outputs["gpu-a03"] = node_output(
+        env={"NCCL_SOCKET_IFNAME": "=eno1", "NCCL_IB_HCA": "=mlx5_0:1"}
+    )
     assert problems_for(outputs) == [
         "gpu-a03: NCCL_SOCKET_IFNAME is '=eno1' in the non-login environment ranks get, expected '=ens1f0'",
         "gpu-a03: GLOO_SOCKET_IFNAME is 'missing' in the non-login environment ranks get, expected 'ens1f0'",
@@ -75,8 +98,10 @@ def test_a_missing_or_wrong_variable_in_the_non_login_environment_is_named():
 
 def test_a_name_resolving_elsewhere_is_named():
     outputs = {n.name: node_output() for n in CLUSTER.nodes}
-    outputs["gpu-a02"] = [line.replace("resolve gpu-a03 192.0.2.13", "resolve gpu-a03 192.0.2.99")
-                          for line in node_output()]
+    outputs["gpu-a02"] = [
+        line.replace("resolve gpu-a03 192.0.2.13", "resolve gpu-a03 192.0.2.99")
+        for line in node_output()
+    ]
     assert problems_for(outputs) == ["gpu-a02: gpu-a03 resolves to 192.0.2.99, not 192.0.2.13"]
 
 
@@ -86,101 +111,161 @@ V = {"torch": "2.4.1+cu124", "cuda": "12.4", "nccl": "2.20.5"}
 def finished(world: int = 24, versions: list | None = None, gpu: str | None = None) -> list[dict]:
     """One rank's steps through the whole collective."""
     total = world * (world + 1) / 2
-    return [{"step": "start", "gpu": gpu}, {"step": "joined"}, {"step": "all_reduce", "ok": True, "got": total,
-                                                                 "expected": total},
-            {"step": "all_gather", "versions": versions or [V] * world}, {"step": "done"}]
+    return [
+        {"step": "start", "gpu": gpu},
+        {"step": "joined"},
+        {"step": "all_reduce", "ok": True, "got": total, "expected": total},
+        {"step": "all_gather", "versions": versions or [V] * world},
+        {"step": "done"},
+    ]
 
 
 def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_never_joined():
     versions = [V] * 16 + [{**V, "torch": "2.3.1+cu121"}] * 8  # every GPU rank of gpu-a03
     steps = {n.name: [finished(versions=versions) for _ in range(8)] for n in CLUSTER.nodes}
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
-        ("gpu-a03", "torch 2.3.1+cu121 differs from the other ranks' 2.4.1+cu124")]
-    timeout = {"step": "timeout", "stage": "rendezvous", "joined": list(range(16)), "missing": list(range(16, 24))}
-    steps = {"gpu-a01": [[{"step": "start"}, timeout]] + [[{"step": "start"}]] * 7,
-             "gpu-a02": [[{"step": "start"}]] * 8, "gpu-a03": []}
+        ("gpu-a03", "torch 2.3.1+cu121 differs from the other ranks' 2.4.1+cu124")
+    ]
+    timeout = {
+        "step": "timeout",
+        "stage": "rendezvous",
+        "joined": list(range(16)),
+        "missing": list(range(16, 24)),
+    }
+    steps = {
+        "gpu-a01": [[{"step": "start"}, timeout]] + [[{"step": "start"}]] * 7,
+        "gpu-a02": [[{"step": "start"}]] * 8,
+        "gpu-a03": [],
+    }
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
-        ("gpu-a03", "never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02)")]
+        ("gpu-a03", "never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02)")
+    ]
     # two GPUs of gpu-a02 (global ranks 13 and 14) never came: named by their local ranks
-    timeout = {**timeout, "joined": [r for r in range(24) if r not in (13, 14)], "missing": [13, 14]}
+    timeout = {
+        **timeout,
+        "joined": [r for r in range(24) if r not in (13, 14)],
+        "missing": [13, 14],
+    }
     steps["gpu-a01"][0] = [{"step": "start"}, timeout]
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
-        ("gpu-a02", "local ranks 5, 6 never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02, "
-                    "gpu-a03)")]
+        (
+            "gpu-a02",
+            "local ranks 5, 6 never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02, "
+            "gpu-a03)",
+        )
+    ]
 
 
 def test_one_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_cuda_visible_devices_gave_it():
     steps = {n.name: [finished(gpu=str(i)) for i in range(8)] for n in CLUSTER.nodes}
     # CUDA_VISIBLE_DEVICES=4,5,6,7,0,1,2,3 on gpu-a02: local rank 1 runs on GPU 5
     steps["gpu-a02"] = [finished(gpu=str((i + 4) % 8)) for i in range(8)]
-    steps["gpu-a02"][1] = [{"step": "start", "gpu": "5"}, {"step": "joined"},
-                           {"step": "error", "stage": "collective",
-                            "error": "DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"}]
+    steps["gpu-a02"][1] = [
+        {"step": "start", "gpu": "5"},
+        {"step": "joined"},
+        {
+            "step": "error",
+            "stage": "collective",
+            "error": "DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)",
+        },
+    ]
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
-        ("gpu-a02", "local rank 1 (GPU 5): collective failed: DistBackendError: NCCL error: unhandled cuda error "
-                    "(run with NCCL_DEBUG=INFO)")]
+        (
+            "gpu-a02",
+            "local rank 1 (GPU 5): collective failed: DistBackendError: NCCL error: unhandled cuda error "
+            "(run with NCCL_DEBUG=INFO)",
+        )
+    ]
 
 
 def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node():
-    from trainfleet.preflight import rank_layout, rank_places
+    from trainfleet.verdicts import rank_layout, rank_places
 
     assert rank_layout(CLUSTER.nodes) == {"gpu-a01": (0, 8), "gpu-a02": (8, 8), "gpu-a03": (16, 8)}
-    mixed = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1, gpus: 4}\n  - {name: b, address: 192.0.2.2}\n"
-                          "  - {name: c, address: 192.0.2.3, gpus: 2}\n")
+    mixed = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 4}\n  - {name: b, address: 192.0.2.2}\n"
+        "  - {name: c, address: 192.0.2.3, gpus: 2}\n"
+    )
     assert rank_layout(mixed.nodes) == {"a": (0, 4), "b": (4, 1), "c": (5, 2)}
     assert rank_places(mixed)[5] == ("c", 0) and len(rank_places(mixed)) == mixed.total_slots == 7
 
 
 def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_come_back_by_local_rank(
-        planted, monkeypatch, tmp_path):
+    planted, monkeypatch, tmp_path
+):
     preflight, _, cwd = planted
     # A stand-in python: prints what the collective's first step would (its arguments and the
     # environment it got), then rank 10 fails as a rank whose GPU is gone would.
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
-    python.write_text("#!/bin/sh\nshift 3\n"
-                      "echo \"{\\\"step\\\": \\\"start\\\", \\\"rank\\\": $1, \\\"local\\\": $2, "
-                      "\\\"args\\\": \\\"$*\\\", \\\"debug\\\": \\\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\\"}\"\n"
-                      "echo \"$(hostname):1:1 [$2] NCCL INFO Using network Socket\" > \"$NCCL_DEBUG_FILE\"\n"
-                      "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; }\n"
-                      "echo '{\"step\": \"done\"}'\n")
+    python.write_text(
+        "#!/bin/sh\nshift 3\n"
+        'echo "{\\"step\\": \\"start\\", \\"rank\\": $1, \\"local\\": $2, '
+        '\\"args\\": \\"$*\\", \\"debug\\": \\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\"}"\n'
+        'echo "$(hostname):1:1 [$2] NCCL INFO Using network Socket" > "$NCCL_DEBUG_FILE"\n'
+        "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; }\n"
+        'echo \'{"step": "done"}\'\n'
+    )
     python.chmod(0o755)
     monkeypatch.setattr(preflight, "VENV_DIR", str(tmp_path / "venv"))
     command = preflight._collective_command(8, 4, 24, "192.0.2.11", 29500, "nccl", 5)
     ranks = preflight.node_steps(_run_stage(command, cwd).stdout.splitlines(), 4)
-    assert [r[0]["rank"] for r in ranks] == [8, 9, 10, 11] and [r[0]["local"] for r in ranks] == [0, 1, 2, 3]
-    assert ranks[0][0]["args"] == "8 0 24 192.0.2.11 29500 nccl 5" and ranks[0][0]["debug"] == "INFO INIT,NET"
+    assert [r[0]["rank"] for r in ranks] == [8, 9, 10, 11] and [r[0]["local"] for r in ranks] == [
+        0,
+        1,
+        2,
+        3,
+    ]
+    assert (
+        ranks[0][0]["args"] == "8 0 24 192.0.2.11 29500 nccl 5"
+        and ranks[0][0]["debug"] == "INFO INIT,NET"
+    )
     assert [s["step"] for s in ranks[2]] == ["start", "exit", "stderr", "nccl"]
     assert ranks[2][2]["text"] == "RuntimeError: CUDA error: no CUDA-capable device"
     assert ranks[3][-1]["text"].endswith("[3] NCCL INFO Using network Socket")
     assert [preflight.rank_failure(r) for r in ranks] == [
-        None, None, "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable device", None]
+        None,
+        None,
+        "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable device",
+        None,
+    ]
 
 
 def test_the_real_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_lists_at_its_local_rank(
-        planted, monkeypatch, tmp_path):
+    planted, monkeypatch, tmp_path
+):
     preflight, _, cwd = planted
     venv = tmp_path / "venv"  # a venv without torch: each rank gets as far as its first step
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     monkeypatch.setattr(preflight, "VENV_DIR", str(venv))
     command = preflight._collective_command(8, 2, 16, "127.0.0.1", 1, "nccl", 5)
-    out = _run_stage(command, cwd, CUDA_VISIBLE_DEVICES="GPU-5b7a1c3e,GPU-0c2d4f1a").stdout.splitlines()
+    out = _run_stage(
+        command, cwd, CUDA_VISIBLE_DEVICES="GPU-5b7a1c3e,GPU-0c2d4f1a"
+    ).stdout.splitlines()
     ranks = preflight.node_steps(out, 2)
-    assert [(r[0]["rank"], r[0]["local"], r[0]["gpu"]) for r in ranks] == [(8, 0, "GPU-5b7a1c3e"), (9, 1, "GPU-0c2d4f1a")]
-    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, gpus: 2}\n")
+    assert [(r[0]["rank"], r[0]["local"], r[0]["gpu"]) for r in ranks] == [
+        (8, 0, "GPU-5b7a1c3e"),
+        (9, 1, "GPU-0c2d4f1a"),
+    ]
+    two = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, gpus: 2}\n"
+    )
     # both ranks of b failed alike: b is named once, in python's words
     steps = {"a": [finished(16)] * 8, "b": ranks}
     assert [(p.node, p.cause) for p in collective_problems(two, steps)] == [
-        ("b", "import failed: ModuleNotFoundError: No module named 'torch'")]
-    from trainfleet.preflight import failed_before_the_network
+        ("b", "import failed: ModuleNotFoundError: No module named 'torch'")
+    ]
+    from trainfleet.verdicts import failed_before_the_network
 
     assert failed_before_the_network(steps) == {"b"}  # no pair test (isolation) can say more
 
 
 def test_lines_of_ranks_a_node_does_not_run_are_dropped_and_a_node_wide_line_reaches_every_rank():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
-    ranks = preflight.node_steps(["nopython", '0 {"step": "start"}', '7 {"step": "done"}', "1x exit 3"], 2)
+    ranks = preflight.node_steps(
+        ["nopython", '0 {"step": "start"}', '7 {"step": "done"}', "1x exit 3"], 2
+    )
     assert [[s["step"] for s in r] for r in ranks] == [["error", "start"], ["error"]]
 
 
@@ -191,8 +276,20 @@ def test_isolation_blames_the_failing_pairs_node_or_the_master_when_all_fail():
 
 # --- what the node printed never becomes a command unchecked; every python runs isolated ---
 
-HOSTILE_PID_LINES = ["pid 1; rm -rf /", "pid $(id)", "pid `id`", "pid 12 13", "pid -1", "pid 0", "pid 0x10",
-                     "pid 99999999", "pid \u0661\u0662", "pid 12\n; id", "pid", "pid 4242&&id"]
+HOSTILE_PID_LINES = [
+    "pid 1; rm -rf /",
+    "pid $(id)",
+    "pid `id`",
+    "pid 12 13",
+    "pid -1",
+    "pid 0",
+    "pid 0x10",
+    "pid 99999999",
+    "pid \u0661\u0662",
+    "pid 12\n; id",
+    "pid",
+    "pid 4242&&id",
+]
 
 
 def test_only_exact_decimal_pids_in_range_are_taken_the_rest_is_refused():
@@ -202,35 +299,55 @@ def test_only_exact_decimal_pids_in_range_are_taken_the_rest_is_refused():
 
 
 def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(monkeypatch):
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
     sent: list[str] = []
-    listener_output = {"gpu-a01": ["pid 4242", "pid 4243"], "gpu-a02": ["pid 1; rm -rf /", "pid $(id)", "pid 77"],
-                       "gpu-a03": ["pid 5000"]}
+    listener_output = {
+        "gpu-a01": ["pid 4242", "pid 4243"],
+        "gpu-a02": ["pid 1; rm -rf /", "pid $(id)", "pid 77"],
+        "gpu-a03": ["pid 5000"],
+    }
 
     def run_everywhere(state, commands, seconds):
         sent.extend(c.get_raw_value() for c in commands.values())
         if len(sent) == len(commands):  # the first call starts the listeners
             return listener_output
-        return {node: [f"ok {n.name}" for n in CLUSTER.nodes] + ["ok gpu-a01:29500"] for node in commands}
+        return {
+            node: [f"ok {n.name}" for n in CLUSTER.nodes] + ["ok gpu-a01:29500"]
+            for node in commands
+        }
 
     monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=[n.name for n in CLUSTER.nodes])
     preflight._reachability(None, CLUSTER, report, master_port_free=True)
     assert [(p.node, p.cause) for p in report.problems] == [
-        ("gpu-a02", "printed 'pid 1; rm -rf /' where a listener's PID belongs: not used (the listener ends by its "
-                    "timeout)"),
-        ("gpu-a02", "printed 'pid $(id)' where a listener's PID belongs: not used (the listener ends by its timeout)")]
-    kills = {c.split("' trainfleet ", 1)[1] for c in sent if "/proc/$pid/cmdline" in c}  # their arguments
+        (
+            "gpu-a02",
+            "printed 'pid 1; rm -rf /' where a listener's PID belongs: not used (the listener ends by its "
+            "timeout)",
+        ),
+        (
+            "gpu-a02",
+            "printed 'pid $(id)' where a listener's PID belongs: not used (the listener ends by its timeout)",
+        ),
+    ]
+    kills = {
+        c.split("' trainfleet ", 1)[1] for c in sent if "/proc/$pid/cmdline" in c
+    }  # their arguments
     (token,) = {args.split()[1] for args in kills}  # one token for the run
-    assert kills == {f"/run/trainfleet/{token} {token} 4242 4243", f"/run/trainfleet/{token} {token} 77",
-                     f"/run/trainfleet/{token} {token} 5000"}
+    assert kills == {
+        f"/run/trainfleet/{token} {token} 4242 4243",
+        f"/run/trainfleet/{token} {token} 77",
+        f"/run/trainfleet/{token} {token} 5000",
+    }
     listeners = [c for c in sent if "s.listen(128)" in c]
     assert len(listeners) == 3 and all(f"' trainfleet 20 {token} 192.0.2.1" in c for c in listeners)
 
 
-def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passed(tmp_path, monkeypatch):
-    import checks.preflight as preflight
+def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passed(
+    tmp_path, monkeypatch
+):
+    import checks.preflight_check as preflight
 
     monkeypatch.setattr(preflight, "RUN_DIR", str(tmp_path))
 
@@ -252,19 +369,27 @@ def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passe
 
 
 def _run_stage(command, cwd, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", command.get_raw_value()], cwd=cwd, capture_output=True, text=True, timeout=30,
-                          env={**os.environ, **env})
+    return subprocess.run(
+        ["sh", "-c", command.get_raw_value()],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **env},
+    )
 
 
 def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustomize")):
     for module in modules:
-        (directory / f"{module}.py").write_text(f"open({str(directory / ('PWNED-' + module))!r}, 'w').close()\n")
+        (directory / f"{module}.py").write_text(
+            f"open({str(directory / ('PWNED-' + module))!r}, 'w').close()\n"
+        )
 
 
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
     """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted modules)."""
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
     base = tmp_path / "run"
     monkeypatch.setattr(preflight, "RUN_DIR", str(base))
@@ -281,7 +406,9 @@ def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(plant
     done = _run_stage(probe, planted, PYTHONPATH=str(planted))
     assert done.stdout.startswith("fail closed ConnectionRefusedError"), done
     assert sorted(p.name for p in planted.glob("PWNED-*")) == []
-    assert base.is_dir() and oct(base.stat().st_mode & 0o777) == "0o700" and list(base.iterdir()) == []
+    assert (
+        base.is_dir() and oct(base.stat().st_mode & 0o777) == "0o700" and list(base.iterdir()) == []
+    )
 
 
 def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
@@ -290,9 +417,16 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = "trainfleet-preflight-00112233aabbccdd"
-    start = preflight._sh(preflight.listener_workdir(token, str(base)) + preflight._LISTEN,
-                          20, token, "127.0.0.1", port)
-    pids, refused = listener_pids(_run_stage(start, planted, PYTHONPATH=str(planted)).stdout.splitlines())
+    start = preflight._sh(
+        preflight.listener_workdir(token, str(base)) + preflight._LISTEN,
+        20,
+        token,
+        "127.0.0.1",
+        port,
+    )
+    pids, refused = listener_pids(
+        _run_stage(start, planted, PYTHONPATH=str(planted)).stdout.splitlines()
+    )
     assert len(pids) == 1 and refused == []
     try:
         assert (base / token).is_dir() and os.readlink(f"/proc/{pids[0]}/cwd") == str(base / token)
@@ -304,9 +438,14 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
         else:
             pytest.fail("the listener never listened")
         assert list(planted.glob("PWNED-*")) == []
-        subprocess.run(["sh", "-c", preflight.end_listeners_command(token, pids).get_raw_value()], check=True)
+        subprocess.run(
+            ["sh", "-c", preflight.end_listeners_command(token, pids).get_raw_value()], check=True
+        )
         for _ in range(50):
-            if not os.path.exists(f"/proc/{pids[0]}") or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]:
+            if (
+                not os.path.exists(f"/proc/{pids[0]}")
+                or "Z" in open(f"/proc/{pids[0]}/stat").read().split()[2]
+            ):
                 break
             time.sleep(0.1)
         else:
@@ -316,8 +455,10 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
         subprocess.run(["kill", str(pids[0])], capture_output=True)
 
 
-def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(tmp_path, monkeypatch):
-    import checks.preflight as preflight
+def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(
+    tmp_path, monkeypatch
+):
+    import checks.preflight_check as preflight
 
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir(mode=0o777)
@@ -325,31 +466,48 @@ def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(t
     base.symlink_to(elsewhere)
     monkeypatch.setattr(preflight, "RUN_DIR", str(base))
     done = _run_stage(preflight._python("echo ran"), tmp_path)
-    assert done.returncode == 97 and done.stdout == f"trainfleet: refused to run: {base} is not a directory of ours " \
-                                                   "with mode 700\n"
+    assert (
+        done.returncode == 97
+        and done.stdout
+        == f"trainfleet: refused to run: {base} is not a directory of ours with mode 700\n"
+    )
     assert list(elsewhere.iterdir()) == []
-    assert [(p.node, p.cause) for p in preflight._refusals("reachability", {"gpu-a01": [done.stdout.strip()]})] == [
-        ("gpu-a01", f"refused to run: {base} is not a directory of ours with mode 700")]
+    assert [
+        (p.node, p.cause)
+        for p in preflight._refusals("reachability", {"gpu-a01": [done.stdout.strip()]})
+    ] == [("gpu-a01", f"refused to run: {base} is not a directory of ours with mode 700")]
 
 
 def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
-    scripts = {"listen": preflight._LISTEN, "probe": preflight._PROBE, "collective": preflight._COLLECTIVE_RUN}
+    scripts = {
+        "listen": preflight._LISTEN,
+        "probe": preflight._PROBE,
+        "collective": preflight._COLLECTIVE_RUN,
+    }
     for name, script in scripts.items():
         starts = re.findall(r'(?:python3|"\$python")( -\S+)? -c', script)
         assert starts and all(flag == " -I" for flag in starts), name
-    collective = preflight._collective_command(0, 1, 3, "192.0.2.11", 29500, "gloo", 25).get_raw_value()
-    assert "/tmp" not in collective.replace(preflight.COLLECTIVE, "") and "mktemp -d /run/trainfleet/" in collective
+    collective = preflight._collective_command(
+        0, 1, 3, "192.0.2.11", 29500, "gloo", 25
+    ).get_raw_value()
+    assert (
+        "/tmp" not in collective.replace(preflight.COLLECTIVE, "")
+        and "mktemp -d /run/trainfleet/" in collective
+    )
     assert " -I -c " in collective and "/opt/trainfleet/venv/bin/python" in collective
 
 
 def test_a_port_holders_name_reaches_the_report_without_control_characters():
-    holder = 'holder LISTEN 0 128 0.0.0.0:29500 0.0.0.0:* users:(("\x1b]0;owned\x07x",pid=4242,fd=3))'
+    holder = (
+        'holder LISTEN 0 128 0.0.0.0:29500 0.0.0.0:* users:(("\x1b]0;owned\x07x",pid=4242,fd=3))'
+    )
     assert parse_hygiene([holder])["port_holder"] == 'users:(("\\x1b]0;owned\\x07x",pid=4242,fd=3))'
 
 
 # ---- the collective says why a rank failed, in that rank's own words ------------------------
+
 
 def _collective_on(preflight, venv, cwd) -> list[dict]:
     """Run the real collective command of rank 0 of 1 with ``venv`` as the node venv."""
@@ -363,12 +521,15 @@ def causes(steps: list[dict]) -> list[str]:
     return [p.cause for p in collective_problems(one, {"gpu-a01": [steps]})]
 
 
-def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(planted, monkeypatch, tmp_path):
+def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(
+    planted, monkeypatch, tmp_path
+):
     preflight, _, cwd = planted
     monkeypatch.setattr(preflight, "VENV_DIR", "unset")
     venv = tmp_path / "no-venv"
     assert causes(_collective_on(preflight, venv, cwd)) == [
-        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"]
+        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"
+    ]
 
 
 def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeypatch, tmp_path):
@@ -377,65 +538,101 @@ def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeyp
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     assert causes(_collective_on(preflight, venv, cwd)) == [
-        "import failed: ModuleNotFoundError: No module named 'torch'"]
+        "import failed: ModuleNotFoundError: No module named 'torch'"
+    ]
 
 
-def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words(planted, monkeypatch, tmp_path):
+def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words(
+    planted, monkeypatch, tmp_path
+):
     preflight, _, cwd = planted
     monkeypatch.setattr(preflight, "VENV_DIR", "unset")
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     python = tmp_path / "venv" / "bin" / "python"
     # what a venv whose base interpreter was removed prints (the dynamic loader's message)
-    python.write_text("#!/bin/sh\necho 'python: error while loading shared libraries: libpython3.11.so.1.0: "
-                      "cannot open shared object file: No such file or directory' >&2\nexit 127\n")
+    python.write_text(
+        "#!/bin/sh\necho 'python: error while loading shared libraries: libpython3.11.so.1.0: "
+        "cannot open shared object file: No such file or directory' >&2\nexit 127\n"
+    )
     python.chmod(0o755)
     assert causes(_collective_on(preflight, tmp_path / "venv", cwd)) == [
         "python exited with status 127 after 'no output': python: error while loading shared libraries: "
-        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"]
+        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
+    ]
 
 
 def test_what_a_failing_rank_printed_reaches_the_report_escaped_and_silence_is_a_timeout():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
     steps = preflight._steps(['{"step": "start"}', "exit 1", "stderr \x1b]0;owned\x07 Traceback"])
-    assert causes(steps) == ["python exited with status 1 after 'start': \\x1b]0;owned\\x07 Traceback"]
-    assert causes(preflight._steps(['{"step": "start"}', "exit 124"])) == ["stopped after 'start' (timed out)"]
+    assert causes(steps) == [
+        "python exited with status 1 after 'start': \\x1b]0;owned\\x07 Traceback"
+    ]
+    assert causes(preflight._steps(['{"step": "start"}', "exit 124"])) == [
+        "stopped after 'start' (timed out)"
+    ]
     # a rank that finished, then exited non-zero (its teardown failed), did finish
-    assert causes(preflight._steps(['{"step": "done"}', "", "exit 134", "stderr terminate called"])) == []
+    assert (
+        causes(preflight._steps(['{"step": "done"}', "", "exit 134", "stderr terminate called"]))
+        == []
+    )
     assert causes([]) == ["stopped after 'no output' (timed out)"]
     assert preflight._steps(["[1, 2]", "exit 9999", "nonsense"]) == []
 
 
 def test_a_rank_that_never_joined_because_its_python_is_missing_says_so():
-    timeout = {"step": "timeout", "stage": "rendezvous", "joined": list(range(16)), "missing": list(range(16, 24))}
-    missing = {"step": "error", "stage": "python", "error": "no python at /opt/trainfleet/venv/bin/python"}
-    steps = {"gpu-a01": [[{"step": "start"}, timeout]], "gpu-a02": [[{"step": "start"}]], "gpu-a03": [[missing]] * 8}
+    timeout = {
+        "step": "timeout",
+        "stage": "rendezvous",
+        "joined": list(range(16)),
+        "missing": list(range(16, 24)),
+    }
+    missing = {
+        "step": "error",
+        "stage": "python",
+        "error": "no python at /opt/trainfleet/venv/bin/python",
+    }
+    steps = {
+        "gpu-a01": [[{"step": "start"}, timeout]],
+        "gpu-a02": [[{"step": "start"}]],
+        "gpu-a03": [[missing]] * 8,
+    }
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
-        ("gpu-a03", "python failed: no python at /opt/trainfleet/venv/bin/python")]
+        ("gpu-a03", "python failed: no python at /opt/trainfleet/venv/bin/python")
+    ]
 
 
 # ---- hostnames and the SSH mesh -------------------------------------------------------------
+
 
 def test_nodes_sharing_a_hostname_are_each_named():
     outputs = {n.name: node_output(extra=[f"hostname {n.name}"]) for n in CLUSTER.nodes}
     assert problems_for(outputs) == []
     outputs["gpu-a03"] = node_output(extra=["hostname gpu-a02"])
-    assert problems_for(outputs) == ["gpu-a02: its hostname 'gpu-a02' is also the hostname of gpu-a03",
-                                     "gpu-a03: its hostname 'gpu-a02' is also the hostname of gpu-a02"]
+    assert problems_for(outputs) == [
+        "gpu-a02: its hostname 'gpu-a02' is also the hostname of gpu-a03",
+        "gpu-a03: its hostname 'gpu-a02' is also the hostname of gpu-a02",
+    ]
 
 
 def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails():
-    from trainfleet.preflight import mesh_problems
+    from trainfleet.verdicts import mesh_problems
 
     cluster = Cluster.parse(CLUSTER_TEXT_WITH_USERS)
     names = [n.name for n in cluster.nodes]
     ok = {user: {peer: "ok" for peer in names} for user in ("root", "alice")}
     assert mesh_problems(cluster, {n: ok for n in names}, names, 25) == []
-    one_way = {**ok, "alice": {**ok["alice"], "gpu-a03": "rc=255 alice@gpu-a03: Permission denied (publickey)."}}
+    one_way = {
+        **ok,
+        "alice": {**ok["alice"], "gpu-a03": "rc=255 alice@gpu-a03: Permission denied (publickey)."},
+    }
     partial = {"root": {"gpu-a01": "ok"}, "alice": ok["alice"]}  # peers the probe never reported
     proofs = {"gpu-a01": one_way, "gpu-a02": partial, "gpu-a03": None}
     assert [(p.node, p.cause) for p in mesh_problems(cluster, proofs, names, 25)] == [
-        ("gpu-a01", "as alice, cannot ssh to gpu-a03: rc=255 alice@gpu-a03: Permission denied (publickey)."),
+        (
+            "gpu-a01",
+            "as alice, cannot ssh to gpu-a03: rc=255 alice@gpu-a03: Permission denied (publickey).",
+        ),
         ("gpu-a02", "as root, cannot ssh to gpu-a02: not probed"),
         ("gpu-a02", "as root, cannot ssh to gpu-a03: not probed"),
         ("gpu-a03", "its SSH probes gave no complete answer within 25 s"),
@@ -465,61 +662,96 @@ nodes:
 
 # ---- the smoke stage ------------------------------------------------------------------------
 
+
 def _rank(rank: int, host: str, ok: bool = True, world: int = 24) -> str:
-    line = {"smoke": "ok" if ok else "fail", "rank": rank, "world": world, "host": host, "backend": "nccl"}
+    line = {
+        "smoke": "ok" if ok else "fail",
+        "rank": rank,
+        "world": world,
+        "host": host,
+        "backend": "nccl",
+    }
     if not ok:
-        line["error"] = "DistStoreError: Timed out after 61 seconds waiting for clients. 2/3 clients joined."
+        line["error"] = (
+            "DistStoreError: Timed out after 61 seconds waiting for clients. 2/3 clients joined."
+        )
     return json.dumps(line)
 
 
 def test_every_rank_of_every_node_must_report_ok_from_the_smoke_job():
-    from trainfleet.preflight import rank_owners, smoke_problems
+    from trainfleet.verdicts import rank_owners, smoke_problems
 
     owners = rank_owners(CLUSTER)
-    assert (owners[0], owners[7], owners[8], owners[23]) == ("gpu-a01", "gpu-a01", "gpu-a02", "gpu-a03")
+    assert (owners[0], owners[7], owners[8], owners[23]) == (
+        "gpu-a01",
+        "gpu-a01",
+        "gpu-a02",
+        "gpu-a03",
+    )
     # DeepSpeed's pdsh prefixes each line with the node; its own log lines surround them.
     lines = ["[INFO] [runner.py:618:main] cmd = pdsh -S -f 1024 -w gpu-a01,gpu-a02,gpu-a03 ..."]
     lines += [f"{owners[r]}: {_rank(r, owners[r])}" for r in range(24)]
     assert smoke_problems(CLUSTER, "deepspeed", {"gpu-a01": lines + ["exit 0"]}) == []
 
     broken = [line for line in lines if not line.startswith("gpu-a03")] + [
-        f"gpu-a02: {_rank(9, 'gpu-a02', ok=False)}", "exit 1",
-        "stderr gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed"]
+        f"gpu-a02: {_rank(9, 'gpu-a02', ok=False)}",
+        "exit 1",
+        "stderr gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed",
+    ]
     found = [(p.node, p.cause) for p in smoke_problems(CLUSTER, "deepspeed", {"gpu-a01": broken})]
-    assert found[0] == ("gpu-a02", "through deepspeed: rank 9 failed: DistStoreError: Timed out after 61 seconds "
-                                   "waiting for clients. 2/3 clients joined.")
-    assert found[1:] == [("gpu-a03", f"through deepspeed: rank {r} never reported (its launcher exited with status 1: "
-                                     "gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed)")
-                         for r in range(16, 24)]
+    assert found[0] == (
+        "gpu-a02",
+        "through deepspeed: rank 9 failed: DistStoreError: Timed out after 61 seconds "
+        "waiting for clients. 2/3 clients joined.",
+    )
+    assert found[1:] == [
+        (
+            "gpu-a03",
+            f"through deepspeed: rank {r} never reported (its launcher exited with status 1: "
+            "gpu-a03: /opt/trainfleet/venv/bin/python: No module named deepspeed)",
+        )
+        for r in range(16, 24)
+    ]
 
 
 def test_a_smoke_job_in_the_wrong_world_or_silent_is_no_pass():
-    from trainfleet.preflight import smoke_problems
+    from trainfleet.verdicts import smoke_problems
 
-    small = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
-    assert [p.cause for p in smoke_problems(small, "torchrun", {"a": [_rank(0, "a", world=1)], "b": []})] == [
+    small = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+    )
+    assert [
+        p.cause for p in smoke_problems(small, "torchrun", {"a": [_rank(0, "a", world=1)], "b": []})
+    ] == [
         "through torchrun: rank 0 ran in a world of 1, the cluster has 2 ranks",
-        "through torchrun: rank 1 never reported (its launcher gave no answer)"]
+        "through torchrun: rank 1 never reported (its launcher gave no answer)",
+    ]
 
 
 def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_them():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
     deepspeed = preflight.smoke_command(CLUSTER, "deepspeed").get_raw_value()
-    assert "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110" in deepspeed
+    assert (
+        "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110"
+        in deepspeed
+    )
     assert "cd / && exec timeout -k 5" in deepspeed and "mktemp -d /run/trainfleet/" in deepspeed
     mpirun = preflight.smoke_command(CLUSTER, "mpirun").get_raw_value()
-    assert ("/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet /opt/trainfleet/venv/bin/python "
-            "/etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110 --master-addr 192.0.2.11 "
-            "--master-port 29500") in mpirun
+    assert (
+        "/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet /opt/trainfleet/venv/bin/python "
+        "/etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110 --master-addr 192.0.2.11 "
+        "--master-port 29500"
+    ) in mpirun
     with pytest.raises(ValueError):
         preflight.smoke_command(CLUSTER, "../../tmp/x")
 
 
 # ---- the bandwidth stage: node pairs, busbw, the slow node or link ---------------------------
 
+
 def test_busbw_is_nccl_tests_all_reduce_bus_bandwidth():
-    from trainfleet.preflight import busbw
+    from trainfleet.verdicts import busbw
 
     assert busbw(10.0, 2) == 10.0  # two ranks: each link carries the buffer once each way
     assert busbw(10.0, 16) == 18.75  # 2 * 15 / 16
@@ -527,24 +759,35 @@ def test_busbw_is_nccl_tests_all_reduce_bus_bandwidth():
 
 
 def test_a_pairs_figures_are_its_ranks_mean_time_and_a_partial_pair_has_none():
-    from trainfleet.preflight import pair_figures
+    from trainfleet.verdicts import pair_figures
 
     mib64 = 64 << 20
-    ranks = [[{"step": "bandwidth", "bytes": mib64, "seconds": t}, {"step": "done"}] for t in (0.003, 0.005) * 8]
+    ranks = [
+        [{"step": "bandwidth", "bytes": mib64, "seconds": t}, {"step": "done"}]
+        for t in (0.003, 0.005) * 8
+    ]
     figures = pair_figures(ranks)
     algbw = mib64 / 0.004 / 1e9  # 16.78 GB/s
-    assert figures == {"ranks": 16, "bytes": mib64, "seconds": 0.004, "algbw_gbps": round(algbw, 4),
-                       "busbw_gbps": round(algbw * 30 / 16, 4)}
+    assert figures == {
+        "ranks": 16,
+        "bytes": mib64,
+        "seconds": 0.004,
+        "algbw_gbps": round(algbw, 4),
+        "busbw_gbps": round(algbw * 30 / 16, 4),
+    }
     assert pair_figures(ranks[:-1] + [[{"step": "done"}]]) is None  # one rank gave no figure
     assert pair_figures([[{"step": "bandwidth", "bytes": mib64, "seconds": 0}]] * 2) is None
     assert pair_figures([[{"step": "bandwidth", "bytes": mib64, "seconds": "1"}]] * 2) is None
-    assert pair_figures([[{"step": "bandwidth", "bytes": b, "seconds": 1.0}] for b in (mib64, 1)]) is None
+    assert (
+        pair_figures([[{"step": "bandwidth", "bytes": b, "seconds": 1.0}] for b in (mib64, 1)])
+        is None
+    )
     assert pair_figures([]) is None
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8])
 def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(count):
-    from trainfleet.preflight import pair_rounds
+    from trainfleet.verdicts import pair_rounds
 
     nodes = [f"n{i}" for i in range(count)]
     rounds = pair_rounds(nodes)
@@ -552,7 +795,9 @@ def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(co
     for r in rounds:
         members = [n for pair in r for n in pair]
         assert len(members) == len(set(members))
-    assert all(nodes.index(a) < nodes.index(b) for a, b in pairs)  # rendezvous on the lower-ranked node
+    assert all(
+        nodes.index(a) < nodes.index(b) for a, b in pairs
+    )  # rendezvous on the lower-ranked node
     assert len(set(pairs)) == len(pairs)
     if count == 2:
         assert rounds == [[("n0", "n1")]]
@@ -563,33 +808,46 @@ def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(co
 
 
 def test_pair_rounds_of_the_lab_and_of_four_nodes():
-    from trainfleet.preflight import pair_rounds
+    from trainfleet.verdicts import pair_rounds
 
-    assert pair_rounds(["node1", "node2", "node3"]) == [[("node1", "node2")], [("node2", "node3")],
-                                                        [("node1", "node3")]]
+    assert pair_rounds(["node1", "node2", "node3"]) == [
+        [("node1", "node2")],
+        [("node2", "node3")],
+        [("node1", "node3")],
+    ]
     assert pair_rounds(["a", "b", "c", "d"]) == [[("a", "b"), ("c", "d")], [("b", "c"), ("a", "d")]]
 
 
 def test_a_node_slow_in_every_pair_is_named_as_the_slow_node():
-    from trainfleet.preflight import bandwidth_problems
+    from trainfleet.verdicts import bandwidth_problems
 
     measured = {("a", "b"): 180.0, ("b", "c"): 41.5, ("a", "c"): 40.2}
     assert [(p.stage, p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [
-        ("bandwidth", "c", "bus bandwidth under the floor of 150 GB/s in every pair it is in (with b: 41.50, "
-                           "with a: 40.20 GB/s): the node is slow")]
+        (
+            "bandwidth",
+            "c",
+            "bus bandwidth under the floor of 150 GB/s in every pair it is in (with b: 41.50, "
+            "with a: 40.20 GB/s): the node is slow",
+        )
+    ]
 
 
 def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_nodes():
-    from trainfleet.preflight import bandwidth_problems
+    from trainfleet.verdicts import bandwidth_problems
 
     measured = {("a", "b"): 182.0, ("c", "d"): 181.0, ("b", "c"): 12.5, ("a", "d"): 179.9}
-    cause = ("the link b-c is slow: bus bandwidth 12.50 GB/s, under the floor of 150 GB/s, while both nodes reach it "
-             "with their other peer")
-    assert [(p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [("b", cause), ("c", cause)]
+    cause = (
+        "the link b-c is slow: bus bandwidth 12.50 GB/s, under the floor of 150 GB/s, while both nodes reach it "
+        "with their other peer"
+    )
+    assert [(p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [
+        ("b", cause),
+        ("c", cause),
+    ]
 
 
 def test_a_healthy_node_between_two_slow_neighbours_is_not_called_slow():
-    from trainfleet.preflight import bandwidth_problems
+    from trainfleet.verdicts import bandwidth_problems
 
     # b and d are slow: every pair of the 4-node ring touches one of them, so a and c look
     # slow in every pair too; with no node reaching the floor anywhere, nobody is "the slow node".
@@ -600,34 +858,50 @@ def test_a_healthy_node_between_two_slow_neighbours_is_not_called_slow():
     assert all("a slow node or link among them, not told apart" in p.cause for p in found)
     # Only b slow: its peers a and c reach the floor with their other peer, so b is named.
     only_b = {("a", "b"): 20.0, ("c", "d"): 181.0, ("b", "c"): 19.0, ("a", "d"): 182.0}
-    assert [(p.node, p.cause.endswith("the node is slow")) for p in bandwidth_problems(only_b, 150)] == [("b", True)]
+    assert [
+        (p.node, p.cause.endswith("the node is slow")) for p in bandwidth_problems(only_b, 150)
+    ] == [("b", True)]
 
 
 def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
-    from trainfleet.preflight import bandwidth_problems
+    from trainfleet.verdicts import bandwidth_problems
 
     assert bandwidth_problems({("a", "b"): 0.5, ("b", "c"): 0.4, ("a", "c"): 0.3}, None) == []
     assert [(p.node, p.cause) for p in bandwidth_problems({("a", "b"): 9.0}, 10)] == [
-        (n, "bus bandwidth 9.00 GB/s between a and b is under the floor of 10 GB/s (no third node to tell the slow "
-            "node from the slow link)") for n in ("a", "b")]
+        (
+            n,
+            "bus bandwidth 9.00 GB/s between a and b is under the floor of 10 GB/s (no third node to tell the slow "
+            "node from the slow link)",
+        )
+        for n in ("a", "b")
+    ]
     assert bandwidth_problems({("a", "b"): 10.0}, 10) == []  # at the floor passes
     assert [(p.node, p.cause) for p in bandwidth_problems({("a",): 99.5}, 100.0)] == [
-        ("a", "its GPUs' bus bandwidth 99.50 GB/s is under the floor of 100 GB/s")]
+        ("a", "its GPUs' bus bandwidth 99.50 GB/s is under the floor of 100 GB/s")
+    ]
 
 
 def _bandwidth_lines(rank: int, world: int, seconds: float, nbytes: int = 16 << 20) -> list[str]:
     total = world * (world + 1) / 2
-    steps = [{"step": "start", "rank": rank}, {"step": "joined"},
-             {"step": "all_reduce", "ok": True, "got": total, "expected": total},
-             {"step": "bandwidth", "bytes": nbytes, "seconds": seconds, "iters": 10}, {"step": "done"}]
+    steps = [
+        {"step": "start", "rank": rank},
+        {"step": "joined"},
+        {"step": "all_reduce", "ok": True, "got": total, "expected": total},
+        {"step": "bandwidth", "bytes": nbytes, "seconds": seconds, "iters": 10},
+        {"step": "done"},
+    ]
     return [f"0 {json.dumps(s)}" for s in steps]
 
 
-def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_slow_node(monkeypatch):
-    import checks.preflight as preflight
+def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_slow_node(
+    monkeypatch,
+):
+    import checks.preflight_check as preflight
 
-    lab = Cluster.parse("preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
-                        "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n")
+    lab = Cluster.parse(
+        "preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
+        "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
+    )
     rounds: list[dict[str, str]] = []
     slow = {"node3": 0.2}  # seconds per 16 MiB all_reduce with node3 in the pair; 0.02 elsewhere
 
@@ -639,25 +913,40 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
     monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="lab", nodes=[n.name for n in lab.nodes])
     preflight._bandwidth(None, lab, report)
-    assert [sorted(r) for r in rounds] == [["node1", "node2"], ["node2", "node3"], ["node1", "node3"]]
+    assert [sorted(r) for r in rounds] == [
+        ["node1", "node2"],
+        ["node2", "node3"],
+        ["node1", "node3"],
+    ]
     # each pair: 1 rank per CPU node, world 2, rendezvous on its lower node, 16 MiB; port master_port + 1
-    assert "' trainfleet /opt/trainfleet/venv/bin/python 35 " in rounds[1]["node3"]  # python's own bound
+    assert (
+        "' trainfleet /opt/trainfleet/venv/bin/python 35 " in rounds[1]["node3"]
+    )  # python's own bound
     assert rounds[1]["node2"].endswith(" 0 1 2 198.18.0.12 29501 gloo 30 16777216")
     assert rounds[1]["node3"].endswith(" 1 1 2 198.18.0.12 29501 gloo 30 16777216")
     pairs = report.details["bandwidth"]["pairs"]
     assert {name: p["busbw_gbps"] for name, p in pairs.items()} == {
-        "node1-node2": round((16 << 20) / 0.02 / 1e9, 4), "node2-node3": round((16 << 20) / 0.2 / 1e9, 4),
-        "node1-node3": round((16 << 20) / 0.2 / 1e9, 4)}
+        "node1-node2": round((16 << 20) / 0.02 / 1e9, 4),
+        "node2-node3": round((16 << 20) / 0.2 / 1e9, 4),
+        "node1-node3": round((16 << 20) / 0.2 / 1e9, 4),
+    }
     assert [(p.node, p.cause) for p in report.problems] == [
-        ("node3", "bus bandwidth under the floor of 0.5 GB/s in every pair it is in (with node2: 0.08, with node1: "
-                  "0.08 GB/s): the node is slow")]
+        (
+            "node3",
+            "bus bandwidth under the floor of 0.5 GB/s in every pair it is in (with node2: 0.08, with node1: "
+            "0.08 GB/s): the node is slow",
+        )
+    ]
     assert report.stages["bandwidth"] == "failed"
 
 
 def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nodes():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
-    four = Cluster.parse("nodes:\n" + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4)))
+    four = Cluster.parse(
+        "nodes:\n"
+        + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4))
+    )
     commands = preflight.bandwidth_commands(four, [("g1", "g2"), ("g0", "g3")], 30)
     raw = {node: c.get_raw_value() for node, c in commands.items()}
     assert raw["g1"].endswith(" 0 8 16 192.0.2.1 29501 nccl 30 268435456")
@@ -666,8 +955,10 @@ def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nod
     assert raw["g3"].endswith(" 8 8 16 192.0.2.0 29502 nccl 30 268435456")
 
 
-def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(monkeypatch):
-    import checks.preflight as preflight
+def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(
+    monkeypatch,
+):
+    import checks.preflight_check as preflight
 
     one_gpu_node = Cluster.parse("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
     assert preflight.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
@@ -676,13 +967,20 @@ def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_
     report = PreflightReport(cluster="c", nodes=["c"])
     preflight._bandwidth(None, cpu, report)
     assert report.stages["bandwidth"] == "skipped" and report.problems == []
-    assert report.details["bandwidth"]["note"] == "a single node with one CPU rank (gloo): no link to measure"
+    assert (
+        report.details["bandwidth"]["note"]
+        == "a single node with one CPU rank (gloo): no link to measure"
+    )
 
 
-def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass(monkeypatch):
-    import checks.preflight as preflight
+def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass(
+    monkeypatch,
+):
+    import checks.preflight_check as preflight
 
-    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    two = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+    )
 
     def run_everywhere(state, commands, seconds):
         return {"a": _bandwidth_lines(0, 2, 0.1)[:3], "b": ['0 {"step": "start"}', "0 exit 124"]}
@@ -692,7 +990,8 @@ def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is
     preflight._bandwidth(None, two, report)
     assert [(p.node, p.cause) for p in report.problems] == [
         ("a", "the timed all_reduce with b did not finish: stopped after 'all_reduce' (timed out)"),
-        ("b", "the timed all_reduce with a did not finish: stopped after 'start' (timed out)")]
+        ("b", "the timed all_reduce with a did not finish: stopped after 'start' (timed out)"),
+    ]
     assert report.details["bandwidth"]["pairs"] == {}
 
 
@@ -705,29 +1004,45 @@ def nccl_log(name: str) -> list[str]:
     return (NCCL_LOGS / name).read_text().splitlines()
 
 
-@pytest.mark.parametrize(("log", "network", "evidence"), [
-    ("nccl-2.7.8_gcp_socket.log", "Socket", "NCCL INFO Using network Socket"),
-    ("nccl-2.25.1_ib_disabled_socket.log", "Socket", "NCCL INFO Using network Socket"),
-    ("nccl-2.3.7_ipoib_internal_socket.log", "Socket", "NCCL INFO Using internal Network Socket"),
-    ("nccl-952_socket_channels.log", "Socket", "[receive] via NET/Socket/0"),
-    ("nccl-2.19.3_dgxh100_roce.log", "IB", "NCCL INFO Using network IB"),
-    ("nccl-2.27_roce_mpirun.log", "IB", "NCCL INFO Using network IB"),
-    ("nccl-2.4.7_ib_bootstrap_socket.log", "IB", "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>"),
-    ("nccl-1453_ibext_plugin_channels.log", "IBext_v8", "[send] via NET/IBext_v8/7/GDRDMA"),
-    ("nccl-efa_aws_libfabric_ring.log", "AWS Libfabric", "[send] via NET/AWS Libfabric/0"),
-    ("nccl-1597_efa_libfabric.log", "Libfabric", "NCCL INFO Using network Libfabric"),
-])
+@pytest.mark.parametrize(
+    ("log", "network", "evidence"),
+    [
+        ("nccl-2.7.8_gcp_socket.log", "Socket", "NCCL INFO Using network Socket"),
+        ("nccl-2.25.1_ib_disabled_socket.log", "Socket", "NCCL INFO Using network Socket"),
+        (
+            "nccl-2.3.7_ipoib_internal_socket.log",
+            "Socket",
+            "NCCL INFO Using internal Network Socket",
+        ),
+        ("nccl-952_socket_channels.log", "Socket", "[receive] via NET/Socket/0"),
+        ("nccl-2.19.3_dgxh100_roce.log", "IB", "NCCL INFO Using network IB"),
+        ("nccl-2.27_roce_mpirun.log", "IB", "NCCL INFO Using network IB"),
+        (
+            "nccl-2.4.7_ib_bootstrap_socket.log",
+            "IB",
+            "NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>",
+        ),
+        ("nccl-1453_ibext_plugin_channels.log", "IBext_v8", "[send] via NET/IBext_v8/7/GDRDMA"),
+        ("nccl-efa_aws_libfabric_ring.log", "AWS Libfabric", "[send] via NET/AWS Libfabric/0"),
+        ("nccl-1597_efa_libfabric.log", "Libfabric", "NCCL INFO Using network Libfabric"),
+    ],
+)
 def test_the_network_nccl_used_is_read_from_its_real_info_logs(log, network, evidence):
-    from trainfleet.preflight import nccl_network
+    from trainfleet.verdicts import nccl_network
 
     found, line = nccl_network(nccl_log(log))
     assert found == network and line.endswith(evidence)
-    assert nccl_network(["NCCL version 2.20.5+cuda12.4", "garbage NCCL INFO Using network"]) == (None, None)
+    assert nccl_network(["NCCL version 2.20.5+cuda12.4", "garbage NCCL INFO Using network"]) == (
+        None,
+        None,
+    )
 
 
 def _two_ib_nodes(ib: str = "auto") -> Cluster:
-    return Cluster.parse(f"nccl: {{ib: {ib}}}\nnodes:\n  - {{name: gpu-a01, address: 192.0.2.11, gpus: 2}}\n"
-                         "  - {name: gpu-a02, address: 192.0.2.12, gpus: 2}\n")
+    return Cluster.parse(
+        f"nccl: {{ib: {ib}}}\nnodes:\n  - {{name: gpu-a01, address: 192.0.2.11, gpus: 2}}\n"
+        "  - {name: gpu-a02, address: 192.0.2.12, gpus: 2}\n"
+    )
 
 
 def _network(tree: str) -> dict:
@@ -737,26 +1052,37 @@ def _network(tree: str) -> dict:
 
 
 def test_ranks_that_went_over_sockets_on_a_node_with_active_ib_are_named():
-    from trainfleet.preflight import nccl_socket_problems
+    from trainfleet.verdicts import nccl_socket_problems
 
     cluster = _two_ib_nodes()
     networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
     ib = nccl_log("nccl-2.19.3_dgxh100_roce.log")
     socket_ = nccl_log("nccl-2.7.8_gcp_socket.log")
     assert nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [ib, ib]}, networks) == []
-    found = nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [socket_, socket_]}, networks)
+    found = nccl_socket_problems(
+        cluster, {"gpu-a01": [ib, ib], "gpu-a02": [socket_, socket_]}, networks
+    )
     assert [(p.stage, p.node, p.cause) for p in found] == [
-        ("collective", "gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1 are active (NCCL "
-                                  "INFO Using network Socket): training runs at a fraction of the fabric's speed; "
-                                  "check NCCL_IB_DISABLE, NCCL_IB_HCA and the RDMA libraries NCCL loads")]
+        (
+            "collective",
+            "gpu-a02",
+            "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1 are active (NCCL "
+            "INFO Using network Socket): training runs at a fraction of the fabric's speed; "
+            "check NCCL_IB_DISABLE, NCCL_IB_HCA and the RDMA libraries NCCL loads",
+        )
+    ]
     # a log that names no network is no pass where IB is active
-    assert [p.cause for p in nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [[], ib]}, networks)] == [
+    assert [
+        p.cause
+        for p in nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [[], ib]}, networks)
+    ] == [
         "NCCL's INFO log names no network although mlx5_0 port 1, mlx5_1 port 1 are active: whether it used them "
-        "is unknown"]
+        "is unknown"
+    ]
 
 
 def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_there_is_one_node():
-    from trainfleet.preflight import nccl_socket_problems
+    from trainfleet.verdicts import nccl_socket_problems
 
     socket_ = nccl_log("nccl-2.25.1_ib_disabled_socket.log")
     logs = {"gpu-a01": [socket_], "gpu-a02": [socket_]}
@@ -769,19 +1095,30 @@ def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_the
 
 
 def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(monkeypatch):
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
     cluster = _two_ib_nodes()
     networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
-    socket_ = [line for line in nccl_log("nccl-2.7.8_gcp_socket.log") if "NET/" in line or "Using network" in line]
-    ib = [line for line in nccl_log("nccl-2.19.3_dgxh100_roce.log") if "NET/IB" in line or "Using network" in line]
+    socket_ = [
+        line
+        for line in nccl_log("nccl-2.7.8_gcp_socket.log")
+        if "NET/" in line or "Using network" in line
+    ]
+    ib = [
+        line
+        for line in nccl_log("nccl-2.19.3_dgxh100_roce.log")
+        if "NET/IB" in line or "Using network" in line
+    ]
 
     def run_everywhere(state, commands, seconds):
         out = {}
         for node, command in commands.items():
             first = 0 if node == "gpu-a01" else 2
             out[node] = [f"{i} {json.dumps(s)}" for i in range(2) for s in finished(4)] + [
-                f"{i} nccl {line}" for i in range(2) for line in (socket_ if node == "gpu-a02" else ib)]
+                f"{i} nccl {line}"
+                for i in range(2)
+                for line in (socket_ if node == "gpu-a02" else ib)
+            ]
             assert f" {first} 2 4 192.0.2.11 29500 nccl 25" in command.get_raw_value()
         return out
 
@@ -789,164 +1126,258 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
     report = PreflightReport(cluster="c", nodes=["gpu-a01", "gpu-a02"])
     assert preflight._collective(None, cluster, report, networks) is True  # every rank finished
     assert [(p.node, p.cause[:60]) for p in report.problems] == [
-        ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1")]
+        ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1")
+    ]
 
 
 # ---- an InfiniBand port down on one node while its peers' are active --------------------------
 
-def test_a_port_down_on_one_node_while_active_on_its_peers_is_named_with_its_state():
-    from trainfleet.preflight import ib_port_problems
 
-    networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_one_of_two_down"),
-                "gpu-a03": _network("ib_two_hcas")}
+def test_a_port_down_on_one_node_while_active_on_its_peers_is_named_with_its_state():
+    from trainfleet.verdicts import ib_port_problems
+
+    networks = {
+        "gpu-a01": _network("ib_two_hcas"),
+        "gpu-a02": _network("ib_one_of_two_down"),
+        "gpu-a03": _network("ib_two_hcas"),
+    }
     assert [(p.stage, p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)] == [
-        ("hygiene", "gpu-a02", "InfiniBand mlx5_1 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01, gpu-a03: "
-                               "NCCL on this node would run without it")]
+        (
+            "hygiene",
+            "gpu-a02",
+            "InfiniBand mlx5_1 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01, gpu-a03: "
+            "NCCL on this node would run without it",
+        )
+    ]
     alike = {n.name: _network("ib_two_hcas") for n in CLUSTER.nodes}
     assert ib_port_problems(CLUSTER, alike) == []
 
 
 def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_are_named():
-    from trainfleet.preflight import ib_port_problems
+    from trainfleet.verdicts import ib_port_problems
 
-    networks = {"gpu-a01": _network("roce_v2_cx6"), "gpu-a02": _network("ib_port_down"),
-                "gpu-a03": {"interfaces": [], "ib_ports": []}}
+    networks = {
+        "gpu-a01": _network("roce_v2_cx6"),
+        "gpu-a02": _network("ib_port_down"),
+        "gpu-a03": {"interfaces": [], "ib_ports": []},
+    }
     found = [(p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)]
     # ib_port_down's mlx5_0 port 1 is DOWN where roce_v2_cx6's is ACTIVE: the same HCA layout
-    assert found == [("gpu-a02", "InfiniBand mlx5_0 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01: NCCL on "
-                                 "this node would run without it")]
+    assert found == [
+        (
+            "gpu-a02",
+            "InfiniBand mlx5_0 port 1 is DOWN (1:DOWN) here but ACTIVE on gpu-a01: NCCL on "
+            "this node would run without it",
+        )
+    ]
     # an HCA missing altogether counts once most nodes have it active
     networks["gpu-a02"] = _network("roce_v2_cx6")
     assert [(p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)] == [
-        ("gpu-a03", "InfiniBand mlx5_0 port 1 is missing here but ACTIVE on gpu-a01, gpu-a02: NCCL on this node "
-                    "would run without it")]
+        (
+            "gpu-a03",
+            "InfiniBand mlx5_0 port 1 is missing here but ACTIVE on gpu-a01, gpu-a02: NCCL on this node "
+            "would run without it",
+        )
+    ]
     # nodes whose spec keeps NCCL off IB, and nodes whose facts could not be read, are not judged
     networks["gpu-a03"] = None
     assert ib_port_problems(CLUSTER, networks) == []
 
 
 def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node_is():
-    from trainfleet.preflight import ib_port_problems
+    from trainfleet.verdicts import ib_port_problems
 
-    mixed = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n"
-                          "  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n")
-    networks = {"gpu-a01": _network("roce_v2_cx6"), "gpu-a02": _network("roce_v2_cx6"),
-                "cpu-a03": {"interfaces": [], "ib_ports": []}}
+    mixed = Cluster.parse(
+        "nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n"
+        "  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n"
+    )
+    networks = {
+        "gpu-a01": _network("roce_v2_cx6"),
+        "gpu-a02": _network("roce_v2_cx6"),
+        "cpu-a03": {"interfaces": [], "ib_ports": []},
+    }
     assert ib_port_problems(mixed, networks) == []  # it runs gloo: no HCA is no fault
     networks["gpu-a02"] = {"interfaces": [], "ib_ports": []}
-    assert [p.node for p in ib_port_problems(mixed, {**networks, "gpu-a03": None})] == []  # no majority, no alike peer
+    assert [
+        p.node for p in ib_port_problems(mixed, {**networks, "gpu-a03": None})
+    ] == []  # no majority, no alike peer
     three_gpu = {n.name: _network("roce_v2_cx6") for n in CLUSTER.nodes}
     three_gpu["gpu-a03"] = {"interfaces": [], "ib_ports": []}
     assert [p.node for p in ib_port_problems(CLUSTER, three_gpu)] == ["gpu-a03"]
 
 
 def test_the_measured_figures_are_printed_for_people_with_the_floor_or_its_absence():
-    import checks.preflight as preflight
+    import checks.preflight_check as preflight
 
-    pair = {"nodes": ["node1", "node2"], "ranks": 2, "bytes": 16 << 20, "seconds": 0.016, "algbw_gbps": 1.0486,
-            "busbw_gbps": 1.0486}
-    details = {"backend": "gloo", "bytes": 16 << 20, "floor_gbps": None, "pairs": {"node1-node2": pair}}
+    pair = {
+        "nodes": ["node1", "node2"],
+        "ranks": 2,
+        "bytes": 16 << 20,
+        "seconds": 0.016,
+        "algbw_gbps": 1.0486,
+        "busbw_gbps": 1.0486,
+    }
+    details = {
+        "backend": "gloo",
+        "bytes": 16 << 20,
+        "floor_gbps": None,
+        "pairs": {"node1-node2": pair},
+    }
     assert preflight.bandwidth_lines(details) == [
         "busbw node1-node2: 1.05 GB/s (algbw 1.05 GB/s, 2 ranks gloo, 16 MiB)",
-        "busbw floor: none (preflight.min_busbw_gbps): measured and reported only"]
+        "busbw floor: none (preflight.min_busbw_gbps): measured and reported only",
+    ]
     assert preflight.bandwidth_lines({**details, "floor_gbps": 150})[-1] == "busbw floor: 150 GB/s"
-    assert preflight.bandwidth_lines({"pairs": {}, "note": "a single node with one GPU: no link to measure"}) == [
-        "bandwidth not measured: a single node with one GPU: no link to measure"]
+    assert preflight.bandwidth_lines(
+        {"pairs": {}, "note": "a single node with one GPU: no link to measure"}
+    ) == ["bandwidth not measured: a single node with one GPU: no link to measure"]
     assert preflight.bandwidth_lines({}) == []
 
 
 # ---- clocks and MTUs compared across nodes (hygiene) --------------------------------------------
 
+
 def test_a_node_whose_clock_is_seconds_off_is_named_and_read_windows_widen_the_slack():
-    from trainfleet.preflight import clock_problems
+    from trainfleet.verdicts import clock_problems
 
     sent = 1_700_000_000.0
-    readings = {"a": (sent + 0.05, sent, sent + 0.1), "b": (sent + 0.06, sent, sent + 0.1),
-                "c": (sent + 3.05, sent, sent + 0.1)}
+    readings = {
+        "a": (sent + 0.05, sent, sent + 0.1),
+        "b": (sent + 0.06, sent, sent + 0.1),
+        "c": (sent + 3.05, sent, sent + 0.1),
+    }
     (problem,) = clock_problems(readings, 100, expected={"a", "b", "c"})
     assert problem.node == "c" and "2990 ms ahead of the other nodes'" in problem.cause
     # 150 ms apart but read within a 1 s window: not provably off, so not named.
     slow = {"a": (sent + 0.5, sent, sent + 1.0), "b": (sent + 0.65, sent, sent + 1.0)}
     assert clock_problems(slow, 100, expected={"a", "b"}) == []
-    behind = {"a": (sent + 0.05, sent, sent + 0.1), "b": (sent + 0.05, sent, sent + 0.1),
-              "c": (sent - 0.9, sent, sent + 0.1)}
+    behind = {
+        "a": (sent + 0.05, sent, sent + 0.1),
+        "b": (sent + 0.05, sent, sent + 0.1),
+        "c": (sent - 0.9, sent, sent + 0.1),
+    }
     assert "behind" in clock_problems(behind, 100, expected={"a", "b", "c"})[0].cause
 
 
 def test_a_node_that_printed_no_clock_fails_and_the_hygiene_line_is_read_strictly():
-    from trainfleet.preflight import clock_problems
+    from trainfleet.verdicts import clock_problems
 
     (problem,) = clock_problems({"a": (1.0, 0.0, 2.0)}, 100, expected={"a", "b"})
     assert problem.node == "b" and "no clock reading" in problem.cause
-    assert parse_hygiene(["clock 1700000000.123456789"])["clock"] == pytest.approx(1700000000.123456789)
-    assert "clock" not in parse_hygiene(["clock 1e9"]) and "clock" not in parse_hygiene(["clock nan"])
+    assert parse_hygiene(["clock 1700000000.123456789"])["clock"] == pytest.approx(
+        1700000000.123456789
+    )
+    assert "clock" not in parse_hygiene(["clock 1e9"]) and "clock" not in parse_hygiene(
+        ["clock nan"]
+    )
 
 
 def _mtu_network(address: str, mtu: int | None, ports: list[dict] | None = None) -> dict:
-    return {"interfaces": [{"name": "eth0", "addresses": [address], "bridge": False, "mtu": mtu}],
-            "ib_ports": ports or []}
+    return {
+        "interfaces": [{"name": "eth0", "addresses": [address], "bridge": False, "mtu": mtu}],
+        "ib_ports": ports or [],
+    }
 
 
 def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
-    from trainfleet.preflight import mtu_problems
+    from trainfleet.verdicts import mtu_problems
 
-    three = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
-                          "  - {name: c, address: 192.0.2.3}\n")
+    three = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+        "  - {name: c, address: 192.0.2.3}\n"
+    )
     port = lambda mtu: {"device": "mlx5_0", "port": 1, "state": "4: ACTIVE", "active_mtu": mtu}
-    networks = {"a": _mtu_network("192.0.2.1", 9000, [port(4096)]), "b": _mtu_network("192.0.2.2", 1500, [port(4096)]),
-                "c": _mtu_network("192.0.2.3", 9000, [port(2048)])}
+    networks = {
+        "a": _mtu_network("192.0.2.1", 9000, [port(4096)]),
+        "b": _mtu_network("192.0.2.2", 1500, [port(4096)]),
+        "c": _mtu_network("192.0.2.3", 9000, [port(2048)]),
+    }
     found = {(p.node, p.cause) for p in mtu_problems(three, networks)}
-    assert found == {("b", "the cluster interface's MTU is 1500, 9000 on a, c: traffic between them fragments or is dropped"),
-                     ("c", "mlx5_0 port 1's active MTU is 2048, 4096 on a, b: traffic between them fragments or is dropped")}
+    assert found == {
+        (
+            "b",
+            "the cluster interface's MTU is 1500, 9000 on a, c: traffic between them fragments or is dropped",
+        ),
+        (
+            "c",
+            "mlx5_0 port 1's active MTU is 2048, 4096 on a, b: traffic between them fragments or is dropped",
+        ),
+    }
     same = {n: _mtu_network(f"192.0.2.{i}", 9000) for i, n in enumerate("abc", start=1)}
     assert mtu_problems(three, same) == []
 
 
 def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
-    from trainfleet.preflight import mtu_problems
+    from trainfleet.verdicts import mtu_problems
 
-    two = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
-    (problem,) = mtu_problems(two, {"a": _mtu_network("192.0.2.1", None), "b": _mtu_network("192.0.2.2", 9000)})
+    two = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+    )
+    (problem,) = mtu_problems(
+        two, {"a": _mtu_network("192.0.2.1", None), "b": _mtu_network("192.0.2.2", 9000)}
+    )
     assert problem.node == "a" and "cannot be read" in problem.cause
-    split = mtu_problems(two, {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)})
-    assert {p.node for p in split} == {"a", "b"} and all("no MTU is on most nodes" in p.cause for p in split)
+    split = mtu_problems(
+        two, {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)}
+    )
+    assert {p.node for p in split} == {"a", "b"} and all(
+        "no MTU is on most nodes" in p.cause for p in split
+    )
 
 
 # -- the certificate mesh's validity (issue #18) ---------------------------------------------------
 
+
 def test_preflight_names_missing_expired_and_not_yet_valid_certificates_and_warns_of_those_due_for_renewal():
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     from trainfleet import certificates
-    from trainfleet.preflight import certificate_verdicts
+    from trainfleet.verdicts import certificate_verdicts
 
-    cluster = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    cluster = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+    )
     ca = Ed25519PrivateKey.generate()
-    key = ca.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()  # any key will do
-    now = datetime(2026, 11, 24, tzinfo=timezone.utc)
+    key = (
+        ca.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    )  # any key will do
+    now = datetime(2026, 11, 24, tzinfo=UTC)
 
     def cert(kind: str, signed: datetime, days: int) -> str:
         names = ["a", "192.0.2.1"] if kind == "host" else ["root"]
-        return certificates.sign(ca, key, kind, names, "trainfleet:t:a", 7, timedelta(days=days), signed)
+        return certificates.sign(
+            ca, key, kind, names, "trainfleet:t:a", 7, timedelta(days=days), signed
+        )
 
     held = {
-        "a": {"ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=10), 365),
-              "root's certificate": cert("user", now - timedelta(days=300), 365)},  # 65 days left of 365
-        "b": {"ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=40), 30),  # expired
-              "root's certificate": None},
+        "a": {
+            "ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=10), 365),
+            "root's certificate": cert("user", now - timedelta(days=300), 365),
+        },  # 65 days left of 365
+        "b": {
+            "ssh_host_ed25519_key-cert.pub": cert("host", now - timedelta(days=40), 30),  # expired
+            "root's certificate": None,
+        },
     }
     validity, problems, warnings = certificate_verdicts(cluster, held, now)
 
-    assert validity["a"]["ssh_host_ed25519_key-cert.pub"].startswith("355 days left (until 2027-11-14")
+    assert validity["a"]["ssh_host_ed25519_key-cert.pub"].startswith(
+        "355 days left (until 2027-11-14"
+    )
     assert [(w.node, w.cause) for w in warnings] == [
-        ("a", "root's certificate has 65 days left: the next deploy signs it again")]
+        ("a", "root's certificate has 65 days left: the next deploy signs it again")
+    ]
     assert sorted((p.node, p.cause.split(" (")[0].split(":")[0]) for p in problems) == [
-        ("b", "root's certificate is missing"), ("b", "ssh_host_ed25519_key-cert.pub is not valid now")]
+        ("b", "root's certificate is missing"),
+        ("b", "ssh_host_ed25519_key-cert.pub is not valid now"),
+    ]
     # A node holding no host certificate at all cannot prove its host by certificate.
-    _, problems, _ = certificate_verdicts(cluster, {"a": {"root's certificate": held["a"]["root's certificate"]}}, now)
+    _, problems, _ = certificate_verdicts(
+        cluster, {"a": {"root's certificate": held["a"]["root's certificate"]}}, now
+    )
     assert [p.cause for p in problems] == ["sshd presents no host certificate: run the deploy"]
 
 
@@ -954,39 +1385,63 @@ def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_nod
     """Issue #26: a damaged signature, another CA, a user certificate where a host one is
     wanted, or another node's names: each fails the certificate check."""
     import base64
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     from trainfleet import certificates
-    from trainfleet.preflight import certificate_verdicts
+    from trainfleet.verdicts import certificate_verdicts
 
-    cluster = Cluster.parse("nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n")
+    cluster = Cluster.parse(
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
+    )
     ca, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     ca_public = ca.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
-    key = other.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()  # any key will do
-    now = datetime(2026, 11, 24, tzinfo=timezone.utc)
+    key = (
+        other.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    )  # any key will do
+    now = datetime(2026, 11, 24, tzinfo=UTC)
 
     def cert(kind: str, names: list[str], signer=ca) -> str:
-        return certificates.sign(signer, key, kind, names, "trainfleet:t", 7, timedelta(days=365), now)
+        return certificates.sign(
+            signer, key, kind, names, "trainfleet:t", 7, timedelta(days=365), now
+        )
 
     good = cert("host", ["a", "192.0.2.1"])
     kind, blob = good.split()[:2]
     data = bytearray(base64.b64decode(blob))
     data[-10] ^= 1
-    held = {"a": {"ssh_host_ed25519_key-cert.pub": f"{kind} {base64.b64encode(bytes(data)).decode()}",
-                  "root's certificate": cert("user", ["root"], other)},
-            "b": {"ssh_host_ed25519_key-cert.pub": cert("host", ["a", "192.0.2.1"]),  # a's names
-                  "root's certificate": cert("host", ["root"])}}
+    held = {
+        "a": {
+            "ssh_host_ed25519_key-cert.pub": f"{kind} {base64.b64encode(bytes(data)).decode()}",
+            "root's certificate": cert("user", ["root"], other),
+        },
+        "b": {
+            "ssh_host_ed25519_key-cert.pub": cert("host", ["a", "192.0.2.1"]),  # a's names
+            "root's certificate": cert("host", ["root"]),
+        },
+    }
     _, problems, _ = certificate_verdicts(cluster, held, now, ca_public)
     assert sorted((p.node, p.cause) for p in problems) == [
         ("a", "root's certificate is not the cluster's (signed by another CA): run the deploy"),
-        ("a", "ssh_host_ed25519_key-cert.pub is not the cluster's (its signature does not verify (damaged or "
-              "forged)): run the deploy"),
-        ("b", "root's certificate is not the cluster's (a host certificate where a user certificate is wanted): "
-              "run the deploy"),
-        ("b", "ssh_host_ed25519_key-cert.pub is not the cluster's (principals a,192.0.2.1, the plan wants "
-              "b,192.0.2.2): run the deploy")]
-    good_held = {"a": {"ssh_host_ed25519_key-cert.pub": good, "root's certificate": cert("user", ["root"])}}
+        (
+            "a",
+            "ssh_host_ed25519_key-cert.pub is not the cluster's (its signature does not verify (damaged or "
+            "forged)): run the deploy",
+        ),
+        (
+            "b",
+            "root's certificate is not the cluster's (a host certificate where a user certificate is wanted): "
+            "run the deploy",
+        ),
+        (
+            "b",
+            "ssh_host_ed25519_key-cert.pub is not the cluster's (principals a,192.0.2.1, the plan wants "
+            "b,192.0.2.2): run the deploy",
+        ),
+    ]
+    good_held = {
+        "a": {"ssh_host_ed25519_key-cert.pub": good, "root's certificate": cert("user", ["root"])}
+    }
     assert certificate_verdicts(cluster, good_held, now, ca_public)[1] == []

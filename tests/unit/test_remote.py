@@ -16,8 +16,16 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand
 
-import operations.remote as remote
-from operations.remote import ABSENT, ANY, INLINE_LIMIT, RUN_DIR, fail_command, sha256, write_command
+from operations import remote
+from operations.remote import (
+    ABSENT,
+    ANY,
+    INLINE_LIMIT,
+    RUN_DIR,
+    fail_command,
+    sha256,
+    write_command,
+)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="writes as root and as another user")
 
@@ -30,7 +38,9 @@ def run(commands) -> subprocess.CompletedProcess[str]:
             command.src.seek(0)
             Path(command.dest).write_bytes(command.src.read())
             continue
-        result = subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
+        result = subprocess.run(
+            ["sh", "-c", command.get_raw_value()], capture_output=True, text=True
+        )
         if result.returncode:
             return result
     return result
@@ -63,7 +73,9 @@ def test_the_file_is_replaced_only_if_it_still_has_the_bytes_that_were_read(tmp_
 
     assert result.returncode == 1 and "changed after it was read" in result.stderr
     assert target.read_text() == "127.0.0.1 localhost\n10.0.0.1 added-meanwhile\n"
-    assert run(write_command(str(target), "new\n", expect=sha256(target.read_bytes()))).returncode == 0
+    assert (
+        run(write_command(str(target), "new\n", expect=sha256(target.read_bytes()))).returncode == 0
+    )
     assert target.read_text() == "new\n"
 
 
@@ -126,9 +138,13 @@ def test_a_chain_of_roots_links_through_a_linked_directory_is_followed(root_tree
     (root_tree / "dotfiles" / "ssh_config").symlink_to(root_tree / "dots" / "real")
     (root_tree / ".ssh" / "config").symlink_to(root_tree / "dots" / "ssh_config")
 
-    assert run(write_command(str(root_tree / ".ssh" / "config"), "new\n", expect=ANY)).returncode == 0
+    assert (
+        run(write_command(str(root_tree / ".ssh" / "config"), "new\n", expect=ANY)).returncode == 0
+    )
     assert (root_tree / "dotfiles" / "real").read_text() == "new\n"
-    assert (root_tree / "dotfiles" / "ssh_config").is_symlink() and (root_tree / ".ssh" / "config").is_symlink()
+    assert (root_tree / "dotfiles" / "ssh_config").is_symlink() and (
+        root_tree / ".ssh" / "config"
+    ).is_symlink()
 
 
 def _through_tmp(root_tree: Path) -> Path:
@@ -170,14 +186,19 @@ def _users_file(root_tree: Path) -> Path:
 
 
 @needs_root
-@pytest.mark.parametrize("plant, why", [
-    (_through_tmp, "is a symbolic link through /tmp, which is not root's alone"),
-    (_user_writable_dir, "/shared, which is not root's alone"),
-    (_users_own_dir, "/home, which is not root's alone"),
-    (_users_link, "/dotfiles/hop, a link not owned by root"),
-    (_users_file, "/dotfiles/ssh_config, which is not root's alone"),
-])
-def test_roots_link_anywhere_another_user_could_redirect_it_is_refused_untouched(root_tree, plant, why):
+@pytest.mark.parametrize(
+    "plant, why",
+    [
+        (_through_tmp, "is a symbolic link through /tmp, which is not root's alone"),
+        (_user_writable_dir, "/shared, which is not root's alone"),
+        (_users_own_dir, "/home, which is not root's alone"),
+        (_users_link, "/dotfiles/hop, a link not owned by root"),
+        (_users_file, "/dotfiles/ssh_config, which is not root's alone"),
+    ],
+)
+def test_roots_link_anywhere_another_user_could_redirect_it_is_refused_untouched(
+    root_tree, plant, why
+):
     target = plant(root_tree)
     link = root_tree / ".ssh" / "config"
     link.symlink_to(target)
@@ -188,8 +209,13 @@ def test_roots_link_anywhere_another_user_could_redirect_it_is_refused_untouched
         assert result.returncode == 1
         assert f"trainfleet: {link}: " in result.stderr and why in result.stderr, result.stderr
         assert "nothing was changed" in result.stderr
-        assert link.is_symlink() and (real.read_bytes(), real.stat().st_uid, real.stat().st_mode) == before
-        assert sorted(p.name for p in real.parent.iterdir() if p.name.startswith(".trainfleet")) == []
+        assert (
+            link.is_symlink()
+            and (real.read_bytes(), real.stat().st_uid, real.stat().st_mode) == before
+        )
+        assert (
+            sorted(p.name for p in real.parent.iterdir() if p.name.startswith(".trainfleet")) == []
+        )
     finally:
         if str(real).startswith("/tmp/tf-root-"):
             shutil.rmtree(real.parent)
@@ -206,7 +232,9 @@ def test_root_refuses_a_directory_others_can_write(tmp_path):
 
 
 @needs_root
-def test_a_users_file_is_written_as_the_user_so_a_link_to_a_root_file_gives_nothing(nobody_dir, tmp_path):
+def test_a_users_file_is_written_as_the_user_so_a_link_to_a_root_file_gives_nothing(
+    nobody_dir, tmp_path
+):
     secret = tmp_path / "root-only"
     secret.write_text("root's\n")
     os.chmod(secret, 0o644)
@@ -219,7 +247,11 @@ def test_a_users_file_is_written_as_the_user_so_a_link_to_a_root_file_gives_noth
     assert result.returncode == 1
     after = secret.stat()
     assert secret.read_text() == "root's\n"
-    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
 
 
 @needs_root
@@ -233,7 +265,9 @@ def test_a_link_the_user_owns_stays_a_link_and_its_target_gets_the_content(nobod
     for path in (dotfiles, real):
         os.chown(path, pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid)
 
-    result = run(write_command(str(link), "Host n1\nHost *\n", expect=sha256(b"Host *\n"), user="nobody"))
+    result = run(
+        write_command(str(link), "Host n1\nHost *\n", expect=sha256(b"Host *\n"), user="nobody")
+    )
 
     assert result.returncode == 0, result.stderr
     assert link.is_symlink() and real.read_text() == "Host n1\nHost *\n"
@@ -243,15 +277,27 @@ def test_a_link_the_user_owns_stays_a_link_and_its_target_gets_the_content(nobod
 @needs_root
 def test_a_secret_is_uploaded_to_a_unique_root_only_name_and_never_on_the_command_line(tmp_path):
     target = tmp_path / "id_trainfleet"
-    commands = write_command(str(target), "PRIVATE KEY MATERIAL\n", expect=ABSENT, mode="600", secret=True)
-    assert not any("PRIVATE KEY MATERIAL" in c.get_raw_value() for c in commands
-                   if not isinstance(c, FileUploadCommand))
+    commands = write_command(
+        str(target), "PRIVATE KEY MATERIAL\n", expect=ABSENT, mode="600", secret=True
+    )
+    assert not any(
+        "PRIVATE KEY MATERIAL" in c.get_raw_value()
+        for c in commands
+        if not isinstance(c, FileUploadCommand)
+    )
     staged = [c.dest for c in commands if isinstance(c, FileUploadCommand)]
     assert len(staged) == 1 and staged[0].startswith(RUN_DIR + "/stage.")
-    assert staged != [c.dest for c in write_command(str(target), "x", secret=True) if isinstance(c, FileUploadCommand)]
+    assert staged != [
+        c.dest
+        for c in write_command(str(target), "x", secret=True)
+        if isinstance(c, FileUploadCommand)
+    ]
 
     assert run(commands).returncode == 0
-    assert target.read_text() == "PRIVATE KEY MATERIAL\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert (
+        target.read_text() == "PRIVATE KEY MATERIAL\n"
+        and stat.S_IMODE(target.stat().st_mode) == 0o600
+    )
     assert not Path(staged[0]).exists()
     run_dir = Path(RUN_DIR).stat()
     assert (run_dir.st_uid, stat.S_IMODE(run_dir.st_mode)) == (0, 0o700)
@@ -274,11 +320,17 @@ def test_a_write_waits_for_the_node_lock_then_fails_naming_the_holder(tmp_path, 
         Path(f"{RUN_DIR}/holder").write_text("controller-b pid 4242 run abc\n")
         result = run(write_command(str(tmp_path / "f"), "x\n", expect=ABSENT))
     assert result.returncode == 1
-    assert "another trainfleet run holds this node's lock: controller-b pid 4242 run abc" in result.stderr
+    assert (
+        "another trainfleet run holds this node's lock: controller-b pid 4242 run abc"
+        in result.stderr
+    )
     assert not (tmp_path / "f").exists()
     assert run(write_command(str(tmp_path / "f"), "x\n", expect=ABSENT)).returncode == 0
 
 
 def test_fail_command_fails_with_its_message():
     result = run(fail_command("node is broken: 'quoted' $x"))
-    assert result.returncode == 1 and result.stderr.strip() == "trainfleet: node is broken: 'quoted' $x"
+    assert (
+        result.returncode == 1
+        and result.stderr.strip() == "trainfleet: node is broken: 'quoted' $x"
+    )

@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from facts.shm import StaleSharedMemory, parse_sysvipc_shm
-from operations.shm import remove_command
-from checks.preflight import parse_hygiene
-from trainfleet.preflight import shm_warnings
+from checks.preflight_check import parse_hygiene
+from facts.shm_facts import StaleSharedMemory, parse_sysvipc_shm
+from operations.shm_ops import remove_command
+from trainfleet.verdicts import shm_warnings
 
 SYSVIPC = """\
        key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime                   rss                  swap
@@ -38,10 +38,14 @@ def test_only_segments_no_process_is_attached_to_are_stale():
 
 def test_the_fact_runs_on_this_machine_and_finds_a_segment_it_made(tmp_path):
     # ipcmk creates a segment and exits: exactly the leftover the check is for. Removed by id.
-    made = subprocess.run(["ipcmk", "-M", "8192"], capture_output=True, text=True, check=True).stdout
+    made = subprocess.run(
+        ["ipcmk", "-M", "8192"], capture_output=True, text=True, check=True
+    ).stdout
     shmid = int(made.split(":")[1])
     try:
-        out = subprocess.run(["sh", "-c", StaleSharedMemory().command()], capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["sh", "-c", StaleSharedMemory().command()], capture_output=True, text=True
+        ).stdout
         stale = StaleSharedMemory().process(out.splitlines())
         assert any(s["shmid"] == shmid and s["bytes"] == 8192 for s in stale)
     finally:
@@ -49,25 +53,39 @@ def test_the_fact_runs_on_this_machine_and_finds_a_segment_it_made(tmp_path):
 
 
 def test_the_preflight_warns_per_node_and_says_how_to_remove_them():
-    hygiene = {"node2": parse_hygiene([f"sysvipc {line}" for line in SYSVIPC.splitlines()]),
-               "node1": parse_hygiene(["sysvipc " + SYSVIPC.splitlines()[0], "sysvipc now 1795367700"])}
+    hygiene = {
+        "node2": parse_hygiene([f"sysvipc {line}" for line in SYSVIPC.splitlines()]),
+        "node1": parse_hygiene(["sysvipc " + SYSVIPC.splitlines()[0], "sysvipc now 1795367700"]),
+    }
     (warning,) = shm_warnings(hygiene, "pyinfra -y inv.py deploy/shm_cleanup.py")
     assert warning.node == "node2" and warning.stage == "hygiene"
-    assert str(warning).startswith("hygiene: 2 stale System V shared memory segments (2.0 GiB) with no process")
-    assert "shmid 32769 (2.0 GiB, idle 1 h)" in warning.cause and "shmid 32770 (4.0 KiB, idle 1 min)" in warning.cause
+    assert str(warning).startswith(
+        "hygiene: 2 stale System V shared memory segments (2.0 GiB) with no process"
+    )
+    assert (
+        "shmid 32769 (2.0 GiB, idle 1 h)" in warning.cause
+        and "shmid 32770 (4.0 KiB, idle 1 min)" in warning.cause
+    )
     assert warning.cause.endswith("remove with: pyinfra -y inv.py deploy/shm_cleanup.py")
 
 
 def test_rows_that_are_not_exactly_numbers_are_skipped_so_no_such_id_reaches_ipcrm():
     row = SYSVIPC.splitlines()[2]  # the crashed job's segment
-    hostile = [row.replace("32769", "1;id", 1), row.replace("32769", "\u0663\u0662\u0667", 1),  # Arabic-Indic digits
-               row.replace("32769", "\u00b3", 1), row.replace("32769", "99999999999", 1),
-               row.replace(" 0 ", " x ", 1), "now 17953677OO"]
+    hostile = [
+        row.replace("32769", "1;id", 1),
+        row.replace("32769", "\u0663\u0662\u0667", 1),  # Arabic-Indic digits
+        row.replace("32769", "\u00b3", 1),
+        row.replace("32769", "99999999999", 1),
+        row.replace(" 0 ", " x ", 1),
+        "now 17953677OO",
+    ]
     assert parse_sysvipc_shm(hostile) == []
     assert [s["shmid"] for s in parse_sysvipc_shm([*hostile, row])] == [32769]
 
 
-def test_the_removal_command_takes_only_int_ids_quoted_and_its_script_refuses_anything_else(tmp_path):
+def test_the_removal_command_takes_only_int_ids_quoted_and_its_script_refuses_anything_else(
+    tmp_path,
+):
     stale = parse_sysvipc_shm(SYSVIPC.splitlines())
     assert remove_command(stale).get_raw_value().endswith("' trainfleet 32769 32770")
     for bad in ("1; id", True, -1, 2**31):
@@ -75,8 +93,14 @@ def test_the_removal_command_takes_only_int_ids_quoted_and_its_script_refuses_an
             remove_command([{**stale[0], "shmid": bad}])
     # The script checks again: what is not digits is refused, never run or passed to ipcrm.
     script = remove_command([]).get_raw_value()
-    done = subprocess.run(["sh", "-c", f"{script} '1;touch {tmp_path}/ran' '$(touch {tmp_path}/ran)'"],
-                          capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == [f"refused 1;touch {tmp_path}/ran (not a shmid)",
-                                        f"refused $(touch {tmp_path}/ran) (not a shmid)"]
+    done = subprocess.run(
+        ["sh", "-c", f"{script} '1;touch {tmp_path}/ran' '$(touch {tmp_path}/ran)'"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.splitlines() == [
+        f"refused 1;touch {tmp_path}/ran (not a shmid)",
+        f"refused $(touch {tmp_path}/ran) (not a shmid)",
+    ]
     assert list(tmp_path.iterdir()) == []

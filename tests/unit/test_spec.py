@@ -38,8 +38,15 @@ def test_a_good_spec_gets_every_default():
     assert spec["cluster"]["name"] == "prod"
     assert spec["cluster"]["mesh_users"] == ["root"]
     assert spec["cluster"]["master_port"] == 29500
-    assert spec["ssh"] == {"user": "root", "become": None, "port": 22, "key": None, "known_hosts": None,
-                           "mesh": "certificates", "certificate_days": 365}
+    assert spec["ssh"] == {
+        "user": "root",
+        "become": None,
+        "port": 22,
+        "key": None,
+        "known_hosts": None,
+        "mesh": "certificates",
+        "certificate_days": 365,
+    }
     assert spec["gpu"]["memlock"] == "unlimited" and spec["preflight"]["min_busbw_gbps"] is None
     assert spec["nccl"]["socket_ifname"] == "auto"
     assert spec["stack"]["cuda"] is None
@@ -60,52 +67,169 @@ def test_the_example_prod_spec_is_valid():
         ("nodes:\n", "bad.yml:1: nodes: no nodes"),
         ("nodes: gpu-a01\n", "nodes: must be a list of nodes, got string"),
         ("- 1\n- 2\n", "the spec must be a mapping"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: a\n    address: 192.0.2.2\n",
-         "bad.yml:4: nodes[1].name: duplicate name 'a' (also nodes[0])"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: A\n    address: 192.0.2.2\n",
-         "nodes[1].name: duplicate name 'A'"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: b\n    address: 192.0.2.1\n",
-         "bad.yml:5: nodes[1].address: duplicate address '192.0.2.1' (also nodes[0])"),
-        ("nodes:\n  - name: gpu_01\n    address: 192.0.2.1\n", "nodes[0].name: 'gpu_01' is not a valid hostname"),
-        ("nodes:\n  - name: -gpu\n    address: 192.0.2.1\n", "nodes[0].name: '-gpu' is not a valid hostname"),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: a\n    address: 192.0.2.2\n",
+            "bad.yml:4: nodes[1].name: duplicate name 'a' (also nodes[0])",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: A\n    address: 192.0.2.2\n",
+            "nodes[1].name: duplicate name 'A'",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: b\n    address: 192.0.2.1\n",
+            "bad.yml:5: nodes[1].address: duplicate address '192.0.2.1' (also nodes[0])",
+        ),
+        (
+            "nodes:\n  - name: gpu_01\n    address: 192.0.2.1\n",
+            "nodes[0].name: 'gpu_01' is not a valid hostname",
+        ),
+        (
+            "nodes:\n  - name: -gpu\n    address: 192.0.2.1\n",
+            "nodes[0].name: '-gpu' is not a valid hostname",
+        ),
         ("nodes:\n  - name: " + "a" * 64 + "\n    address: 192.0.2.1\n", "is not a valid hostname"),
-        ("nodes:\n  - name: gpu.example.com\n    address: 192.0.2.1\n", "must be a short name without dots"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.300\n", "nodes[0].address: '192.0.2.300' is not an IPv4 or IPv6 address"),
+        (
+            "nodes:\n  - name: gpu.example.com\n    address: 192.0.2.1\n",
+            "must be a short name without dots",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.300\n",
+            "nodes[0].address: '192.0.2.300' is not an IPv4 or IPv6 address",
+        ),
         ("nodes:\n  - name: a\n", "bad.yml:2: nodes[0]: missing required key 'address'"),
         ("nodes:\n  - address: 192.0.2.1\n", "nodes[0]: missing required key 'name'"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: -1\n", "bad.yml:4: nodes[0].gpus: must be 0 or more, got -1"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: eight\n", "nodes[0].gpus: must be a integer, got string 'eight'"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: true\n", "nodes[0].gpus: must be a integer, got boolean"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    gpu: 8\n", "bad.yml:4: nodes[0].gpu: unknown key; did you mean 'gpus'?"),
-        ("clustr: {}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:1: clustr: unknown key; did you mean 'cluster'?"),
-        ("cluster:\n  domian: x.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.domian: unknown key; did you mean 'domain'?"),
-        ("cluster:\n  domain: bad_domain.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.domain: 'bad_domain.org' is not a valid hostname"),
-        ("cluster:\n  master_port: 70000\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.master_port: 70000 is not a TCP port"),
-        ("cluster:\n  mesh_users: root\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.mesh_users: must be a list, got string"),
-        ("cluster:\n  mesh_users: [root, 3]\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "cluster.mesh_users: every item must be a string, got 3"),
-        ("stack:\n  cuda: 12\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.cuda: must be a string or null, got integer 12"),
-        ("stack:\n  cuda: '12.x'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: stack.cuda: '12.x' is not a valid version (expected the form '12.4')"),
-        ("stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch: 'latest' is not a valid version"),
-        ("stack:\n  nccl: '2.21'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.nccl: '2.21' is not a valid version (expected the form '2.21.5-1')"),
-        ("stack:\n  torch_cuda: 'cuda124'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.torch_cuda: 'cuda124' is not a valid version"),
-        ("stack:\n  python: {deepspeed: 0.19}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: 0.19 is not an exact version"),
-        ("stack:\n  python: {deepspeed: '>=0.19'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.python.deepspeed: '>=0.19' is not an exact version"),
-        ("stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "is not a Python package name"),
-        ("stack:\n  python: {colossalai: {version: '0.5.0', deps: no-thanks}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "deps must be true or false, got 'no-thanks'"),
-        ("stack:\n  python: {colossalai: {deps: false}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "must be a version or {version: V, deps: false}"),
-        ("stack:\n  python: {Torch: '2.4.1'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "torch is pinned by stack.torch"),
-        ("stack:\n  openmpi: '4.1.4'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4' is not a valid version (expected the form '4.1.4-3+b1')"),
-        ("stack:\n  openmpi: '4.1.4-3 ; reboot'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.openmpi: '4.1.4-3 ; reboot' is not a valid version"),
-        ("stack:\n  gcc: '11.2'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "stack.gcc: '11.2' is not a valid version"),
-        ("nccl:\n  ib: maybe\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.ib: 'maybe' must be 'auto' or 'disable'"),
-        ("nccl:\n  env: {FOO: 1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: nccl.env.FOO: 'FOO' is not an NCCL_"),
-        ("nccl:\n  socket_ifname: 'eth0 eth1'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "nccl.socket_ifname: 'eth0 eth1' is not 'auto'"),
-        ("openmpi:\n  tcp_include: 10.0.0.0/33\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "openmpi.tcp_include: '10.0.0.0/33' is not a subnet in CIDR form"),
-        ("openmpi:\n  tcp_include: 'eth0 eth1'\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "openmpi.tcp_include: 'eth0 eth1' is not an interface name or a subnet"),
-        ("openmpi:\n  params: {btl_tcp_if_include: eth1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: openmpi.params.btl_tcp_if_include: btl_tcp_if_include is set by openmpi.tcp_include"),
-        ("openmpi:\n  params: {PML: ucx}\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "bad.yml:2: openmpi.params.PML: 'PML' is not an MCA parameter name"),
-        ("ssh:\n  port: 0\nnodes:\n  - {name: a, address: 192.0.2.1}\n", "ssh.port: 0 is not a TCP port"),
-        ("nodes:\n  - name: a\n    address: 192.0.2.1\n    ssh: {prot: 22}\n", "nodes[0].ssh.prot: unknown key; did you mean 'port'?"),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: -1\n",
+            "bad.yml:4: nodes[0].gpus: must be 0 or more, got -1",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: eight\n",
+            "nodes[0].gpus: must be a integer, got string 'eight'",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: true\n",
+            "nodes[0].gpus: must be a integer, got boolean",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpu: 8\n",
+            "bad.yml:4: nodes[0].gpu: unknown key; did you mean 'gpus'?",
+        ),
+        (
+            "clustr: {}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "bad.yml:1: clustr: unknown key; did you mean 'cluster'?",
+        ),
+        (
+            "cluster:\n  domian: x.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "cluster.domian: unknown key; did you mean 'domain'?",
+        ),
+        (
+            "cluster:\n  domain: bad_domain.org\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "cluster.domain: 'bad_domain.org' is not a valid hostname",
+        ),
+        (
+            "cluster:\n  master_port: 70000\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "cluster.master_port: 70000 is not a TCP port",
+        ),
+        (
+            "cluster:\n  mesh_users: root\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "cluster.mesh_users: must be a list, got string",
+        ),
+        (
+            "cluster:\n  mesh_users: [root, 3]\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "cluster.mesh_users: every item must be a string, got 3",
+        ),
+        (
+            "stack:\n  cuda: 12\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.cuda: must be a string or null, got integer 12",
+        ),
+        (
+            "stack:\n  cuda: '12.x'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "bad.yml:2: stack.cuda: '12.x' is not a valid version (expected the form '12.4')",
+        ),
+        (
+            "stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.torch: 'latest' is not a valid version",
+        ),
+        (
+            "stack:\n  nccl: '2.21'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.nccl: '2.21' is not a valid version (expected the form '2.21.5-1')",
+        ),
+        (
+            "stack:\n  torch_cuda: 'cuda124'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.torch_cuda: 'cuda124' is not a valid version",
+        ),
+        (
+            "stack:\n  python: {deepspeed: 0.19}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.python.deepspeed: 0.19 is not an exact version",
+        ),
+        (
+            "stack:\n  python: {deepspeed: '>=0.19'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.python.deepspeed: '>=0.19' is not an exact version",
+        ),
+        (
+            "stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "is not a Python package name",
+        ),
+        (
+            "stack:\n  python: {colossalai: {version: '0.5.0', deps: no-thanks}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "deps must be true or false, got 'no-thanks'",
+        ),
+        (
+            "stack:\n  python: {colossalai: {deps: false}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "must be a version or {version: V, deps: false}",
+        ),
+        (
+            "stack:\n  python: {Torch: '2.4.1'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "torch is pinned by stack.torch",
+        ),
+        (
+            "stack:\n  openmpi: '4.1.4'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.openmpi: '4.1.4' is not a valid version (expected the form '4.1.4-3+b1')",
+        ),
+        (
+            "stack:\n  openmpi: '4.1.4-3 ; reboot'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.openmpi: '4.1.4-3 ; reboot' is not a valid version",
+        ),
+        (
+            "stack:\n  gcc: '11.2'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack.gcc: '11.2' is not a valid version",
+        ),
+        (
+            "nccl:\n  ib: maybe\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "nccl.ib: 'maybe' must be 'auto' or 'disable'",
+        ),
+        (
+            "nccl:\n  env: {FOO: 1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "bad.yml:2: nccl.env.FOO: 'FOO' is not an NCCL_",
+        ),
+        (
+            "nccl:\n  socket_ifname: 'eth0 eth1'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "nccl.socket_ifname: 'eth0 eth1' is not 'auto'",
+        ),
+        (
+            "openmpi:\n  tcp_include: 10.0.0.0/33\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "openmpi.tcp_include: '10.0.0.0/33' is not a subnet in CIDR form",
+        ),
+        (
+            "openmpi:\n  tcp_include: 'eth0 eth1'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "openmpi.tcp_include: 'eth0 eth1' is not an interface name or a subnet",
+        ),
+        (
+            "openmpi:\n  params: {btl_tcp_if_include: eth1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "bad.yml:2: openmpi.params.btl_tcp_if_include: btl_tcp_if_include is set by openmpi.tcp_include",
+        ),
+        (
+            "openmpi:\n  params: {PML: ucx}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "bad.yml:2: openmpi.params.PML: 'PML' is not an MCA parameter name",
+        ),
+        (
+            "ssh:\n  port: 0\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "ssh.port: 0 is not a TCP port",
+        ),
+        (
+            "nodes:\n  - name: a\n    address: 192.0.2.1\n    ssh: {prot: 22}\n",
+            "nodes[0].ssh.prot: unknown key; did you mean 'port'?",
+        ),
         ("nodes: [\n", "not valid YAML"),
     ],
 )
@@ -126,19 +250,32 @@ def test_every_problem_is_reported_at_once():
             address: 192.0.2.5
         """)
     assert len(found) == 4, found
-    assert [p.split(": ")[1] for p in found] == ["clustr", "nodes[0].address", "nodes[0].gpus", "nodes[1].name"]
+    assert [p.split(": ")[1] for p in found] == [
+        "clustr",
+        "nodes[0].address",
+        "nodes[0].gpus",
+        "nodes[1].name",
+    ]
 
 
 def test_per_node_overrides_apply_only_to_that_node():
-    cluster = Cluster.parse(textwrap.dedent("""\
+    cluster = Cluster.parse(
+        textwrap.dedent("""\
         ssh: {key: /keys/admin, port: 2222}
         nccl: {socket_ifname: '=ens1'}
         nodes:
           - {name: a, address: 192.0.2.1, ssh: {port: 22}, nccl: {socket_ifname: '=ens9'}}
           - {name: b, address: 192.0.2.2}
-        """))
+        """)
+    )
     a, b = cluster.nodes
-    assert a.ssh == {"user": "root", "become": None, "port": 22, "key": "/keys/admin", "known_hosts": None}
+    assert a.ssh == {
+        "user": "root",
+        "become": None,
+        "port": 22,
+        "key": "/keys/admin",
+        "known_hosts": None,
+    }
     assert b.ssh["port"] == 2222
     assert a.nccl["socket_ifname"] == "=ens9" and b.nccl["socket_ifname"] == "=ens1"
     assert a.nccl["ib"] == "auto"
@@ -154,12 +291,16 @@ def test_ranks_master_and_names_derive_from_order():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "trainfleet", *args], capture_output=True, text=True, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "trainfleet", *args], capture_output=True, text=True, cwd=REPO
+    )
 
 
 def test_check_command_exits_2_with_one_line_per_problem(tmp_path):
     bad = tmp_path / "bad.yml"
-    bad.write_text("nodes:\n  - {name: a, address: 192.0.2.1, gpus: -1}\n  - {name: a, address: 192.0.2.1}\n")
+    bad.write_text(
+        "nodes:\n  - {name: a, address: 192.0.2.1, gpus: -1}\n  - {name: a, address: 192.0.2.1}\n"
+    )
     result = run_cli("check", str(bad))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
@@ -175,52 +316,97 @@ def test_check_command_accepts_the_example_and_prints_json():
 
 def test_readme_spec_reference_matches_the_schema():
     readme = (REPO / "README.md").read_text()
-    assert reference_markdown().strip() in readme, "README's spec reference is stale: paste `python -m trainfleet schema`"
+    assert reference_markdown().strip() in readme, (
+        "README's spec reference is stale: paste `python -m trainfleet schema`"
+    )
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("stack: {torch: '2.4.1', torch_cuda: cu124, wheelhouse: /srv/wh, torch_index: 'https://m/whl'}\n",
-     "stack.torch_index: give stack.wheelhouse or stack.torch_index, not both"),
-    ("stack: {nccl: '2.21.5-1'}\n", "stack.nccl: pinning nccl needs stack.cuda"),
-    ("stack: {torch: '2.4.1'}\n", "stack.torch: pinning torch needs stack.torch_cuda"),
-    ("stack: {python: {deepspeed: '0.19.8'}}\n", "stack.python: pinning python packages needs stack.torch"),
-    ("stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: '0.19.7'}}\n",
-     "stack.python.deep-speed: 'deep-speed' is the same package as 'Deep_Speed'"),
-    ("stack: {wheelhouse: wh}\n", "stack.wheelhouse: 'wh' must be an absolute path on the nodes"),
-    ("ssh: {user: ubuntu}\n", "ssh.user: 'ubuntu' is not root: trainfleet writes /etc as root, so set ssh.become: sudo"),
-    ("ssh: {user: ubuntu, become: doas}\n", "ssh.become: 'doas' must be 'sudo'"),
-    ("stack: {cuda: '12.4', driver: '470.82.01'}\n",
-     "stack.driver: driver 470.82.01 is older than CUDA 12.4 needs (525.60.13 or newer)"),
-    ("stack: {cuda: '13.0', driver: '575'}\n", "stack.driver: driver 575 is older than CUDA 13.0 needs (580.65.06 or newer)"),
-    ("stack: {driver: '55'}\n", "stack.driver: '55' is not a valid version"),
-    ("stack: {torch: '2.4.1', torch_cuda: cu124, driver: '470'}\n",
-     "stack.driver: driver 470 is older than CUDA 12.4 needs (525.60.13 or newer) (torch_cuda: cu124)"),
-    ("gpu: {memlock: 8}\n", "gpu.memlock: 8 must be 'unlimited' or KiB (64 or more)"),
-    ("gpu: {memlock: 'unlimited; reboot'}\n", "gpu.memlock: 'unlimited; reboot' must be 'unlimited' or KiB"),
-    ("gpu: {fabric_manager: yes}\n", "gpu.fabric_manager: must be a string"),
-    ("preflight: {min_busbw_gbps: true}\n", "preflight.min_busbw_gbps: must be a integer or number or null"),
-    ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (
+            "stack: {torch: '2.4.1', torch_cuda: cu124, wheelhouse: /srv/wh, torch_index: 'https://m/whl'}\n",
+            "stack.torch_index: give stack.wheelhouse or stack.torch_index, not both",
+        ),
+        ("stack: {nccl: '2.21.5-1'}\n", "stack.nccl: pinning nccl needs stack.cuda"),
+        ("stack: {torch: '2.4.1'}\n", "stack.torch: pinning torch needs stack.torch_cuda"),
+        (
+            "stack: {python: {deepspeed: '0.19.8'}}\n",
+            "stack.python: pinning python packages needs stack.torch",
+        ),
+        (
+            "stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: '0.19.7'}}\n",
+            "stack.python.deep-speed: 'deep-speed' is the same package as 'Deep_Speed'",
+        ),
+        (
+            "stack: {wheelhouse: wh}\n",
+            "stack.wheelhouse: 'wh' must be an absolute path on the nodes",
+        ),
+        (
+            "ssh: {user: ubuntu}\n",
+            "ssh.user: 'ubuntu' is not root: trainfleet writes /etc as root, so set ssh.become: sudo",
+        ),
+        ("ssh: {user: ubuntu, become: doas}\n", "ssh.become: 'doas' must be 'sudo'"),
+        (
+            "stack: {cuda: '12.4', driver: '470.82.01'}\n",
+            "stack.driver: driver 470.82.01 is older than CUDA 12.4 needs (525.60.13 or newer)",
+        ),
+        (
+            "stack: {cuda: '13.0', driver: '575'}\n",
+            "stack.driver: driver 575 is older than CUDA 13.0 needs (580.65.06 or newer)",
+        ),
+        ("stack: {driver: '55'}\n", "stack.driver: '55' is not a valid version"),
+        (
+            "stack: {torch: '2.4.1', torch_cuda: cu124, driver: '470'}\n",
+            "stack.driver: driver 470 is older than CUDA 12.4 needs (525.60.13 or newer) (torch_cuda: cu124)",
+        ),
+        ("gpu: {memlock: 8}\n", "gpu.memlock: 8 must be 'unlimited' or KiB (64 or more)"),
+        (
+            "gpu: {memlock: 'unlimited; reboot'}\n",
+            "gpu.memlock: 'unlimited; reboot' must be 'unlimited' or KiB",
+        ),
+        ("gpu: {fabric_manager: yes}\n", "gpu.fabric_manager: must be a string"),
+        (
+            "preflight: {min_busbw_gbps: true}\n",
+            "preflight.min_busbw_gbps: must be a integer or number or null",
+        ),
+        ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
+    ],
+)
 def test_rules_between_keys_are_checked_before_any_host(text, expected):
     found = problems(text + "nodes:\n  - {name: a, address: 192.0.2.1}\n")
     assert any(expected in p for p in found), found
 
 
 def test_full_package_versions_are_valid_pins():
-    spec = parse_spec("stack: {cuda: '12.4', nccl: '2.21.5-1+cuda12.4', cudnn: '9.1.0.70-1'}\n"
-                      "nodes:\n  - {name: a, address: 192.0.2.1}\n")
+    spec = parse_spec(
+        "stack: {cuda: '12.4', nccl: '2.21.5-1+cuda12.4', cudnn: '9.1.0.70-1'}\n"
+        "nodes:\n  - {name: a, address: 192.0.2.1}\n"
+    )
     assert spec["stack"]["nccl"] == "2.21.5-1+cuda12.4"
 
 
 def test_a_sudo_login_is_accepted_cluster_wide_or_per_node():
-    spec = parse_spec("ssh: {user: admin, become: sudo}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
-                      "  - {name: b, address: 192.0.2.2, ssh: {user: root, become: null}}\n")
+    spec = parse_spec(
+        "ssh: {user: admin, become: sudo}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
+        "  - {name: b, address: 192.0.2.2, ssh: {user: root, become: null}}\n"
+    )
     assert spec["ssh"]["become"] == "sudo"
     found = problems("nodes:\n  - {name: a, address: 192.0.2.1, ssh: {user: ops}}\n")
     assert any("nodes[0].ssh.user: 'ops' is not root" in p for p in found), found
 
 
-@pytest.mark.parametrize("driver, cuda", [("525.60.13", "12.4"), ("535", "12.8"), ("550.54.15", "12.4"),
-                                          ("580.65.06", "13.0"), ("450.80.02", "11.8")])
+@pytest.mark.parametrize(
+    "driver, cuda",
+    [
+        ("525.60.13", "12.4"),
+        ("535", "12.8"),
+        ("550.54.15", "12.4"),
+        ("580.65.06", "13.0"),
+        ("450.80.02", "11.8"),
+    ],
+)
 def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
-    parse_spec(f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: 192.0.2.1}}\n")
+    parse_spec(
+        f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: 192.0.2.1}}\n"
+    )

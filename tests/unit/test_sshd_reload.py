@@ -1,4 +1,4 @@
-"""The sshd reload of the certificate mesh (operations/ssh_mesh.py ``_RELOAD_SSHD``), run for
+"""The sshd reload of the certificate mesh (operations/ssh_mesh_ops.py ``_RELOAD_SSHD``), run for
 real with stand-ins for sshd, ssh-keygen and systemctl: sshd is reloaded only when what it
 will read is proven, and a drop-in is moved aside only when it is the reason it is not."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from operations.ssh_mesh import _RELOAD_SSHD
+from operations.ssh_mesh_ops import _RELOAD_SSHD
 
 # sshd -t fails when the file named by $BAD_IF_PRESENT exists, or always with $SSHD_BROKEN.
 FAKE_SSHD = """#!/bin/sh
@@ -33,7 +33,11 @@ case "$1" in is-active) [ "$3" = ssh ] && exit 0; exit 3 ;; reload) echo "reload
 def node(tmp_path: Path):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name, text in (("sshd", FAKE_SSHD), ("ssh-keygen", FAKE_KEYGEN), ("systemctl", FAKE_SYSTEMCTL)):
+    for name, text in (
+        ("sshd", FAKE_SSHD),
+        ("ssh-keygen", FAKE_KEYGEN),
+        ("systemctl", FAKE_SYSTEMCTL),
+    ):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     (tmp_path / "krl").write_bytes(b"SSHKRL\n\0good")
@@ -45,11 +49,30 @@ def node(tmp_path: Path):
 def reload(node: Path, **env: str) -> tuple[int, str, list[str]]:
     """Run the reload script on ``node``: (exit status, stderr, sshd reloads)."""
     reloads = node / "reloads"
-    proc = subprocess.run(["sh", "-c", _RELOAD_SSHD, "trainfleet", str(node / "krl"), str(node / "mesh.conf"),
-                           str(node / "client.conf")],
-                          env={**os.environ, "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
-                               "RELOADS": str(reloads), **env}, capture_output=True, text=True)
-    return proc.returncode, proc.stderr, reloads.read_text().splitlines() if reloads.exists() else []
+    proc = subprocess.run(
+        [
+            "sh",
+            "-c",
+            _RELOAD_SSHD,
+            "trainfleet",
+            str(node / "krl"),
+            str(node / "mesh.conf"),
+            str(node / "client.conf"),
+        ],
+        env={
+            **os.environ,
+            "PATH": f"{node / 'bin'}:{os.environ['PATH']}",
+            "RELOADS": str(reloads),
+            **env,
+        },
+        capture_output=True,
+        text=True,
+    )
+    return (
+        proc.returncode,
+        proc.stderr,
+        reloads.read_text().splitlines() if reloads.exists() else [],
+    )
 
 
 def test_a_good_krl_and_configuration_reload_sshd_once(node):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from pyinfra_testing.facts import make_fact_tests
 
-from facts.stack import StackVersions, gcc_info, lock_name
+from facts.stack_facts import StackVersions, gcc_info, lock_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack" / "facts"
 
-TestStackVersions = make_fact_tests("facts", "stack.StackVersions", FIXTURES)
+TestStackVersions = make_fact_tests("facts", "stack_facts.StackVersions", FIXTURES)
 
 
 def test_versionlock_entries_name_their_package():
@@ -31,17 +31,28 @@ def test_real_dnf_versionlock_entries_name_their_package():
     assert [lock_name(entry) for entry in entries] == ["terraform", "tcsh"]
 
 
-@pytest.mark.parametrize("fixture, stack, released", [
-    # `apt-mark unhold libnccl2`: dpkg's selection goes from hold to install
-    ("ubuntu2204_cuda124_converged.json", {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
-     lambda line: line.replace("deb hold ok", "deb install ok") if " libnccl2 " in line else line),
-    # `dnf versionlock delete libnccl`: its entries leave the versionlock list
-    ("rocky9_cuda124_versionlocked.json", {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
-     lambda line: "" if line.startswith("lock libnccl-0:") else line),
-])
+@pytest.mark.parametrize(
+    "fixture, stack, released",
+    [
+        # `apt-mark unhold libnccl2`: dpkg's selection goes from hold to install
+        (
+            "ubuntu2204_cuda124_converged.json",
+            {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
+            lambda line: (
+                line.replace("deb hold ok", "deb install ok") if " libnccl2 " in line else line
+            ),
+        ),
+        # `dnf versionlock delete libnccl`: its entries leave the versionlock list
+        (
+            "rocky9_cuda124_versionlocked.json",
+            {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"},
+            lambda line: "" if line.startswith("lock libnccl-0:") else line,
+        ),
+    ],
+)
 def test_drift_names_a_pinned_package_released_from_its_hold(fixture, stack, released):
-    from checks.drift import package_props
-    from trainfleet.drift import compare
+    from checks.drift_check import package_props
+    from trainfleet.compare import compare
     from trainfleet.plan import stack_part
 
     output = json.loads((FIXTURES / fixture).read_text())["output"]
@@ -54,7 +65,8 @@ def test_drift_names_a_pinned_package_released_from_its_hold(fixture, stack, rel
     report = compare("c", ["n1"], {"n1": after}, {"n1": want})
     released_name = "libnccl2" if family == "debian" else "libnccl"
     assert [(f.property, f.observed, f.expected) for f in report.findings] == [
-        (f"package {released_name} hold", "not held", "held")]
+        (f"package {released_name} hold", "not held", "held")
+    ]
 
 
 def test_gcc_first_lines():
@@ -64,16 +76,28 @@ def test_gcc_first_lines():
 
 
 def test_removed_packages_and_stray_lines_are_not_installed():
-    fact = StackVersions().process([
-        "id ubuntu", "like debian", "version 22.04",
-        "deb deinstall ok config-files libnccl2 2.18.3-1+cuda12.2",
-        "deb install ok installed libnccl-dev 2.21.5-1+cuda12.4",
-        "torch 2.4.1+cpu", "torch_cuda None", "torch_gpu False",
-    ])
+    fact = StackVersions().process(
+        [
+            "id ubuntu",
+            "like debian",
+            "version 22.04",
+            "deb deinstall ok config-files libnccl2 2.18.3-1+cuda12.2",
+            "deb install ok installed libnccl-dev 2.21.5-1+cuda12.4",
+            "torch 2.4.1+cpu",
+            "torch_cuda None",
+            "torch_gpu False",
+        ]
+    )
     assert fact["packages"] == {"libnccl-dev": "2.21.5-1+cuda12.4"}
     assert fact["held"] == []
     assert fact["venv"] is False  # no "venv yes" line: torch lines alone do not make a venv
-    assert fact["torch"] == {"version": "2.4.1+cpu", "cuda": None, "gpu": False, "cudnn": None, "nccl": None}
+    assert fact["torch"] == {
+        "version": "2.4.1+cpu",
+        "cuda": None,
+        "gpu": False,
+        "cudnn": None,
+        "nccl": None,
+    }
 
 
 @pytest.mark.parametrize("bare", [False, True])
@@ -85,8 +109,9 @@ def test_the_command_exits_zero_and_parses_with_tools_missing(bare, tmp_path):
         (tmp_path / "bin" / "sh").symlink_to("/bin/sh")
         path = str(tmp_path / "bin")
     command = StackVersions().command(venv=str(tmp_path / "no-venv")).get_raw_value()
-    result = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60,
-                            env={"PATH": path})
+    result = subprocess.run(
+        ["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60, env={"PATH": path}
+    )
     assert result.returncode == 0, result.stderr
     fact = StackVersions().process(result.stdout.splitlines())
     assert fact["venv"] is False and fact["torch"] is None
@@ -94,9 +119,18 @@ def test_the_command_exits_zero_and_parses_with_tools_missing(bare, tmp_path):
 
 
 def test_venv_packages_are_read_by_their_normal_names_and_a_malformed_line_is_dropped():
-    from facts.stack import StackVersions
+    from facts.stack_facts import StackVersions
 
-    seen = StackVersions().process(["id debian", "venv yes", "pkg Jinja2 3.1.6", "pkg typing_extensions 4.16.0",
-                                    "pkg two words 1.0 extra", "pkg ;rm 1.0", "torch 2.13.0+cpu"])
+    seen = StackVersions().process(
+        [
+            "id debian",
+            "venv yes",
+            "pkg Jinja2 3.1.6",
+            "pkg typing_extensions 4.16.0",
+            "pkg two words 1.0 extra",
+            "pkg ;rm 1.0",
+            "torch 2.13.0+cpu",
+        ]
+    )
     assert seen["venv_packages"] == {"jinja2": "3.1.6", "typing-extensions": "4.16.0"}
     assert seen["torch"]["version"] == "2.13.0+cpu"

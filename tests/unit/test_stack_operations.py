@@ -10,20 +10,35 @@ from pathlib import Path
 import pytest
 from pyinfra_testing.operations import make_operation_tests
 
-from operations.stack import _KEYRING, NVIDIA_REPOS, cuda_distro, keyring_install, mirror_problem
+from operations.stack_ops import (
+    _KEYRING,
+    NVIDIA_REPOS,
+    cuda_distro,
+    keyring_install,
+    mirror_problem,
+)
 from trainfleet.pins import package_pins, torch_requirement
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack"
 
-TestCudaRepo = make_operation_tests("operations", "stack.cuda_repo", FIXTURES / "cuda_repo")
-TestPackages = make_operation_tests("operations", "stack.packages", FIXTURES / "packages")
-TestGcc = make_operation_tests("operations", "stack.gcc", FIXTURES / "gcc")
-TestTorchVenv = make_operation_tests("operations", "stack.torch_venv", FIXTURES / "torch_venv")
-TestPythonPackages = make_operation_tests("operations", "stack.python_packages", FIXTURES / "python_packages")
+TestCudaRepo = make_operation_tests("operations", "stack_ops.cuda_repo", FIXTURES / "cuda_repo")
+TestPackages = make_operation_tests("operations", "stack_ops.packages", FIXTURES / "packages")
+TestGcc = make_operation_tests("operations", "stack_ops.gcc", FIXTURES / "gcc")
+TestTorchVenv = make_operation_tests("operations", "stack_ops.torch_venv", FIXTURES / "torch_venv")
+TestPythonPackages = make_operation_tests(
+    "operations", "stack_ops.python_packages", FIXTURES / "python_packages"
+)
 # What deploy/cluster.py calls: the whole stack from one fact read; a refused part changes nothing.
-TestSoftware = make_operation_tests("operations", "stack.software", FIXTURES / "software")
+TestSoftware = make_operation_tests("operations", "stack_ops.software", FIXTURES / "software")
 
-PROD = {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1", "torch": "2.4.1", "torch_cuda": "cu124", "gcc": "11"}
+PROD = {
+    "cuda": "12.4",
+    "cudnn": "9.1.0.70",
+    "nccl": "2.21.5-1",
+    "torch": "2.4.1",
+    "torch_cuda": "cu124",
+    "gcc": "11",
+}
 
 
 def test_prod_stack_pins_per_family():
@@ -33,13 +48,24 @@ def test_prod_stack_pins_per_family():
         "libnccl2": "2.21.5-1+cuda12.4",
         "libnccl-dev": "2.21.5-1+cuda12.4",
     }
-    assert list(package_pins(PROD, "rhel")) == ["cuda-toolkit-12-4", "libcudnn9-cuda-12", "libnccl", "libnccl-devel"]
+    assert list(package_pins(PROD, "rhel")) == [
+        "cuda-toolkit-12-4",
+        "libcudnn9-cuda-12",
+        "libnccl",
+        "libnccl-devel",
+    ]
 
 
 def test_full_versions_are_taken_as_given():
-    pins = package_pins({"cuda": "12.4.1", "cudnn": "8.9.7.29-1+cuda12.2", "nccl": "2.21.5-1+cuda12.4"}, "debian")
-    assert pins == {"cuda-toolkit-12-4": "12.4.1-1", "libcudnn8": "8.9.7.29-1+cuda12.2",
-                    "libnccl2": "2.21.5-1+cuda12.4", "libnccl-dev": "2.21.5-1+cuda12.4"}
+    pins = package_pins(
+        {"cuda": "12.4.1", "cudnn": "8.9.7.29-1+cuda12.2", "nccl": "2.21.5-1+cuda12.4"}, "debian"
+    )
+    assert pins == {
+        "cuda-toolkit-12-4": "12.4.1-1",
+        "libcudnn8": "8.9.7.29-1+cuda12.2",
+        "libnccl2": "2.21.5-1+cuda12.4",
+        "libnccl-dev": "2.21.5-1+cuda12.4",
+    }
 
 
 def test_openmpi_is_pinned_at_the_exact_package_version_on_each_family():
@@ -54,13 +80,22 @@ def test_unmanaged_components_pin_nothing():
         package_pins({"cudnn": "9.1.0.70"}, "debian")
 
 
-@pytest.mark.parametrize(("os_id", "version", "distro"), [
-    ("ubuntu", "22.04", "ubuntu2204"), ("debian", "12", "debian12"),
-    ("rocky", "9.4", "rhel9"), ("centos", "7", "rhel7"), ("almalinux", "8.10", "rhel8"),
-])
+@pytest.mark.parametrize(
+    ("os_id", "version", "distro"),
+    [
+        ("ubuntu", "22.04", "ubuntu2204"),
+        ("debian", "12", "debian12"),
+        ("rocky", "9.4", "rhel9"),
+        ("centos", "7", "rhel7"),
+        ("almalinux", "8.10", "rhel8"),
+    ],
+)
 def test_nvidia_repo_names(os_id, version, distro):
     family = "debian" if os_id in ("ubuntu", "debian") else "rhel"
-    assert cuda_distro({"id": os_id, "family": family, "version": version, "package_manager": None}) == distro
+    assert (
+        cuda_distro({"id": os_id, "family": family, "version": version, "package_manager": None})
+        == distro
+    )
 
 
 def test_torch_requirement_is_the_exact_build():
@@ -70,36 +105,69 @@ def test_torch_requirement_is_the_exact_build():
 
 # ---- the keyring script itself, run here against a local .deb (dpkg -i replaced by a stub) ----
 
-needs_tools = pytest.mark.skipif(not all(shutil.which(t) for t in ("gpg", "dpkg-deb", "curl")),
-                                 reason="needs gpg, dpkg-deb and curl")
+needs_tools = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("gpg", "dpkg-deb", "curl")),
+    reason="needs gpg, dpkg-deb and curl",
+)
 
 
 def _gpg(home: Path, *args: str) -> bytes:
-    return subprocess.run(["gpg", "--homedir", str(home), "--batch", "--quiet", "--pinentry-mode", "loopback",
-                           "--passphrase", "", *args], check=True, capture_output=True).stdout
+    return subprocess.run(
+        [
+            "gpg",
+            "--homedir",
+            str(home),
+            "--batch",
+            "--quiet",
+            "--pinentry-mode",
+            "loopback",
+            "--passphrase",
+            "",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    ).stdout
 
 
 def _new_key(home: Path, name: str) -> tuple[bytes, str]:
     """A new signing key: (its public key, binary; its fingerprint)."""
     home.mkdir(mode=0o700)
     try:
-        _gpg(home, "--quick-gen-key", f"{name} <{name}@trainfleet.invalid>", "ed25519", "sign", "never")
+        _gpg(
+            home,
+            "--quick-gen-key",
+            f"{name} <{name}@trainfleet.invalid>",
+            "ed25519",
+            "sign",
+            "never",
+        )
         colons = _gpg(home, "--with-colons", "--list-keys").decode()
-        return _gpg(home, "--export"), next(line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr"))
+        return _gpg(home, "--export"), next(
+            line.split(":")[9] for line in colons.splitlines() if line.startswith("fpr")
+        )
     finally:
-        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], check=False, capture_output=True)
+        subprocess.run(
+            ["gpgconf", "--homedir", str(home), "--kill", "all"], check=False, capture_output=True
+        )
 
 
 def _keyring_deb(out: Path, keyring: bytes | None) -> Path:
     root = out / "build"
     (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text("Package: cuda-keyring\nVersion: 1.1-1\nArchitecture: all\n"
-                                             "Maintainer: tests <t@trainfleet.invalid>\nDescription: test\n")
+    (root / "DEBIAN" / "control").write_text(
+        "Package: cuda-keyring\nVersion: 1.1-1\nArchitecture: all\n"
+        "Maintainer: tests <t@trainfleet.invalid>\nDescription: test\n"
+    )
     if keyring is not None:
         (root / "usr/share/keyrings").mkdir(parents=True)
         (root / "usr/share/keyrings/cuda-archive-keyring.gpg").write_bytes(keyring)
     deb = out / "cuda-keyring_1.1-1_all.deb"
-    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)], check=True, capture_output=True)
+    subprocess.run(
+        ["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)],
+        check=True,
+        capture_output=True,
+    )
     return deb
 
 
@@ -147,7 +215,11 @@ def test_a_keyring_with_an_extra_key_or_none_is_refused(tmp_path, keys):
 
     empty = _keyring_deb(tmp_path / "none", None)
     run, dpkg = _run_keyring(tmp_path, f"file://{empty}", fpr, "file")
-    assert run.returncode == 1 and dpkg == "" and "has no /usr/share/keyrings/cuda-archive-keyring.gpg" in run.stderr
+    assert (
+        run.returncode == 1
+        and dpkg == ""
+        and "has no /usr/share/keyrings/cuda-archive-keyring.gpg" in run.stderr
+    )
 
     (tmp_path / "junk.deb").write_bytes(b"<html>a captive portal</html>")
     run, dpkg = _run_keyring(tmp_path, f"file://{tmp_path}/junk.deb", fpr, "file")
@@ -173,10 +245,29 @@ def test_without_gpg_or_sq_nothing_is_installed(tmp_path, keys):
 def test_the_download_keeps_to_the_scheme_it_was_given(tmp_path, keys):
     """curl gets --proto/--proto-redir =<scheme>: told https, an http URL (as a redirect would
     give) is refused by curl itself, before any connection."""
-    assert keyring_install("https://m.example.com/k.deb", keys["nvidia"][1]).get_raw_value().endswith(" https")
-    run = subprocess.run(["sh", "-c", _KEYRING, "trainfleet", "http://127.0.0.1:9/k.deb", keys["nvidia"][1], "https"],
-                         capture_output=True, text=True, timeout=60)
-    assert run.returncode == 1 and "cannot download http://127.0.0.1:9/k.deb; nothing installed" in run.stderr
+    assert (
+        keyring_install("https://m.example.com/k.deb", keys["nvidia"][1])
+        .get_raw_value()
+        .endswith(" https")
+    )
+    run = subprocess.run(
+        [
+            "sh",
+            "-c",
+            _KEYRING,
+            "trainfleet",
+            "http://127.0.0.1:9/k.deb",
+            keys["nvidia"][1],
+            "https",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        run.returncode == 1
+        and "cannot download http://127.0.0.1:9/k.deb; nothing installed" in run.stderr
+    )
     assert "Protocol" in run.stderr and "connect" not in run.stderr, run.stderr
 
 
@@ -192,7 +283,11 @@ def test_mirror_schemes():
 def test_venv_pins_take_plain_versions_and_packages_installed_without_their_requirements():
     from trainfleet.pins import venv_pins, without_requirements
 
-    python = {"DeepSpeed": "0.19.8", "colossalai": {"version": "0.5.0", "deps": False}, "Fabric": {"version": "3.2.3"}}
+    python = {
+        "DeepSpeed": "0.19.8",
+        "colossalai": {"version": "0.5.0", "deps": False},
+        "Fabric": {"version": "3.2.3"},
+    }
     assert venv_pins(python) == {"colossalai": "0.5.0", "deepspeed": "0.19.8", "fabric": "3.2.3"}
     assert without_requirements(python) == ["colossalai"]
 
@@ -200,5 +295,9 @@ def test_venv_pins_take_plain_versions_and_packages_installed_without_their_requ
 def test_a_venv_pin_means_what_pips_double_equals_means():
     from trainfleet.pins import satisfies
 
-    assert satisfies("0.19.1+cu124", "0.19.1") and satisfies("1.0.0", "1.0") and satisfies("2.1.0rc1", "2.1.0rc1")
+    assert (
+        satisfies("0.19.1+cu124", "0.19.1")
+        and satisfies("1.0.0", "1.0")
+        and satisfies("2.1.0rc1", "2.1.0rc1")
+    )
     assert not satisfies("0.19.2", "0.19.1") and not satisfies("0.19.1+cu121", "0.19.1+cu124")

@@ -15,15 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from facts.managed_block import AS_USER_FN, USER_PATH
-from facts.ssh_mesh import SshMeshProof
+from facts.managed_block_facts import AS_USER_FN, USER_PATH
+from facts.ssh_mesh_facts import SshMeshProof
 from operations.remote import ABSENT, as_user_command, write_command
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs commands as another user")
 
 # What root's (or the admin's) environment may carry that a user must not get.
-POLLUTION = {"TF_LEAK": "root's secret", "SSH_AUTH_SOCK": "/tmp/ssh-root/agent.1",
-             "LD_LIBRARY_PATH": "/opt/root-libs", "AWS_SECRET_ACCESS_KEY": "root-token"}
+POLLUTION = {
+    "TF_LEAK": "root's secret",
+    "SSH_AUTH_SOCK": "/tmp/ssh-root/agent.1",
+    "LD_LIBRARY_PATH": "/opt/root-libs",
+    "AWS_SECRET_ACCESS_KEY": "root-token",
+}
 # What every such process gets: the fixed set, plus the variable sh sets itself.
 FIXED = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "PWD"}
 NOBODY = pwd.getpwnam("nobody")
@@ -45,8 +49,14 @@ def polluted(extra_path: str = "") -> dict[str, str]:
 
 
 def run_sh(script: str, *args: str, env: dict[str, str], prefix: tuple[str, ...] = ()) -> str:
-    result = subprocess.run([*prefix, "sh", "-c", script, "trainfleet", *args], capture_output=True,
-                            text=True, env=env, cwd="/", timeout=60)
+    result = subprocess.run(
+        [*prefix, "sh", "-c", script, "trainfleet", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -59,7 +69,11 @@ def assert_fixed(seen: dict[str, str], also: set[str] = frozenset()) -> None:
     assert not POLLUTION.keys() & seen.keys(), seen
     assert set(seen) <= FIXED | also, seen
     assert (seen["PATH"], seen["HOME"], seen["USER"], seen["LOGNAME"]) == (
-        USER_PATH, NOBODY.pw_dir, "nobody", "nobody")
+        USER_PATH,
+        NOBODY.pw_dir,
+        "nobody",
+        "nobody",
+    )
 
 
 def test_a_script_run_as_a_user_sees_only_the_fixed_environment():
@@ -73,7 +87,9 @@ def test_the_writer_as_a_user_runs_nothing_from_roots_path_and_still_writes(nobo
     # writer calls mktemp, so it runs only if the writer inherited root's PATH.
     shadow = nobody_dir / "shadow"
     shadow.mkdir(mode=0o755)
-    (shadow / "mktemp").write_text(f"#!/bin/sh\nenv > {nobody_dir}/leaked\nexec /usr/bin/mktemp \"$@\"\n")
+    (shadow / "mktemp").write_text(
+        f'#!/bin/sh\nenv > {nobody_dir}/leaked\nexec /usr/bin/mktemp "$@"\n'
+    )
     os.chmod(shadow / "mktemp", 0o755)
     target = nobody_dir / "config"
 
@@ -85,7 +101,9 @@ def test_the_writer_as_a_user_runs_nothing_from_roots_path_and_still_writes(nobo
 
 
 def test_a_users_files_are_read_with_only_the_fixed_environment():
-    line = run_sh(AS_USER_FN + 'tf_as "$1" "$2" env', str(NOBODY.pw_uid), str(NOBODY.pw_gid), env=polluted())
+    line = run_sh(
+        AS_USER_FN + 'tf_as "$1" "$2" env', str(NOBODY.pw_uid), str(NOBODY.pw_gid), env=polluted()
+    )
     assert_fixed(parse_env(base64.b64decode(line).decode()))
 
 
@@ -94,8 +112,11 @@ def pam_environment() -> set[str]:
     names = {"SHELL", "MAIL"}
     for path in ("/etc/environment", "/etc/default/locale"):
         if Path(path).exists():
-            names |= {line.split("=", 1)[0].removeprefix("export ").strip()
-                      for line in Path(path).read_text().splitlines() if "=" in line and not line.startswith("#")}
+            names |= {
+                line.split("=", 1)[0].removeprefix("export ").strip()
+                for line in Path(path).read_text().splitlines()
+                if "=" in line and not line.startswith("#")
+            }
     return names
 
 

@@ -51,8 +51,17 @@ class OpenSshConnection:
 
     def ssh_argv(self, command: str) -> list[str]:
         port = ["-p", str(self.port)] if self.port else []
-        return ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", *port, "--", self.host,
-                self.command(command)]
+        return [
+            "ssh",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            *port,
+            "--",
+            self.host,
+            self.command(command),
+        ]
 
     def run(self, command: str, hide: bool = False) -> None:
         _check(subprocess.run(self.ssh_argv(command)).returncode, f"{self.host}: ssh")

@@ -15,8 +15,8 @@ and exits 1 when anything failed (the line then has "smoke": "fail" and an "erro
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import contextlib
+import faulthandler
 import json
 import os
 import socket
@@ -47,32 +47,59 @@ class Placement:
 def placement(env: Mapping[str, str]) -> Placement:
     """This process's rank, world size and local rank from the launcher's environment."""
     if "RANK" in env and "WORLD_SIZE" in env:
-        return Placement(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")),
-                         "torch")
+        return Placement(
+            int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0")), "torch"
+        )
     if "OMPI_COMM_WORLD_RANK" in env and "OMPI_COMM_WORLD_SIZE" in env:
-        return Placement(int(env["OMPI_COMM_WORLD_RANK"]), int(env["OMPI_COMM_WORLD_SIZE"]),
-                         int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")), "openmpi")
+        return Placement(
+            int(env["OMPI_COMM_WORLD_RANK"]),
+            int(env["OMPI_COMM_WORLD_SIZE"]),
+            int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
+            "openmpi",
+        )
     return Placement(0, 1, 0, "none")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--timeout", type=float, default=60.0,
-                        help="seconds for the rendezvous and each collective (default 60)")
-    parser.add_argument("--master-addr", "--master_addr", default=None,
-                        help="rank 0's address when the launcher sets no MASTER_ADDR (mpirun)")
-    parser.add_argument("--master-port", "--master_port", type=int, default=None,
-                        help="rank 0's port when the launcher sets no MASTER_PORT (mpirun)")
-    parser.add_argument("--deadline", type=float, default=None,
-                        help="seconds after which this rank ends itself, whatever it is doing (ranks "
-                             "a runner started over ssh outlive the runner's own timeout)")
-    parser.add_argument("--expect-world", type=int, default=None,
-                        help="fail unless the job has exactly this many ranks (a launcher that "
-                             "started fewer, e.g. one process alone, passes otherwise)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds for the rendezvous and each collective (default 60)",
+    )
+    parser.add_argument(
+        "--master-addr",
+        "--master_addr",
+        default=None,
+        help="rank 0's address when the launcher sets no MASTER_ADDR (mpirun)",
+    )
+    parser.add_argument(
+        "--master-port",
+        "--master_port",
+        type=int,
+        default=None,
+        help="rank 0's port when the launcher sets no MASTER_PORT (mpirun)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=None,
+        help="seconds after which this rank ends itself, whatever it is doing (ranks "
+        "a runner started over ssh outlive the runner's own timeout)",
+    )
+    parser.add_argument(
+        "--expect-world",
+        type=int,
+        default=None,
+        help="fail unless the job has exactly this many ranks (a launcher that "
+        "started fewer, e.g. one process alone, passes otherwise)",
+    )
     # DeepSpeed's launcher (and torch.distributed.launch) append --local_rank=N to the
     # script's arguments; the environment already carries it, so it is accepted and unused.
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--local-rank", "--local_rank", type=int, default=None, help=argparse.SUPPRESS
+    )
     return parser.parse_args(argv)
 
 
@@ -80,20 +107,29 @@ def init(where: Placement, args: argparse.Namespace, backend: str) -> None:
     timeout = timedelta(seconds=args.timeout)
     if where.world == 1 and where.style == "none":
         # Alone: an in-process store, so no port has to be free.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+        )
         return
     addr = args.master_addr or os.environ.get("MASTER_ADDR")
     port = args.master_port or os.environ.get("MASTER_PORT")
     if not addr or not port:
-        raise RuntimeError(f"{where.style} launcher set no MASTER_ADDR/MASTER_PORT: "
-                           "pass --master-addr and --master-port (or mpirun -x them)")
+        raise RuntimeError(
+            f"{where.style} launcher set no MASTER_ADDR/MASTER_PORT: "
+            "pass --master-addr and --master-port (or mpirun -x them)"
+        )
     # env:// rather than tcp://: under torchrun the workers must join the agent's store that
     # already listens on MASTER_PORT, which only the env:// rendezvous knows how to do.
-    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(where.rank),
-                      WORLD_SIZE=str(where.world), LOCAL_RANK=str(where.local_rank))
-    dist.init_process_group(backend, init_method="env://", rank=where.rank,
-                            world_size=where.world, timeout=timeout)
+    os.environ.update(
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        RANK=str(where.rank),
+        WORLD_SIZE=str(where.world),
+        LOCAL_RANK=str(where.local_rank),
+    )
+    dist.init_process_group(
+        backend, init_method="env://", rank=where.rank, world_size=where.world, timeout=timeout
+    )
 
 
 def train(where: Placement, device: torch.device) -> tuple[float, bool]:
@@ -106,8 +142,9 @@ def train(where: Placement, device: torch.device) -> tuple[float, bool]:
 
     torch.manual_seed(0)
     model = nn.Linear(8, 4).to(device)
-    ddp = DistributedDataParallel(model,
-                                  device_ids=[device.index] if device.type == "cuda" else None)
+    ddp = DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     # Rank-dependent data: the weights stay equal only if DDP really averages the gradients.
     data = torch.Generator().manual_seed(1000 + where.rank)
@@ -130,10 +167,17 @@ def main(argv: list[str] | None = None) -> int:
         faulthandler.dump_traceback_later(args.deadline, exit=True)
     where = placement(os.environ)
     backend = "nccl" if torch.cuda.is_available() else "gloo"
-    report: dict[str, Any] = {"smoke": "fail", "rank": where.rank, "world": where.world,
-                              "host": socket.gethostname(), "backend": backend,
-                              "all_reduce": None, "weights_equal": False, "steps": 0,
-                              "launcher_env": where.style}
+    report: dict[str, Any] = {
+        "smoke": "fail",
+        "rank": where.rank,
+        "world": where.world,
+        "host": socket.gethostname(),
+        "backend": backend,
+        "all_reduce": None,
+        "weights_equal": False,
+        "steps": 0,
+        "launcher_env": where.style,
+    }
     try:
         if args.expect_world is not None and where.world != args.expect_world:
             raise RuntimeError(f"{where.world} rank(s) in the job, expected {args.expect_world}")

@@ -1,0 +1,33 @@
+"""A check run's output: a table for people on stderr, JSON for scripts (the verdict per node
+is the ``operations.verdict.verdict`` operation)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from trainfleet.keystore import store_root
+
+
+def report_path(kind: str, cluster: str) -> Path:
+    """``.trainfleet/reports/<kind>-<cluster>.json`` (under TRAINFLEET_HOME when set)."""
+    return store_root().parent / "reports" / f"{kind}-{cluster}.json"
+
+
+def publish(
+    title: str, table: str, lines: list[str], json_text: str, path: Path, stdout_env: str
+) -> None:
+    """Print the table and one line per finding, write the JSON atomically, and also print
+    it on stdout when the environment variable ``stdout_env`` is ``-``."""
+    print(f"\n--> {title}:", file=sys.stderr)
+    print(table, file=sys.stderr)
+    for line in lines:
+        print(f"    {line}", file=sys.stderr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json_text + "\n")
+    tmp.replace(path)
+    print(f"    JSON report: {path}\n", file=sys.stderr)
+    if os.environ.get(stdout_env) == "-":
+        print(json_text)

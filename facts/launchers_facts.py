@@ -1,0 +1,92 @@
+"""Facts of the launcher directory: what each file in it holds (by hash) and its mode, and
+the text of the few files drift found changed."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from facts.managed_block_facts import file_text, read_file_lines
+
+_SCRIPT = r"""
+[ -d "$1" ] || exit 0
+for f in "$1"/* "$1"/.[!.]*; do
+  [ -f "$f" ] && printf '%s %s %s\n' "$(stat -c %a "$f")" "$(sha256sum < "$f" | cut -d' ' -f1)" "${f##*/}"
+done
+true
+"""
+
+
+class FileSum(TypedDict):
+    mode: str
+    sha256: str
+
+
+class LauncherFiles(FactBase[dict[str, FileSum]]):
+    """
+    Every regular file in the launcher directory: ``{name: {"mode": ..., "sha256": ...}}``.
+
+    + directory: the launcher directory
+
+    .. code:: python
+
+        {"hostfile": {"mode": "644", "sha256": "3f2a..."}, "torchrun.sh": {"mode": "755", "sha256": "..."}}
+    """
+
+    def command(self, directory: str) -> StringCommand:
+        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", QuoteString(directory))
+
+    def process(self, output: list[str]) -> dict[str, FileSum]:
+        files: dict[str, FileSum] = {}
+        for line in output:
+            mode, sha, name = line.split(" ", 2)
+            files[name] = {"mode": mode, "sha256": sha}
+        return files
+
+    @staticmethod
+    def default() -> dict[str, FileSum]:
+        return {}
+
+
+CONTENT_BYTES = 65536  # of one launcher file drift shows a diff of: its diff is 40 lines anyway
+
+# Each named file as one framed ``file NAME STATE - BASE64`` line (facts/managed_block_facts.py),
+# bounded: a file a user grew to gigabytes costs its first CONTENT_BYTES only.
+_CONTENT_SCRIPT = r"""
+d=$1 n=$2; shift 2
+for f in "$@"; do
+  if [ -f "$d/$f" ]; then printf 'file %s regular - ' "$f"; head -c "$n" "$d/$f" | base64 -w0; echo
+  else echo "file $f missing -"; fi
+done
+"""
+
+
+class LauncherContents(FactBase[dict[str, str | None]]):
+    """
+    The text of the named launcher files (their first CONTENT_BYTES): ``{name: text}``,
+    None for a file that is missing or not a regular file. Drift reads it only from a node
+    whose launcher files differ from its plan, and only those files: a converged node sends
+    digests alone (LauncherFiles).
+
+    + directory: the launcher directory
+    + names: file names in it (trainfleet's own, never a path)
+    """
+
+    def command(self, directory: str, names: list[str]) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_CONTENT_SCRIPT),
+            "trainfleet",
+            QuoteString(directory),
+            str(CONTENT_BYTES),
+            *map(QuoteString, names),
+        )
+
+    def process(self, output: list[str]) -> dict[str, str | None]:
+        return {name: file_text(read) for name, read in read_file_lines(output).items()}
+
+    @staticmethod
+    def default() -> dict[str, str | None]:
+        return {}

@@ -1,0 +1,200 @@
+"""Facts of the NCCL network environment: what the node's network offers, and what its
+processes actually see."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
+from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
+
+# Interfaces with their addresses, bridges, and every InfiniBand/RoCE port with its GID
+# table, from sysfs under $1 (a fixture tree in tests, /sys on nodes).
+_NETWORK_SCRIPT = r"""
+root=$1
+ip -o addr show 2>/dev/null | while read -r idx name family addr rest; do echo "addr ${name%%@*} $family $addr"; done
+for d in "$root"/class/net/*; do
+  [ -d "$d/bridge" ] && echo "bridge ${d##*/}"
+  [ -r "$d/mtu" ] && echo "mtu ${d##*/} $(cat "$d/mtu" 2>/dev/null)"
+done
+for p in "$root"/class/infiniband/*/ports/*; do
+  [ -d "$p" ] || continue
+  dev=${p%/ports/*}; dev=${dev##*/}; port=${p##*/}
+  echo "port $dev $port $(cat "$p/link_layer" 2>/dev/null | tr ' ' _) $(cat "$p/state" 2>/dev/null | tr -d ' ')"
+  for t in "$p"/gid_attrs/types/*; do
+    [ -f "$t" ] || continue
+    i=${t##*/}
+    type=$(cat "$t" 2>/dev/null | tr ' ' _) || continue
+    [ -n "$type" ] || continue
+    echo "gid $dev $port $i $type $(cat "$p/gids/$i" 2>/dev/null) $(cat "$p/gid_attrs/ndevs/$i" 2>/dev/null)"
+  done
+done
+# Each port's active MTU (sysfs has none): ibv_devinfo, bounded (a wedged HCA must not hang the run).
+if command -v ibv_devinfo >/dev/null 2>&1; then
+  timeout 10 ibv_devinfo 2>/dev/null | awk '$1 == "hca_id:" { d = $2 } $1 == "port:" { p = $2 }
+    $1 == "active_mtu:" { print "ibmtu", d, p, $2 }'
+fi
+"""
+
+_FILES_SCRIPT = (
+    FILE_FN
+    + r"""
+for f in "$@"; do tf_file "$f" "$f"; done
+"""
+)
+
+
+class NcclNetworkT(TypedDict):
+    interfaces: list[Interface]
+    ib_ports: list[IbPort]
+
+
+class NcclNetwork(FactBase[NcclNetworkT]):
+    """
+    What the node's network offers NCCL: interfaces with their addresses and MTU, bridges, and
+    every InfiniBand/RoCE port with its state, link layer, GID table and active MTU
+    (``ibv_devinfo``, where installed), in one command.
+
+    + sysfs: the sysfs root (tests point it at fixture trees copied from real machines)
+
+    .. code:: python
+
+        {
+            "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"], "cidrs": ["198.18.0.11/24"],
+                            "bridge": False, "mtu": 9000}],
+            "ib_ports": [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet", "state": "4:ACTIVE",
+                          "gids": [{"index": 3, "type": "RoCE_v2", "gid": "0000:...:ffff:c612:000b", "ndev": "ens1f0"}]}],
+        }
+    """
+
+    def command(self, sysfs: str = "/sys") -> StringCommand:
+        return StringCommand(
+            "sh", "-c", QuoteString(_NETWORK_SCRIPT), "trainfleet", QuoteString(sysfs)
+        )
+
+    def process(self, output: list[str]) -> NcclNetworkT:
+        interfaces: dict[str, Interface] = {}
+        ports: dict[tuple[str, int], IbPort] = {}
+        active_mtu: dict[tuple[str, int], int] = {}
+        for line in output:
+            kind, *fields = line.split()
+            if kind == "addr" and len(fields) >= 3:
+                iface = interfaces.setdefault(
+                    fields[0], {"name": fields[0], "addresses": [], "bridge": False}
+                )
+                iface["addresses"].append(fields[2].split("/")[0])
+                iface.setdefault("cidrs", []).append(fields[2])
+            elif kind == "mtu" and len(fields) == 2 and fields[1].isdigit():
+                interfaces.setdefault(
+                    fields[0], {"name": fields[0], "addresses": [], "bridge": False}
+                )["mtu"] = int(fields[1])
+            elif (
+                kind == "ibmtu" and len(fields) == 3 and fields[1].isdigit() and fields[2].isdigit()
+            ):
+                active_mtu[(fields[0], int(fields[1]))] = int(fields[2])
+            elif kind == "bridge":
+                interfaces.setdefault(
+                    fields[0], {"name": fields[0], "addresses": [], "bridge": False}
+                )["bridge"] = True
+            elif kind == "port" and len(fields) >= 3:
+                ports[(fields[0], int(fields[1]))] = {
+                    "device": fields[0],
+                    "port": int(fields[1]),
+                    "link_layer": fields[2],
+                    "state": fields[3] if len(fields) > 3 else "",
+                    "gids": [],
+                }
+            elif kind == "gid" and len(fields) >= 5 and (fields[0], int(fields[1])) in ports:
+                ports[(fields[0], int(fields[1]))]["gids"].append(
+                    {
+                        "index": int(fields[2]),
+                        "type": fields[3],
+                        "gid": fields[4],
+                        "ndev": fields[5] if len(fields) > 5 else None,
+                    }
+                )
+
+        for key, mtu in active_mtu.items():
+            if key in ports:
+                ports[key]["active_mtu"] = mtu
+        # interfaces that only had an MTU line (no address, no bridge) are still interfaces
+        return {"interfaces": list(interfaces.values()), "ib_ports": list(ports.values())}
+
+
+class NcclEnvFilesT(TypedDict):
+    profile: str | None
+    environment: BlockState
+    nccl_conf: BlockState
+
+
+class NcclEnvFiles(FactBase[NcclEnvFilesT]):
+    """
+    trainfleet's NCCL environment files on the node, in one command: the profile.d file
+    (None when absent) and the managed blocks of /etc/environment and /etc/nccl.conf.
+
+    .. code:: python
+
+        {"profile": "# Written by trainfleet...\\nexport NCCL_SOCKET_IFNAME==eth0\\n",
+         "environment": {"exists": True, "block": ["NCCL_SOCKET_IFNAME==eth0"], ...},
+         "nccl_conf": {"exists": False, "block": None, "outside": [], "broken": None}}
+    """
+
+    def command(self) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_FILES_SCRIPT),
+            "trainfleet",
+            NCCL_PROFILE,
+            NCCL_ENVIRONMENT,
+            NCCL_CONF,
+        )
+
+    def process(self, output: list[str]) -> NcclEnvFilesT:
+        files = read_file_lines(output)
+        return {
+            "profile": file_text(files.get(NCCL_PROFILE)),
+            "environment": block_state(files.get(NCCL_ENVIRONMENT), ENV_PURPOSE),
+            "nccl_conf": block_state(files.get(NCCL_CONF), ENV_PURPOSE),
+        }
+
+
+_SEEN_SCRIPT = r"""
+echo "@non-login"; env
+echo "@login"; bash -lc env 2>/dev/null || sh -lc env
+"""
+
+
+class NcclEnvSeenT(TypedDict):
+    non_login: dict[str, str]
+    login: dict[str, str]
+
+
+class NcclEnvSeen(FactBase[NcclEnvSeenT]):
+    """
+    The NCCL_/GLOO_/UCX_ variables as processes see them: in the non-login shell an
+    ``ssh node CMD`` gets (what pdsh, mpirun and DeepSpeed's runner start) and in a login shell.
+
+    .. code:: python
+
+        {"non_login": {"NCCL_SOCKET_IFNAME": "=eth0"}, "login": {"NCCL_SOCKET_IFNAME": "=eth0"}}
+    """
+
+    def command(self) -> str:
+        return _SEEN_SCRIPT
+
+    def process(self, output: list[str]) -> NcclEnvSeenT:
+        seen: NcclEnvSeenT = {"non_login": {}, "login": {}}
+        target: dict[str, str] | None = None
+        for line in output:
+            if line == "@non-login":
+                target = seen["non_login"]
+            elif line == "@login":
+                target = seen["login"]
+            elif target is not None and line.startswith(("NCCL_", "GLOO_", "UCX_")) and "=" in line:
+                key, value = line.split("=", 1)
+                target[key] = value
+        return seen

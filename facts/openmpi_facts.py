@@ -1,0 +1,125 @@
+"""Facts of OpenMPI on a node: which OpenMPI answers ``mpirun``, and each user's MCA
+parameter file (``~/.openmpi/mca-params.conf``) split around trainfleet's block."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+from facts.managed_block_facts import (
+    AS_USER_FN,
+    FILE_FN,
+    BlockState,
+    block_state,
+    decode_lines,
+    read_file_lines,
+)
+
+MCA_PURPOSE = "openmpi network"
+MCA_FILE = ".openmpi/mca-params.conf"  # relative to the user's home
+
+# One command: mpirun's version line, then per user its home, group and parameter file.
+_SCRIPT = (
+    AS_USER_FN
+    + r"""
+file=$1 part=$2; shift 2
+echo "version $(mpirun --version 2>/dev/null | head -n 1)"
+for u in "$@"; do
+  entry=$(getent passwd "$u") || { echo "user $u nouser"; continue; }
+  home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
+  printf 'user %s %s %s %s ' "$u" "$uid" "$(getent group "$gid" | cut -d: -f1 | tr -d ' ')" "$(printf %s "$home" | base64 -w0)"
+  tf_as "$uid" "$gid" "$part" "$home/$file"
+done
+"""
+)
+
+# Read as the user: the parameter file in the user's home.
+_USER_PART = FILE_FN + 'tf_file params "$1"'
+
+
+class UserParams(TypedDict):
+    exists: bool
+    home: str | None
+    group: str | None
+    uid: str | None
+    params: BlockState
+
+
+class OpenMpiT(TypedDict):
+    version: str | None  # "4.1.4"; None: no mpirun on the PATH
+    users: dict[str, UserParams]
+
+
+def _version(line: str) -> str | None:
+    # "mpirun (Open MPI) 4.1.4"; other MPIs print their own names (kept whole).
+    text = line.strip()
+    if not text:
+        return None
+    return text.rsplit(" ", 1)[-1] if "Open MPI" in text else text
+
+
+class OpenMpiState(FactBase[OpenMpiT]):
+    """
+    OpenMPI on the node and every given user's ``~/.openmpi/mca-params.conf``, in one command.
+
+    + users: the users whose parameter files to read (the mesh users)
+
+    .. code:: python
+
+        {
+            "version": "4.1.4",
+            "users": {"root": {"exists": True, "home": "/root", "group": "root",
+                               "params": {"exists": True, "block": ["btl_tcp_if_include = eth0", ...],
+                                          "outside": [], "broken": None}}},
+        }
+    """
+
+    def command(self, users: list[str]) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_SCRIPT),
+            "trainfleet",
+            MCA_FILE,
+            QuoteString(_USER_PART),
+            *(QuoteString(u) for u in users),
+        )
+
+    def process(self, output: list[str]) -> OpenMpiT:
+        version = next(
+            (line[len("version ") :] for line in output if line.startswith("version")), ""
+        )
+        users: dict[str, UserParams] = {}
+        for line in output:
+            if not line.startswith("user "):
+                continue
+            fields = line.split(" ")
+            if fields[2:] == ["nouser"]:
+                users[fields[1]] = {
+                    "exists": False,
+                    "home": None,
+                    "group": None,
+                    "uid": None,
+                    "params": block_state(None, MCA_PURPOSE),
+                }
+                continue
+            if len(fields) != 6:
+                raise FactProcessError(f"unreadable user line: {line[:80]!r}")
+            _, name, uid, group, home, part = fields
+            files = read_file_lines(decode_lines(part))
+            if "params" not in files:
+                raise FactProcessError(f"{name}'s {MCA_FILE} could not be read (as {name})")
+            users[name] = {
+                "exists": True,
+                "home": "\n".join(decode_lines(home)) or None,
+                "group": group or None,
+                "uid": uid,
+                "params": block_state(files["params"], MCA_PURPOSE),
+            }
+        return {"version": _version(version), "users": users}
+
+    @staticmethod
+    def default() -> OpenMpiT:
+        return {"version": None, "users": {}}

@@ -1,0 +1,419 @@
+"""Facts of the SSH mesh: host keys, a mesh user's SSH files, and the proof that the mesh works."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api.exceptions import FactProcessError
+
+from facts.managed_block_facts import (
+    AS_USER_FN,
+    FILE_FN,
+    USER_ENV_FN,
+    BlockState,
+    FileRead,
+    block_state,
+    decode_lines,
+    read_file_lines,
+)
+from trainfleet.defaults import (
+    HOST_CERT_SUFFIX,
+    MESH_KEY_NAME,
+    MESH_PROBE_PARALLEL,
+    MESH_PROBE_TIMEOUT,
+    REVOKED_KEYS,
+    SSH_MAIN_CONF,
+    SSH_MESH_CONF,
+    SSHD_MAIN_CONF,
+    SSHD_MESH_CONF,
+)
+
+AUTHORIZED_PURPOSE = "ssh mesh keys"
+CONFIG_PURPOSE = "ssh mesh hosts"
+KNOWN_HOSTS_PURPOSE = "ssh mesh host keys"
+
+
+class SshHostKeys(FactBase[list[str]]):
+    """
+    The node's SSH host public keys as ``type base64`` (comments dropped), sorted.
+
+    .. code:: python
+
+        ["ecdsa-sha2-nistp256 AAAAE2Vj...", "ssh-ed25519 AAAAC3Nz..."]
+    """
+
+    def command(self) -> str:
+        return "cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return sorted({" ".join(line.split()[:2]) for line in output if len(line.split()) >= 2})
+
+    @staticmethod
+    def default() -> list[str]:
+        return []
+
+
+class FileMeta(TypedDict):
+    mode: str
+    owner: str
+    sha256: str | None
+
+
+class SshUserT(TypedDict):
+    exists: bool
+    home: str | None
+    group: str | None
+    uid: str | None
+    ssh_dir: FileMeta | None
+    identity: FileMeta | None
+    identity_pub: FileMeta | None
+    authorized: BlockState
+    config: BlockState
+    certificate: str | None  # ~/.ssh/id_trainfleet-cert.pub, its first line; None: none
+
+
+# Root looks the user up; everything in the home is read AS the user (setpriv, bounded in
+# time), so a link the user planted can only show the user's own files. The user part's
+# output is base64-encoded by root's shell: the user cannot forge the lines around it.
+_USER_SCRIPT = (
+    AS_USER_FN
+    + r"""
+u=$1; key=$2; part=$3
+entry=$(getent passwd "$u") || { echo "nouser"; exit 0; }
+home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
+echo "home $home"; echo "uid $uid"; echo "group $(getent group "$gid" | cut -d: -f1)"
+printf 'user '; tf_as "$uid" "$gid" "$part" "$home" "$key"
+"""
+)
+
+_USER_PART = (
+    FILE_FN
+    + r"""
+home=$1; key=$2
+meta() { if [ -e "$1" ]; then printf '%s %s %s\n' "$2" "$(stat -L -c '%a %U' -- "$1")" "$( [ -f "$1" ] && sha256sum < "$1" | cut -d' ' -f1 || echo -)"; else echo "$2 missing"; fi; }
+meta "$home/.ssh" ssh_dir
+meta "$home/.ssh/$key" identity
+meta "$home/.ssh/$key.pub" identity_pub
+tf_file authorized_keys "$home/.ssh/authorized_keys"
+tf_file config "$home/.ssh/config"
+tf_file certificate "$home/.ssh/$key-cert.pub"
+"""
+)
+
+
+class SshMeshUser(FactBase[SshUserT]):
+    """
+    One mesh user's SSH state on the node, in one command: home, ``~/.ssh`` and the
+    cluster key's mode/owner/sha256 (read as the user), and the managed blocks of
+    ``authorized_keys`` and ``config`` (private key contents are never read back, only their hash).
+
+    + user: the mesh user
+
+    .. code:: python
+
+        {
+            "exists": True, "home": "/root", "group": "root", "uid": "0",
+            "ssh_dir": {"mode": "700", "owner": "root", "sha256": None},
+            "identity": {"mode": "600", "owner": "root", "sha256": "9f86d08..."},
+            "identity_pub": {"mode": "644", "owner": "root", "sha256": "2c26b46..."},
+            "authorized": {"exists": True, "block": ["ssh-ed25519 AAAA... trainfleet:prod:root@gpu-a01"], ...},
+            "config": {"exists": False, "block": None, "outside": [], "broken": None, ...},
+        }
+    """
+
+    def command(self, user: str) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_USER_SCRIPT),
+            "trainfleet",
+            QuoteString(user),
+            MESH_KEY_NAME,
+            QuoteString(_USER_PART),
+        )
+
+    def process(self, output: list[str]) -> SshUserT:
+        if output[:1] == ["nouser"]:
+            empty = block_state(None, AUTHORIZED_PURPOSE)
+            return {
+                "exists": False,
+                "home": None,
+                "group": None,
+                "uid": None,
+                "ssh_dir": None,
+                "identity": None,
+                "identity_pub": None,
+                "authorized": empty,
+                "config": empty,
+                "certificate": None,
+            }
+        head = {
+            key: value
+            for key, _, value in (
+                line.partition(" ") for line in output if not line.startswith("user ")
+            )
+        }
+        user_lines = next(
+            (decode_lines(line[len("user ") :]) for line in output if line.startswith("user ")),
+            None,
+        )
+        if user_lines is None or not head.get("home"):
+            raise FactProcessError("the mesh user's files could not be read")
+        files = read_file_lines(user_lines)
+        seen = {
+            key: value
+            for key, _, value in (
+                line.partition(" ") for line in user_lines if not line.startswith("file ")
+            )
+        }
+        if (
+            not {"ssh_dir", "identity", "identity_pub"} <= seen.keys()
+            or not {"authorized_keys", "config", "certificate"} <= files.keys()
+        ):
+            raise FactProcessError("the mesh user's files could not be read (as the user)")
+
+        def meta(key: str) -> FileMeta | None:
+            fields = seen[key].split()
+            if fields == ["missing"]:
+                return None
+            if len(fields) != 3:
+                raise FactProcessError(f"{key}: unreadable metadata {seen[key]!r}")
+            return {
+                "mode": fields[0],
+                "owner": fields[1],
+                "sha256": None if fields[2] == "-" else fields[2],
+            }
+
+        return {
+            "exists": True,
+            "home": head["home"],
+            "group": head.get("group") or None,
+            "uid": head.get("uid") or None,
+            "ssh_dir": meta("ssh_dir"),
+            "identity": meta("identity"),
+            "identity_pub": meta("identity_pub"),
+            "authorized": block_state(files["authorized_keys"], AUTHORIZED_PURPOSE),
+            "config": block_state(files["config"], CONFIG_PURPOSE),
+            "certificate": first_line(files["certificate"]),
+        }
+
+
+def first_line(read: FileRead) -> str | None:
+    """A regular file's first line (a certificate file holds one), else None."""
+    if read["state"] != "regular" or not read["data"]:
+        return None
+    return read["data"].decode("utf-8", "replace").split("\n", 1)[0].strip() or None
+
+
+class SshdMeshT(TypedDict):
+    includes_drop_ins: (
+        bool  # sshd_config includes sshd_config.d/*.conf (else the drop-in is never read)
+    )
+    other_revoked_keys: list[str]  # sshd files other than trainfleet's that set RevokedKeys
+    certificates: dict[str, str | None]  # host certificate path -> its line (None: no such file)
+    drop_in: bytes | None  # trainfleet's sshd_config.d file
+    revoked_keys: bytes | None  # the KRL
+    client_includes_drop_ins: bool  # ssh_config includes ssh_config.d/*.conf for every host
+    other_revoked_host_keys: list[str]  # other ssh client files that set RevokedHostKeys
+    client_drop_in: bytes | None  # trainfleet's ssh_config.d file
+
+
+_HOST_CERT_PATHS = tuple(
+    f"/etc/ssh/ssh_host_{kind}_key{HOST_CERT_SUFFIX}" for kind in ("dsa", "ecdsa", "ed25519", "rsa")
+)
+
+# Root reads root's files in /etc/ssh: no user controls them. ssh_config's Include must be read
+# for every host: outside any Host/Match block but `Host *` / `Match all` (ssh scopes an
+# included file's lines to the block around its Include).
+_SSHD_SCRIPT = (
+    FILE_FN
+    + r"""
+main=$1 drop_in=$2 krl=$3 client=$4 client_drop_in=$5; shift 5
+if grep -Eiq '^[[:space:]]*Include[[:space:]]+/etc/ssh/sshd_config\.d/\*\.conf([[:space:]]|$)' "$main" 2>/dev/null
+then echo "include yes"; else echo "include no"; fi
+for f in "$main" /etc/ssh/sshd_config.d/*.conf; do
+  [ "$f" = "$drop_in" ] || ! [ -f "$f" ] && continue
+  grep -Eiq '^[[:space:]]*RevokedKeys[[:space:]]' "$f" && echo "revoked_keys_in $f"
+done
+if [ -f "$client" ] && awk '
+  { line = tolower($0); sub(/^[ \t]+/, "", line); sub(/[ \t]+$/, "", line) }
+  line ~ /^host[ \t=]/ { scoped = line !~ /^host[ \t=]+\*$/; next }
+  line ~ /^match[ \t=]/ { scoped = line !~ /^match[ \t=]+all$/; next }
+  !scoped && line ~ /^include[ \t=]+(\/etc\/ssh\/)?ssh_config\.d\/\*\.conf([ \t]|$)/ { found = 1 }
+  END { exit !found }' "$client"
+then echo "client_include yes"; else echo "client_include no"; fi
+for f in "$client" /etc/ssh/ssh_config.d/*.conf; do
+  [ "$f" = "$client_drop_in" ] || ! [ -f "$f" ] && continue
+  grep -Eiq '^[[:space:]]*RevokedHostKeys([[:space:]]|=)' "$f" && echo "revoked_host_keys_in $f"
+done
+tf_file drop_in "$drop_in"
+tf_file krl "$krl"
+tf_file client_drop_in "$client_drop_in"
+for f in "$@"; do tf_file "$f" "$f"; done
+true
+"""
+)
+
+
+class SshdMesh(FactBase[SshdMeshT]):
+    """
+    sshd's part of a certificate mesh on the node: its host certificates, trainfleet's
+    sshd_config.d file and key revocation list, whether sshd_config reads sshd_config.d, and
+    any other file that sets ``RevokedKeys`` (sshd takes the first one it reads); and the ssh
+    client's: trainfleet's ssh_config.d file, whether ssh_config reads ssh_config.d for every
+    host, and any other system file that sets ``RevokedHostKeys``.
+
+    .. code:: python
+
+        {"includes_drop_ins": True, "other_revoked_keys": [],
+         "certificates": {"/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...", ...},
+         "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL...",
+         "client_includes_drop_ins": True, "other_revoked_host_keys": [],
+         "client_drop_in": b"Host *..."}
+    """
+
+    def command(self) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_SSHD_SCRIPT),
+            "trainfleet",
+            SSHD_MAIN_CONF,
+            SSHD_MESH_CONF,
+            REVOKED_KEYS,
+            SSH_MAIN_CONF,
+            SSH_MESH_CONF,
+            *_HOST_CERT_PATHS,
+        )
+
+    def process(self, output: list[str]) -> SshdMeshT:
+        head = [line for line in output if not line.startswith("file ")]
+        files = read_file_lines(output)
+        if (
+            not any(line.startswith("include ") for line in head)
+            or not any(line.startswith("client_include ") for line in head)
+            or not {"drop_in", "krl", "client_drop_in", *_HOST_CERT_PATHS} <= files.keys()
+        ):
+            raise FactProcessError("sshd's files could not be read")
+        return {
+            "includes_drop_ins": "include yes" in head,
+            "other_revoked_keys": [
+                line.split(" ", 1)[1] for line in head if line.startswith("revoked_keys_in ")
+            ],
+            "certificates": {path: first_line(files[path]) for path in _HOST_CERT_PATHS},
+            "drop_in": files["drop_in"]["data"] if files["drop_in"]["state"] == "regular" else None,
+            "revoked_keys": files["krl"]["data"] if files["krl"]["state"] == "regular" else None,
+            "client_includes_drop_ins": "client_include yes" in head,
+            "other_revoked_host_keys": [
+                line.split(" ", 1)[1] for line in head if line.startswith("revoked_host_keys_in ")
+            ],
+            "client_drop_in": (
+                files["client_drop_in"]["data"]
+                if files["client_drop_in"]["state"] == "regular"
+                else None
+            ),
+        }
+
+
+# Probe every peer as the mesh user: BatchMode (no password prompt), host keys checked
+# strictly, a bounded number at once, each starting at a different peer so no node is
+# hit by every other node at the same moment.
+_PROBE_SCRIPT = r"""
+parallel=$1; timeout_s=$2; shift 2
+d=$(mktemp -d) || exit 1; trap 'rm -rf "$d"' EXIT
+# Start after this node in the list, so the N nodes do not all hit the same peer first.
+me=$(hostname); n=0; i=0
+for peer in "$@"; do i=$((i + 1)); [ "$peer" = "$me" ] && n=$i; done
+i=0
+for peer in "$@"; do i=$((i + 1)); [ $i -le $n ] && set -- "$@" "$peer"; done
+shift $n
+echo "probing $#"
+probe() {
+  out=$(timeout "$timeout_s" ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes \
+        -o ConnectTimeout="$timeout_s" "$1" true 2>&1)
+  rc=$?
+  if [ $rc -eq 0 ]; then echo "ok $1"; else echo "fail $1 rc=$rc $(echo "$out" | tr '\n' ' ' | cut -c1-200)"; fi
+}
+i=0
+for peer in "$@"; do
+  probe "$peer" >>"$d/first" &
+  i=$((i + 1))
+  if [ $((i % parallel)) -eq 0 ]; then wait; fi
+done
+wait
+# A timeout, or sshd dropping the connection before authentication (its MaxStartups limit,
+# when every node probes at once), says nothing about the mesh: such a peer is probed once
+# more, alone. A refused key or a host key mismatch is final.
+while read -r status peer rest; do
+  case "$status $rest" in
+    "fail rc=124"*|*kex_exchange_identification*|*"Connection closed"*|*"Connection reset"*) probe "$peer" ;;
+    *) echo "$status $peer $rest" ;;
+  esac
+done <"$d/first"
+"""
+
+
+# The probe as a mesh user: su without -l, so the user's profile (the user's code) never runs
+# in it; from a fixed environment, never root's (su adds the node's PAM one: /etc/environment).
+_AS_MESH_USER = USER_ENV_FN + 'tf_user_env "$1" su -s /bin/sh "$1" -c "$2"\n'
+
+
+class SshMeshProof(FactBase[dict[str, str]]):
+    """
+    Proof of the mesh from this node: ``ssh`` to every peer by name, as the mesh user,
+    with host keys verified and no prompts. Returns ``{peer: "ok" | reason}``.
+
+    + user: the mesh user to probe as
+    + peers: peer names in the order to probe them (a list, or comma-separated on the CLI:
+      ``pyinfra INVENTORY fact facts.ssh_mesh_facts.SshMeshProof user=root peers=gpu-a01,gpu-a02``)
+
+    .. code:: python
+
+        {"gpu-a02": "ok", "gpu-a03": "rc=255 Host key verification failed."}
+    """
+
+    def command(self, user: str, peers: list[str] | str) -> StringCommand:
+        if isinstance(peers, str):
+            peers = [p for p in peers.split(",") if p]
+        probe = StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_PROBE_SCRIPT),
+            "trainfleet",
+            str(MESH_PROBE_PARALLEL),
+            str(MESH_PROBE_TIMEOUT),
+            *(QuoteString(p) for p in peers),
+        )
+        self.peers = list(peers)
+        if user == "root":
+            return probe
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_AS_MESH_USER),
+            "trainfleet",
+            QuoteString(user),
+            QuoteString(probe.get_raw_value()),
+        )
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        peers = getattr(self, "peers", [])
+        if not any(line.startswith("probing ") for line in output):
+            # The probe did not run (the user's shell failed, su refused): nothing was proven.
+            return {peer: "not probed" for peer in peers}
+        results = {peer: "no answer" for peer in peers}
+        for line in output:
+            status, _, rest = line.partition(" ")
+            peer, _, reason = rest.partition(" ")
+            if peer not in results:
+                continue
+            if status == "ok":
+                results[peer] = "ok"
+            elif status == "fail":
+                results[peer] = reason.strip() or "failed"
+        return results
+
+    @staticmethod
+    def default() -> dict[str, str]:
+        return {}

@@ -1,0 +1,277 @@
+"""Fact of the pinned software stack: what a node has installed and what its venv loads."""
+
+from __future__ import annotations
+
+import re
+from typing import TypedDict
+
+from pyinfra.api import FactBase, QuoteString, StringCommand
+
+from facts.managed_block_facts import SECTION, split_sections
+from trainfleet.osfamily import OsFamilyT, os_family
+from trainfleet.pins import PINNED_PACKAGES
+from trainfleet.schema import normalized_dist
+
+GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+_SECTION = SECTION
+
+# Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
+_SCRIPT = r"""
+venv=$1 sep=$2 prof=$3 py=$4
+( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
+if command -v dpkg-query >/dev/null 2>&1; then
+  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 'cuda-drivers*' 2>/dev/null
+fi
+if command -v rpm >/dev/null 2>&1; then
+  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi 'cuda-drivers*' 2>/dev/null
+fi
+for f in /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list; do
+  [ -r "$f" ] && awk '/^[^#! ]/ { print "lock " $0 }' "$f"
+done
+[ -f /usr/share/keyrings/cuda-archive-keyring.gpg ] && echo "keyring yes"
+n=$(command -v nvcc 2>/dev/null); [ -n "$n" ] || n=/usr/local/cuda/bin/nvcc
+[ -x "$n" ] && echo "nvcc $n $("$n" --version 2>/dev/null | grep -m1 release)"
+if [ -x "$venv/bin/python" ]; then echo "venv yes"; "$venv/bin/python" -I -c "$py" 2>/dev/null; fi
+command -v gcc >/dev/null 2>&1 && echo "gcc $(gcc --version 2>/dev/null | head -n 1)"
+[ -x /usr/bin/gcc ] && echo "sysgcc $(/usr/bin/gcc --version 2>/dev/null | head -n 1)"
+for g in /opt/rh/*/root/usr/bin/gcc; do
+  [ -x "$g" ] && echo "scl $(echo "$g" | cut -d/ -f4) $("$g" --version 2>/dev/null | head -n 1)"
+done
+for f in "$prof" /etc/apt/sources.list.d/cuda*.list /etc/yum.repos.d/cuda*.repo; do
+  [ -f "$f" ] && { echo "$sep $f"; awk 1 "$f"; }
+done
+exit 0
+"""
+
+# Run by the venv's python: every distribution it has (importlib.metadata: no pip started),
+# then what torch reports. CUDA calls only when a GPU is usable; every call guarded.
+_PY = r"""
+try:
+    import importlib.metadata as metadata
+    for dist in metadata.distributions():
+        name, version = dist.metadata["Name"], dist.version
+        if isinstance(name, str) and isinstance(version, str):
+            print("pkg", name.replace(" ", "_"), version.replace(" ", "_"))
+except Exception:
+    pass
+try:
+    import torch
+except Exception:
+    raise SystemExit(0)
+print("torch", torch.__version__)
+print("torch_cuda", torch.version.cuda)
+try:
+    gpu = bool(torch.cuda.is_available())
+except Exception:
+    gpu = False
+print("torch_gpu", gpu)
+if gpu:
+    try:
+        print("torch_cudnn", torch.backends.cudnn.version())
+    except Exception:
+        pass
+    try:
+        v = torch.cuda.nccl.version()
+        print("torch_nccl", ".".join(map(str, v)) if isinstance(v, tuple) else v)
+    except Exception:
+        pass
+"""
+
+_NVCC = re.compile(r"release (\S+), V(\S+)")
+_PKG = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*) (\S+)", re.ASCII)
+_GCC = re.compile(r"^\S+ \(.*?\) ((\d+)\.\d+\S*)")  # "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0"
+_STACK_NAME = re.compile(PINNED_PACKAGES)
+
+
+class NvccT(TypedDict):
+    path: str
+    release: str  # "12.4"
+    version: str  # "12.4.131"
+
+
+class TorchT(TypedDict):
+    version: str  # torch.__version__, "2.4.1+cu124"
+    cuda: str | None  # torch.version.cuda: the CUDA it was built for; None for a CPU build
+    gpu: bool  # torch.cuda.is_available()
+    cudnn: int | None  # torch.backends.cudnn.version(), only when gpu
+    nccl: str | None  # torch.cuda.nccl.version() as "2.20.5", only when gpu
+
+
+class GccT(TypedDict):
+    line: str  # first line of `gcc --version`
+    version: str  # "11.4.0"
+    major: int | None
+
+
+class StackVersionsT(TypedDict):
+    os: OsFamilyT
+    packages: dict[
+        str, str
+    ]  # installed cuda-toolkit-*/libcudnn*/libnccl*/openmpi(-bin)/cuda-drivers* -> version
+    held: list[str]  # those held (dpkg selection "hold") or version-locked (dnf/yum)
+    keyring: bool  # the CUDA apt keyring is installed
+    repos: dict[str, str]  # cuda*.list / cuda*.repo path -> content
+    nvcc: NvccT | None
+    venv: bool  # the venv's python exists
+    venv_packages: dict[str, str]  # every distribution in the venv, PEP 503 name -> version
+    torch: TorchT | None
+    gcc: GccT | None  # the active gcc, first on PATH (RHEL's /etc/bashrc may source a toolset)
+    system_gcc: GccT | None  # /usr/bin/gcc (on Debian: the update-alternatives choice)
+    toolsets: dict[str, GccT]  # /opt/rh/<name> -> its gcc (devtoolset-N, gcc-toolset-N)
+    gcc_profile: str | None  # content of GCC_PROFILE
+
+
+def gcc_info(line: str) -> GccT | None:
+    if not line:
+        return None
+    match = _GCC.match(line)
+    return {
+        "line": line,
+        "version": match.group(1) if match else "",
+        "major": int(match.group(2)) if match else None,
+    }
+
+
+def lock_name(entry: str) -> str:
+    """Package name of a versionlock entry.
+
+    dnf writes ``libnccl-0:2.21.5-1+cuda12.4.*``, EL7's yum ``0:libnccl-2.21.5-1+cuda12.4.*``.
+    """
+    entry = re.sub(r"^\d+:", "", entry)
+    return entry.rsplit("-", 2)[0]
+
+
+def _none(value: str) -> str | None:
+    return None if value in ("", "None") else value
+
+
+class StackVersions(FactBase[StackVersionsT]):
+    """
+    The software stack as installed and loaded, in one command: OS family, the installed
+    CUDA toolkit / cuDNN / NCCL packages (dpkg-query or rpm) and which are held
+    (``apt-mark hold``, read from dpkg's selection state) or version-locked (the dnf/yum
+    versionlock list files, read directly: ``dnf versionlock list`` loads every repo),
+    the CUDA apt keyring and repo files, ``nvcc --version`` (PATH, then /usr/local/cuda/bin),
+    every package in the venv and what the venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's,
+    and trainfleet's profile.d file that enables a toolset. Absent tools are None, never errors.
+
+    + venv: the node venv whose python is asked for torch
+
+    .. code:: python
+
+        {
+            "os": {"id": "ubuntu", "family": "debian", "version": "22.04", "package_manager": "apt"},
+            "packages": {"cuda-toolkit-12-4": "12.4.1-1", "libnccl2": "2.21.5-1+cuda12.4"},
+            "held": ["libnccl2"],
+            "keyring": True,
+            "repos": {"/etc/apt/sources.list.d/cuda-ubuntu2204-x86_64.list": "deb [...] ... /\\n"},
+            "nvcc": {"path": "/usr/local/cuda/bin/nvcc", "release": "12.4", "version": "12.4.131"},
+            "venv": True,
+            "venv_packages": {"filelock": "3.13.1", "torch": "2.4.1+cu124", ...},
+            "torch": {"version": "2.4.1+cu124", "cuda": "12.4", "gpu": True, "cudnn": 90100, "nccl": "2.20.5"},
+            "gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
+            "system_gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
+            "toolsets": {},
+            "gcc_profile": None,
+        }
+    """
+
+    def command(self, venv: str) -> StringCommand:
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(_SCRIPT),
+            "trainfleet",
+            QuoteString(venv),
+            _SECTION,
+            GCC_PROFILE,
+            QuoteString(_PY),
+        )
+
+    def process(self, output: list[str]) -> StackVersionsT:
+        head: dict[str, str] = {}
+        deb: dict[str, str] = {}
+        deb_held: list[str] = []
+        rpm: dict[str, str] = {}
+        locks: list[str] = []
+        toolsets: dict[str, GccT] = {}
+        torch: dict[str, str] = {}
+        venv_packages: dict[str, str] = {}
+        lines_before, sections = split_sections(output, _SECTION)  # file sections come last
+        files = {path: lines or [] for path, lines in sections.items()}
+        for line in lines_before:
+            tag, _, rest = line.partition(" ")
+            if tag == "deb":  # "deb hold ok installed libnccl2 2.21.5-1+cuda12.4"
+                want, _ok, status, name, version = (rest.split() + [""] * 5)[:5]
+                if status == "installed":
+                    deb[name] = version
+                    if want == "hold":
+                        deb_held.append(name)
+            elif tag == "rpm":
+                name, _, version = rest.partition(" ")
+                rpm[name] = version
+            elif tag == "lock":
+                locks.append(lock_name(rest.strip()))
+            elif tag == "scl":
+                name, _, gcc_line = rest.partition(" ")
+                info = gcc_info(gcc_line.strip())
+                if info:
+                    toolsets[name] = info
+            elif tag == "pkg":
+                match = _PKG.fullmatch(rest)
+                if match:
+                    # the first on the path is what imports and pip see (a stale .dist-info comes later)
+                    venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
+            elif tag.startswith("torch"):
+                torch[tag] = rest.strip()
+            else:
+                head[tag] = rest.strip()
+
+        os_ = os_family(head.get("id", "unknown"), head.get("like", ""), head.get("version", ""))
+        if os_["family"] == "rhel":
+            packages = rpm
+            held = sorted({n for n in locks if _STACK_NAME.match(n)})
+        else:
+            packages, held = deb, sorted(deb_held)
+
+        nvcc = None
+        if "nvcc" in head:
+            path, _, release_line = head["nvcc"].partition(" ")
+            match = _NVCC.search(release_line)
+            if match:
+                nvcc = {"path": path, "release": match.group(1), "version": match.group(2)}
+
+        torch_info = None
+        if "torch" in torch:
+            gpu = torch.get("torch_gpu") == "True"
+            cudnn = _none(torch.get("torch_cudnn", ""))
+            torch_info = {
+                "version": torch["torch"],
+                "cuda": _none(torch.get("torch_cuda", "")),
+                "gpu": gpu,
+                "cudnn": int(cudnn) if cudnn and cudnn.isdigit() else None,
+                "nccl": _none(torch.get("torch_nccl", "")),
+            }
+
+        profile = files.pop(GCC_PROFILE, None)
+        return {
+            "os": os_,
+            "packages": dict(sorted(packages.items())),
+            "held": held,
+            "keyring": head.get("keyring") == "yes",
+            "repos": {path: "\n".join(lines) + "\n" for path, lines in sorted(files.items())},
+            "nvcc": nvcc,
+            "venv": head.get("venv") == "yes",
+            "venv_packages": dict(sorted(venv_packages.items())),
+            "torch": torch_info,
+            "gcc": gcc_info(head.get("gcc", "")),
+            "system_gcc": gcc_info(head.get("sysgcc", "")),
+            "toolsets": toolsets,
+            "gcc_profile": None if profile is None else "\n".join(profile) + "\n",
+        }
+
+    @staticmethod
+    def default() -> StackVersionsT:
+        """No output at all (the script always prints the OS): everything absent."""
+        return StackVersions().process([])

@@ -1,0 +1,84 @@
+"""pdsh: installed, talking ssh, and ``pdsh -a`` addressing the whole cluster."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from pyinfra import host
+from pyinfra.api import StringCommand, operation
+
+from facts.pdsh_facts import PDSH_PURPOSE, PdshState
+from operations.managed_block_ops import block_change
+from operations.remote import fail_command, write_file_command
+from runtime.gather import fact
+from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
+from trainfleet.plan import genders_lines
+
+PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
+
+INSTALL = MappingProxyType(
+    {
+        # A fresh image may have empty package lists: update once when the install cannot find it.
+        "apt": (
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh || "
+            "{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh; }"
+        ),
+        # pdsh and its ssh module come from EPEL. Rocky/Alma/CentOS ship epel-release in their
+        # extras; on RHEL proper enable EPEL first (the epel-release RPM from the Fedora project).
+        "dnf": (
+            "(rpm -q epel-release >/dev/null 2>&1 || dnf install -y epel-release) && "
+            "dnf install -y pdsh pdsh-rcmd-ssh || { echo 'trainfleet: pdsh comes from EPEL: enable EPEL "
+            "and re-run' >&2; exit 1; }"
+        ),
+        "yum": (
+            "(rpm -q epel-release >/dev/null 2>&1 || yum install -y epel-release) && "
+            "yum install -y pdsh pdsh-rcmd-ssh || { echo 'trainfleet: pdsh comes from EPEL: enable EPEL "
+            "and re-run' >&2; exit 1; }"
+        ),
+    }
+)
+
+
+@operation()
+def pdsh(nodes: list[str], present: bool = True):
+    """
+    Install pdsh, make ssh its remote command type, and list the cluster for ``pdsh -a``.
+
+    + nodes: the names ``pdsh -a`` addresses
+    + present: ``False`` removes trainfleet's node lists (the package stays)
+
+    Debian's pdsh reads ``-a`` targets from ``/etc/genders`` and its default rcmd from
+    ``/etc/pdsh/rcmd_default``; RHEL-family builds read ``/etc/pdsh/machines`` and get
+    ``PDSH_RCMD_TYPE=ssh`` from ``/etc/profile.d``. Both lists are managed blocks.
+
+    **Example:**
+
+    .. code:: python
+
+        pdsh.pdsh(name="pdsh over ssh to every node", nodes=["gpu-a01", "gpu-a02"])
+    """
+    current = fact(PdshState)
+    manager = current["os"]["package_manager"]
+    if manager is None:
+        yield fail_command(
+            f"pdsh: unsupported OS {current['os']['id']!r} (Debian/Ubuntu and RHEL-family are)"
+        )
+        return
+    commands = []
+    if present and not current["installed"]:
+        commands.append(StringCommand(INSTALL[manager]))
+    if present and current["rcmd_default"] != "ssh":
+        commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
+    if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:
+        commands.append(write_file_command(PDSH_PROFILE, PROFILE))
+    genders = genders_lines(nodes) if present else None
+    machines = list(nodes) if present else None
+    for path, block, lines in (
+        (PDSH_GENDERS, current["genders"], genders),
+        (PDSH_MACHINES, current["machines"], machines),
+    ):
+        commands += block_change(path, PDSH_PURPOSE, block, lines)
+    if not commands:
+        host.noop(f"pdsh is set up for {len(nodes)} nodes")
+        return
+    yield from commands

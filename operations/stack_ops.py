@@ -1,0 +1,630 @@
+"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc, torch venv.
+
+Each operation reads the StackVersions fact once and yields only what must change.
+Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names and commands.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+
+from pyinfra import host
+from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
+
+from facts.stack_facts import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
+from operations.remote import FailCommand, fail_command, write_file_command
+from runtime.gather import fact, lent
+from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
+from trainfleet.osfamily import OsFamilyT
+from trainfleet.pins import (
+    package_pins,
+    satisfies,
+    torch_requirement,
+    venv_pins,
+    without_requirements,
+)
+from trainfleet.schema import fingerprint_problem, url_problem
+
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+KEYRING_DEB = CUDA_KEYRING_DEB
+RPM_GPG_KEY = "D42D0685.pub"  # NVIDIA's RPM repo key since the 2022 rotation
+TORCH_INDEX = "https://download.pytorch.org/whl"
+APT = "DEBIAN_FRONTEND=noninteractive apt-get"
+
+# Fetch the keyring .deb ($1, over the scheme $3 only, redirects included where curl does it),
+# check that the keyring inside holds exactly one key, fingerprint $2, and only then dpkg -i it.
+# mktemp -d: a fresh 0700 directory of root's under an unguessable name, so no other user can
+# place, swap or read the file between the download, the check and the install.
+_KEYRING = r"""set -eu
+url=$1 want=$2 proto=$3
+fail() { echo "trainfleet: cuda keyring: $*; nothing installed" >&2; exit 1; }
+d=$(mktemp -d) || fail "cannot make a temp directory"
+trap 'rm -rf "$d"' EXIT
+deb=$d/cuda-keyring.deb
+if [ "$proto" = file ]; then
+  cp -- "${url#file://}" "$deb" || fail "cannot read $url"
+elif command -v curl >/dev/null 2>&1; then
+  curl -fsSL --proto "=$proto" --proto-redir "=$proto" -o "$deb" "$url" || fail "cannot download $url"
+else
+  wget -q -O "$deb" "$url" || fail "cannot download $url"
+fi
+dpkg-deb -x "$deb" "$d/x" 2>/dev/null || fail "$url is not a .deb"
+key=$d/x/usr/share/keyrings/cuda-archive-keyring.gpg
+{ [ -f "$key" ] && [ ! -L "$key" ]; } || fail "$url has no /usr/share/keyrings/cuda-archive-keyring.gpg"
+if command -v gpg >/dev/null 2>&1; then
+  mkdir -m 700 "$d/gnupg"
+  got=$(gpg --homedir "$d/gnupg" --batch --no-options --with-colons --import-options show-only \
+        --import "$key" 2>/dev/null | awk -F: '$1 == "pub" {p = 1} $1 == "fpr" && p {print $10; p = 0}')
+  gpgconf --homedir "$d/gnupg" --kill all >/dev/null 2>&1 || true
+elif command -v sq >/dev/null 2>&1; then
+  got=$(sq inspect "$key" 2>/dev/null | sed -n 's/^ *Fingerprint: *//p' | tr -d ' ' | tr a-f A-F)
+else
+  fail "neither gpg nor sq is installed to check its key (apt-get install gpg)"
+fi
+[ "$got" = "$want" ] || fail "$url holds the key(s) [$(echo $got)], not exactly $want"
+DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
+"""
+
+_VERSIONLOCK = MappingProxyType(
+    {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
+)
+
+
+def _fact(venv: str = VENV_DIR) -> StackVersionsT:
+    # ``software`` lends the fact it read to the operations it composes (gather.lent):
+    # StackVersions imports torch on the node (seconds), so once is enough.
+    return fact(StackVersions, venv=venv)
+
+
+def _rpm_ensure(manager: str, package: str) -> list[str]:
+    """Shell words: install ``package`` unless rpm already has it."""
+    return [
+        "(",
+        "rpm",
+        "-q",
+        package,
+        ">/dev/null",
+        "2>&1",
+        "||",
+        manager,
+        "install",
+        "-y",
+        package,
+        ")",
+    ]
+
+
+def _or_fail(message: str) -> list[str | QuoteString]:
+    """Shell words: when the command before fails, fail with ``message`` on stderr."""
+    return ["||", "{", "echo", QuoteString(f"trainfleet: {message}"), ">&2;", "exit", "1;", "}"]
+
+
+def _unsupported(os_: OsFamilyT, what: str) -> StringCommand:
+    return fail_command(f"{what}: unsupported OS {os_['id']!r} (Debian/Ubuntu and RHEL-family are)")
+
+
+# ---- (a) CUDA repository ------------------------------------------------------------------
+
+
+def cuda_distro(os_: OsFamilyT) -> str | None:
+    """NVIDIA's repo directory for an OS: ubuntu2204, debian12, rhel9, rhel7, fedora39."""
+    major = os_["version"].split(".")[0]
+    if os_["id"] == "ubuntu":
+        return "ubuntu" + os_["version"].replace(".", "")
+    if os_["id"] == "debian":
+        return "debian" + major
+    if os_["id"] == "fedora":
+        return "fedora" + major
+    if os_["family"] == "rhel" and major:
+        return "rhel" + major
+    return None
+
+
+def apt_source(base: str) -> str:
+    return f"deb [signed-by={CUDA_KEYRING}] {base}/ /\n"
+
+
+def yum_repo(distro: str, arch: str, base: str) -> str:
+    return (
+        f"[cuda-{distro}-{arch}]\nname=cuda-{distro}-{arch}\nbaseurl={base}\n"
+        f"enabled=1\ngpgcheck=1\ngpgkey={base}/{RPM_GPG_KEY}\n"
+    )
+
+
+def mirror_problem(mirror: str, insecure: bool = False) -> str | None:
+    """Why the repos root ``mirror`` may not be used: the spec's URL grammar (https, or file://
+    on the node), and http only with ``insecure`` (the spec's ``stack.insecure: true``).
+    Checked here too because an operation can be called without a spec."""
+    if urlsplit(mirror).scheme not in ("https", "http", "file"):
+        return f"{mirror} is not an https:// (or file://) URL"
+    if problem := url_problem(mirror, file_ok=True):
+        return problem
+    if mirror.startswith("http://") and not insecure:
+        return (
+            f"{mirror} is plain http: the CUDA keyring and repository are fetched over https only "
+            "(set stack.insecure: true to allow this mirror)"
+        )
+    return None
+
+
+def keyring_install(url: str, fingerprint: str) -> StringCommand:
+    """Download the keyring .deb from ``url``, check its key, install it (``_KEYRING``)."""
+    return StringCommand(
+        "sh",
+        "-c",
+        QuoteString(_KEYRING),
+        "trainfleet",
+        QuoteString(url),
+        QuoteString(fingerprint),
+        urlsplit(url).scheme,
+    )
+
+
+@operation()
+def cuda_repo(
+    mirror: str = NVIDIA_REPOS,
+    distro: str | None = None,
+    arch: str = "x86_64",
+    insecure: bool = False,
+    keyring_fingerprint: str = CUDA_KEYRING_FINGERPRINT,
+):
+    """
+    Configure NVIDIA's CUDA package repository (apt: keyring package + sources list; RHEL: .repo file).
+
+    + mirror: the repos root, ``<mirror>/<distro>/<arch>/`` is the repo, e.g.
+      ``"https://mirror.example.com/nvidia/cuda/repos"`` (default: developer.download.nvidia.com);
+      https, or ``file://`` for a copy on the node
+    + distro: NVIDIA's name for the OS, e.g. ``"ubuntu2204"`` or ``"rhel9"``; default from /etc/os-release
+    + arch: ``"x86_64"`` or ``"sbsa"`` (Arm servers)
+    + insecure: ``True`` allows an ``http://`` mirror (the spec's ``stack.insecure``)
+    + keyring_fingerprint: the one key the ``cuda-keyring`` .deb may hold (checked before
+      ``dpkg -i``); default NVIDIA's, ``trainfleet.defaults.CUDA_KEYRING_FINGERPRINT``
+
+    The apt list is ``/etc/apt/sources.list.d/cuda-<distro>-<arch>.list``, the file the
+    ``cuda-keyring`` package itself writes, so the official URL converges with no change.
+    The .repo file keeps ``gpgcheck=1``; its ``gpgkey`` is under the mirror (https unless insecure).
+
+    **Example:**
+
+    .. code:: python
+
+        stack.cuda_repo(name="CUDA repository", mirror="https://mirror.example.com/nvidia/cuda/repos")
+    """
+    problem = mirror_problem(mirror, insecure) or fingerprint_problem(keyring_fingerprint)
+    if problem:
+        yield fail_command(f"cuda_repo: {problem}")
+        return
+    current = _fact()
+    os_ = current["os"]
+    distro = distro or cuda_distro(os_)
+    if os_["package_manager"] is None:
+        yield _unsupported(os_, "cuda_repo")
+        return
+    if distro is None:
+        yield fail_command(
+            f"cuda_repo: no NVIDIA repo name for {os_['id']} {os_['version']}: "
+            "pass distro=, e.g. 'ubuntu2204'"
+        )
+        return
+    base = f"{mirror.rstrip('/')}/{distro}/{arch}"
+    commands: list[StringCommand] = []
+    if os_["family"] == "debian":
+        path = f"/etc/apt/sources.list.d/cuda-{distro}-{arch}.list"
+        if not current["keyring"]:
+            commands.append(keyring_install(f"{base}/{KEYRING_DEB}", keyring_fingerprint))
+        if current["repos"].get(path) != apt_source(base):
+            commands.append(write_file_command(path, apt_source(base)))
+        if commands:
+            commands.append(StringCommand(APT, "update", "-q"))
+    else:
+        path = f"/etc/yum.repos.d/cuda-{distro}.repo"
+        if current["repos"].get(path) != yum_repo(distro, arch, base):
+            commands.append(write_file_command(path, yum_repo(distro, arch, base)))
+    if not commands:
+        host.noop(f"CUDA repository {base} is configured")
+        return
+    yield from commands
+
+
+# ---- (b) exact packages, held -------------------------------------------------------------
+
+
+def _spec(family: str, name: str, version: str | None) -> QuoteString:
+    if version is None:
+        return QuoteString(name)
+    return QuoteString(f"{name}={version}" if family == "debian" else f"{name}-{version}")
+
+
+@operation()
+def packages(pins: Mapping[str, str | None], allow_change: bool = False):
+    """
+    Install the CUDA toolkit, cuDNN, NCCL, OpenMPI and the NVIDIA driver at exactly the spec's versions, and hold them
+    (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add`` on RHEL-family).
+
+    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn``, ``nccl``, ``openmpi`` and ``driver``
+      (the plan gives it to GPU nodes only) are used, a null one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
+      (package names and versions: see ``package_pins``)
+    + allow_change: ``True`` lets a node that has a DIFFERENT version installed be moved to
+      the pin (held packages are released and re-held). Without it such a node fails with a
+      message naming each package, and nothing on it changes.
+
+    **Example:**
+
+    .. code:: python
+
+        stack.packages(name="CUDA, cuDNN, NCCL pinned", pins=cluster.stack)
+    """
+    current = _fact()
+    os_ = current["os"]
+    family, manager = os_["family"], os_["package_manager"]
+    if manager is None:
+        yield _unsupported(os_, "packages")
+        return
+    try:
+        wanted = package_pins(pins, family)
+    except ValueError as exc:
+        yield fail_command(f"packages: {exc}")
+        return
+    installed, held = current["packages"], set(current["held"])
+    install, changes = [], []
+    for name, version in wanted.items():
+        have = installed.get(name)
+        if have is None:
+            install.append(name)
+        elif version is not None and have != version:
+            changes.append(f"{name} is {have} here, the pin is {version}")
+            install.append(name)
+    if changes and not allow_change:
+        yield fail_command(
+            "packages: not changing installed versions (pass allow_change=True to "
+            "replace): " + "; ".join(changes)
+        )
+        return
+    hold = [name for name in wanted if name not in held or name in install]
+    if not hold:
+        host.noop(f"pinned and held: {', '.join(wanted) or 'nothing to pin'}")
+        return
+    specs = [_spec(family, name, wanted[name]) for name in install]
+    if family == "debian":
+        if install:
+            flags = ["--allow-downgrades", "--allow-change-held-packages"] if changes else []
+            yield StringCommand(
+                APT, "update", "-q", "&&", APT, "install", "-y", "-q", *flags, *specs
+            )
+        yield StringCommand("apt-mark", "hold", *(QuoteString(name) for name in hold))
+        return
+    plugin = _VERSIONLOCK[manager]
+    relock = [QuoteString(name) for name in install if name in held]
+    if relock:
+        yield StringCommand(manager, "versionlock", "delete", *relock)
+    if install:
+        # rpm -q proves the exact versions landed (EL7's yum install does not downgrade)
+        yield StringCommand(
+            manager,
+            "install",
+            "-y",
+            *specs,
+            "&&",
+            "rpm",
+            "-q",
+            *specs,
+            ">/dev/null",
+            *_or_fail("packages: not at the pinned versions"),
+        )
+    yield StringCommand(
+        *_rpm_ensure(manager, plugin),
+        "&&",
+        manager,
+        "versionlock",
+        "add",
+        *(_spec(family, name, wanted[name]) for name in hold),
+    )
+
+
+# ---- (c) gcc ------------------------------------------------------------------------------
+
+
+def toolset_name(os_: OsFamilyT, major: int) -> str:
+    """``devtoolset-N`` on EL7 (Software Collections), ``gcc-toolset-N`` on EL8/9."""
+    return f"devtoolset-{major}" if os_["package_manager"] == "yum" else f"gcc-toolset-{major}"
+
+
+def gcc_profile(toolset: str) -> str:
+    enable = f"/opt/rh/{toolset}/enable"
+    return (
+        f"# Written by trainfleet: login shells use {toolset}'s gcc.\n"
+        f"if [ -r {enable} ]; then . {enable}; fi\n"
+    )
+
+
+def toolset_install(os_: OsFamilyT, toolset: str) -> StringCommand:
+    """Install a gcc toolset; CentOS 7 first enables Software Collections (centos-release-scl)."""
+    parts = [f"{toolset}-gcc", f"{toolset}-gcc-c++"]
+    manager = os_["package_manager"]
+    if manager == "yum":
+        parts.append(f"{toolset}-binutils")
+        if os_["id"] == "centos":
+            return StringCommand(
+                *_rpm_ensure("yum", "centos-release-scl"),
+                "&&",
+                "yum",
+                "install",
+                "-y",
+                *(QuoteString(p) for p in parts),
+            )
+    return StringCommand(str(manager), "install", "-y", *(QuoteString(p) for p in parts))
+
+
+@operation()
+def gcc(major: str | int):
+    """
+    Make gcc ``major`` the compiler: Debian/Ubuntu ``gcc-N`` selected with update-alternatives;
+    RHEL 8/9 ``gcc-toolset-N``, CentOS/RHEL 7 ``devtoolset-N``, each enabled for login shells
+    from ``/etc/profile.d/trainfleet-gcc.sh``. A system gcc of that major needs nothing.
+
+    + major: the GCC major version, e.g. ``"11"`` (the spec's ``stack.gcc``)
+
+    **Example:**
+
+    .. code:: python
+
+        stack.gcc(name="gcc 11", major=cluster.stack["gcc"])
+    """
+    if not re.fullmatch(r"\d{1,2}", str(major)):
+        raise OperationValueError(f"gcc: {major!r} is not a GCC major version (e.g. '11')")
+    n = int(major)
+    current = _fact()
+    os_ = current["os"]
+    system = (current["system_gcc"] or {}).get("major")  # not PATH: a sourced toolset would mask it
+    if os_["family"] == "debian":
+        if system == n:
+            host.noop(f"gcc {n} is /usr/bin/gcc")
+            return
+        yield StringCommand(APT, "install", "-y", "-q", f"gcc-{n}", f"g++-{n}")
+        yield StringCommand(
+            "update-alternatives",
+            "--install",
+            "/usr/bin/gcc",
+            "gcc",
+            f"/usr/bin/gcc-{n}",
+            str(n * 10),
+            "--slave",
+            "/usr/bin/g++",
+            "g++",
+            f"/usr/bin/g++-{n}",
+        )
+        yield StringCommand("update-alternatives", "--set", "gcc", f"/usr/bin/gcc-{n}")
+        return
+    if os_["family"] != "rhel":
+        yield _unsupported(os_, "gcc")
+        return
+    if system == n:  # the distribution's own gcc: no toolset, no profile
+        if current["gcc_profile"] is None:
+            host.noop(f"gcc {n} is the system gcc")
+            return
+        yield StringCommand("rm", "-f", GCC_PROFILE)
+        return
+    toolset = toolset_name(os_, n)
+    commands = []
+    if (current["toolsets"].get(toolset) or {}).get("major") != n:
+        commands.append(toolset_install(os_, toolset))
+    if current["gcc_profile"] != gcc_profile(toolset):
+        commands.append(write_file_command(GCC_PROFILE, gcc_profile(toolset)))
+    if not commands:
+        host.noop(f"gcc {n} from {toolset} is enabled for login shells")
+        return
+    yield from commands
+
+
+# ---- (d) torch venv -----------------------------------------------------------------------
+
+
+@operation()
+def torch_venv(
+    venv: str,
+    torch_version: str,
+    variant: str,
+    index_url: str | None = None,
+    wheelhouse: str | None = None,
+    python: str = "python3",
+    allow_change: bool = False,
+):
+    """
+    Create the node venv and install exactly ``torch==<version>+<variant>`` in it.
+
+    + venv: the venv directory, e.g. ``"/opt/trainfleet/venv"`` (``trainfleet.defaults.VENV_DIR``)
+    + torch_version: e.g. ``"2.4.1"`` (``"2.4.1+cu124"`` is taken as is)
+    + variant: the CUDA variant of the wheel index, e.g. ``"cu124"`` or ``"cpu"``
+    + index_url: a mirror of the variant's index; default ``https://download.pytorch.org/whl/<variant>``
+    + wheelhouse: for air-gapped clusters, a directory on the node holding the wheels, e.g.
+      ``"/srv/wheels"``: installs with ``--no-index --find-links``. Excludes ``index_url``.
+    + python: the interpreter that creates the venv, e.g. ``"python3.11"``
+
+    Nothing happens when the venv's torch already reports exactly that version.
+
+    **Example:**
+
+    .. code:: python
+
+        stack.torch_venv(name="torch venv", venv=VENV_DIR, torch_version="2.4.1", variant="cu124")
+    """
+    if index_url and wheelhouse:
+        raise OperationValueError("torch_venv: give index_url or wheelhouse, not both")
+    requirement = torch_requirement(torch_version, variant)
+    current = _fact(venv)
+    have = (current["torch"] or {}).get("version")
+    if current["venv"] and have == requirement.split("==", 1)[1]:
+        host.noop(f"torch {have} is installed in {venv}")
+        return
+    if have and not allow_change:
+        yield fail_command(
+            f"torch_venv: {venv} has torch {have}, the pin is {requirement.split('==', 1)[1]}; "
+            "not replacing it (set stack.allow_change to replace)"
+        )
+        return
+    if not current["venv"]:
+        yield StringCommand(
+            QuoteString(python),
+            "-m",
+            "venv",
+            QuoteString(venv),
+            *_or_fail(f"torch_venv: {python} -m venv failed (is python3-venv installed?)"),
+        )
+    if wheelhouse:
+        source = ["--no-index", "--find-links", QuoteString(wheelhouse)]
+    else:
+        source = ["--index-url", QuoteString(index_url or f"{TORCH_INDEX}/{variant}")]
+    yield StringCommand(
+        QuoteString(f"{venv}/bin/python"),
+        "-m",
+        "pip",
+        "install",
+        "--no-input",
+        QuoteString(requirement),
+        *source,
+    )
+
+
+@operation()
+def python_packages(
+    venv: str,
+    packages: Mapping[str, str],
+    keep: str | None = None,
+    wheelhouse: str | None = None,
+    allow_change: bool = False,
+    no_deps: Collection[str] = (),
+):
+    """
+    Install Python packages in the node venv at exactly the given versions.
+
+    + venv: the node venv (made by ``torch_venv``), e.g. ``"/opt/trainfleet/venv"``
+    + packages: PEP 503 name -> exact version, e.g. ``{"accelerate": "1.15.0", "deepspeed": "0.19.8"}``
+    + keep: ``torch==<build>``, given to pip beside them so that no package's
+      requirement can move torch
+    + wheelhouse: a directory on the node holding the wheels (``--no-index --find-links``);
+      None: the node's pip index (PyPI, or its pip.conf mirror)
+    + allow_change: replace a package installed at another version; without it the node fails
+      with every such package named, and nothing changes
+    + no_deps: packages installed without their requirements (``pip install --no-deps``), after
+      the others: ColossalAI 0.5.0 requires torch<=2.5.1, yet its runner works beside a newer one
+
+    **Example:**
+
+    .. code:: python
+
+        stack.python_packages(name="venv packages", venv=VENV_DIR, packages={"deepspeed": "0.19.8"})
+    """
+    current = _fact(venv)
+    have = current["venv_packages"]
+    missing = {name: version for name, version in packages.items() if name not in have}
+    changes = {
+        name: version
+        for name, version in packages.items()
+        if name in have and not satisfies(have[name], version)
+    }
+    if changes and not allow_change:
+        yield fail_command(
+            "python_packages: not changing installed versions (set stack.allow_change to replace): "
+            + "; ".join(
+                f"{name} is {have[name]} in {venv}, the pin is {version}"
+                for name, version in changes.items()
+            )
+        )
+        return
+    wanted = {**missing, **changes}
+    if not wanted:
+        host.noop(
+            f"{venv} has "
+            + (", ".join(f"{n} {v}" for n, v in packages.items()) or "no other pinned package")
+        )
+        return
+    source = ["--no-index", "--find-links", QuoteString(wheelhouse)] if wheelhouse else []
+    keep_torch = [QuoteString(keep)] if keep else []
+    pip = [QuoteString(f"{venv}/bin/python"), "-m", "pip", "install", "--no-input"]
+    resolved = {name: version for name, version in sorted(wanted.items()) if name not in no_deps}
+    alone = {name: version for name, version in sorted(wanted.items()) if name in no_deps}
+    if resolved:
+        yield StringCommand(
+            *pip,
+            *(QuoteString(f"{name}=={version}") for name, version in resolved.items()),
+            *keep_torch,
+            *source,
+        )
+    if alone:
+        yield StringCommand(
+            *pip,
+            "--no-deps",
+            *(QuoteString(f"{name}=={version}") for name, version in alone.items()),
+            *source,
+        )
+
+
+# ---- the whole stack, reading the fact once ----------------------------------------------
+
+
+@operation()
+def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
+    """
+    The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL/OpenMPI packages (exact, held), gcc
+    and the torch venv with its other pinned Python packages, each only where the spec pins it, from ONE StackVersions fact.
+
+    + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
+      ``cuda_repo``, ``insecure``, ``cuda_keyring_fingerprint``, ``allow_change``)
+    + venv: the node venv
+
+    **Example:**
+
+    .. code:: python
+
+        stack.software(name="Pinned software stack", pins=cluster.stack)
+    """
+    if not any(
+        pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch", "driver")
+    ):
+        host.noop("no stack component is pinned")
+        return
+    commands = []
+    current = fact(StackVersions, venv=venv)
+    # Lent under the venv the torch part asks with and the default the package parts ask with.
+    with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "driver")):
+            commands += cuda_repo._inner(
+                mirror=pins.get("cuda_repo") or NVIDIA_REPOS,
+                insecure=bool(pins.get("insecure", False)),
+                keyring_fingerprint=pins.get("cuda_keyring_fingerprint")
+                or CUDA_KEYRING_FINGERPRINT,
+            )
+        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "driver")):
+            commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
+        if pins.get("gcc"):
+            commands += gcc._inner(major=pins["gcc"])
+        if pins.get("torch"):
+            commands += torch_venv._inner(
+                venv=venv,
+                torch_version=pins["torch"],
+                variant=pins.get("torch_cuda") or "cpu",
+                index_url=pins.get("torch_index"),
+                wheelhouse=pins.get("wheelhouse"),
+                allow_change=bool(pins.get("allow_change")),
+            )
+            if pins.get("python"):
+                commands += python_packages._inner(
+                    venv=venv,
+                    packages=venv_pins(pins["python"]),
+                    no_deps=without_requirements(pins["python"]),
+                    keep=torch_requirement(pins["torch"], pins.get("torch_cuda") or "cpu"),
+                    wheelhouse=pins.get("wheelhouse"),
+                    allow_change=bool(pins.get("allow_change")),
+                )
+    refusals = [c for c in commands if isinstance(c, FailCommand)]
+    if refusals:  # a refused part fails the node before anything else on it changes
+        yield refusals[0]
+        return
+    if not commands:
+        host.noop("the pinned stack is in place")
+        return
+    yield from commands

@@ -1,0 +1,302 @@
+"""What a GPU node's settings must be, and its observed settings as drift properties.
+
+Plain functions over the GpuNodeState and NcclNetwork facts' data and the spec's ``gpu``
+section; no pyinfra, no host. The plan (trainfleet/plan.py) calls ``gpu_part``; drift
+(checks/drift_check.py) calls ``observed`` and ``expected``, so the deploy and drift judge a node by
+the same rules.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainfleet.compare import digest
+from trainfleet.driver_pins import driver_branch
+from trainfleet.nccl import cluster_interface
+from trainfleet.render import render
+
+FABRIC_READY = (
+    "Completed",
+    "N/A",
+)  # nvidia-smi -q's Fabric State once the fabric is up, or none to set up
+
+
+@dataclass(frozen=True)
+class FabricManagerPlan:
+    package: str  # nvidia-fabricmanager-550 (Debian/Ubuntu), nvidia-fabric-manager (RHEL)
+    version: str  # the driver's exact version: 550.54.15 (the package's version is 550.54.15-1)
+
+
+@dataclass(frozen=True)
+class GpuNodePlan:
+    gpu_node: bool  # the spec gives the node GPUs
+    memlock: str | None  # "unlimited" | KiB; None: unmanaged (every node, GPU or not)
+    memlock_conf: str | None  # MEMLOCK_CONF's content; None: unmanaged
+    persistence: bool  # nvidia-persistenced enabled and active
+    fabric_manager: FabricManagerPlan | None  # None: not wanted (no NVSwitch, CPU node, or off)
+    peermem: bool  # nvidia_peermem loaded now and at boot
+    driver: str | None  # stack.driver on GPU nodes: a branch ("550") or an exact version
+    max_clock_offset_ms: int
+    problems: list[str] = field(default_factory=list)  # the parts that cannot be planned
+
+
+def memlock_conf(value: str | int) -> str:
+    return render("gpu_node/memlock.conf.j2", value=value)
+
+
+def active_ports(network: Mapping[str, Any] | None) -> list[str]:
+    """``mlx5_0:1`` for every InfiniBand/RoCE port in state ACTIVE."""
+    return sorted(
+        f"{p['device']}:{p['port']}"
+        for p in (network or {}).get("ib_ports", [])
+        if p.get("state", "").endswith("ACTIVE")
+    )
+
+
+def fabric_manager_package(family: str | None, driver: str) -> str | None:
+    """NVIDIA's CUDA repository names it per driver branch on apt (``nvidia-fabricmanager-550``)
+    and once on dnf (``nvidia-fabric-manager``, the version selects the branch)."""
+    if family == "debian":
+        return f"nvidia-fabricmanager-{driver_branch(driver)}"
+    if family == "rhel":
+        return "nvidia-fabric-manager"
+    return None
+
+
+def gpu_part(
+    gpu: Mapping[str, Any],
+    stack: Mapping[str, Any],
+    gpus: int,
+    state: Mapping[str, Any] | None,
+    network: Mapping[str, Any] | None,
+    family: str | None,
+) -> GpuNodePlan:
+    """A node's GPU settings from the spec (``gpu``, ``stack.driver``), its GPU count in the
+    spec and what it was found to be (GpuNodeState, NcclNetwork; None: not read)."""
+    memlock = gpu.get("memlock")
+    problems: list[str] = []
+    fabric = None
+    gpu_node = gpus > 0
+    if (
+        gpu_node
+        and gpu.get("fabric_manager", "auto") == "auto"
+        and state
+        and state.get("nvswitches")
+    ):
+        # exactly the running driver's version; before the first driver install, the exact pin's
+        driver = state.get("driver") or (
+            stack.get("driver") if "." in (stack.get("driver") or "") else None
+        )
+        package = fabric_manager_package(family, driver) if driver else None
+        if driver is None:
+            problems.append(
+                "fabric manager: the node has NVSwitches but its driver version could not be read "
+                "(nvidia-smi) and stack.driver is not an exact version"
+            )
+        elif package is None:
+            problems.append(f"fabric manager: no package name for OS family {family!r}")
+        else:
+            fabric = FabricManagerPlan(package=package, version=driver)
+    if gpu_node and state is None:
+        problems.append("the node's GPU settings could not be read")
+    elif gpu_node and state["smi"].startswith("refused"):  # forged or damaged: nothing is taken
+        problems.append(f"nvidia-smi -q -x {state['smi']}")
+    return GpuNodePlan(
+        gpu_node=gpu_node,
+        memlock=None if memlock is None else str(memlock),
+        memlock_conf=None if memlock is None else memlock_conf(memlock),
+        persistence=gpu_node and bool(gpu.get("persistence", True)),
+        fabric_manager=fabric,
+        peermem=gpu_node and gpu.get("peermem", "auto") == "auto" and bool(active_ports(network)),
+        driver=stack.get("driver") if gpu_node else None,
+        max_clock_offset_ms=int(gpu.get("max_clock_offset_ms", 100)),
+        problems=problems,
+    )
+
+
+# ---- drift properties ----------------------------------------------------------------------
+
+UNREADABLE = "unreadable"
+
+
+def _smi_unreadable(state: Mapping[str, Any]) -> str | None:
+    if state["smi"] == "absent":
+        return "no nvidia-smi"
+    if state["smi"] != "ok":
+        return f"{UNREADABLE} (nvidia-smi {state['smi']})"
+    return None
+
+
+def persistence_value(state: Mapping[str, Any]) -> str:
+    """``on`` when every GPU reports Persistence Mode Enabled and nvidia-persistenced is
+    enabled where systemd runs; else what is off."""
+    if why := _smi_unreadable(state):
+        return why
+    if not state["gpus"]:
+        return "no GPUs"
+    off = [g["bus"] for g in state["gpus"] if g["persistence"] != "Enabled"]
+    if off:
+        return f"off on {len(off)} of {len(state['gpus'])} GPUs"
+    unit = state["units"].get("nvidia-persistenced")
+    if state["systemd"] and (
+        unit is None or unit["enabled"] not in ("enabled", "static", "indirect")
+    ):
+        return "on, nvidia-persistenced not enabled (lost at reboot)"
+    return "on"
+
+
+def fabric_manager_value(state: Mapping[str, Any]) -> str:
+    """``<version> active, held`` of the installed nvidia-fabricmanager, plus the NVLink fabric's
+    state when a GPU reports it not ready; ``no NVSwitch`` on other nodes."""
+    if why := _smi_unreadable(state):
+        return why
+    if not state["nvswitches"]:
+        return "no NVSwitch"
+    # the daemon's package only: a -dev/-devel package beside it is neither planned nor held
+    daemon = {
+        name: v
+        for name, v in state["fabricmanager"].items()
+        if not re.search(r"-dev(el)?(-|$)", name)
+    }
+    versions = sorted(v.split("-")[0] for v in daemon.values())
+    unit = state["units"].get("nvidia-fabricmanager")
+    parts = [
+        " ".join(versions) or "not installed",
+        (unit or {}).get("active", "none") if state["systemd"] else "no systemd",
+        "held" if daemon and set(daemon) <= set(state["fabricmanager_held"]) else "not held",
+    ]
+    waiting = sorted(
+        {
+            g["fabric_state"] or "none"
+            for g in state["gpus"]
+            if g["fabric_state"] not in FABRIC_READY
+        }
+    )
+    if waiting:
+        parts.append("fabric " + "/".join(waiting))
+    return ", ".join(parts)
+
+
+def peermem_value(state: Mapping[str, Any]) -> str:
+    if why := _smi_unreadable(state):
+        return why
+    return ("loaded" if state["peermem_loaded"] else "not loaded") + (
+        ", at boot" if state["peermem_boot"] else ""
+    )
+
+
+def clock_sync_value(state: Mapping[str, Any]) -> str:
+    clock = state["clock"]
+    if clock["chrony"]:
+        return "chrony " + (
+            "synchronised"
+            if clock["leap"] and clock["leap"] != "Not synchronised"
+            else "not synchronised"
+        )
+    unit = state["units"].get("systemd-timesyncd")
+    if unit and unit["active"] == "active":
+        return "timesyncd " + (
+            "synchronised" if clock["ntp_synchronized"] == "yes" else "not synchronised"
+        )
+    return "none"
+
+
+def clock_offset_value(state: Mapping[str, Any], max_ms: int) -> str:
+    """``within N ms`` only for a clock that is synchronised and that close: an unsynchronised
+    chrony reports an offset of 0, and no sync service measures nothing (both fail)."""
+    sync = clock_sync_value(state)
+    if sync == "none":
+        return "not synchronised (no chrony or timesyncd active)"
+    if sync.endswith("not synchronised"):
+        return "not synchronised"
+    offset = state["clock"]["offset_ms"]
+    if offset is None:
+        return UNREADABLE
+    return within(max_ms) if abs(offset) <= max_ms else f"{offset:+.0f} ms"
+
+
+def within(max_ms: int) -> str:
+    return f"within {max_ms} ms"
+
+
+def mtu_values(network: Mapping[str, Any] | None, address: str) -> dict[str, str]:
+    """The cluster interface's MTU and each IB/RoCE port's active MTU (drift compares them
+    across nodes: one node at 1500 among 9000s fragments or drops NCCL's traffic)."""
+    if not network:
+        return {
+            "cluster MTU": UNREADABLE,
+            "ib ports active": UNREADABLE,
+            "ib active MTU": UNREADABLE,
+        }
+    name, _ = cluster_interface(network["interfaces"], address)
+    mtu = (
+        next((i.get("mtu") for i in network["interfaces"] if i["name"] == name), None)
+        if name
+        else None
+    )
+    ports = network["ib_ports"]
+    active = active_ports(network)
+    mtus = [
+        f"{p['device']}:{p['port']} {p.get('active_mtu', UNREADABLE)}"
+        for p in ports
+        if f"{p['device']}:{p['port']}" in active
+    ]
+    # the MTU alone: nodes may name their cluster interface differently (eth0, ens1f0np0)
+    return {
+        "cluster MTU": str(mtu) if name and mtu else UNREADABLE,
+        "ib ports active": " ".join(active) or "none",
+        "ib active MTU": ", ".join(mtus) or "none",
+    }
+
+
+def observed(
+    state: Mapping[str, Any] | None,
+    network: Mapping[str, Any] | None,
+    address: str,
+    max_clock_offset_ms: int,
+) -> dict[str, str]:
+    """A node's GPU-settings properties. The GPU ones only where nvidia-smi is installed (a
+    CPU node has none to compare); where the spec wants them on a GPU node, ``expected`` does."""
+    props = mtu_values(network, address)
+    if state is None:
+        return {
+            **props,
+            "memlock (non-login ssh)": UNREADABLE,
+            "clock sync": UNREADABLE,
+            "clock offset": UNREADABLE,
+        }
+    props["memlock (non-login ssh)"] = state["memlock"] or UNREADABLE
+    props["memlock file"] = digest(state["memlock_conf"])
+    props["memlock set elsewhere"] = "; ".join(state.get("memlock_other") or []) or "none"
+    props["clock sync"] = clock_sync_value(state)
+    props["clock offset"] = clock_offset_value(state, max_clock_offset_ms)
+    if state["smi"] != "absent":
+        props["persistence mode"] = persistence_value(state)
+        props["fabric manager"] = fabric_manager_value(state)
+        props["nvidia_peermem"] = peermem_value(state)
+    return props
+
+
+def expected(plan: GpuNodePlan) -> dict[str, str]:
+    """What the node's properties must be, from its plan: memlock on every node where managed;
+    GPU settings, clock sync and offset on GPU nodes only."""
+    props: dict[str, str] = {}
+    if plan.memlock is not None:
+        props["memlock (non-login ssh)"] = plan.memlock
+        props["memlock file"] = digest(plan.memlock_conf)
+        props["memlock set elsewhere"] = (
+            "none"  # another file's line could override ours for the ranks
+        )
+    if not plan.gpu_node:
+        return props
+    props["clock offset"] = within(plan.max_clock_offset_ms)
+    if plan.persistence:
+        props["persistence mode"] = "on"
+    if plan.fabric_manager:
+        props["fabric manager"] = f"{plan.fabric_manager.version}, active, held"
+    if plan.peermem:
+        props["nvidia_peermem"] = "loaded, at boot"
+    return props

@@ -1,0 +1,304 @@
+"""Drift: compare what nodes are against the spec, against each other, and for uniqueness.
+
+Plain Python over plain data (property -> value per node), testable without any host.
+Values are normalised strings, so equal means equal.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, NamedTuple
+
+# Properties every node must share (majority vote names the odd node) ...
+PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
+IDENTICAL_PREFIXES = (
+    "os",
+    "kernel",
+    "gpu driver",
+    "cuda",
+    "cudnn",
+    "nccl",
+    "torch",
+    "gcc",
+    "package ",
+    PYTHON_PREFIX,
+    "hosts block",
+    "known_hosts block",
+    "authorized_keys",
+    "pdsh nodes",
+    # GPU node settings every node shares (GPU-only ones are the spec's to expect)
+    "memlock",
+    "cluster MTU",
+    "ib ports active",
+    "ib active MTU",
+    "clock sync",
+    "clock offset",
+    "persistence mode",
+)
+# ... and properties no two nodes may share.
+UNIQUE = ("hostname", "boot_id", "machine-id")
+ABSENT = "absent"
+UNREACHABLE = "unreachable"
+DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
+DIFF_WIDTH = 160  # characters of one diff line
+
+
+def digest(lines: list[str] | str | None) -> str:
+    """A short, stable digest of a block or file ('absent' for none)."""
+    if lines is None:
+        return ABSENT
+    text = lines if isinstance(lines, str) else "\n".join(lines)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Finding:
+    node: str
+    property: str
+    kind: str  # spec | majority | tie | unique | unreachable
+    observed: str
+    expected: str | None = None
+    files: tuple[str, ...] = ()  # the managed files that differ (a spec finding on content)
+    diff: tuple[str, ...] = ()  # their unified diff, expected vs found (never key material)
+
+    def __str__(self) -> str:
+        if self.kind == "unreachable":
+            return f"{self.node}: cannot be read ({self.observed})"
+        if self.kind == "unique":
+            return f"{self.property} {self.observed!r} is not unique ({self.expected})"
+        if self.kind == "tie":
+            return f"{self.property}: no majority ({self.expected})"
+        if self.kind == "majority":
+            return f"{self.property} is {self.observed!r}, the other nodes have {self.expected!r}"
+        if self.files:
+            verb = "differs" if len(self.files) == 1 else "differ"
+            return (
+                f"{self.property}: {', '.join(self.files)} {verb} from the spec "
+                f"({self.observed!r}, the spec wants {self.expected!r})"
+            )
+        return f"{self.property} is {self.observed!r}, the spec wants {self.expected!r}"
+
+    def to_json(self) -> dict[str, Any]:
+        found = asdict(self)
+        for key in ("files", "diff"):  # only where there is a content diff
+            found[key] = list(found[key])
+            if not found[key]:
+                del found[key]
+        return found
+
+
+@dataclass
+class Report:
+    cluster: str
+    nodes: list[str]
+    observed: dict[str, dict[str, str]]  # node -> property -> value (reachable nodes only)
+    findings: list[Finding] = field(default_factory=list)
+    mesh_probe: dict[str, Any] | None = (
+        None  # which peers the live SSH probe reached (checks/drift_check.py)
+    )
+
+    @property
+    def drift(self) -> bool:
+        return bool(self.findings)
+
+    def findings_for(self, node: str) -> list[Finding]:
+        return [f for f in self.findings if f.node == node]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster,
+            "drift": self.drift,
+            "nodes": {
+                n: {"reachable": n in self.observed, "properties": self.observed.get(n, {})}
+                for n in self.nodes
+            },
+            "findings": [f.to_json() for f in self.findings],
+            **({"mesh_probe": self.mesh_probe} if self.mesh_probe else {}),
+        }
+
+    def table(self, all_rows: bool = False) -> str:
+        """Properties by nodes; only rows with a finding unless ``all_rows``; odd values marked '*'."""
+        odd = {(f.node, f.property) for f in self.findings}
+        properties = list(dict.fromkeys(p for values in self.observed.values() for p in values))
+        rows = [p for p in properties if all_rows or any((n, p) in odd for n in self.nodes)]
+        unreachable = [f.node for f in self.findings if f.kind == "unreachable"]
+        if unreachable:
+            rows = ["reachable", *rows]
+        header = ["property", *self.nodes]
+        body = []
+        for prop in rows:
+            cells = [prop]
+            for node in self.nodes:
+                if prop == "reachable":
+                    cells.append("NO *" if node in unreachable else "yes")
+                    continue
+                value = self.observed.get(node, {}).get(prop, "-" if node in self.observed else "?")
+                cells.append(f"{value} *" if (node, prop) in odd else value)
+            body.append([printable(cell) for cell in cells])
+        if not body:
+            return f"no drift: {len(self.nodes)} nodes match the spec and each other"
+        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        line = lambda row: "  ".join(
+            cell.ljust(width) for cell, width in zip(row, widths, strict=False)
+        ).rstrip()
+        grid = [line(header), line(["-" * w for w in widths]), *map(line, body)]
+        return "\n".join([*grid, *self._diffs()])
+
+    def _diffs(self) -> list[str]:
+        """Below the table: each content finding's files and diff, one printable line each."""
+        lines = []
+        for f in self.findings:
+            if f.files:
+                lines += ["", printable(f"{f.node}: {f.property}: {', '.join(f.files)}")]
+                lines += [f"    {printable(line)}" for line in f.diff]
+        return lines
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False)
+
+
+def printable(text: str) -> str:
+    """``text`` on one line as a terminal shows it: every control, format or undecodable
+    character escaped (``\\n``, ``\\x1b``, ``\\u202e``, ``\\udcff``), so no content a node holds can
+    end a row, forge one or move the cursor."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class Content(NamedTuple):
+    """One managed file or block as drift compares it: the sha256 of its bytes (``absent``:
+    no such file or block) and its text, None where it must not be shown (key and
+    certificate material) or was not read (a file the node sent by digest only)."""
+
+    sha: str
+    text: str | None
+
+
+def content(text: str | list[str] | bytes | None, shown: bool = True) -> Content:
+    """A file's text (a block: its lines) as a ``Content``; key material with ``shown=False``."""
+    if text is None:
+        return Content(ABSENT, None)
+    if isinstance(text, list):
+        text = "\n".join(text)
+    data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+    shown = shown and isinstance(text, str)
+    return Content(hashlib.sha256(data).hexdigest(), text if shown else None)
+
+
+def content_diff(
+    wanted: dict[str, Content], found: dict[str, Content], limit: int = DIFF_LINES
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the files whose content differs, a unified diff of those that may be shown: expected
+    vs found, at most ``limit`` lines of at most DIFF_WIDTH characters)."""
+    missing = Content(ABSENT, None)
+    files = tuple(
+        name
+        for name in sorted(wanted.keys() | found.keys())
+        if wanted.get(name, missing).sha != found.get(name, missing).sha
+    )
+    lines: list[str] = []
+    for name in files:
+        want, have = (_diff_lines(side.get(name, missing)) for side in (wanted, found))
+        if want is None or have is None:
+            continue
+        lines += difflib.unified_diff(
+            want, have, f"{name} (expected)", f"{name} (found)", n=1, lineterm=""
+        )
+    if len(lines) > limit:
+        lines = [*lines[: limit - 1], f"... {len(lines) - limit + 1} more lines of diff"]
+    return files, tuple(_cut(line) for line in lines)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= DIFF_WIDTH else f"{line[: DIFF_WIDTH - 3]}..."
+
+
+def _diff_lines(side: Content) -> list[str] | None:
+    if side.sha == ABSENT:
+        return []
+    return None if side.text is None else side.text.split("\n")
+
+
+def explain(
+    report: Report,
+    wanted: dict[str, dict[str, dict[str, Content]]],
+    found: dict[str, dict[str, dict[str, Content]]],
+) -> None:
+    """Give each spec finding on a managed file's digest the files that differ and their diff
+    (``wanted``/``found``: node -> property -> file name -> Content)."""
+    for i, f in enumerate(report.findings):
+        want, have = wanted.get(f.node, {}).get(f.property), found.get(f.node, {}).get(f.property)
+        if f.kind == "spec" and want is not None and have is not None:
+            files, diff = content_diff(want, have)
+            report.findings[i] = replace(f, files=files, diff=diff)
+
+
+def absent_everywhere_else(observed: dict[str, dict[str, str]], prefix: str) -> None:
+    """Properties under ``prefix`` that some node has and another lacks (a package in one
+    node's venv only) become ABSENT on the others, so the majority vote can name the odd node."""
+    seen = {p for props in observed.values() for p in props if p.startswith(prefix)}
+    for props in observed.values():
+        props.update({p: ABSENT for p in sorted(seen) if p not in props})
+
+
+def compare(
+    cluster: str,
+    nodes: list[str],
+    observed: dict[str, dict[str, str]],
+    expected: dict[str, dict[str, str]],
+    unreachable: dict[str, str] | None = None,
+) -> Report:
+    """Findings of (a) each node against the spec, (b) nodes against each other for
+    properties that must be identical, (c) properties that must be unique."""
+    report = Report(cluster=cluster, nodes=list(nodes), observed=observed)
+    for node, reason in (unreachable or {}).items():
+        report.findings.append(Finding(node, "reachable", "unreachable", reason))
+    for node, props in expected.items():
+        for prop, want in props.items():
+            have = observed.get(node, {}).get(prop)
+            if node in observed and have != want:
+                report.findings.append(Finding(node, prop, "spec", have or ABSENT, want))
+    spec_findings = {(f.node, f.property) for f in report.findings}
+    properties = dict.fromkeys(p for values in observed.values() for p in values)
+    for prop in properties:
+        values = {node: props[prop] for node, props in observed.items() if prop in props}
+        if prop in UNIQUE:
+            report.findings += _duplicates(prop, values)
+        elif prop.startswith(IDENTICAL_PREFIXES):
+            report.findings += [
+                f for f in majority(prop, values) if (f.node, f.property) not in spec_findings
+            ]
+    order = {n: i for i, n in enumerate(nodes)}
+    report.findings.sort(key=lambda f: (order.get(f.node, len(order)), f.property))
+    return report
+
+
+def majority(prop: str, values: dict[str, str]) -> list[Finding]:
+    """The nodes whose value differs from most nodes' (a tie: every node, kind ``tie``)."""
+    counts = Counter(values.values())
+    if len(counts) < 2:
+        return []
+    (top, top_count), (_, second_count) = counts.most_common(2)
+    if top_count == second_count:
+        summary = ", ".join(f"{v!r} on {c}" for v, c in counts.most_common())
+        return [Finding(node, prop, "tie", value, summary) for node, value in values.items()]
+    return [
+        Finding(node, prop, "majority", value, top)
+        for node, value in values.items()
+        if value != top
+    ]
+
+
+def _duplicates(prop: str, values: dict[str, str]) -> list[Finding]:
+    owners: dict[str, list[str]] = {}
+    for node, value in values.items():
+        owners.setdefault(value, []).append(node)
+    return [
+        Finding(node, prop, "unique", value, "also on " + ", ".join(n for n in shared if n != node))
+        for value, shared in owners.items()
+        if len(shared) > 1 and value != ABSENT
+        for node in shared
+    ]
