@@ -1,7 +1,8 @@
 # trainfleet: the two commands of the README, and the set-up they need.
 #   make demo   venv + lab packages, a 3-node lab, the main job twice (the 2nd changes nothing)
 #               with the launch stack pinned, then drift and the preflight
-#   make test   venv + lab packages, then the whole suite (unit, fixture and lab tests)
+#   make test   venv, the linters (ruff, import contracts), lab packages, then the whole suite
+#               (unit, fixture and lab tests)
 #   make bench  venv + lab packages, then the benchmark on labs of 1..16 nodes (docs/benchmark.*)
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -28,7 +29,7 @@ NODE_PYTHON := accelerate==1.15.0 deepspeed==0.19.8 click==8.5.1 fabric==3.2.3
 DEEPSPEED := deepspeed==0.19.8
 COLOSSALAI := colossalai==0.5.0
 
-.PHONY: venv host-deps demo test unit bench lab-down clean
+.PHONY: venv host-deps demo lint test unit bench lab-down clean
 
 venv: $(VENV)/.installed
 
@@ -78,7 +79,14 @@ demo: venv host-deps
 	@echo "Look inside:        $(PY) -m lab ssh node2 -- cat /etc/trainfleet/launch/README"
 	@echo "Tear it down:       $(PY) -m lab down"
 
-test: venv host-deps
+# Fails fast, before the lab's packages are fetched: style (ruff, 100 columns), formatting, and the
+# layers of ../shared/ARCHITECTURE.md as import contracts (pyproject.toml's [tool.importlinter]).
+lint: venv
+	@$(VENV)/bin/ruff check . || { echo "make: ruff check failed (above)"; exit 1; }
+	@$(VENV)/bin/ruff format --check . || { echo "make: not formatted (above): run $(VENV)/bin/ruff format"; exit 1; }
+	@$(VENV)/bin/lint-imports || { echo "make: an import breaks a layer contract (above)"; exit 1; }
+
+test: venv lint host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab
 	$(PY) -m pytest -q --durations=15
 
