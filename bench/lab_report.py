@@ -21,13 +21,16 @@ from bench.tally import PHASES, ExecCount, exec_count, phases, short_label, top_
 
 TASKS = ("floor", "first provision", "re-run", "drift", "torch provision", "preflight")
 WHAT = {
-    "floor": "`pyinfra inventories/lab.py fact server.Hostname`: connect, one command per node, exit",
-    "first provision": "`deploy/cluster.py` on freshly booted nodes (pdsh etc. installed with apt from the host's cache)",
+    "floor": "`pyinfra inventories/lab.py fact server.Hostname`: connect, one command per node, "
+    "exit",
+    "first provision": "`deploy/cluster.py` on freshly booted nodes (pdsh etc. installed with apt "
+    "from the host's cache)",
     "re-run": "`deploy/cluster.py` again on the converged cluster (changes nothing)",
     "drift": "`deploy/drift.py` on the converged cluster (read-only)",
-    "torch provision": "`deploy/cluster.py` with PyTorch 2.13.0+cpu pinned: pip installs it into every node's "
-    "venv from the wheelhouse (once per N, the preflight's prerequisite)",
-    "preflight": "`deploy/preflight.py` on the torch-pinned cluster (hygiene, reachability, gloo all_reduce)",
+    "torch provision": "`deploy/cluster.py` with PyTorch 2.13.0+cpu pinned: pip installs it into "
+    "every node's venv from the wheelhouse (once per N, the preflight's prerequisite)",
+    "preflight": "`deploy/preflight.py` on the torch-pinned cluster (hygiene, reachability, gloo "
+    "all_reduce)",
 }
 
 
@@ -237,7 +240,8 @@ def _target_cell(row: Row, note: int | None) -> str:
 
 def render_table(rows: list[Row], notes: dict[tuple[int, str], int]) -> str:
     lines = [
-        "| N | task | runs | median s | min–max s | × floor | execs/node | controller CPU s | peak RSS MB | target |",
+        "| N | task | runs | median s | min–max s | × floor | execs/node | controller CPU s | peak "
+        "RSS MB | target |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
@@ -312,8 +316,8 @@ def explain(results: dict[str, Any], row: Row, floor: Row | None) -> str:
     if row.busy_median is not None:
         cores = results["machine"]["cores"]
         parts.append(
-            f"the machine's {cores} cores were {row.busy_median:.0%} busy during the run (controller, "
-            "every node's sshd and commands)"
+            f"the machine's {cores} cores were {row.busy_median:.0%} busy during the run "
+            "(controller, every node's sshd and commands)"
             + (": the lab is CPU-bound" if row.busy_median > 0.9 else "")
         )
     if tally and row.execs:
@@ -382,8 +386,8 @@ def _slowest_parts(results: dict[str, Any], row: Row) -> str:
         return ""
     top = sorted(parts.items(), key=lambda kv: kv[1], reverse=True)[:3]
     return (
-        f"timed alone on one node of an idle lab, its parts take {sum(parts.values()):.2f} s, slowest "
-        + ", ".join(f"{k} {v:.2f} s" for k, v in top)
+        f"timed alone on one node of an idle lab, its parts take {sum(parts.values()):.2f} s, "
+        "slowest " + ", ".join(f"{k} {v:.2f} s" for k, v in top)
     )
 
 
@@ -398,9 +402,9 @@ def render_sections(results: dict[str, Any]) -> str:
     )
     lines = [
         (
-            "Parts of the node fingerprint (drift's one command per node; the re-run's DeployState is the "
-            "parts without identity, nccl_seen and mesh_proof), each timed alone on node1 of an idle lab, "
-            "remote seconds:"
+            "Parts of the node fingerprint (drift's one command per node; the re-run's DeployState "
+            "is the parts without identity, nccl_seen and mesh_proof), each timed alone on node1 "
+            "of an idle lab, remote seconds:"
         ),
         "",
         "| part | " + " | ".join(f"N={e['nodes']}" for e in entries) + " |",
@@ -418,7 +422,8 @@ def render_sections(results: dict[str, Any]) -> str:
 def render_profile(results: dict[str, Any], nodes: int) -> str:
     """Phase times and hottest controller functions of the re-run and drift at ``nodes``."""
     lines = [
-        f"Phases of one accounted run at N={nodes} (seconds; `bench/lab_driver.py` stamps pyinfra's stages):",
+        f"Phases of one accounted run at N={nodes} (seconds; `bench/lab_driver.py` stamps "
+        "pyinfra's stages):",
         "",
         "| task | " + " | ".join(PHASES) + " | total |",
         "|---|" + "---:|" * (len(PHASES) + 1),
@@ -460,19 +465,22 @@ def render_markdown(results: dict[str, Any]) -> str:
         "# Benchmark",
         "",
         (
-            f"Measured on {describe_machine(results['machine'])}, at {describe_source(results.get('source'))}, "
-            f"by `{results['command']}` ({results['total_minutes']:.0f} minutes). Raw samples: `docs/benchmark.json`."
+            f"Measured on {describe_machine(results['machine'])}, at "
+            f"{describe_source(results.get('source'))}, by `{results['command']}` "
+            f"({results['total_minutes']:.0f} minutes). Raw samples: `docs/benchmark.json`."
         ),
         "",
         (
-            "Each time is the wall clock of one `pyinfra -y --json` process on the controller, median of the runs "
-            "(min–max beside it); every run at N is in its own freshly booted lab of N nodes. The lab's nodes are "
-            "namespaces on this same machine: their sshd and remote commands share its cores with the controller. "
-            "**× floor** is the median over the floor's median at the same N. **execs/node**: SSH exec requests "
-            "the controller sent to each node (one per remote process sshd starts), counted by paramiko's "
-            "`Channel.exec_command` in one extra run through `bench/lab_driver.py`; `mean (min–max)` when nodes "
-            "differ. **controller CPU**: user + system time of that pyinfra process; **peak RSS**: its "
-            "`ru_maxrss`, from `wait4` in a small parent (`bench/child.py`, so it is pyinfra's own peak), the largest of the runs."
+            "Each time is the wall clock of one `pyinfra -y --json` process on the controller, "
+            "median of the runs (min–max beside it); every run at N is in its own freshly booted "
+            "lab of N nodes. The lab's nodes are namespaces on this same machine: their sshd and "
+            "remote commands share its cores with the controller. **× floor** is the median over "
+            "the floor's median at the same N. **execs/node**: SSH exec requests the controller "
+            "sent to each node (one per remote process sshd starts), counted by paramiko's "
+            "`Channel.exec_command` in one extra run through `bench/lab_driver.py`; `mean "
+            "(min–max)` when nodes differ. **controller CPU**: user + system time of that pyinfra "
+            "process; **peak RSS**: its `ru_maxrss`, from `wait4` in a small parent "
+            "(`bench/child.py`, so it is pyinfra's own peak), the largest of the runs."
         ),
         "",
         "| task | what runs |",

@@ -225,8 +225,8 @@ class Runner:
             findings=check_findings(stderr) if task in ("drift", "preflight") else {},
         )
         self.log(
-            f"  {task:16} N={nodes:<2} {sample.seconds:7.2f}s cpu {sample.cpu_seconds:6.2f}s busy {busy:.0%} "
-            f"rss {sample.maxrss_kb // 1024} MB exit {code} changed {changed}"
+            f"  {task:16} N={nodes:<2} {sample.seconds:7.2f}s cpu {sample.cpu_seconds:6.2f}s busy "
+            f"{busy:.0%} rss {sample.maxrss_kb // 1024} MB exit {code} changed {changed}"
         )
         return sample
 
@@ -387,8 +387,9 @@ def measure(runner: Runner, plan: Plan, on_progress: Callable[[Results], None]) 
                     "task": "preflight",
                     "nodes": nodes,
                     "why": (
-                        f"not run above {plan.preflight_max_nodes} nodes: PyTorch into every node's venv costs "
-                        f"~{_torch_seconds_per_node(results):.0f} s a node on this machine"
+                        f"not run above {plan.preflight_max_nodes} nodes: PyTorch into every "
+                        f"node's venv costs ~{_torch_seconds_per_node(results):.0f} s a node on "
+                        "this machine"
                     ),
                 }
             )

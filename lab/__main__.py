@@ -20,7 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--single-nic",
         action="store_true",
-        help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot reach)",
+        help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot "
+        "reach)",
     )
     sub.add_parser("down", help="stop every node and remove every trace of the lab")
     status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")

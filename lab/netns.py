@@ -397,7 +397,8 @@ class Lab:
             if node.name == name:
                 return node
         raise LabError(
-            f"no node {name!r} in the lab (nodes: {', '.join(n.name for n in self.nodes()) or 'none'})"
+            f"no node {name!r} in the lab (nodes: "
+            f"{', '.join(n.name for n in self.nodes()) or 'none'})"
         )
 
     # -- down ------------------------------------------------------------------------------

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print(
-                f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master {cluster.master.name}"
+                f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master "
+                f"{cluster.master.name}"
             )
     return status
 

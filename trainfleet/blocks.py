@@ -23,7 +23,8 @@ def markers(purpose: str) -> tuple[str, str]:
 
 
 class BrokenBlock(ValueError):
-    """The file is not "user lines, one block or none, user lines": rewriting it could lose lines."""
+    """The file is not "user lines, one block or none, user lines": rewriting it could lose
+    lines."""
 
 
 @dataclass(frozen=True)
@@ -46,13 +47,15 @@ class Split:
 
 
 def _lines(text: str) -> list[str]:
-    """Lines split on "\\n" only: a carriage return or U+2028 is part of its line, as for sh and awk."""
+    """Lines split on "\\n" only: a carriage return or U+2028 is part of its line, as for sh and
+    awk."""
     lines = text.split("\n")
     return lines[:-1] if lines[-1] == "" else lines
 
 
 def split_block(text: str, purpose: str) -> Split:
-    """Split a file's whole text around the block for ``purpose``; raise BrokenBlock if ambiguous."""
+    """Split a file's whole text around the block for ``purpose``; raise BrokenBlock if
+    ambiguous."""
     begin, end = markers(purpose)
     lookalike = re.compile(
         rf"(BEGIN|END) trainfleet managed block: {re.escape(purpose)}(?=$|[\s(])"

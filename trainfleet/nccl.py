@@ -114,7 +114,8 @@ def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[s
             indices.add(v2[0])
         else:
             problems.append(
-                f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 address"
+                f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 "
+                "address"
             )
     if len(indices) > 1:
         problems.append(f"RoCE ports disagree on the RoCE v2 GID index ({sorted(indices)})")

@@ -45,7 +45,8 @@ _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def text_problem(value: str) -> str | None:
-    """Any string: no character that could start a new line or hide text (see _UNSAFE_CATEGORIES)."""
+    """Any string: no character that could start a new line or hide text (see
+    _UNSAFE_CATEGORIES)."""
     if value.isascii() and value.isprintable():  # the common case, at C speed: U+0020..U+007E only
         return None
     for char in value:
@@ -85,7 +86,8 @@ def cluster_name_problem(value: str) -> str | None:
 
 
 def user_problem(value: str) -> str | None:
-    """A portable user name, as useradd's default NAME_REGEX takes it (no Samba-style trailing '$')."""
+    """A portable user name, as useradd's default NAME_REGEX takes it (no Samba-style trailing
+    '$')."""
     if _USER.fullmatch(value):
         return None
     return (
@@ -227,7 +229,8 @@ def env_name_problem(value: Any) -> str | None:
 
 
 def tcp_include_problem(value: str) -> str | None:
-    """`auto`, interface names (`eth0,eth1`) or IPv4 subnets (`198.18.0.0/24`), as OpenMPI takes them."""
+    """`auto`, interface names (`eth0,eth1`) or IPv4 subnets (`198.18.0.0/24`), as OpenMPI takes
+    them."""
     if value == "auto":
         return None
     for item in value.split(","):
@@ -331,8 +334,8 @@ SSH = Section(
             (str, NULL),
             None,
             "`sudo`: every command, upload and check runs as root through the login user's "
-            "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear error, never "
-            "waits); null: `user` is root.",
+            "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear "
+            "error, never waits); null: `user` is root.",
             check=lambda v: None if v == "sudo" else f"{v!r} must be 'sudo' (or null)",
             accepts="`sudo`, or null",
         ),
@@ -365,8 +368,9 @@ CLUSTER_SSH = Section(
             str,
             "certificates",
             "How the SSH mesh trusts: `certificates` (the cluster CA signs each node's host key "
-            "and each mesh user's key; every node holds one CA line, whatever the cluster's size) or `keys` (every "
-            "node's host key and public key on every node). Switching moves the mesh in one deploy.",
+            "and each mesh user's key; every node holds one CA line, whatever the cluster's size) "
+            "or `keys` (every node's host key and public key on every node). Switching moves the "
+            "mesh in one deploy.",
             check=lambda v: None if v in MESH_MODES else f"{v!r} must be 'certificates' or 'keys'",
             accepts="`certificates`, `keys`",
         ),
@@ -382,12 +386,14 @@ CLUSTER_SSH = Section(
 )
 
 NCCL = Section(
-    doc="NCCL network environment. `auto` values are derived per node from its cluster address and sysfs.",
+    doc="NCCL network environment. `auto` values are derived per node from its cluster address and "
+    "sysfs.",
     keys={
         "socket_ifname": Key(
             str,
             "auto",
-            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's address.",
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's "
+            "address.",
             check=ifname_problem,
             accepts="`auto`, or `^`/`=` then names `[A-Za-z0-9_.:@-]{1,15}`, comma-separated",
         ),
@@ -407,14 +413,15 @@ NCCL = Section(
             each_key=env_name_problem,
             each=env_value_problem,
             example={"NCCL_DEBUG": "WARN"},
-            accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or `[A-Za-z0-9_.,:=^/%+@ -]*`, "
-            "no leading/trailing space, no marker text",
+            accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or "
+            "`[A-Za-z0-9_.,:=^/%+@ -]*`, no leading/trailing space, no marker text",
         ),
     },
 )
 
 OPENMPI = Section(
-    doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the mpirun line.",
+    doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the "
+    "mpirun line.",
     keys={
         "tcp_include": Key(
             str,
@@ -438,7 +445,8 @@ OPENMPI = Section(
 )
 
 STACK = Section(
-    doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly these.",
+    doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly "
+    "these.",
     keys={
         "cuda": Key(
             (str, NULL),
@@ -483,12 +491,12 @@ STACK = Section(
         "openmpi": Key(
             (str, NULL),
             None,
-            "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and held: "
-            "the runtime `mpirun.sh` and `horovod.sh` use.",
+            "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and "
+            "held: the runtime `mpirun.sh` and `horovod.sh` use.",
             check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"),
             example="4.1.4-3+b1",
-            accepts="the package version with its release, as `apt-cache policy openmpi-bin` or `dnf list openmpi` "
-            "shows it: `4.1.4-3+b1`, `4.1.1-5.el8`",
+            accepts="the package version with its release, as `apt-cache policy openmpi-bin` or "
+            "`dnf list openmpi` shows it: `4.1.4-3+b1`, `4.1.1-5.el8`",
         ),
         "python": Key(
             dict,
@@ -498,8 +506,8 @@ STACK = Section(
             each_key=dist_name_problem,
             each=python_pin_problem,
             example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
-            accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, `0.4.post1`, "
-            "or `{version: V, deps: false}` to install one without its requirements",
+            accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, "
+            "`0.4.post1`, or `{version: V, deps: false}` to install one without its requirements",
         ),
         "driver": Key(
             (str, NULL),
@@ -521,7 +529,8 @@ STACK = Section(
         "wheelhouse": Key(
             (str, NULL),
             None,
-            "Directory on every node holding torch and its dependency wheels (air-gapped clusters); null: the variant's index.",
+            "Directory on every node holding torch and its dependency wheels (air-gapped "
+            "clusters); null: the variant's index.",
             check=node_path_problem,
             accepts="absolute path of `[A-Za-z0-9._+@,=:~-]` names, no `..`",
         ),
@@ -537,13 +546,14 @@ STACK = Section(
             None,
             "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com.",
             check=partial(url_problem, file_ok=True),
-            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the nodes",
+            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the "
+            "nodes",
         ),
         "cuda_keyring_fingerprint": Key(
             (str, NULL),
             None,
-            "The one key the cuda-keyring .deb may hold (checked before it is installed); "
-            "null: NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
+            "The one key the cuda-keyring .deb may hold (checked before it is installed); null: "
+            "NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
             check=fingerprint_problem,
             accepts="40 hex digits, upper case",
         ),
@@ -556,7 +566,8 @@ STACK = Section(
         "allow_change": Key(
             bool,
             False,
-            "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; false: such a node fails, unchanged.",
+            "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; "
+            "false: such a node fails, unchanged.",
             accepts="`true`, `false`",
         ),
     },
@@ -620,7 +631,8 @@ def positive_number(value: Any) -> str | None:
 
 
 GPU = Section(
-    doc="Node settings multi-node GPU jobs depend on; set where the node has GPUs (`memlock`: every node).",
+    doc="Node settings multi-node GPU jobs depend on; set where the node has GPUs (`memlock`: "
+    "every node).",
     keys={
         "persistence": Key(
             bool,
@@ -648,8 +660,8 @@ GPU = Section(
         "memlock": Key(
             (str, int, NULL),
             "unlimited",
-            "Locked-memory limit of every session (`/etc/security/limits.d`), as a "
-            "non-login ssh session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
+            "Locked-memory limit of every session (`/etc/security/limits.d`), as a non-login ssh "
+            "session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
             check=memlock_problem,
             accepts="`unlimited`, or KiB (64 or more)",
         ),
@@ -670,9 +682,9 @@ PREFLIGHT = Section(
         "min_busbw_gbps": Key(
             (int, float, NULL),
             None,
-            "Bus bandwidth floor (GB/s, as nccl-tests reports busbw) of the timed "
-            "all_reduce between each pair of nodes; a slower pair names its node or link. null: measured "
-            "and reported, no floor (CPU nodes: gloo).",
+            "Bus bandwidth floor (GB/s, as nccl-tests reports busbw) of the timed all_reduce "
+            "between each pair of nodes; a slower pair names its node or link. null: measured and "
+            "reported, no floor (CPU nodes: gloo).",
             check=positive_number,
             example=40,
             accepts="a number above 0",
@@ -681,7 +693,8 @@ PREFLIGHT = Section(
             (str, NULL),
             None,
             "Also train the smoke job (two DDP steps, checked) through this launcher's file in "
-            '/etc/trainfleet/launch: "the cluster can train with the launcher you use". `--data trainfleet_smoke=NAME` '
+            '/etc/trainfleet/launch: "the cluster can train with the launcher you use". `--data '
+            "trainfleet_smoke=NAME` "
             "overrides it for one run.",
             check=smoke_launcher_problem,
             example="deepspeed",
@@ -722,8 +735,9 @@ NODE = Section(
         "npus": Key(
             int,
             0,
-            "Ascend NPUs in the node (device ids 0..N-1): listed, with the device IPs read on the node, "
-            "in the HCCL rank table MindSpore reads (`/etc/trainfleet/launch/rank_table.json`).",
+            "Ascend NPUs in the node (device ids 0..N-1): listed, with the device IPs read on the "
+            "node, in the HCCL rank table MindSpore reads "
+            "(`/etc/trainfleet/launch/rank_table.json`).",
             check=lambda v: None if 0 <= v <= 8 else f"must be 0 to 8 (hccl_tools' limit), got {v}",
             example=8,
             accepts="0-8",

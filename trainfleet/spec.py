@@ -59,7 +59,8 @@ class _Ctx:
 
 
 def dotted(path: PathT) -> str:
-    """``nodes[0].ssh.port``; a key that is not a plain word is shown quoted, so a problem stays one line."""
+    """``nodes[0].ssh.port``; a key that is not a plain word is shown quoted, so a problem stays one
+    line."""
     out = ""
     for part in path:
         if isinstance(part, int):

@@ -1,6 +1,6 @@
-"""``python -m bench.controller [--nodes 16,64,256,1024] [--runs 3] [--profile N] [--mesh certificates|keys]
-[--compare keys] [--compare-runs 1] [--out docs/]``: trainfleet's controller against N fake nodes
-(issue #17), and what the SSH mesh costs per node and per run (issue #18).
+"""``python -m bench.controller [--nodes 16,64,256,1024] [--runs 3] [--profile N] [--mesh
+certificates|keys] [--compare keys] [--compare-runs 1] [--out docs/]``: trainfleet's controller
+against N fake nodes (issue #17), and what the SSH mesh costs per node and per run (issue #18).
 
 Writes OUT/controller-benchmark.{json,md,png}, after every N so an interrupted run keeps what
 it measured. ``--render`` redraws the md and png from the JSON. ``record`` (root, the lab)
@@ -27,17 +27,21 @@ from bench.run import REPO, node_counts
 
 NAME = "controller-benchmark"
 NOTES = [
-    "A run is one pyinfra process; the fake connector answers instantly, so wall ≈ CPU when the machine is "
-    "otherwise idle. Where another session loaded the machine, wall time grows and CPU time stays the controller's.",
-    "Fact bytes: every node sends back its /etc/hosts and genders blocks, a line per node, so the bytes read per "
-    "run keep an N² part in either mesh. A key mesh adds known_hosts, authorized_keys and ssh config blocks with a "
-    "line (or stanza) per node; a certificate mesh replaces them with one CA line, one pattern stanza and "
-    "certificates of constant size. The controller's reading of them is part of what is measured.",
-    "Bytes sent: the fact commands (scripts) each node is asked to run, the same size whatever N; drift's mesh "
-    "probe names its sampled peers. The timed runs change nothing and the plan is a dry run, so nothing is uploaded.",
-    "recorded.json comes from a key-mesh lab node; its sshd_mesh section and each mesh user's certificate line are "
-    "synthesized as that node's fact scripts print them (bench/controller/fleet.py), the converged answers carrying "
-    "exactly the certificates the plan signs with the key store's cluster CA.",
+    "A run is one pyinfra process; the fake connector answers instantly, so wall ≈ CPU when the "
+    "machine is otherwise idle. Where another session loaded the machine, wall time grows and CPU "
+    "time stays the controller's.",
+    "Fact bytes: every node sends back its /etc/hosts and genders blocks, a line per node, so the "
+    "bytes read per run keep an N² part in either mesh. A key mesh adds known_hosts, "
+    "authorized_keys and ssh config blocks with a line (or stanza) per node; a certificate mesh "
+    "replaces them with one CA line, one pattern stanza and certificates of constant size. The "
+    "controller's reading of them is part of what is measured.",
+    "Bytes sent: the fact commands (scripts) each node is asked to run, the same size whatever N; "
+    "drift's mesh probe names its sampled peers. The timed runs change nothing and the plan is a "
+    "dry run, so nothing is uploaded.",
+    "recorded.json comes from a key-mesh lab node; its sshd_mesh section and each mesh user's "
+    "certificate line are synthesized as that node's fact scripts print them "
+    "(bench/controller/fleet.py), the converged answers carrying exactly the certificates the plan "
+    "signs with the key store's cluster CA.",
 ]
 
 
@@ -73,7 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         choices=MESH_MODES,
         default=[],
-        help="also build each N in this mesh and run the re-run, plan and drift on it, for comparison",
+        help="also build each N in this mesh and run the re-run, plan and drift on it, for "
+        "comparison",
     )
     parser.add_argument(
         "--compare-runs", type=int, default=1, help="runs of each compared task (default 1)"

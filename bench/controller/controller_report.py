@@ -1,4 +1,5 @@
-"""docs/controller-benchmark.{md,png} from the raw results (``--render`` redraws them from the JSON).
+"""docs/controller-benchmark.{md,png} from the raw results (``--render`` redraws them from the
+JSON).
 
 Timing tables are of the main mesh (``plan.mesh``; results from before it existed were of a key
 mesh); the SSH mesh section sets each measured mesh beside the other."""
@@ -15,12 +16,14 @@ from bench.lab_report import describe_machine, describe_source
 
 TASKS = ("floor", "pyinfra baseline", "re-run", "first-provision plan", "drift")
 WHAT = {
-    "floor": "`pyinfra INVENTORY fact server.Hostname`: load the inventory, one command per node, exit",
-    "pyinfra baseline": "`bench/controller/noop_deploy.py`: the deploy's 12 operations (one mesh user) as "
-    "no-ops that read no fact: pyinfra's own cost per host and operation",
+    "floor": "`pyinfra INVENTORY fact server.Hostname`: load the inventory, one command per node, "
+    "exit",
+    "pyinfra baseline": "`bench/controller/noop_deploy.py`: the deploy's 12 operations (one mesh "
+    "user) as no-ops that read no fact: pyinfra's own cost per host and operation",
     "re-run": "`deploy/cluster.py` on nodes answering as converged (must change nothing)",
-    "first-provision plan": "`pyinfra --json --dry ... deploy/cluster.py` on nodes answering as freshly booted "
-    "(every node must get changes; no `-y`: with it pyinfra never evaluates an operation)",
+    "first-provision plan": "`pyinfra --json --dry ... deploy/cluster.py` on nodes answering as "
+    "freshly booted (every node must get changes; no `-y`: with it pyinfra never evaluates an "
+    "operation)",
     "drift": "`deploy/drift.py` on nodes answering as converged (must find nothing)",
 }
 GROWTH_LIMIT = 2.0 * 1.15  # each doubling of N at most doubles CPU, +15%
@@ -55,7 +58,8 @@ SHORT = {"re-run": "re-run", "first-provision plan": "plan", "drift": "drift"}
 
 
 def main_mesh(results: dict[str, Any]) -> str:
-    """The mesh of the timing tables: ``plan.mesh``; results from before it existed were of a key mesh."""
+    """The mesh of the timing tables: ``plan.mesh``; results from before it existed were of a key
+    mesh."""
     return results.get("plan", {}).get("mesh", "keys")
 
 
@@ -89,7 +93,6 @@ def cells(results: dict[str, Any], mesh: str | None = None) -> dict[tuple[int, s
     out = {}
     for (nodes, task), samples in grouped.items():
         good = [s for s in samples if s["ok"]]
-        median = lambda key: round(statistics.median(s[key] for s in good), 3) if good else None
         busy = [s["machine_busy"] for s in good if s.get("machine_busy") is not None]
         failed = [f"run {s['round'] + 1}: {s['problem']}" for s in samples if not s["ok"]]
         out[(nodes, task)] = Cell(
@@ -97,12 +100,16 @@ def cells(results: dict[str, Any], mesh: str | None = None) -> dict[tuple[int, s
             task,
             len(good),
             failed,
-            median("seconds"),
-            median("cpu_seconds"),
+            _median(good, "seconds"),
+            _median(good, "cpu_seconds"),
             round(max(s["maxrss_kb"] for s in samples) / 1024, 1),
             statistics.median(busy) if busy else None,
         )
     return out
+
+
+def _median(samples: list[dict[str, Any]], key: str) -> float | None:
+    return round(statistics.median(s[key] for s in samples), 3) if samples else None
 
 
 def growth(points: dict[int, float]) -> tuple[float | None, list[tuple[int, int, float]]]:
@@ -193,11 +200,13 @@ def render_mesh(results: dict[str, Any]) -> list[str]:
         "",
         (
             "One node's SSH mesh files as the plan renders them, in bytes: the managed blocks of "
-            "`/etc/ssh/ssh_known_hosts`, the mesh user's `authorized_keys` and `~/.ssh/config` (with their BEGIN/END "
-            "lines, as written into an empty file), `~/.ssh/id_trainfleet-cert.pub`, the host certificates "
-            "`/etc/ssh/ssh_host_<type>_key-cert.pub`, `/etc/ssh/sshd_config.d/trainfleet-mesh.conf` and the KRL "
-            "`/etc/ssh/trainfleet_revoked_keys`; columns for node0001, then the range of the total over all nodes "
-            "(a host certificate names the node's address, whose length varies)."
+            "`/etc/ssh/ssh_known_hosts`, the mesh user's `authorized_keys` and `~/.ssh/config` "
+            "(with their BEGIN/END lines, as written into an empty file), "
+            "`~/.ssh/id_trainfleet-cert.pub`, the host certificates "
+            "`/etc/ssh/ssh_host_<type>_key-cert.pub`, "
+            "`/etc/ssh/sshd_config.d/trainfleet-mesh.conf` and the KRL "
+            "`/etc/ssh/trainfleet_revoked_keys`; columns for node0001, then the range of the total "
+            "over all nodes (a host certificate names the node's address, whose length varies)."
         ),
         "",
         "| N | mesh | "
@@ -219,11 +228,12 @@ def render_mesh(results: dict[str, Any]) -> list[str]:
         "",
         (
             "Bytes per run, counted where pyinfra's `@fake` connector sees them "
-            "(`bench/controller/wire.py`): read, the stdout it answers with (what a real node would send back); "
-            "sent, the commands it is asked to run (what the controller would send); all nodes together, one "
-            "run (every valid run of a task at one N counts the same). The re-run's read bytes are then split "
-            "by the fact sections they come from: the SSH mesh's (host keys, sshd, known_hosts, mesh users), "
-            "/etc/hosts and pdsh (a line per node in either mesh), and the rest."
+            "(`bench/controller/wire.py`): read, the stdout it answers with (what a real node "
+            "would send back); sent, the commands it is asked to run (what the controller would "
+            "send); all nodes together, one run (every valid run of a task at one N counts the "
+            "same). The re-run's read bytes are then split by the fact sections they come from: "
+            "the SSH mesh's (host keys, sshd, known_hosts, mesh users), /etc/hosts and pdsh (a "
+            "line per node in either mesh), and the rest."
         ),
         "",
         "| N | mesh | "
@@ -257,9 +267,9 @@ def render_mesh(results: dict[str, Any]) -> list[str]:
     out += [
         "",
         (
-            "Growth with N: k, the exponent of bytes ∝ N^k fitted over every measured N (log2 on log2); then the "
-            "ratio per doubling of N between consecutive measured N. Constant: k ≈ 0; linear: k ≈ 1; "
-            "N²: k ≈ 2."
+            "Growth with N: k, the exponent of bytes ∝ N^k fitted over every measured N (log2 on "
+            "log2); then the ratio per doubling of N between consecutive measured N. Constant: k ≈ "
+            "0; linear: k ≈ 1; N²: k ≈ 2."
         ),
         "",
         "| quantity | mesh | k | " + " | ".join(steps_header) + " |",
@@ -340,8 +350,9 @@ def render_mesh_targets(results: dict[str, Any]) -> list[str]:
             return
         ns = sorted(pts)
         lines.append(
-            f"- {what} (fitted k ≤ {limit}, N = {ns[0]}..{ns[-1]}): {'met' if k <= limit else '**missed**'}; "
-            f"k = {k:.2f}, {unit(pts[ns[0]])} at N={ns[0]}, {unit(pts[ns[-1]])} at N={ns[-1]}"
+            f"- {what} (fitted k ≤ {limit}, N = {ns[0]}..{ns[-1]}): "
+            f"{'met' if k <= limit else '**missed**'}; k = {k:.2f}, {unit(pts[ns[0]])} at "
+            f"N={ns[0]}, {unit(pts[ns[-1]])} at N={ns[-1]}"
         )
 
     target(
@@ -388,28 +399,31 @@ def render_markdown(results: dict[str, Any]) -> str:
         "# Controller benchmark",
         "",
         (
-            f"Measured on {describe_machine(results['machine'])}, at {describe_source(results.get('source'))}, by "
-            f"`{results['command']}` ({results['total_minutes']:.0f} minutes in all). Raw samples: "
+            f"Measured on {describe_machine(results['machine'])}, at "
+            f"{describe_source(results.get('source'))}, by `{results['command']}` "
+            f"({results['total_minutes']:.0f} minutes in all). Raw samples: "
             "`docs/controller-benchmark.json`."
         ),
         "",
         (
-            "pyinfra drives N fake hosts (pyinfra's `@fake` connector, no delay) that answer trainfleet's fact "
-            "commands with the outputs recorded from a lab node (`bench/controller/recorded.json`: "
-            f"{results['recorded']['os']}, kernel {results['recorded']['kernel']}, {results['recorded']['date']}), "
-            "rewritten per node so that every node holds exactly what trainfleet's plan says a converged node holds "
-            "(`bench/controller/fleet.py`). Nothing runs on a node; only the controller's own work is timed: each "
-            "run is one `pyinfra` process under `bench/child.py` (wall, user+system CPU, peak RSS from `wait4`). "
-            "Medians of the valid runs; a run that changed something, failed, or found drift is reported, never timed. "
-            "Drift's SSH mesh probe is pinned to stride "
-            "`TRAINFLEET_DRIFT_STRIDE` (each node answers `ok` for exactly the peers "
-            "`trainfleet.mesh.probe_targets` gives it)."
+            "pyinfra drives N fake hosts (pyinfra's `@fake` connector, no delay) that answer "
+            "trainfleet's fact commands with the outputs recorded from a lab node "
+            f"(`bench/controller/recorded.json`: {results['recorded']['os']}, kernel "
+            f"{results['recorded']['kernel']}, {results['recorded']['date']}), rewritten per node "
+            "so that every node holds exactly what trainfleet's plan says a converged node holds "
+            "(`bench/controller/fleet.py`). Nothing runs on a node; only the controller's own "
+            "work is timed: each run is one `pyinfra` process under `bench/child.py` (wall, "
+            "user+system CPU, peak RSS from `wait4`). Medians of the valid runs; a run that "
+            "changed something, failed, or found drift is reported, never timed. Drift's SSH mesh "
+            "probe is pinned to stride `TRAINFLEET_DRIFT_STRIDE` (each node answers `ok` for "
+            "exactly the peers `trainfleet.mesh.probe_targets` gives it)."
         ),
         "",
         (
             f"The fleet's SSH mesh (`ssh.mesh`) in every timing below: **{main_mesh(results)}**"
             + (
-                f"; the SSH mesh section also measures {', '.join(meshes(results)[1:])} at each N, for comparison."
+                f"; the SSH mesh section also measures {', '.join(meshes(results)[1:])} at each N, "
+                "for comparison."
                 if len(meshes(results)) > 1
                 else "."
             )
@@ -427,11 +441,13 @@ def render_markdown(results: dict[str, Any]) -> str:
         "## Every measurement",
         "",
         (
-            "× baseline: the task's CPU over the pyinfra baseline's CPU at the same N. machine busy: the share of "
-            "both cores busy during the run (other work on this machine shows here; CPU seconds are the controller's own)."
+            "× baseline: the task's CPU over the pyinfra baseline's CPU at the same N. machine "
+            "busy: the share of both cores busy during the run (other work on this machine shows "
+            "here; CPU seconds are the controller's own)."
         ),
         "",
-        "| N | task | runs | wall s | CPU s | × baseline (CPU) | peak RSS MB | machine busy | check |",
+        "| N | task | runs | wall s | CPU s | × baseline (CPU) | peak RSS MB | machine busy | "
+        "check |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for n in ns:
@@ -445,7 +461,8 @@ def render_markdown(results: dict[str, Any]) -> str:
                 _checked(results, n, task) if not c.failed else "**failed**: " + "; ".join(c.failed)
             )
             out.append(
-                f"| {n} | {task} | {c.runs} | {_f(c.wall)} | {_f(c.cpu)} | {_f(ratio)} | {_f(c.rss_mb, '.0f')} | "
+                f"| {n} | {task} | {c.runs} | {_f(c.wall)} | {_f(c.cpu)} | {_f(ratio)} | "
+                f"{_f(c.rss_mb, '.0f')} | "
                 f"{_f(c.busy * 100 if c.busy is not None else None, '.0f')}% | {check} |"
             )
     probes = {
@@ -472,8 +489,9 @@ def render_markdown(results: dict[str, Any]) -> str:
         "",
         "## Growth of CPU with N",
         "",
-        f"k: the exponent of CPU ∝ N^k fitted over N = {GROWTH_FROM}..{GROWTH_TO} (log2 CPU on log2 N); then the CPU "
-        "ratio per doubling of N between consecutive measured N (geometric mean over the step).",
+        f"k: the exponent of CPU ∝ N^k fitted over N = {GROWTH_FROM}..{GROWTH_TO} (log2 CPU on "
+        "log2 N); then the CPU ratio per doubling of N between consecutive measured N (geometric "
+        "mean over the step).",
         "",
         "| task | k | "
         + " | ".join(f"{a}→{b}" for a, b in zip(ns, ns[1:], strict=False) if a >= GROWTH_FROM)
@@ -497,15 +515,16 @@ def render_markdown(results: dict[str, Any]) -> str:
         "## Setup and fact bytes",
         "",
         (
-            "Built once per N before the timed runs: the spec, every node's mesh keys (the key store the deploy "
-            "reads), the plan (as the deploy builds it) and each node's answers, pickled for the inventory. "
-            "Loading that inventory is the responder's own cost inside every run (floor and baseline included). "
-            "Fact MB: the stdout the controller reads in one run, all nodes together."
+            "Built once per N before the timed runs: the spec, every node's mesh keys (the key "
+            "store the deploy reads), the plan (as the deploy builds it) and each node's answers, "
+            "pickled for the inventory. Loading that inventory is the responder's own cost inside "
+            "every run (floor and baseline included). Fact MB: the stdout the controller reads in "
+            "one run, all nodes together."
         ),
         "",
         (
-            "| N | build s | inventory MB (converged) | inventory load CPU s | inventory load RSS MB "
-            "| fact MB: re-run | drift | first-provision plan |"
+            "| N | build s | inventory MB (converged) | inventory load CPU s | inventory load RSS "
+            "MB | fact MB: re-run | drift | first-provision plan |"
         ),
         "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -526,15 +545,16 @@ def render_markdown(results: dict[str, Any]) -> str:
             f"## Profile: {prof['task']} at N={prof['nodes']}",
             "",
             (
-                f"One run through `bench/lab_driver.py --cprofile` (exit {prof['exit']}; cProfile slows it): "
-                "the 15 functions with the most own time."
+                f"One run through `bench/lab_driver.py --cprofile` (exit {prof['exit']}; cProfile "
+                "slows it): the 15 functions with the most own time."
             ),
             "",
             "| function | calls | own s | cumulative s |",
             "|---|---:|---:|---:|",
         ]
         out += [
-            f"| `{f['function']}` | {f['calls']} | {f['own_seconds']:.2f} | {f['cumulative_seconds']:.2f} |"
+            f"| `{f['function']}` | {f['calls']} | {f['own_seconds']:.2f} | "
+            f"{f['cumulative_seconds']:.2f} |"
             for f in prof["cprofile"]
         ]
     if results.get("notes"):
@@ -570,8 +590,8 @@ def render_targets(table: dict[tuple[int, str], Cell], largest: int | None) -> l
         k, steps = growth(points)
         if len(points) < 2:
             lines.append(
-                f"- {task}: each doubling of N from {GROWTH_FROM} to {GROWTH_TO} at most doubles CPU (+15%): "
-                "**not measured**"
+                f"- {task}: each doubling of N from {GROWTH_FROM} to {GROWTH_TO} at most doubles "
+                "CPU (+15%): **not measured**"
             )
             continue
         worst = max(steps, key=lambda s: s[2])
@@ -580,21 +600,23 @@ def render_targets(table: dict[tuple[int, str], Cell], largest: int | None) -> l
             "" if max(points) == GROWTH_TO else f" (not {GROWTH_TO}: not measured)"
         )
         lines.append(
-            f"- {task}: each doubling of N ({span}) at most doubles CPU (+15%, ≤ {GROWTH_LIMIT:.2f}x): "
-            f"{'met' if met else '**missed**'}; worst {worst[0]}→{worst[1]} at {worst[2]:.2f}x per doubling, "
-            f"fitted k = {k:.2f}"
+            f"- {task}: each doubling of N ({span}) at most doubles CPU (+15%, ≤ "
+            f"{GROWTH_LIMIT:.2f}x): {'met' if met else '**missed**'}; worst {worst[0]}→{worst[1]} "
+            f"at {worst[2]:.2f}x per doubling, fitted k = {k:.2f}"
         )
     for task in RATIO_TASKS:
         c, base = table.get((largest, task)), table.get((largest, "pyinfra baseline"))
         if not (c and base and c.cpu and base.cpu):
             lines.append(
-                f"- {task} at N={largest}: within {RATIO_LIMIT}x of the baseline's CPU: **not measured**"
+                f"- {task} at N={largest}: within {RATIO_LIMIT}x of the baseline's CPU: **not "
+                "measured**"
             )
             continue
         r = c.cpu / base.cpu
         lines.append(
             f"- {task} at N={largest}: within {RATIO_LIMIT}x of the pyinfra baseline's CPU: "
-            f"{'met' if r <= RATIO_LIMIT else '**missed**'} ({c.cpu:.2f} s vs {base.cpu:.2f} s, {r:.2f}x)"
+            f"{'met' if r <= RATIO_LIMIT else '**missed**'} ({c.cpu:.2f} s vs {base.cpu:.2f} s, "
+            f"{r:.2f}x)"
         )
     return lines
 
@@ -686,7 +708,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7 if ax is not left and wide else 8)
     fig.suptitle(
-        f"trainfleet controller, fake nodes — {results['machine']['cpu']}, {results['machine']['cores']} cores",
+        f"trainfleet controller, fake nodes — {results['machine']['cpu']}, "
+        f"{results['machine']['cores']} cores",
         fontsize=10,
     )
     fig.tight_layout()

@@ -45,8 +45,9 @@ Log = Callable[[str], None]
 
 
 def pyinfra_args(task: str) -> list[str]:
-    """Always ``--json``; ``-y`` except for the plan: ``pyinfra -y`` makes State(check_for_changes=False),
-    so ``-y --dry`` never runs an operation's body and plans nothing. ``--dry`` alone asks no question."""
+    """Always ``--json``; ``-y`` except for the plan: ``pyinfra -y`` makes
+    State(check_for_changes=False), so ``-y --dry`` never runs an operation's body and plans
+    nothing. ``--dry`` alone asks no question."""
     _, rest = TASKS[task]
     flags = ["--json", "--dry"] if task == "first-provision plan" else ["-y", "--json"]
     return [*flags, INVENTORY, *rest]
@@ -166,14 +167,16 @@ def judge(task: str, sample: Sample, stdout: str, fleet: fleet_mod.Fleet) -> Non
             if report.get("drift") or report.get("findings"):
                 found = report.get("findings", [])
                 problems.append(f"drift: {len(found)} findings, first: {found[:1]}")
-            # No mesh_probe: a checks/drift_check.py that probes every peer; the full proof answers it.
+            # No mesh_probe: a checks/drift_check.py that probes every peer; the full proof answers
+            # it.
             if (
                 sample.mesh_probe is not None
                 and sample.mesh_probe.get("stride") != fleet.stride
                 and fleet.nodes >= 4
             ):
                 problems.append(
-                    f"drift probed with stride {sample.mesh_probe.get('stride')}, not the pinned {fleet.stride}"
+                    f"drift probed with stride {sample.mesh_probe.get('stride')}, not the pinned "
+                    f"{fleet.stride}"
                 )
     if sample.wire is None:
         problems.append("the run's wire counts are missing (bench/controller/wire.py)")
@@ -220,9 +223,10 @@ class Runner:
         )
         if code != 0:
             raise RuntimeError(f"the converged inventory does not load: {stderr[-2000:]}")
-        bytes_of = lambda pick: sum(
-            fleet_mod.stdout_bytes(pick(a)) for a in fleet.converged.values()
-        )
+
+        def bytes_of(pick: Callable[[Any], Any]) -> int:
+            return sum(fleet_mod.stdout_bytes(pick(a)) for a in fleet.converged.values())
+
         totals = [fleet_mod.mesh_files(plan)["total"] for plan in fleet.plan.nodes.values()]
         groups: dict[str, int] = {}
         for answers in fleet.converged.values():
@@ -256,9 +260,9 @@ class Runner:
             },
         )
         self.log(
-            f"N={nodes} ({mesh}): built in {seconds:.1f}s, inventories {setup.pickle_mb} MB, loading one costs "
-            f"{setup.responder['cpu_seconds']:.2f}s CPU; fact bytes per run {setup.fact_bytes}; "
-            f"one node's mesh files {setup.mesh_files['total']} bytes"
+            f"N={nodes} ({mesh}): built in {seconds:.1f}s, inventories {setup.pickle_mb} MB, "
+            f"loading one costs {setup.responder['cpu_seconds']:.2f}s CPU; fact bytes per run "
+            f"{setup.fact_bytes}; one node's mesh files {setup.mesh_files['total']} bytes"
         )
         return fleet, setup
 
@@ -295,14 +299,16 @@ class Runner:
         read_mb = sample.wire["stdout_bytes"] / 2**20 if sample.wire else float("nan")
         sent_mb = sample.wire["command_bytes"] / 2**20 if sample.wire else float("nan")
         self.log(
-            f"  {task:21} N={fleet.nodes:<5} {fleet.mesh[:4]} {sample.seconds:8.2f}s cpu {sample.cpu_seconds:7.2f}s "
-            f"rss {sample.maxrss_kb // 1024:5} MB busy {busy:.0%} read {read_mb:.2f} MB sent {sent_mb:.2f} MB "
+            f"  {task:21} N={fleet.nodes:<5} {fleet.mesh[:4]} {sample.seconds:8.2f}s cpu "
+            f"{sample.cpu_seconds:7.2f}s rss {sample.maxrss_kb // 1024:5} MB busy {busy:.0%} read "
+            f"{read_mb:.2f} MB sent {sent_mb:.2f} MB "
             + ("ok" if sample.ok else f"FAILED: {sample.problem}")
         )
         return sample
 
     def profiled(self, task: str, fleet: fleet_mod.Fleet) -> dict[str, Any]:
-        """One run through ``bench.lab_driver --cprofile``: the 15 functions with the most own time."""
+        """One run through ``bench.lab_driver --cprofile``: the 15 functions with the most own
+        time."""
         state, _ = TASKS[task]
         tally_file = self.workdir / f"tally-{task}-{fleet.nodes}.json"
         argv = [
@@ -321,7 +327,8 @@ class Runner:
             )
         tally = json.loads(tally_file.read_text())
         self.log(
-            f"  {task:21} N={fleet.nodes:<5} profiled, exit {code}; top: {tally['cprofile'][0]['function']}"
+            f"  {task:21} N={fleet.nodes:<5} profiled, exit {code}; top: "
+            f"{tally['cprofile'][0]['function']}"
         )
         return {
             "task": task,

@@ -1,6 +1,7 @@
-"""pyinfra's own cost of deploy/cluster.py's operations: as many operations, with the same
-names, each reading no fact and changing nothing (one mesh user: 15 operations, in either mesh:
-sshd's certificates come before the mesh users in a certificate mesh, their removal after the trust in a key mesh)."""
+"""pyinfra's own cost of deploy/cluster.py's operations: as many operations, with the same names,
+each reading no fact and changing nothing (one mesh user: 15 operations, in either mesh: sshd's
+certificates come before the mesh users in a certificate mesh, their removal after the trust in a
+key mesh)."""
 
 from pyinfra import host
 from pyinfra.api import operation

@@ -165,9 +165,10 @@ def _record(lab: Any, out: Path, log: Any) -> dict[str, Any]:
     document = {
         "header": {
             "what": (
-                "node1's answers to trainfleet's one-command fact bundles, decoded section by section: "
-                "fresh = DeployState of a freshly booted lab node before any deploy; converged = "
-                "DeployState and NodeFingerprint after deploy/cluster.py and a re-run that changed nothing"
+                "node1's answers to trainfleet's one-command fact bundles, decoded section by "
+                "section: fresh = DeployState of a freshly booted lab node before any deploy; "
+                "converged = DeployState and NodeFingerprint after deploy/cluster.py and a re-run "
+                "that changed nothing"
             ),
             "how": "python -m bench.controller record (bench/controller/record.py)",
             "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),

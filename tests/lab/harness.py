@@ -174,7 +174,8 @@ class LabController:
         timeout: int = 60,
         user: str = "root",
     ) -> str:
-        """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return stdout."""
+        """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return
+        stdout."""
         address = self.lab.node(node).address
         argv = [
             "ssh",

@@ -50,8 +50,9 @@ def _deb(
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(content)
     control = (
-        f"Package: {name}\nVersion: {version}\nArchitecture: {'all' if name == 'cuda-keyring' else 'amd64'}\n"
-        f"Maintainer: trainfleet tests <tests@trainfleet.invalid>\n"
+        f"Package: {name}\nVersion: {version}\nArchitecture: "
+        f"{'all' if name == 'cuda-keyring' else 'amd64'}\nMaintainer: trainfleet tests "
+        "<tests@trainfleet.invalid>\n"
         + (f"Depends: {depends}\n" if depends else "")
         + f"Description: stand-in for NVIDIA's {name} (trainfleet lab test, empty)\n"
     )
@@ -93,7 +94,8 @@ def _gpg(home: Path, *args: str, input: bytes | None = None) -> bytes:
 
 def build(root: Path) -> str:
     """Build the repo under ``root`` (the mirror root); returns its key's fingerprint, which the
-    deploy checks the cuda-keyring package against (the spec's ``stack.cuda_keyring_fingerprint``)."""
+    deploy checks the cuda-keyring package against (the spec's
+    ``stack.cuda_keyring_fingerprint``)."""
     repo = root / DISTRO / ARCH
     repo.mkdir(parents=True)
     home = root.parent / "gnupg"

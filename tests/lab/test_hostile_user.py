@@ -14,14 +14,18 @@ DEPLOY = "deploy/cluster.py"
 # command pyinfra runs there has it) and its ssh config is a link into its own dotfiles.
 ROOT_ENV = "TF_ROOT_ONLY"
 ROOTS_NODE3 = (
-    f"sed -i '1i export {ROOT_ENV}=root-env-marker' /root/.bashrc && mkdir -m 700 /root/dotfiles && "
+    f"sed -i '1i export {ROOT_ENV}=root-env-marker' /root/.bashrc && "
+    "mkdir -m 700 /root/dotfiles && "
     "{ [ -f /root/.ssh/config ] && mv /root/.ssh/config /root/dotfiles/ssh_config || "
     "  printf 'Host *\\n    ServerAliveInterval 60\\n' > /root/dotfiles/ssh_config; } && "
     "chmod 600 /root/dotfiles/ssh_config && ln -s ../dotfiles/ssh_config /root/.ssh/config"
 )
 ALICE = "su -s /bin/sh alice -c "
 # What alice must never get at: root's SSH directory, the password hashes, a host key.
-GUARDED = "/root /root/.ssh /root/.ssh/authorized_keys /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key"
+GUARDED = (
+    "/root /root/.ssh /root/.ssh/authorized_keys /etc/shadow /etc/passwd "
+    "/etc/ssh/ssh_host_ed25519_key"
+)
 SNAPSHOT = (
     f"for f in {GUARDED}; do printf '%s ' \"$f\"; stat -c '%U:%G %a' \"$f\"; done; "
     "sha256sum /etc/shadow /etc/passwd /etc/ssh/ssh_host_ed25519_key; "
@@ -61,7 +65,8 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         lab,
         "node3",
         "mkdir -m 700 ~/.ssh ~/dotfiles && ln -s /etc/shadow ~/.ssh/id_trainfleet.trainfleet-new"
-        " && printf 'Match exec \"env > ~/ssh-env; false\"\\nHost *\\n    ServerAliveInterval 30\\n'"
+        ' && printf \'Match exec "env > ~/ssh-env; false"\\nHost *\\n    ServerAliveInterval '
+        "30\\n'"
         " > ~/dotfiles/ssh_config && ln -s ~/dotfiles/ssh_config ~/.ssh/config",
     )
     lab.ssh("node3", ROOTS_NODE3)
@@ -133,8 +138,8 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
     refused = pyinfra(inventory, DEPLOY, limit="node3")
     assert refused.returncode != 0, refused.describe()  # node3 was the only host: no --json report
     assert (
-        "[node3] trainfleet: /root/.ssh/config: is a symbolic link through /home/alice, which is not root's alone"
-        in refused.stderr
+        "[node3] trainfleet: /root/.ssh/config: is a symbolic link through /home/alice, which is "
+        "not root's alone" in refused.stderr
     ), refused.describe()
     assert (
         lab.ssh("node3", "cat /home/alice/theirs; readlink /root/.ssh/config")
@@ -145,13 +150,15 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
 def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):
     lab, inventory = hostile
     before = lab.ssh("node3", SNAPSHOT)
-    # For the length of two deploys (bounded in count and by timeout), replace every temp file trainfleet makes in her
-    # directories with a link to /etc/shadow, as fast as she can.
-    # (temp names of today's writer, .trainfleet.XXXXXX, and of earlier ones, FILE.trainfleet.XXXXXX)
+    # For the length of two deploys (bounded in count and by timeout), replace every temp file
+    # trainfleet makes in her directories with a link to /etc/shadow, as fast as she can. (temp
+    # names of today's writer, .trainfleet.XXXXXX, and of earlier ones, FILE.trainfleet.XXXXXX)
     swap = (
         "mkdir -p ~/.ssh ~/.openmpi; i=0; while [ $i -lt 3000000 ]; do i=$((i + 1)); "
-        "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.* ~/.ssh/*.trainfleet.* ~/.openmpi/*.trainfleet.*; do "
-        '[ -f "$f" ] && [ ! -L "$f" ] && rm -f "$f" && ln -s /etc/shadow "$f" && echo "$f" >> ~/swapped; '
+        "for f in ~/.ssh/.trainfleet.* ~/.openmpi/.trainfleet.* "
+        "~/.ssh/*.trainfleet.* ~/.openmpi/*.trainfleet.*; do "
+        '[ -f "$f" ] && [ ! -L "$f" ] && rm -f "$f" && ln -s /etc/shadow "$f" && '
+        'echo "$f" >> ~/swapped; '
         "done; done"
     )
     pid = lab.ssh(

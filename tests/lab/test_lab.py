@@ -134,7 +134,8 @@ def test_nodes_are_isolated_servers_with_their_own_identity(lab):
     assert (
         lab.ssh(
             "node1",
-            "getent ahostsv4 198.18.0.12 >/dev/null && timeout 3 bash -c '</dev/tcp/198.18.0.12/22' && echo open",
+            "getent ahostsv4 198.18.0.12 >/dev/null && timeout 3 bash -c "
+            "'</dev/tcp/198.18.0.12/22' && echo open",
         ).strip()
         == "open"
     )

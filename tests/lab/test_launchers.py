@@ -1,8 +1,8 @@
 """Every launcher the cluster is configured for starts a real job: the smoke job
 (/etc/trainfleet/launch/smoke_train.py, two DDP steps, an all_reduce and the weights checked)
 through each generated launch file, on the torch-pinned 3-node lab whose accelerate, DeepSpeed,
-ColossalAI and OpenMPI the deploy installed; one rank per node, all of them reporting success, within a
-bound, nothing left running."""
+ColossalAI and OpenMPI the deploy installed; one rank per node, all of them reporting success,
+within a bound, nothing left running."""
 
 from __future__ import annotations
 
@@ -140,6 +140,6 @@ def test_a_smoke_launcher_trainfleet_does_not_know_is_refused_before_anything_ru
     run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_smoke": "horovod; reboot"})
     assert run.returncode != 0
     assert (
-        "trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, deepspeed, "
-        "accelerate, colossalai; nothing was run"
+        "trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, "
+        "deepspeed, accelerate, colossalai; nothing was run"
     ) in run.stderr

@@ -89,7 +89,8 @@ def test_a_stale_segment_is_reported_for_its_node_and_removed_only_on_request(mp
     assert [(s["shmid"], s["bytes"]) for s in seen["node2"]] == [(shmid, 65536)]
     assert seen["node1"] == [] and seen["node3"] == []
 
-    # The cluster deploy never removes it; neither does the cleanup while it is younger than its bound.
+    # The cluster deploy never removes it; neither does the cleanup while it is younger than its
+    # bound.
     deploy = pyinfra(mpi.inventory, DEPLOY)
     assert deploy.returncode == 0 and deploy.changed() == {}, deploy.describe()
     young = pyinfra(mpi.inventory, CLEANUP)

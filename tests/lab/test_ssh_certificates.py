@@ -95,7 +95,8 @@ def managed_block(text: str, purpose: str) -> list[str]:
 
 
 def offered_host_key_algorithms(lab, src: str, dst: str) -> set[str]:
-    """The host key algorithms ``dst``'s sshd offers (its KEXINIT, as ``ssh -vv`` from ``src`` logs it)."""
+    """The host key algorithms ``dst``'s sshd offers (its KEXINIT, as ``ssh -vv`` from ``src`` logs
+    it)."""
     lines = lab.ssh(src, f"ssh -vv -n -o BatchMode=yes {dst} true 2>&1").splitlines()
     peer = next(i for i, line in enumerate(lines) if "peer server KEXINIT proposal" in line)
     offer = next(line for line in lines[peer:] if "host key algorithms: " in line)
@@ -180,9 +181,10 @@ def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working
 def test_a_replaced_node_rejoins_by_deploying_it_alone(certs, tmp_path):
     lab = certs.lab
     others = {node: mesh_digests(lab, node) for node in ("node1", "node2")}
-    # node3 is reimaged: new host keys, a stock sshd, no mesh files (the operator's key kept). The operator takes its new
-    # host keys into the controller's known_hosts (read over the verified connection). What a thief of the old
-    # image would hold, its host key and still-valid certificate, is kept aside on node3 for the next test.
+    # node3 is reimaged: new host keys, a stock sshd, no mesh files (the operator's key kept). The
+    # operator takes its new host keys into the controller's known_hosts (read over the verified
+    # connection). What a thief of the old image would hold, its host key and still-valid
+    # certificate, is kept aside on node3 for the next test.
     lab.ssh(
         "node3",
         "mkdir -p -m 700 /root/old-image && cp -p /etc/ssh/ssh_host_ed25519_key "
@@ -190,10 +192,11 @@ def test_a_replaced_node_rejoins_by_deploying_it_alone(certs, tmp_path):
     )
     new_keys = lab.ssh(
         "node3",
-        "sed -i '/BEGIN trainfleet/,/END trainfleet/d' /root/.ssh/authorized_keys && "
-        "rm -rf /root/.ssh/id_trainfleet* /root/.ssh/config /etc/ssh/ssh_host_* /etc/ssh/sshd_config.d/trainfleet-mesh.conf "
-        "/etc/ssh/trainfleet_revoked_keys /etc/ssh/ssh_known_hosts && ssh-keygen -A >/dev/null "
-        "&& cat /etc/ssh/ssh_host_*_key.pub && kill -HUP $(cat /run/sshd.pid)",
+        "sed -i '/BEGIN trainfleet/,/END trainfleet/d' /root/.ssh/authorized_keys && rm -rf "
+        "/root/.ssh/id_trainfleet* /root/.ssh/config /etc/ssh/ssh_host_* "
+        "/etc/ssh/sshd_config.d/trainfleet-mesh.conf /etc/ssh/trainfleet_revoked_keys "
+        "/etc/ssh/ssh_known_hosts && ssh-keygen -A >/dev/null && cat /etc/ssh/ssh_host_*_key.pub "
+        "&& kill -HUP $(cat /run/sshd.pid)",
     )
     known = [
         line
@@ -234,7 +237,10 @@ def test_a_reimaged_nodes_old_host_key_is_refused_by_every_users_ssh_by_name_and
         f"-o ListenAddress={address}:2299 -o PidFile=/run/tf-old-image.pid",
     )
     lab.ssh("node1", "id tfguest >/dev/null 2>&1 || useradd -m tfguest")
-    thief = "ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o HostKeyAlias={alias} -p 2299 {address} true 2>&1"
+    thief = (
+        "ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o HostKeyAlias={alias} -p 2299 "
+        "{address} true 2>&1"
+    )
     as_guest = "su -s /bin/sh tfguest -c {command}"
     try:
         attempts = {
@@ -255,7 +261,8 @@ def test_a_reimaged_nodes_old_host_key_is_refused_by_every_users_ssh_by_name_and
                 check=False,
             ),
         }
-        # The control: the same ssh without the system config takes the old certificate (only the KRL refuses it).
+        # The control: the same ssh without the system config takes the old certificate (only the
+        # KRL refuses it).
         control = lab.ssh(
             "node1",
             as_guest.format(
@@ -284,8 +291,8 @@ def test_a_revoked_node_is_refused_everywhere_even_with_its_still_valid_certific
     # What a thief of node2's mesh identity would hold: its key and its certificate.
     lab.ssh(
         "node2",
-        "mkdir -p -m 700 /root/stolen && cp /root/.ssh/id_trainfleet /root/.ssh/id_trainfleet-cert.pub "
-        "/root/stolen/",
+        "mkdir -p -m 700 /root/stolen && cp /root/.ssh/id_trainfleet "
+        "/root/.ssh/id_trainfleet-cert.pub /root/stolen/",
     )
     stolen_key = KeyStore("lab").keypair("root", "node2").public
     subprocess.run([*keys_cli, "revoke", str(lab.lab.spec), "node2"], check=True, cwd=REPO)
@@ -293,8 +300,8 @@ def test_a_revoked_node_is_refused_everywhere_even_with_its_still_valid_certific
         deploy_twice(LAB_INVENTORY, DEPLOY)
 
         stolen = (
-            "ssh -n -o BatchMode=yes -o IdentitiesOnly=yes -i /root/stolen/id_trainfleet "
-            "-o CertificateFile=/root/stolen/id_trainfleet-cert.pub {peer} hostname 2>&1; echo rc=$?"
+            "ssh -n -o BatchMode=yes -o IdentitiesOnly=yes -i /root/stolen/id_trainfleet -o "
+            "CertificateFile=/root/stolen/id_trainfleet-cert.pub {peer} hostname 2>&1; echo rc=$?"
         )
         assert "Valid: from" in lab.ssh(
             "node2", "ssh-keygen -L -f /root/stolen/id_trainfleet-cert.pub"
@@ -344,18 +351,18 @@ def test_drift_names_a_certificate_the_spec_now_wants_shorter_and_the_deploy_ren
 def test_a_host_certificate_signed_by_another_ca_is_named_by_drift_and_signed_anew_by_the_deploy(
     certs,
 ):
-    """Issue #26: certificates are verified, not only read. node2's host certificate is replaced
-    by one another CA signed for the same key, names and key id (what a forger, or a site's
-    script gone wrong, leaves): drift names it, the deploy signs it anew, the next changes nothing."""
+    """Issue #26: certificates are verified, not only read. node2's host certificate is replaced by
+    one another CA signed for the same key, names and key id (what a forger, or a site's script
+    gone wrong, leaves): drift names it, the deploy signs it anew, the next changes nothing."""
     lab = certs.lab
     names = ",".join(["node2", "node2.lab.trainfleet.test", lab.lab.node("node2").address])
     lab.ssh(
         "node2",
-        "set -e; d=$(mktemp -d); ssh-keygen -q -t ed25519 -N '' -f $d/ca; "
-        "cp /etc/ssh/ssh_host_ed25519_key.pub $d/host.pub; "
-        f"ssh-keygen -q -s $d/ca -I trainfleet:lab:host:node2 -h -n {names} -V -5m:+52w $d/host.pub; "
-        "printf '%s trainfleet:lab:host:node2\\n' \"$(cut -d' ' -f1,2 $d/host-cert.pub)\" "
-        "> /etc/ssh/ssh_host_ed25519_key-cert.pub; rm -rf $d",
+        "set -e; d=$(mktemp -d); ssh-keygen -q -t ed25519 -N '' -f $d/ca; cp "
+        "/etc/ssh/ssh_host_ed25519_key.pub $d/host.pub; ssh-keygen -q -s $d/ca -I "
+        f"trainfleet:lab:host:node2 -h -n {names} -V -5m:+52w $d/host.pub; printf '%s "
+        "trainfleet:lab:host:node2\\n' \"$(cut -d' ' -f1,2 $d/host-cert.pub)\" > "
+        "/etc/ssh/ssh_host_ed25519_key-cert.pub; rm -rf $d",
     )
     assert "Signing CA: ED25519 " + fingerprint(
         KeyStore("lab").certificate_authority().public

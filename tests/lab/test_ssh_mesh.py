@@ -18,12 +18,16 @@ from trainfleet.keystore import KeyStore
 DEPLOY = "deploy/cluster.py"
 NODES = ["node1", "node2", "node3"]
 ADDRESSES = {"node1": "198.18.0.11", "node2": "198.18.0.12", "node3": "198.18.0.13"}
-USER_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHxyz0r8Xx5D4qfXWm1VCxXJtVXr8vC2Dq9yHk0tRvJq alice@laptop\n"
+USER_KEY = (
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHxyz0r8Xx5D4qfXWm1VCxXJtVXr8vC2Dq9yHk0tRvJq "
+    "alice@laptop\n"
+)
 USER_CONFIG = "Host bastion\n    HostName 192.0.2.200\n    User alice\n"
 
 
 def mesh_matrix(lab, nodes=NODES) -> dict[str, dict[str, str]]:
-    """What a user sees: `ssh peer hostname` from every node to every node, by name ('' = failed)."""
+    """What a user sees: `ssh peer hostname` from every node to every node, by name ('' =
+    failed)."""
     probe = "; ".join(
         f"echo {dst}=$(ssh -o BatchMode=yes {dst} hostname 2>/dev/null)" for dst in nodes
     )
@@ -166,8 +170,8 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
         assert (
             lab3.ssh(
                 node,
-                f"echo '{node3_key}' > /run/node3.pub; ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys "
-                "/run/node3.pub; echo rc=$?",
+                f"echo '{node3_key}' > /run/node3.pub; ssh-keygen -Q -f "
+                "/etc/ssh/trainfleet_revoked_keys /run/node3.pub; echo rc=$?",
             ).split()[-1]
             == "rc=1"
         )

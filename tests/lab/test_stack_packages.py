@@ -36,8 +36,8 @@ AS_GPU_NODES = {node: {"gpus": 1} for node in NODES}
 GPU = {"persistence": False, "fabric_manager": "off", "peermem": "off"}
 OP = "Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)"
 VERSIONS = (
-    "dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 cuda-toolkit-12-4 "
-    "cuda-drivers-550"
+    "dpkg-query -W -f='${Package} ${Version}\\n' libnccl2 libnccl-dev libcudnn9-cuda-12 "
+    "cuda-toolkit-12-4 cuda-drivers-550"
 )
 PINNED = {
     "libnccl2": "2.21.5-1+cuda12.4",
@@ -152,7 +152,8 @@ def test_a_node_moved_off_its_pin_is_refused_unchanged_then_moved_back_when_allo
     lab.ssh(
         "node3",
         "apt-mark unhold libnccl2 libnccl-dev >/dev/null && DEBIAN_FRONTEND=noninteractive "
-        f"apt-get install -y -q libnccl2={newer['libnccl2']} libnccl-dev={newer['libnccl-dev']} >/dev/null",
+        f"apt-get install -y -q libnccl2={newer['libnccl2']} libnccl-dev={newer['libnccl-dev']} "
+        ">/dev/null",
     )
 
     refused = pyinfra(pinned.inventory, DEPLOY)

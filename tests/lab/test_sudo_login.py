@@ -39,8 +39,8 @@ kill -HUP "$(pgrep -o -x sshd)"
 # What trainfleet manages, checksummed as the admin sees it through sudo (a file not made yet
 # is named as missing: the same answer before and after a run that changed nothing).
 MANAGED = (
-    "sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /etc/environment /etc/nccl.conf "
-    "/etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/* 2>&1; true"
+    "sudo -n sha256sum /etc/hosts /etc/hostname /etc/ssh/ssh_known_hosts /etc/environment "
+    "/etc/nccl.conf /etc/genders /etc/trainfleet/launch/* /home/admin/.ssh/* 2>&1; true"
 )
 
 

@@ -18,7 +18,8 @@ def test_every_node_imports_the_pinned_torch_and_a_rerun_changes_nothing(torch_l
     for node in NODES:
         out = lab.ssh(
             node,
-            f"{VENV_PYTHON} -c 'import torch; print(torch.__version__, torch.distributed.is_available())'",
+            f"{VENV_PYTHON} -c 'import torch; print(torch.__version__, "
+            "torch.distributed.is_available())'",
         )
         assert out.split()[-2:] == ["2.13.0+cpu", "True"], node
     versions = fact(inventory, "facts.stack_facts.StackVersions", "venv=/opt/trainfleet/venv")

@@ -39,11 +39,12 @@ PCIE_PCI = {"0000:ad:00.0": ("0x10de", "0x030200"), "0000:ae:00.0": ("0x10de", "
 # name -> (what it is, the tool stubs' captures and answers, the root tree)
 SCENARIOS: dict[str, dict[str, Any]] = {
     "hgx_a100_converged": {
-        "_source": "HGX A100 board GPU (nvidia-smi -q -x of an A100-SXM4-80GB, driver 535.54.03, influxdata/telegraf "
-        "testdata/a100-sxm4-v12.xml, persistence mode turned on: the one line changed), NVSwitch bridges "
-        "as on an HGX H200 (cubecos#259), chronyc tracking of a synchronised server "
-        "(socallinuxexpo/scale-network#121), lsmod with nvidia_peermem (leptonai/gpud#39); systemd "
-        "running, every unit enabled and active, fabric manager package held.",
+        "_source": "HGX A100 board GPU (nvidia-smi -q -x of an A100-SXM4-80GB, driver 535.54.03, "
+        "influxdata/telegraf testdata/a100-sxm4-v12.xml, persistence mode turned on: the one line "
+        "changed), NVSwitch bridges as on an HGX H200 (cubecos#259), chronyc tracking of a "
+        "synchronised server (socallinuxexpo/scale-network#121), lsmod with nvidia_peermem "
+        "(leptonai/gpud#39); systemd running, every unit enabled and active, fabric manager "
+        "package held.",
         "smi": "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03_persistence-on.xml",
         "chrony": "chronyc-tracking_in-sync.txt",
         "lsmod": "lsmod_peermem.txt",
@@ -59,9 +60,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "memlock_conf": "* soft memlock unlimited\n",
     },
     "pcie_rtx4000_timesyncd_1s_slow": {
-        "_source": "An RTX 4000 SFF Ada on PCIe running 4 processes (nvidia-smi -q -x of driver 595.84, "
-        "influxdata/telegraf testdata/rtx-4000-sff-ada-v13.xml): no NVSwitch, fabric state N/A; "
-        "systemd-timesyncd 1.09 s slow (timedatectl timesync-status, systemd/systemd#16492); "
+        "_source": "An RTX 4000 SFF Ada on PCIe running 4 processes (nvidia-smi -q -x of driver "
+        "595.84, influxdata/telegraf testdata/rtx-4000-sff-ada-v13.xml): no NVSwitch, fabric state "
+        "N/A; systemd-timesyncd 1.09 s slow (timedatectl timesync-status, systemd/systemd#16492); "
         "nvidia-persistenced disabled though the GPU reports persistence on; no fabric manager "
         "package, no peermem.",
         "smi": "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml",
@@ -82,12 +83,13 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "units": {"chrony": "enabled active"},
     },
     "lab_node_no_systemd": {
-        "_source": "A lab node as the namespaces lab runs it: no nvidia-smi, no systemd (PID 1 is tini), "
-        "no chronyc; trainfleet's memlock file in place.",
+        "_source": "A lab node as the namespaces lab runs it: no nvidia-smi, no systemd (PID 1 is "
+        "tini), no chronyc; trainfleet's memlock file in place.",
         "memlock_conf": "*    soft memlock unlimited\n",
     },
     "nvidia_smi_hangs": {
-        "_source": "A wedged GPU: nvidia-smi never answers (the stub sleeps); timeout ends it (exit 124).",
+        "_source": "A wedged GPU: nvidia-smi never answers (the stub sleeps); timeout ends it "
+        "(exit 124).",
         "smi_hang": True,
         "systemd": False,
     },

@@ -266,7 +266,10 @@ def test_plot_is_written(tmp_path: Path):
 def test_section_times_are_read_from_the_nodes_own_clock():
     from bench.run import parse_section_times
 
-    stdout = "section identity 10512\nsection mesh_proof:root 912044\nWarning: something\nsection stack x\n"
+    stdout = (
+        "section identity 10512\nsection mesh_proof:root 912044\nWarning: something\nsection stack "
+        "x\n"
+    )
     assert parse_section_times(stdout) == {"identity": 0.0105, "mesh_proof:root": 0.912}
 
 
@@ -282,8 +285,8 @@ def test_a_missed_drift_names_the_slowest_fingerprint_parts():
     text = render_markdown(doc)
     why = text.split("## Why targets were missed", 1)[1].split("##", 1)[0]
     assert (
-        "alone on one node of an idle lab, its parts take 1.24 s, slowest mesh_proof:root 0.91 s, stack 0.32 s"
-        in why
+        "alone on one node of an idle lab, its parts take 1.24 s, slowest mesh_proof:root 0.91 s, "
+        "stack 0.32 s" in why
     )
     assert "fact NodeFingerprint took 0.91 s on average with 2 nodes at once" in why
     assert "| mesh_proof:root | 0.91 |" in text
@@ -293,7 +296,8 @@ def test_machine_busy_share_from_proc_stat():
     from bench.run import busy_share, cpu_times
 
     before = cpu_times(
-        "cpu  1136618 0 522550 1082208 24315 0 4067 13583 0 0\ncpu0 568309 0 261275 541104 0 0 0 0 0 0\n"
+        "cpu  1136618 0 522550 1082208 24315 0 4067 13583 0 0\ncpu0 568309 0 261275 541104 0 0 0 0 "
+        "0 0\n"
     )
     after = cpu_times("cpu  1136918 0 522650 1082288 24335 0 4067 13583 0 0\n")
     assert before == (
@@ -358,8 +362,8 @@ def test_a_check_that_failed_nodes_is_timed_and_its_findings_are_shown():
     ]
     why = render_markdown(doc).split("## Why targets were missed", 1)[1]
     assert (
-        "2 runs failed nodes of the converged cluster: ssh mesh (root) on 2 nodes (rc=124); hostname"
-        in why
+        "2 runs failed nodes of the converged cluster: ssh mesh (root) on 2 nodes (rc=124); "
+        "hostname" in why
     )
     # A crash (exit 2, no verdict) is not timed.
     drift[2].update(returncode=2)

@@ -271,7 +271,10 @@ def test_a_byte_flipped_signature_is_named_though_the_certificate_still_reads(
     assert needs_renewal(damaged, host_key, public_line(ca), NAMES, 7 * DAY, NOW, "host") == why
     # ...and a principal edited in the blob (a forger moving the certificate to another name) too.
     kind, blob = good.split()[:2]
-    moved = f"{kind} {base64.b64encode(base64.b64decode(blob).replace(b'gpu-a01', b'gpu-a02')).decode()}"
+    moved = (
+        f"{kind} "
+        f"{base64.b64encode(base64.b64decode(blob).replace(b'gpu-a01', b'gpu-a02')).decode()}"
+    )
     assert read(moved).principals[0] == "gpu-a02" and not read(moved).signed
     assert (
         problem(moved, public_line(ca), "host", [n.replace("a01", "a02") for n in NAMES], NOW)

@@ -211,7 +211,8 @@ def test_pyinfra_rerun_and_drift_on_four_fake_nodes(tmp_path):
 
 
 def test_a_missing_host_certificate_is_named_by_drift(fleet):
-    """A node whose sshd lost its ed25519 host certificate: drift names that node's host certificates."""
+    """A node whose sshd lost its ed25519 host certificate: drift names that node's host
+    certificates."""
     victim = fleet.cluster.nodes[-1].name
     plan = fleet.plan.nodes[victim].sshd
     kept = {p: c for p, c in plan.certificates.items() if "ed25519" not in p}
@@ -313,16 +314,18 @@ def test_mesh_targets_from_results():
     assert series[("keys", "one node's mesh files")] == {16: 2560, 64: 10240}
     lines = render_mesh_targets(results)
     assert any(
-        l.startswith("- one node's SSH mesh files of constant size") and ": met; k = 0.00" in l
-        for l in lines
+        line.startswith("- one node's SSH mesh files of constant size")
+        and ": met; k = 0.00" in line
+        for line in lines
     )
     assert any(
-        "all fact bytes read per run grow linearly with N (first-provision plan)" in l
-        and "**missed**; k = 2.00" in l
-        for l in lines
+        "all fact bytes read per run grow linearly with N (first-provision plan)" in line
+        and "**missed**; k = 2.00" in line
+        for line in lines
     )
     assert any(
-        "(re-run)" in l and "bytes sent per run" in l and ": met; k = 1.00" in l for l in lines
+        "(re-run)" in line and "bytes sent per run" in line and ": met; k = 1.00" in line
+        for line in lines
     )
 
 

@@ -1,5 +1,5 @@
-"""GPU node settings: the GpuNodeState fact over real captured tool output, the plan's rules,
-the drift properties and verdicts, and the operations against fact data (tests/fixtures/gpu_node)."""
+"""GPU node settings: the GpuNodeState fact over real captured tool output, the plan's rules, the
+drift properties and verdicts, and the operations against fact data (tests/fixtures/gpu_node)."""
 
 from __future__ import annotations
 
@@ -74,8 +74,11 @@ def port(device: str, state: str = "4:ACTIVE", mtu: int | None = 4096) -> dict:
 def test_each_fixtures_output_is_what_the_script_prints_over_its_captures(name, tmp_path):
     output = run_scenario(tmp_path, SCENARIOS[name], timeout=2)
     recorded = json.loads((FIXTURES / "facts" / f"{name}.json").read_text())["output"]
+
     # `ulimit -l` is this machine's own answer, not the capture's
-    strip = lambda lines: [line for line in lines if not line.startswith("memlock ")]
+    def strip(lines: list[str]) -> list[str]:
+        return [line for line in lines if not line.startswith("memlock ")]
+
     assert strip(output) == strip(recorded)
     assert any(line.startswith("memlock ") for line in output)
 
@@ -161,8 +164,8 @@ def test_each_field_is_read_from_its_own_element_of_real_xml_captures(name, tmp_
 
 
 def test_a_process_name_with_newlines_and_fake_fields_changes_nothing(tmp_path):
-    # Any user names their process: lines that -q's text would have shown as the node's own
-    # driver and persistence mode, and tags that would close the element (escaped, as nvidia-smi does).
+    # Any user names their process: lines that -q's text would have shown as the node's own driver
+    # and persistence mode, and tags that would close the element (escaped, as nvidia-smi does).
     real = (CAPTURES / "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml").read_bytes()
     forged = escape(
         "python\nDriver Version                            : 999\n"
@@ -190,7 +193,8 @@ BILLION_LAUGHS = (
     [
         BILLION_LAUGHS,
         '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd" [<!ENTITY v SYSTEM "file:///etc/hostname">]>',
-        '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n<!DOCTYPE nvidia_smi_log [<!ENTITY v "999">]>',
+        '<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n<!DOCTYPE nvidia_smi_log '
+        '[<!ENTITY v "999">]>',
     ],
 )
 def test_an_internal_dtd_or_entity_is_refused_and_the_gpu_checks_fail_closed(doctype, tmp_path):
@@ -218,7 +222,8 @@ def test_missing_tools_read_as_absent_and_a_hung_nvidia_smi_is_a_failure_not_a_p
 
 
 def test_a_line_a_tool_prints_cannot_pose_as_another_tools():
-    # chronyc's output is prefixed "chrony ": a line inside it reading "memlock unlimited" stays chrony's
+    # chronyc's output is prefixed "chrony ": a line inside it reading "memlock unlimited" stays
+    # chrony's
     state = GpuNodeState().process(
         [
             "smi_rc absent",
@@ -437,7 +442,8 @@ def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nod
     assert lab["node1"]["clock offset"] == "not synchronised (no chrony or timesyncd active)"
 
 
-# ---- the driver pin (the stack capability: trainfleet/pins.py, operations/stack_ops.py) -----------
+# ---- the driver pin (the stack capability: trainfleet/pins.py, operations/stack_ops.py)
+# -----------
 
 
 def test_the_driver_pin_is_nvidias_cuda_drivers_meta_package_on_gpu_nodes_only():

@@ -56,7 +56,8 @@ def test_keys_come_in_hccl_tools_order_and_every_value_is_a_string():
 
 
 def test_rank_ids_run_over_servers_in_spec_order_then_over_device_ids():
-    """node-b comes first in the spec though its address sorts last; its devices are given out of order."""
+    """node-b comes first in the spec though its address sorts last; its devices are given out of
+    order."""
     table = rank_table(
         [
             NpuServer("node-b", "10.0.0.12", [(1, "192.168.2.9"), (0, "192.168.2.8")]),

@@ -103,7 +103,8 @@ HOSTILE = [
     # -- node names: hostnames, /etc/hosts, hostfiles, ssh_config Host lines
     (
         "name with a trailing newline beside the same name",
-        'nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n  - {name: "gpu-a01\\n", address: 192.0.2.12}\n',
+        'nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n  - {name: "gpu-a01\\n", address: '
+        "192.0.2.12}\n",
         3,
         "nodes[1].name",
         "U+000A",
@@ -248,7 +249,8 @@ HOSTILE = [
     ),
     (
         "per-node env value with a newline",
-        'nodes:\n  - name: gpu-a01\n    address: 192.0.2.11\n    nccl:\n      env: {NCCL_DEBUG: "WARN\\nX=1"}\n',
+        "nodes:\n  - name: gpu-a01\n    address: 192.0.2.11\n    nccl:\n      env: {NCCL_DEBUG: "
+        '"WARN\\nX=1"}\n',
         5,
         "nodes[0].nccl.env.NCCL_DEBUG",
         "U+000A",
@@ -727,7 +729,8 @@ def test_mpirun_line_passes_each_value_as_one_argument():
 
 def test_torchrun_line_with_ipv6_and_a_quoted_venv():
     cluster = Cluster.parse(
-        "nodes:\n  - {name: a, address: '2001:db8::1', gpus: 2}\n  - {name: b, address: '2001:db8::2'}\n"
+        "nodes:\n  - {name: a, address: '2001:db8::1', gpus: 2}\n  - {name: b, address: "
+        "'2001:db8::2'}\n"
     )
     text = render(
         "launchers/torchrun.sh.j2",

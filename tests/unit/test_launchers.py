@@ -58,7 +58,8 @@ def test_accelerate_starts_a_multi_node_job_on_cpu_only_nodes_too():
         cpu["accelerate.sh"]
         .rstrip()
         .endswith(
-            'exec /opt/trainfleet/venv/bin/accelerate launch --config_file /etc/trainfleet/launch/accelerate.yaml "$@"'
+            "exec /opt/trainfleet/venv/bin/accelerate launch --config_file "
+            '/etc/trainfleet/launch/accelerate.yaml "$@"'
         )
     )
 

@@ -157,17 +157,20 @@ def test_the_mesh_probe_tries_a_dropped_connection_once_more_and_a_refusal_never
 
 
 def test_the_ca_lines_name_each_port_apart_and_trust_the_ca_only_for_the_mesh_user():
-    """a (port 22) and b (port 2222) share 192.0.2.?: each port's line lists its names as they are."""
+    """a (port 22) and b (port 2222) share 192.0.2.?: each port's line lists its names as they
+    are."""
     from trainfleet.mesh import ca_authorized_line, ca_known_hosts_lines
 
     cluster = Cluster.parse(SPEC)
     ca = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca"
     assert ca_known_hosts_lines(cluster, ca) == [
-        "@cert-authority a,a.example.com,192.0.2.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca",
-        "@cert-authority [b]:2222,[b.example.com]:2222,[192.0.2.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA "
+        "@cert-authority a,a.example.com,192.0.2.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA "
         "trainfleet:c1:ca",
+        "@cert-authority [b]:2222,[b.example.com]:2222,[192.0.2.2]:2222 ssh-ed25519 "
+        "AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca",
     ]
     assert (
         ca_authorized_line(cluster, "alice", ca + " extra words")
-        == 'cert-authority,principals="alice" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca'
+        == 'cert-authority,principals="alice" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA '
+        "trainfleet:c1:ca"
     )

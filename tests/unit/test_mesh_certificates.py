@@ -72,7 +72,8 @@ nodes:
 
 
 def big_spec(n: int, mode: str = "certificates", ipv6: bool = False) -> str:
-    """``n`` nodes gpu0001.. in one naming scheme (IPv6 addresses keep one width for any n < 4096)."""
+    """``n`` nodes gpu0001.. in one naming scheme (IPv6 addresses keep one width for any n <
+    4096)."""
     lines = [
         "cluster: {name: big, domain: cluster.example.com, mesh_users: [root]}",
         f"ssh: {{mesh: {mode}}}",
@@ -471,7 +472,7 @@ def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_t
     )  # the same on every node
     for who, (key, cert) in old.items():
         assert revoked(krl, key, tmp_path) == revoked(krl, cert, tmp_path) == (who in gone), who
-    for name, p in after.nodes.items():  # the keys in use now, and their certificates, pass
+    for p in after.nodes.values():  # the keys in use now, and their certificates, pass
         for u in p.mesh:
             if u.identity:
                 assert not revoked(krl, u.identity.public, tmp_path) and not revoked(
@@ -506,7 +507,7 @@ def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
     store = KeyStore("mix", root=tmp_path / "keys")
     for node_plan in plan.nodes.values():
         assert len(node_plan.known_hosts) == 4 and not any(
-            l.startswith("@") for l in node_plan.known_hosts
+            line.startswith("@") for line in node_plan.known_hosts
         )
         assert node_plan.sshd == SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
         for user in node_plan.mesh:
@@ -594,7 +595,8 @@ CERT_KINDS = ("dsa", "ecdsa", "ed25519", "rsa")
 
 
 def sshd_fact_output(etc: Path) -> list[str]:
-    """SshdMesh's own script run over a fake /etc/ssh at ``etc``; the output names the real paths."""
+    """SshdMesh's own script run over a fake /etc/ssh at ``etc``; the output names the real
+    paths."""
     script = _SSHD_SCRIPT
     for glob in ("/etc/ssh/sshd_config.d/*.conf", "/etc/ssh/ssh_config.d/*.conf"):
         script = script.replace(glob, glob.replace("/etc/ssh", str(etc)))
@@ -1167,7 +1169,8 @@ def alice_on_node(
 
 
 def keys_then_certificates(tmp_path: Path):
-    """alice's plans on gpu-a01 in a key mesh and then in a certificate mesh of the same key store."""
+    """alice's plans on gpu-a01 in a key mesh and then in a certificate mesh of the same key
+    store."""
     keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
     cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     return keys_plan.nodes["gpu-a01"].mesh[1], cert_plan.nodes["gpu-a01"].mesh[1]
@@ -1378,7 +1381,8 @@ def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_
     plan_of(cluster, tmp_path / "keys")
     old = store.rotate_certificate_authority()
     assert (old / "ca").exists()
-    # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest move.
+    # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest
+    # move.
     smaller = Cluster.parse(
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
     )
@@ -1398,7 +1402,8 @@ def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_
     # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
     assert not store.ca_moving()
     assert not (old / "ca").exists() and (old / "ca.pub").exists()
-    # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new CA.
+    # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new
+    # CA.
     store.readmit_host_keys("gpu-b02")
     back = plan_of(cluster, tmp_path / "keys")
     (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()

@@ -153,7 +153,8 @@ def _b64(text: str) -> str:
 
 
 def _user_line(name: str, params: str | None) -> str:
-    """A user's line as the fact's script prints it: uid, group, home, and the part read as the user."""
+    """A user's line as the fact's script prints it: uid, group, home, and the part read as the
+    user."""
     record = "file params missing -" if params is None else f"file params regular - {_b64(params)}"
     return f"user {name} 0 root {_b64('/root')} {_b64(record + chr(10))}"
 

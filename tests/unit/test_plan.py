@@ -140,7 +140,8 @@ def deploy_order(
 def deploy_calls(
     monkeypatch, cluster: Cluster, node_name: str, plan: ClusterPlan
 ) -> dict[str, list[dict]]:
-    """What deploy/cluster.py gives each of its operations for one node: ``{"module.operation": [kwargs]}``."""
+    """What deploy/cluster.py gives each of its operations for one node: ``{"module.operation":
+    [kwargs]}``."""
     calls: dict[str, list[dict]] = {}
     for op, kwargs in deploy_order(monkeypatch, cluster, node_name, plan):
         calls.setdefault(op, []).append(kwargs)

@@ -36,7 +36,10 @@ NVIDIA_SMI_L = [
     for i in range(8)
 ]
 # `ss -Hltnp 'sport = :29500'` while a stale torchrun still holds the port.
-SS_HOLDER = 'holder LISTEN 0      128          0.0.0.0:29500      0.0.0.0:*    users:(("python3",pid=4242,fd=3))'
+SS_HOLDER = (
+    "holder LISTEN 0      128          0.0.0.0:29500      0.0.0.0:*    "
+    'users:(("python3",pid=4242,fd=3))'
+)
 ENV = {"NCCL_SOCKET_IFNAME": "=ens1f0", "GLOO_SOCKET_IFNAME": "ens1f0", "NCCL_IB_HCA": "=mlx5_0:1"}
 
 
@@ -91,8 +94,10 @@ def test_a_missing_or_wrong_variable_in_the_non_login_environment_is_named():
         env={"NCCL_SOCKET_IFNAME": "=eno1", "NCCL_IB_HCA": "=mlx5_0:1"}
     )
     assert problems_for(outputs) == [
-        "gpu-a03: NCCL_SOCKET_IFNAME is '=eno1' in the non-login environment ranks get, expected '=ens1f0'",
-        "gpu-a03: GLOO_SOCKET_IFNAME is 'missing' in the non-login environment ranks get, expected 'ens1f0'",
+        "gpu-a03: NCCL_SOCKET_IFNAME is '=eno1' in the non-login environment ranks get, expected "
+        "'=ens1f0'",
+        "gpu-a03: GLOO_SOCKET_IFNAME is 'missing' in the non-login environment ranks get, expected "
+        "'ens1f0'",
     ]
 
 
@@ -150,8 +155,8 @@ def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_nev
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
         (
             "gpu-a02",
-            "local ranks 5, 6 never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, gpu-a02, "
-            "gpu-a03)",
+            "local ranks 5, 6 never joined the rendezvous at gpu-a01:29500 (joined: gpu-a01, "
+            "gpu-a02, gpu-a03)",
         )
     ]
 
@@ -166,14 +171,15 @@ def test_one_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_cuda_visib
         {
             "step": "error",
             "stage": "collective",
-            "error": "DistBackendError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)",
+            "error": "DistBackendError: NCCL error: unhandled cuda error (run with "
+            "NCCL_DEBUG=INFO)",
         },
     ]
     assert [(p.node, p.cause) for p in collective_problems(CLUSTER, steps)] == [
         (
             "gpu-a02",
-            "local rank 1 (GPU 5): collective failed: DistBackendError: NCCL error: unhandled cuda error "
-            "(run with NCCL_DEBUG=INFO)",
+            "local rank 1 (GPU 5): collective failed: DistBackendError: NCCL error: unhandled cuda "
+            "error (run with NCCL_DEBUG=INFO)",
         )
     ]
 
@@ -203,7 +209,8 @@ def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_c
         'echo "{\\"step\\": \\"start\\", \\"rank\\": $1, \\"local\\": $2, '
         '\\"args\\": \\"$*\\", \\"debug\\": \\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\"}"\n'
         'echo "$(hostname):1:1 [$2] NCCL INFO Using network Socket" > "$NCCL_DEBUG_FILE"\n'
-        "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; }\n"
+        "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; "
+        "}\n"
         'echo \'{"step": "done"}\'\n'
     )
     python.chmod(0o755)
@@ -226,7 +233,8 @@ def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_c
     assert [preflight.rank_failure(r) for r in ranks] == [
         None,
         None,
-        "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable device",
+        "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable "
+        "device",
         None,
     ]
 
@@ -248,7 +256,8 @@ def test_the_real_collective_script_gives_each_rank_the_gpu_cuda_visible_devices
         (9, 1, "GPU-0c2d4f1a"),
     ]
     two = Cluster.parse(
-        "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, gpus: 2}\n"
+        "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, "
+        "gpus: 2}\n"
     )
     # both ranks of b failed alike: b is named once, in python's words
     steps = {"a": [finished(16)] * 8, "b": ranks}
@@ -323,12 +332,13 @@ def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(mo
     assert [(p.node, p.cause) for p in report.problems] == [
         (
             "gpu-a02",
-            "printed 'pid 1; rm -rf /' where a listener's PID belongs: not used (the listener ends by its "
-            "timeout)",
+            "printed 'pid 1; rm -rf /' where a listener's PID belongs: not used (the listener ends "
+            "by its timeout)",
         ),
         (
             "gpu-a02",
-            "printed 'pid $(id)' where a listener's PID belongs: not used (the listener ends by its timeout)",
+            "printed 'pid $(id)' where a listener's PID belongs: not used (the listener ends by "
+            "its timeout)",
         ),
     ]
     kills = {
@@ -388,7 +398,8 @@ def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustom
 
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
-    """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted modules)."""
+    """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted
+    modules)."""
     import checks.preflight_check as preflight
 
     base = tmp_path / "run"
@@ -528,7 +539,8 @@ def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(
     monkeypatch.setattr(preflight, "VENV_DIR", "unset")
     venv = tmp_path / "no-venv"
     assert causes(_collective_on(preflight, venv, cwd)) == [
-        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"
+        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and "
+        "deploy)"
     ]
 
 
@@ -556,8 +568,8 @@ def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words
     )
     python.chmod(0o755)
     assert causes(_collective_on(preflight, tmp_path / "venv", cwd)) == [
-        "python exited with status 127 after 'no output': python: error while loading shared libraries: "
-        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
+        "python exited with status 127 after 'no output': python: error while loading shared "
+        "libraries: libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
     ]
 
 
@@ -642,12 +654,14 @@ def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails()
 
 
 def test_the_ssh_stage_reads_one_bundled_probe_per_node_and_a_cut_off_answer_is_no_pass():
+    from pyinfra.api.exceptions import FactProcessError
+
     from facts.fingerprint import MeshProofs
 
     fact = MeshProofs()
     command = fact.command(users=["root", "alice"], peers=["gpu-a01", "gpu-a02"]).get_raw_value()
     assert command.count("BatchMode=yes") == 2 and "StrictHostKeyChecking=yes" in command
-    with pytest.raises(Exception):
+    with pytest.raises(FactProcessError, match="missing or not one line"):
         fact.process([])  # killed by its bound before any section: nothing proven
 
 
@@ -733,15 +747,15 @@ def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_t
 
     deepspeed = preflight.smoke_command(CLUSTER, "deepspeed").get_raw_value()
     assert (
-        "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110"
-        in deepspeed
+        "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 "
+        "--deadline 110" in deepspeed
     )
     assert "cd / && exec timeout -k 5" in deepspeed and "mktemp -d /run/trainfleet/" in deepspeed
     mpirun = preflight.smoke_command(CLUSTER, "mpirun").get_raw_value()
     assert (
-        "/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet /opt/trainfleet/venv/bin/python "
-        "/etc/trainfleet/launch/smoke_train.py --timeout 60 --deadline 110 --master-addr 192.0.2.11 "
-        "--master-port 29500"
+        "/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet "
+        "/opt/trainfleet/venv/bin/python /etc/trainfleet/launch/smoke_train.py --timeout 60 "
+        "--deadline 110 --master-addr 192.0.2.11 --master-port 29500"
     ) in mpirun
     with pytest.raises(ValueError):
         preflight.smoke_command(CLUSTER, "../../tmp/x")
@@ -837,8 +851,8 @@ def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_n
 
     measured = {("a", "b"): 182.0, ("c", "d"): 181.0, ("b", "c"): 12.5, ("a", "d"): 179.9}
     cause = (
-        "the link b-c is slow: bus bandwidth 12.50 GB/s, under the floor of 150 GB/s, while both nodes reach it "
-        "with their other peer"
+        "the link b-c is slow: bus bandwidth 12.50 GB/s, under the floor of 150 GB/s, while both "
+        "nodes reach it with their other peer"
     )
     assert [(p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [
         ("b", cause),
@@ -870,8 +884,8 @@ def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
     assert [(p.node, p.cause) for p in bandwidth_problems({("a", "b"): 9.0}, 10)] == [
         (
             n,
-            "bus bandwidth 9.00 GB/s between a and b is under the floor of 10 GB/s (no third node to tell the slow "
-            "node from the slow link)",
+            "bus bandwidth 9.00 GB/s between a and b is under the floor of 10 GB/s (no third node "
+            "to tell the slow node from the slow link)",
         )
         for n in ("a", "b")
     ]
@@ -918,7 +932,8 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
         ["node2", "node3"],
         ["node1", "node3"],
     ]
-    # each pair: 1 rank per CPU node, world 2, rendezvous on its lower node, 16 MiB; port master_port + 1
+    # each pair: 1 rank per CPU node, world 2, rendezvous on its lower node, 16 MiB; port
+    # master_port + 1
     assert (
         "' trainfleet /opt/trainfleet/venv/bin/python 35 " in rounds[1]["node3"]
     )  # python's own bound
@@ -933,8 +948,8 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
     assert [(p.node, p.cause) for p in report.problems] == [
         (
             "node3",
-            "bus bandwidth under the floor of 0.5 GB/s in every pair it is in (with node2: 0.08, with node1: "
-            "0.08 GB/s): the node is slow",
+            "bus bandwidth under the floor of 0.5 GB/s in every pair it is in (with node2: 0.08, "
+            "with node1: 0.08 GB/s): the node is slow",
         )
     ]
     assert report.stages["bandwidth"] == "failed"
@@ -1076,8 +1091,8 @@ def test_ranks_that_went_over_sockets_on_a_node_with_active_ib_are_named():
         p.cause
         for p in nccl_socket_problems(cluster, {"gpu-a01": [ib, ib], "gpu-a02": [[], ib]}, networks)
     ] == [
-        "NCCL's INFO log names no network although mlx5_0 port 1, mlx5_1 port 1 are active: whether it used them "
-        "is unknown"
+        "NCCL's INFO log names no network although mlx5_0 port 1, mlx5_1 port 1 are active: "
+        "whether it used them is unknown"
     ]
 
 
@@ -1175,8 +1190,8 @@ def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_ar
     assert [(p.node, p.cause) for p in ib_port_problems(CLUSTER, networks)] == [
         (
             "gpu-a03",
-            "InfiniBand mlx5_0 port 1 is missing here but ACTIVE on gpu-a01, gpu-a02: NCCL on this node "
-            "would run without it",
+            "InfiniBand mlx5_0 port 1 is missing here but ACTIVE on gpu-a01, gpu-a02: NCCL on this "
+            "node would run without it",
         )
     ]
     # nodes whose spec keeps NCCL off IB, and nodes whose facts could not be read, are not judged
@@ -1188,8 +1203,8 @@ def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node
     from trainfleet.verdicts import ib_port_problems
 
     mixed = Cluster.parse(
-        "nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n"
-        "  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n"
+        "nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n  - {name: gpu-a02, address: "
+        "192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n"
     )
     networks = {
         "gpu-a01": _network("roce_v2_cx6"),
@@ -1286,7 +1301,10 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
         "  - {name: c, address: 192.0.2.3}\n"
     )
-    port = lambda mtu: {"device": "mlx5_0", "port": 1, "state": "4: ACTIVE", "active_mtu": mtu}
+
+    def port(mtu: int) -> dict[str, object]:
+        return {"device": "mlx5_0", "port": 1, "state": "4: ACTIVE", "active_mtu": mtu}
+
     networks = {
         "a": _mtu_network("192.0.2.1", 9000, [port(4096)]),
         "b": _mtu_network("192.0.2.2", 1500, [port(4096)]),
@@ -1296,11 +1314,13 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
     assert found == {
         (
             "b",
-            "the cluster interface's MTU is 1500, 9000 on a, c: traffic between them fragments or is dropped",
+            "the cluster interface's MTU is 1500, 9000 on a, c: traffic between them fragments or "
+            "is dropped",
         ),
         (
             "c",
-            "mlx5_0 port 1's active MTU is 2048, 4096 on a, b: traffic between them fragments or is dropped",
+            "mlx5_0 port 1's active MTU is 2048, 4096 on a, b: traffic between them fragments or "
+            "is dropped",
         ),
     }
     same = {n: _mtu_network(f"192.0.2.{i}", 9000) for i, n in enumerate("abc", start=1)}
@@ -1427,18 +1447,18 @@ def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_nod
         ("a", "root's certificate is not the cluster's (signed by another CA): run the deploy"),
         (
             "a",
-            "ssh_host_ed25519_key-cert.pub is not the cluster's (its signature does not verify (damaged or "
-            "forged)): run the deploy",
+            "ssh_host_ed25519_key-cert.pub is not the cluster's (its signature does not verify "
+            "(damaged or forged)): run the deploy",
         ),
         (
             "b",
-            "root's certificate is not the cluster's (a host certificate where a user certificate is wanted): "
-            "run the deploy",
+            "root's certificate is not the cluster's (a host certificate where a user certificate "
+            "is wanted): run the deploy",
         ),
         (
             "b",
-            "ssh_host_ed25519_key-cert.pub is not the cluster's (principals a,192.0.2.1, the plan wants "
-            "b,192.0.2.2): run the deploy",
+            "ssh_host_ed25519_key-cert.pub is not the cluster's (principals a,192.0.2.1, the plan "
+            "wants b,192.0.2.2): run the deploy",
         ),
     ]
     good_held = {

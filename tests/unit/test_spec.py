@@ -167,15 +167,18 @@ def test_the_example_prod_spec_is_valid():
             "stack.python.deepspeed: '>=0.19' is not an exact version",
         ),
         (
-            "stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack:\n  python: {'deepspeed; rm -rf /': '1.0'}\nnodes:\n  - {name: a, address: "
+            "192.0.2.1}\n",
             "is not a Python package name",
         ),
         (
-            "stack:\n  python: {colossalai: {version: '0.5.0', deps: no-thanks}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack:\n  python: {colossalai: {version: '0.5.0', deps: no-thanks}}\nnodes:\n  - "
+            "{name: a, address: 192.0.2.1}\n",
             "deps must be true or false, got 'no-thanks'",
         ),
         (
-            "stack:\n  python: {colossalai: {deps: false}}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
+            "stack:\n  python: {colossalai: {deps: false}}\nnodes:\n  - {name: a, address: "
+            "192.0.2.1}\n",
             "must be a version or {version: V, deps: false}",
         ),
         (
@@ -215,8 +218,10 @@ def test_the_example_prod_spec_is_valid():
             "openmpi.tcp_include: 'eth0 eth1' is not an interface name or a subnet",
         ),
         (
-            "openmpi:\n  params: {btl_tcp_if_include: eth1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
-            "bad.yml:2: openmpi.params.btl_tcp_if_include: btl_tcp_if_include is set by openmpi.tcp_include",
+            "openmpi:\n  params: {btl_tcp_if_include: eth1}\nnodes:\n  - {name: a, address: "
+            "192.0.2.1}\n",
+            "bad.yml:2: openmpi.params.btl_tcp_if_include: btl_tcp_if_include is set by "
+            "openmpi.tcp_include",
         ),
         (
             "openmpi:\n  params: {PML: ucx}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
@@ -335,7 +340,8 @@ def test_readme_spec_reference_matches_the_schema():
             "stack.python: pinning python packages needs stack.torch",
         ),
         (
-            "stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: '0.19.7'}}\n",
+            "stack: {torch: '2.4.1', torch_cuda: cpu, python: {Deep_Speed: '0.19.8', deep-speed: "
+            "'0.19.7'}}\n",
             "stack.python.deep-speed: 'deep-speed' is the same package as 'Deep_Speed'",
         ),
         (
@@ -344,7 +350,8 @@ def test_readme_spec_reference_matches_the_schema():
         ),
         (
             "ssh: {user: ubuntu}\n",
-            "ssh.user: 'ubuntu' is not root: trainfleet writes /etc as root, so set ssh.become: sudo",
+            "ssh.user: 'ubuntu' is not root: trainfleet writes /etc as root, so set ssh.become: "
+            "sudo",
         ),
         ("ssh: {user: ubuntu, become: doas}\n", "ssh.become: 'doas' must be 'sudo'"),
         (
@@ -358,7 +365,8 @@ def test_readme_spec_reference_matches_the_schema():
         ("stack: {driver: '55'}\n", "stack.driver: '55' is not a valid version"),
         (
             "stack: {torch: '2.4.1', torch_cuda: cu124, driver: '470'}\n",
-            "stack.driver: driver 470 is older than CUDA 12.4 needs (525.60.13 or newer) (torch_cuda: cu124)",
+            "stack.driver: driver 470 is older than CUDA 12.4 needs (525.60.13 or newer) "
+            "(torch_cuda: cu124)",
         ),
         ("gpu: {memlock: 8}\n", "gpu.memlock: 8 must be 'unlimited' or KiB (64 or more)"),
         (
@@ -408,5 +416,6 @@ def test_a_sudo_login_is_accepted_cluster_wide_or_per_node():
 )
 def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
     parse_spec(
-        f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: 192.0.2.1}}\n"
+        f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: "
+        "192.0.2.1}\n"
     )

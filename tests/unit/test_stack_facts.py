@@ -102,7 +102,8 @@ def test_removed_packages_and_stray_lines_are_not_installed():
 
 @pytest.mark.parametrize("bare", [False, True])
 def test_the_command_exits_zero_and_parses_with_tools_missing(bare, tmp_path):
-    """Run the real script here (read-only probes): with no venv, and with nothing on PATH but sh."""
+    """Run the real script here (read-only probes): with no venv, and with nothing on PATH but
+    sh."""
     path = os.environ.get("PATH", "")
     if bare:
         (tmp_path / "bin").mkdir()

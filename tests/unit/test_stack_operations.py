@@ -193,7 +193,7 @@ def _run_keyring(tmp_path: Path, url: str, fingerprint: str, proto: str, path: s
 
 @needs_tools
 def test_the_keyring_is_installed_only_when_its_one_key_has_the_pinned_fingerprint(tmp_path, keys):
-    (public, fpr), (other, other_fpr) = keys["nvidia"], keys["other"]
+    (public, fpr), other_fpr = keys["nvidia"], keys["other"][1]
     deb = _keyring_deb(tmp_path, public)
 
     run, dpkg = _run_keyring(tmp_path, f"file://{deb}", fpr, "file")
