@@ -1,4 +1,5 @@
-"""pyinfra inventory for the cluster in prod.yml: ``pyinfra inventories/prod.py deploy/cluster.py``."""
+"""pyinfra inventory for the cluster in prod.yml:
+``pyinfra inventories/prod.py deploy/cluster.py``."""
 
 from pathlib import Path
 

@@ -17,7 +17,8 @@ from trainfleet.schema import normalized_dist
 # OpenMPI's mpirun (its libraries come with it as dependencies).
 _NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
 _OPENMPI = {"debian": "openmpi-bin", "rhel": "openmpi"}
-PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi|cuda-drivers)"  # the names package_pins gives, as a regex
+# The names package_pins gives, as a regex.
+PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi|cuda-drivers)"
 
 Pins = dict[str, str | None]  # package name -> exact version; None: any version (the name pins it)
 

@@ -37,8 +37,11 @@ log=/run/tf-prober.log stop=/run/tf-prober.stop
 rm -f "$stop"; : > "$log"
 while [ ! -e "$stop" ]; do
   for peer in {peers}; do
-    if out=$(ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "$peer" true 2>&1)
-    then echo "ok $peer" >> "$log"; else echo "fail $peer $(echo "$out" | tr '\n' ' ')" >> "$log"; fi
+    if out=$(ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 \
+        "$peer" true 2>&1)
+    then echo "ok $peer" >> "$log"
+    else echo "fail $peer $(echo "$out" | tr '\n' ' ')" >> "$log"
+    fi
   done
 done
 echo done >> "$log"

@@ -318,12 +318,15 @@ def test_a_saturated_machine_is_named_in_the_explanation():
 
 
 # The verdict lines of a drift run on a converged 8-node lab whose mesh probes timed out.
-DRIFT_STDERR = """    [node1] No changes
-    [node7] trainfleet: drift: ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants 'ok'
-    [node7] Error: executed 0 commands
-    [node6] trainfleet: drift: ssh mesh (root) is 'fails: node1 (rc=124); node2 (rc=124)', the spec wants 'ok'
-    [node2] trainfleet: drift: hostname is 'ip-198-18-0-12', the spec wants 'node2'
-"""
+DRIFT_STDERR = (
+    "    [node1] No changes\n"
+    "    [node7] trainfleet: drift: ssh mesh (root) is 'fails: node3 (rc=124)', the spec wants "
+    "'ok'\n"
+    "    [node7] Error: executed 0 commands\n"
+    "    [node6] trainfleet: drift: ssh mesh (root) is 'fails: node1 (rc=124); node2 (rc=124)', "
+    "the spec wants 'ok'\n"
+    "    [node2] trainfleet: drift: hostname is 'ip-198-18-0-12', the spec wants 'node2'\n"
+)
 
 
 def test_check_findings_are_read_per_node():

@@ -161,7 +161,7 @@ def test_a_table_hccl_would_reject_is_refused_naming_the_server_and_device(serve
     assert str(raised.value).startswith(message)
 
 
-def test_a_host_and_its_container_cannot_both_be_servers_the_container_keeps_the_host_s_device_ips():
+def test_host_and_container_cannot_both_be_servers_the_container_keeps_the_hosts_device_ips():
     """The docs' container renumbers physical NPUs 4-7 as 0-3 but their IPs stay the host's."""
     host, container = (
         fixture_ips("physical_8p_hccn_conf_no_tool"),

@@ -635,7 +635,8 @@ def lab_spec() -> str:
 
 
 ORDINARY = """\
-cluster: {name: gpu-a.prod_2, domain: cluster.example.com, mesh_users: [root, alice, _svc, build-bot]}
+cluster: {name: gpu-a.prod_2, domain: cluster.example.com,
+          mesh_users: [root, alice, _svc, build-bot]}
 ssh: {key: ~/.ssh/id_ed25519, known_hosts: ~/My Keys/known_hosts}
 stack:
   cuda: "12.4"
@@ -650,7 +651,8 @@ nccl:
   socket_ifname: ^=docker0,lo
   env: {NCCL_DEBUG: WARN, NCCL_IB_HCA: "=mlx5_0:1,mlx5_1:1", NCCL_DEBUG_FILE: /tmp/nccl.%h.%p,
         NCCL_PROTO: ^LL128, TORCH_CUDA_ARCH_LIST: "8.0 9.0", NCCL_NCHANNELS_PER_NET_PEER: 4}
-openmpi: {tcp_include: "eth0,198.18.0.0/24", params: {pml: ucx, btl: "self,vader,tcp", btl_openib_warn_no_device_params_found: 0}}
+openmpi: {tcp_include: "eth0,198.18.0.0/24",
+          params: {pml: ucx, btl: "self,vader,tcp", btl_openib_warn_no_device_params_found: 0}}
 nodes:
   - {name: gpu-a01, address: "2001:db8::11", gpus: 8}
   - {name: GPU-A02, address: 192.0.2.12, gpus: 8, nccl: {socket_ifname: =ens1f0}}

@@ -106,7 +106,9 @@ def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defa
 # key exchange; a key missing from authorized_keys is refused.
 _FAKE_SSH = r"""#!/bin/sh
 for last; do :; done  # the command ("true")
-peer=$(for a; do case $a in -*|true|BatchMode=*|StrictHostKeyChecking=*|ConnectTimeout=*) ;; *) echo "$a";; esac; done | tail -n 1)
+peer=$(for a; do
+  case $a in -*|true|BatchMode=*|StrictHostKeyChecking=*|ConnectTimeout=*) ;; *) echo "$a";; esac
+done | tail -n 1)
 n=$(cat "$FAKE_DIR/$peer.n" 2>/dev/null || echo 0); n=$((n + 1)); echo $n > "$FAKE_DIR/$peer.n"
 answer=$(sed -n "${n}p" "$FAKE_DIR/$peer.answers")
 case $answer in

@@ -136,7 +136,7 @@ def all_names(cluster: Cluster) -> list[str]:
         ("head", "head"),  # nothing to generalise
     ],
 )
-def test_a_name_pattern_turns_the_digits_of_a_names_first_label_or_an_addresss_last_part_into_question_marks(
+def test_a_name_pattern_turns_digits_of_a_first_label_or_an_address_last_part_into_question_marks(
     name, pattern
 ):
     assert name_pattern(name) == pattern
@@ -215,7 +215,7 @@ def ssh_resolved(config: Path, name: str) -> dict[str, list[str]]:
 
 
 @needs_openssh
-def test_ssh_gives_every_cluster_name_the_mesh_user_port_and_key_from_the_planned_config_and_other_hosts_nothing(
+def test_ssh_gives_cluster_names_the_planned_user_port_and_key_and_other_hosts_nothing(
     tmp_path,
 ):
     cluster = Cluster.parse(MIXED)
@@ -356,7 +356,7 @@ def test_a_rerun_with_the_nodes_current_certificates_keeps_every_one_byte_for_by
     )
 
 
-def test_a_certificate_is_signed_again_in_its_last_third_for_another_ca_another_key_or_other_principals(
+def test_a_certificate_is_signed_again_in_its_last_third_or_for_another_ca_key_or_principals(
     tmp_path,
 ):
     cluster = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
@@ -739,7 +739,7 @@ def test_the_sshd_fact_says_whether_ssh_config_reads_ssh_config_d_for_every_host
     assert found["client_includes_drop_ins"] is reads
 
 
-def test_the_sshd_fact_names_every_other_file_that_sets_revoked_host_keys_and_reads_the_client_drop_in(
+def test_the_sshd_fact_names_other_files_setting_revoked_host_keys_and_reads_the_client_drop_in(
     tmp_path,
 ):
     ours = f"Host *\n    RevokedHostKeys {REVOKED_KEYS}\n"
@@ -925,7 +925,7 @@ def converged_sshd(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
     }
 
 
-def test_sshd_certificates_writes_certificates_then_the_krl_then_the_drop_ins_then_reloads_sshd_once(
+def test_sshd_certificates_writes_certificates_then_krl_then_drop_ins_then_reloads_sshd_once(
     tmp_path,
 ):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
@@ -1062,7 +1062,7 @@ def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_aft
     assert [shlex.split(c.get_raw_value()) for c in commands] == [["rm", "-f", "--", ECDSA_CERT]]
 
 
-def test_a_key_mesh_removes_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_the_krl(
+def test_a_key_mesh_drops_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_krl(
     tmp_path,
 ):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
@@ -1252,7 +1252,7 @@ def test_moving_back_to_keys_mesh_trust_drops_the_ca_line_and_removes_the_certif
     assert shlex.split(remove.get_raw_value())[-1] == "/home/alice/.ssh/id_trainfleet-cert.pub"
 
 
-def test_moving_to_certificates_mesh_trust_chains_on_its_adding_run_through_a_users_linked_authorized_keys(
+def test_moving_to_certificates_trust_chains_on_its_adding_run_via_a_users_linked_authorized_keys(
     tmp_path,
 ):
     keys_user, cert_user = keys_then_certificates(tmp_path)
@@ -1373,7 +1373,7 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
 
 
-def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_and_the_old_key_goes(
+def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_the_old_key_goes(
     tmp_path,
 ):
     cluster = Cluster.parse(MIXED)
@@ -1412,7 +1412,7 @@ def test_a_ca_rotation_with_a_node_down_completes_once_the_node_leaves_the_spec_
     )
 
 
-def test_a_node_whose_sshd_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(
+def test_an_sshd_that_cannot_present_certificates_fails_before_any_node_changes_what_it_presents(
     tmp_path, monkeypatch
 ):
     from tests.unit.test_plan import deploy_order, three_node_plan

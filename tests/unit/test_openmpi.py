@@ -27,11 +27,13 @@ from trainfleet.nccl import Derived, derive
 from trainfleet.render import render_lines
 
 # `ip -o addr show` on lab node1 (iproute2 6.1, Debian 12), as the fact's script reads it.
-IP_ADDR = """\
-1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever
-2: eno1@if9    inet 198.18.0.139/25 scope global eno1\\       valid_lft forever preferred_lft forever
-4: eth0@if12    inet 198.18.0.11/24 brd 198.18.0.255 scope global eth0\\       valid_lft forever preferred_lft forever
-"""
+IP_ADDR = (
+    "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft forever\n"
+    "2: eno1@if9    inet 198.18.0.139/25 scope global eno1\\       valid_lft forever preferred_lft "
+    "forever\n"
+    "4: eth0@if12    inet 198.18.0.11/24 brd 198.18.0.255 scope global eth0\\       valid_lft "
+    "forever preferred_lft forever\n"
+)
 
 
 def interfaces_from(ip_output: str) -> list:

@@ -161,7 +161,7 @@ def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_nev
     ]
 
 
-def test_one_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_cuda_visible_devices_gave_it():
+def test_a_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_its_cuda_visible_devices_gave():
     steps = {n.name: [finished(gpu=str(i)) for i in range(8)] for n in CLUSTER.nodes}
     # CUDA_VISIBLE_DEVICES=4,5,6,7,0,1,2,3 on gpu-a02: local rank 1 runs on GPU 5
     steps["gpu-a02"] = [finished(gpu=str((i + 4) % 8)) for i in range(8)]
@@ -196,7 +196,7 @@ def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node(
     assert rank_places(mixed)[5] == ("c", 0) and len(rank_places(mixed)) == mixed.total_slots == 7
 
 
-def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_come_back_by_local_rank(
+def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_back_by_local_rank(
     planted, monkeypatch, tmp_path
 ):
     preflight, _, cwd = planted
@@ -239,7 +239,7 @@ def test_each_node_starts_one_rank_per_slot_with_its_global_rank_and_its_lines_c
     ]
 
 
-def test_the_real_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_lists_at_its_local_rank(
+def test_the_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_lists_at_its_local_rank(
     planted, monkeypatch, tmp_path
 ):
     preflight, _, cwd = planted
@@ -1348,7 +1348,7 @@ def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
 # -- the certificate mesh's validity (issue #18) ---------------------------------------------------
 
 
-def test_preflight_names_missing_expired_and_not_yet_valid_certificates_and_warns_of_those_due_for_renewal():
+def test_preflight_names_missing_expired_and_future_certificates_warns_of_those_due_for_renewal():
     from datetime import datetime, timedelta
 
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -17,13 +17,17 @@ from facts.shm_facts import StaleSharedMemory, parse_sysvipc_shm
 from operations.shm_ops import remove_command
 from trainfleet.verdicts import shm_warnings
 
-SYSVIPC = """\
-       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid      atime      dtime      ctime                   rss                  swap
-         0          3  1600               524288  2087  2511      2  1000  1000  1000  1000 1795360000 1795360100 1795359000                 45056                     0
--1871639126      32769   600           2147483648 41233 41260      0     0     0     0     0 1795364000 1795364100 1795363000            2147483648                     0
-         0      32770   600                 4096 41233     0      0     0     0     0     0          0          0 1795367590                     0                     0
-now 1795367700
-"""
+SYSVIPC = (
+    "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid  "
+    "    atime      dtime      ctime                   rss                  swap\n"
+    "         0          3  1600               524288  2087  2511      2  1000  1000  1000  1000 "
+    "1795360000 1795360100 1795359000                 45056                     0\n"
+    "-1871639126      32769   600           2147483648 41233 41260      0     0     0     0     0 "
+    "1795364000 1795364100 1795363000            2147483648                     0\n"
+    "         0      32770   600                 4096 41233     0      0     0     0     0     0   "
+    "       0          0 1795367590                     0                     0\n"
+    "now 1795367700\n"
+)
 
 
 def test_only_segments_no_process_is_attached_to_are_stale():

@@ -15,7 +15,9 @@ from operations.ssh_mesh_ops import _RELOAD_SSHD
 # sshd -t fails when the file named by $BAD_IF_PRESENT exists, or always with $SSHD_BROKEN.
 FAKE_SSHD = """#!/bin/sh
 [ "$1" = -t ] || exit 2
-[ -n "$SSHD_BROKEN" ] && { echo "sshd_config line 3: Bad configuration option: Nonsense" >&2; exit 255; }
+[ -n "$SSHD_BROKEN" ] && {
+  echo "sshd_config line 3: Bad configuration option: Nonsense" >&2; exit 255
+}
 [ -n "$BAD_IF_PRESENT" ] && [ -e "$BAD_IF_PRESENT" ] && { echo "bad drop-in" >&2; exit 255; }
 exit 0
 """
@@ -25,7 +27,10 @@ grep -q corrupt "$3" && exit 255
 exit 0
 """
 FAKE_SYSTEMCTL = """#!/bin/sh
-case "$1" in is-active) [ "$3" = ssh ] && exit 0; exit 3 ;; reload) echo "reloaded $2" >> "$RELOADS" ;; esac
+case "$1" in
+  is-active) [ "$3" = ssh ] && exit 0; exit 3 ;;
+  reload) echo "reloaded $2" >> "$RELOADS" ;;
+esac
 """
 
 

@@ -1,4 +1,5 @@
-"""StackVersions: one command per node, parsed from realistic captured outputs (tests/fixtures/stack/facts)."""
+"""StackVersions: one command per node, parsed from realistic captured outputs
+(tests/fixtures/stack/facts)."""
 
 from __future__ import annotations
 
