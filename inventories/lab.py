@@ -3,7 +3,7 @@
 import sys
 
 from lab.netns import Lab
-from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
+from runtime.inventory import load_cluster_or_exit, pyinfra_hosts
 
 _lab = Lab()
 if not _lab.spec.exists():

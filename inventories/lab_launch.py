@@ -7,7 +7,7 @@ import yaml
 
 from lab.lab_stack import launch_stack
 from lab.netns import Lab
-from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
+from runtime.inventory import load_cluster_or_exit, pyinfra_hosts
 
 _lab = Lab()
 if not _lab.spec.exists():

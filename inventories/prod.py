@@ -3,7 +3,7 @@
 
 from pathlib import Path
 
-from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
+from runtime.inventory import load_cluster_or_exit, pyinfra_hosts
 
 cluster = load_cluster_or_exit(Path(__file__).with_suffix(".yml"))
 

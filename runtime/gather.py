@@ -21,7 +21,7 @@ from pyinfra.context import ctx_host, ctx_state
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo_facts import sudo_form, sudo_probe_command, sudo_refusal
 from runtime.faults import name_step_faults
-from trainfleet import inventory
+from runtime import inventory
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
 from trainfleet.plan import ClusterPlan, plan_cluster
@@ -128,7 +128,7 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
 
 
 def this_node() -> tuple[Cluster, Node]:
-    """The cluster and the node this deploy runs for (``trainfleet.inventory.this_node``),
+    """The cluster and the node this deploy runs for (``runtime.inventory.this_node``),
     once every sudo login of the run has proved it acts as root without a password: every
     deploy file starts here, before any fact or stage could make pyinfra prompt for one.
     A node that fails a step from here on is named with what happened (runtime/faults.py)."""

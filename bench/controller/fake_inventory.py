@@ -7,7 +7,7 @@ trainfleet's host data and their canned answers, built before the timed runs
 import os
 import pickle
 
-from trainfleet.controller import configure_pyinfra
+from runtime.controller import configure_pyinfra
 
 if os.environ.get("TRAINFLEET_BENCH_WIRE"):
     from bench.controller import wire
@@ -17,6 +17,6 @@ if os.environ.get("TRAINFLEET_BENCH_WIRE"):
 with open(os.environ["TRAINFLEET_FLEET"], "rb") as _handle:
     nodes = pickle.load(_handle)
 
-# What trainfleet.inventory.pyinfra_hosts does for a real inventory: open files and
+# What runtime.inventory.pyinfra_hosts does for a real inventory: open files and
 # parallelism chosen for this many hosts.
 configure_pyinfra(len(nodes))

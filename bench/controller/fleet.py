@@ -56,7 +56,7 @@ from trainfleet.defaults import (
     PDSH_MACHINES,
     SYSTEM_KNOWN_HOSTS,
 )
-from trainfleet.inventory import host_data
+from runtime.inventory import host_data
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node

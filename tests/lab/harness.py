@@ -267,7 +267,7 @@ class LabController:
         inventory = tmp_path / "variant.py"
         inventory.write_text(
             textwrap.dedent(f"""\
-            from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts
+            from runtime.inventory import load_cluster_or_exit, pyinfra_hosts
             nodes = pyinfra_hosts(load_cluster_or_exit({str(spec_file)!r}))
             """)
         )

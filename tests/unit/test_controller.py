@@ -7,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 
-from trainfleet.controller import parallel_hosts
+from runtime.controller import parallel_hosts
 
 RAISE = textwrap.dedent("""
     import resource, sys
-    from trainfleet.controller import raise_open_files
+    from runtime.controller import raise_open_files
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
     print(raise_open_files(int(sys.argv[3])), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
@@ -48,7 +48,7 @@ def test_pyinfra_gets_the_parallelism_unless_the_user_chose_one(tmp_path):
     inventory.write_text(
         textwrap.dedent("""
         from pyinfra import config
-        from trainfleet.controller import configure_pyinfra
+        from runtime.controller import configure_pyinfra
         configure_pyinfra(700)
         print("PARALLEL", config.PARALLEL)
         hosts = ["@local"]

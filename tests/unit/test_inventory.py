@@ -35,7 +35,7 @@ def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
     )
     inventory = tmp_path / "bad.py"
     inventory.write_text(
-        "from trainfleet.inventory import load_cluster_or_exit, pyinfra_hosts\n"
+        "from runtime.inventory import load_cluster_or_exit, pyinfra_hosts\n"
         f"nodes = pyinfra_hosts(load_cluster_or_exit({str(spec)!r}))\n"
     )
     result = pyinfra("-y", str(inventory), "deploy/cluster.py")

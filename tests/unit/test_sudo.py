@@ -16,7 +16,7 @@ from pyinfra.facts.server import Command
 
 from facts.sudo_facts import probe_script, sudo_form, sudo_probe_command, sudo_refusal
 from trainfleet import Cluster
-from trainfleet.inventory import host_data
+from runtime.inventory import host_data
 
 SUDO_SPEC = """\
 ssh: {user: admin, become: sudo}

@@ -8,7 +8,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, NoReturn
 
-from trainfleet.controller import configure_pyinfra
+from runtime.controller import configure_pyinfra
 from trainfleet.mesh import probe_env_problems
 from trainfleet.model import Cluster, Node
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -47,7 +47,7 @@ def host_data(cluster: Cluster, node: Node) -> dict[str, Any]:
 
 def pyinfra_hosts(cluster: Cluster) -> list[HostT]:
     """Every node as a pyinfra host, the controller made ready for that many (open files,
-    parallelism: trainfleet/controller.py)."""
+    parallelism: runtime/controller.py)."""
     configure_pyinfra(len(cluster.nodes))
     return [(node.name, host_data(cluster, node)) for node in cluster.nodes]
 
