@@ -14,8 +14,6 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
-# Properties no two nodes may share (those every node must share: ``identical_prefixes``).
-UNIQUE = ("hostname", "boot_id", "machine-id")
 ABSENT = "absent"
 UNREACHABLE = "unreachable"
 DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
@@ -229,7 +227,7 @@ def compare(
     """Findings of (a) each node against the spec, (b) nodes against each other for
     properties that must be identical, (c) properties that must be unique."""
     report = Report(cluster=cluster, nodes=list(nodes), observed=observed)
-    identical = identical_prefixes()
+    identical, unique = identical_prefixes(), unique_properties()
     for node, reason in (unreachable or {}).items():
         report.findings.append(Finding(node, "reachable", "unreachable", reason))
     for node, props in expected.items():
@@ -241,7 +239,7 @@ def compare(
     properties = dict.fromkeys(p for values in observed.values() for p in values)
     for prop in properties:
         values = {node: props[prop] for node, props in observed.items() if prop in props}
-        if prop in UNIQUE:
+        if prop in unique:
             report.findings += _duplicates(prop, values)
         elif prop.startswith(identical):
             report.findings += [
@@ -259,6 +257,13 @@ def identical_prefixes() -> tuple[str, ...]:
     from trainfleet.capabilities import MAJORITY
 
     return MAJORITY
+
+
+def unique_properties() -> tuple[str, ...]:
+    """The properties no two nodes may share: the union of the capabilities' ``UNIQUE``."""
+    from trainfleet.capabilities import UNIQUE
+
+    return UNIQUE
 
 
 def majority(prop: str, values: dict[str, str]) -> list[Finding]:

@@ -11,7 +11,7 @@ import pytest
 from facts.fingerprint import FACTS, resolve
 from tests.unit.test_plan import three_node_plan
 from trainfleet.capabilities import CAPABILITIES, missing_parts
-from trainfleet.compare import identical_prefixes
+from trainfleet.compare import identical_prefixes, unique_properties
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan
 
@@ -64,6 +64,7 @@ def test_no_two_capabilities_share_a_section():
 def test_majority_is_the_union_of_the_capabilities():
     assert set(identical_prefixes()) == {p for c in CAPABILITIES for p in c.MAJORITY}
     assert {"os", "hosts block", "pdsh nodes", "memlock"} <= set(identical_prefixes())
+    assert set(unique_properties()) == {"hostname", "boot_id", "machine-id"}
 
 
 def converged_answers(plan) -> dict:

@@ -7,7 +7,8 @@ Each capability module declares what the machinery loops over (``PARTS``):
 + ``plan_part(ctx, node)``: its NodePlan attributes, from the PlanContext built once per run
 + ``observe(fingerprint, node_plan, cluster)`` and ``expect(node_plan)``: drift's properties
 + ``found_contents(fingerprint, users)`` and ``wanted_contents(node_plan)``: its managed files
-+ ``MAJORITY``: the property prefixes every node must share (majority vote)
++ ``MAJORITY``: the property prefixes every node must share (majority vote); ``UNIQUE``: the
+  properties no two nodes may share
 + ``converged(node_plan)``: what a converged node answers, section -> the parsed fact value
 """
 
@@ -48,10 +49,13 @@ PARTS = (
     "found_contents",
     "wanted_contents",
     "MAJORITY",
+    "UNIQUE",
     "converged",
 )
 # Properties every node must share: the majority vote names the odd node.
 MAJORITY = tuple(dict.fromkeys(p for cap in CAPABILITIES for p in cap.MAJORITY))
+# Properties no two nodes may share: drift names every node that shares one.
+UNIQUE = tuple(p for cap in CAPABILITIES for p in cap.UNIQUE)
 
 
 def missing_parts(capability: ModuleType) -> list[str]:

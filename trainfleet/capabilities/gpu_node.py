@@ -34,6 +34,7 @@ MAJORITY = (
     "clock offset",
     "persistence mode",
 )
+UNIQUE: tuple[str, ...] = ()
 
 FABRIC_READY = (
     "Completed",

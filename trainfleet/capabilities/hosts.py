@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY = ("hosts block",)
+UNIQUE = ("hostname",)  # no two nodes may share these
 
 
 @dataclass(frozen=True)

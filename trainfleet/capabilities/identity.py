@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY = ("os", "kernel", "gpu driver")
+UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
 
 
 def deploy_sections(users: list[str]) -> Sections:

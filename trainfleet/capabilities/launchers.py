@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY: tuple[str, ...] = ()
+UNIQUE: tuple[str, ...] = ()
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType(
@@ -49,12 +50,9 @@ LAUNCHER_FILES = MappingProxyType(
 )
 VERBATIM = frozenset({"smoke_train.py", "colossalai_run.py"})
 # Ascend clusters also get the HCCL rank table MindSpore reads (RANK_TABLE_FILE), built from
-# every NPU node's device IPs (trainfleet/plan.py: rank_table_part)
+# every NPU node's device IPs (``rank_table_part`` below)
 RANK_TABLE = "rank_table.json"
-LAUNCH_FILE_NAMES = (
-    *LAUNCHER_FILES,
-    RANK_TABLE,
-)  # every file trainfleet may keep in LAUNCH_DIR  # copied as they are (paths under trainfleet/), not rendered
+LAUNCH_FILE_NAMES = (*LAUNCHER_FILES, RANK_TABLE)  # every file trainfleet may keep in LAUNCH_DIR
 _HERE = Path(__file__).resolve().parent.parent  # trainfleet/: smoke/, launch/
 
 

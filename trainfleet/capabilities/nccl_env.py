@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY: tuple[str, ...] = ()  # a node's interface is its own; the spec is what counts
+UNIQUE: tuple[str, ...] = ()
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 UNREAD = "the node's network could not be read"
 

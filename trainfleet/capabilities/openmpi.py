@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY: tuple[str, ...] = ()
+UNIQUE: tuple[str, ...] = ()
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")

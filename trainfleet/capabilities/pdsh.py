@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY = ("pdsh nodes",)
+UNIQUE: tuple[str, ...] = ()
 
 
 def genders_lines(nodes: list[str]) -> list[str]:

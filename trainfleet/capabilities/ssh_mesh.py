@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY = ("known_hosts block", "authorized_keys")
+UNIQUE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

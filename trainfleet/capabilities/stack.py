@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
+UNIQUE: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
