@@ -8,10 +8,8 @@ changes a node.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,11 +20,8 @@ from checks.publish import publish
 from checks.publish import report_path as report_file
 from facts.fingerprint import NodeFingerprint, plan_inputs
 from facts.launchers_facts import LauncherContents
-from facts.managed_block_facts import decode
-from facts.openmpi_facts import MCA_FILE
 from runtime.gather import gather_fact, once_per_run, refused_sudo
-from trainfleet.capabilities import gpu_node
-from trainfleet.capabilities.launchers import LAUNCH_FILE_NAMES
+from trainfleet.capabilities import CAPABILITIES
 from trainfleet.compare import (
     ABSENT,
     PYTHON_PREFIX,
@@ -34,40 +29,23 @@ from trainfleet.compare import (
     Report,
     absent_everywhere_else,
     compare,
-    content,
-    digest,
     explain,
     printable,
 )
-from trainfleet.defaults import (
-    LAUNCH_DIR,
-    NCCL_CONF,
-    NCCL_ENVIRONMENT,
-    NCCL_PROFILE,
-    PDSH_GENDERS,
-    REVOKED_KEYS,
-    SSHD_MESH_CONF,
-    SYSTEM_KNOWN_HOSTS,
-)
+from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.driver_pins import satisfies_driver
-from trainfleet.etc_hosts import stale_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (
     FULL_PROBE_ENV,
     STRIDE_ENV,
-    certificate_summary,
-    file_digest,
-    host_certificates_summary,
     probe_env_problems,
     probe_stride,
     probe_targets,
-    sshd_files_digest,
 )
 from trainfleet.model import Cluster
-from trainfleet.pins import PINNED_PACKAGES, satisfies
-from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
+from trainfleet.pins import satisfies
+from trainfleet.plan import ClusterPlan, NodePlan, plan_cluster
 
-NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
 REPORT_BYTES = 256 * 2**20  # the most of the last report read back (1024 nodes: a few MB)
 Contents = dict[str, dict[str, Content]]  # property -> managed file -> its content
@@ -75,95 +53,11 @@ Contents = dict[str, dict[str, Content]]  # property -> managed file -> its cont
 LauncherReader = Callable[[dict[str, list[str]]], dict[str, dict[str, str | None]]]
 
 
-def _env_string(env: dict[str, str]) -> str:
-    return (
-        " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(NCCL_PREFIXES))
-        or "none"
-    )
-
-
-def _launchers_digest(files: dict[str, Any], sha_of: Any) -> str:
-    return digest(
-        [f"{name} {sha_of(files[name])}" for name in sorted(LAUNCH_FILE_NAMES) if name in files]
-        if any(name in files for name in LAUNCH_FILE_NAMES)
-        else None
-    )
-
-
-def package_props(stack: dict[str, Any]) -> dict[str, str]:
-    """Each installed stack package's version, and whether it is held (``apt-mark hold``, dnf/yum
-    versionlock): a released hold is drift before an upgrade moves the package."""
-    props = {}
-    for name, version in sorted(stack.get("packages", {}).items()):
-        if re.match(PINNED_PACKAGES, name):
-            props[f"package {name}"] = version
-            props[f"package {name} hold"] = "held" if name in stack.get("held", []) else "not held"
-    return props
-
-
-def observe(fp: dict[str, Any], users: list[str]) -> dict[str, str]:
-    """A node's fingerprint as normalised property values."""
-    ident, stack = fp["identity"], fp["stack"]
-    gpus = ident.get("gpus", [])
-    props = {
-        "hostname": fp["hostname"]["running"],
-        "hostname (persistent)": fp["hostname"]["static"] or ABSENT,
-        "boot_id": ident.get("boot_id") or ABSENT,
-        "machine-id": ident.get("machine_id") or ABSENT,
-        "os": ident.get("os", ABSENT),
-        "kernel": ident.get("kernel", ABSENT),
-        "gpus": f"{len(gpus)}x {gpus[0]['name']}" if gpus else "none",
-        "gpu driver": gpus[0]["driver"] if gpus else "none",
-        "hosts block": digest(fp["hosts"]["block"]),
-        "known_hosts block": digest(fp["known_hosts"]["block"]),
-        "pdsh": ("installed" if fp["pdsh"]["installed"] else "missing")
-        + f", rcmd {fp['pdsh']['rcmd_default'] or 'default'}",
-        "pdsh nodes": digest(fp["pdsh"]["genders"]["block"]),
-        "NCCL env (non-login ssh)": _env_string(fp["nccl_seen"]["non_login"]),
-        "NCCL env (login shell)": _env_string(fp["nccl_seen"]["login"]),
-        "NCCL env files": digest(
-            [
-                fp["nccl_files"]["profile"] or ABSENT,
-                *(fp["nccl_files"]["environment"]["block"] or []),
-                "--",
-                *(fp["nccl_files"]["nccl_conf"]["block"] or []),
-            ]
-        ),
-        "launcher files": _launchers_digest(fp["launchers"], lambda f: f["sha256"]),
-        "cuda": (stack.get("nvcc") or {}).get("release") or ABSENT,
-        "torch": (stack.get("torch") or {}).get("version") or ABSENT,
-        "gcc": (stack.get("gcc") or {}).get("version") or ABSENT,
-        "openmpi": fp["openmpi"]["version"] or ABSENT,
-    }
-    for name, version in stack.get("venv_packages", {}).items():
-        props[f"{PYTHON_PREFIX}{name}"] = version
-    props.update(package_props(stack))
-    sshd = fp["sshd_mesh"]
-    props["host certificates"] = host_certificates_summary(sshd["certificates"])
-    props["sshd mesh files"] = sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"])
-    props["ssh client drop-in"] = file_digest(sshd["client_drop_in"])
-    for user in users:
-        state = fp[f"mesh_user:{user}"]
-        props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
-        props[f"authorized_keys ({user})"] = digest(state["authorized"]["block"])
-        props[f"ssh config ({user})"] = digest(state["config"]["block"])
-        mpi_user = fp["openmpi"]["users"].get(user)
-        props[f"openmpi params ({user})"] = digest(
-            mpi_user["params"]["block"] if mpi_user else None
-        )
-        key = state["identity"]
-        props[f"cluster key ({user})"] = f"{key['sha256'][:12]} {key['mode']}" if key else ABSENT
-        proof = fp[f"mesh_proof:{user}"]
-        failures = {peer: why for peer, why in proof.items() if why != "ok"}
-        if not proof:  # the probe printed nothing: a check that saw nothing is no pass
-            props[f"ssh mesh ({user})"] = "not probed"
-        else:
-            props[f"ssh mesh ({user})"] = (
-                "ok"
-                if not failures
-                else "fails: "
-                + "; ".join(f"{peer} ({why})" for peer, why in sorted(failures.items()))
-            )
+def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
+    """A node's fingerprint as normalised property values, every capability's."""
+    props: dict[str, str] = {}
+    for capability in CAPABILITIES:
+        props.update(capability.observe(fp, plan, cluster))
     return props
 
 
@@ -171,135 +65,27 @@ def expect(plan: NodePlan) -> dict[str, str]:
     """What the node's properties must be: the plan's values, digested as ``observe`` digests
     what the node holds. A part the plan could not make (it has problems, so the deploy fails
     that step and writes nothing) is expected nothing of."""
-    node = plan.node
-    props = {
-        "hostname": plan.hostname,
-        "hostname (persistent)": plan.hostname,
-        "hosts block": digest(plan.hosts.lines),
-        "stale /etc/hosts lines": "none",
-        "known_hosts block": digest(plan.known_hosts),
-        "pdsh nodes": digest(genders_lines(plan.pdsh_nodes)),
-    }
-    if node.gpus == 0:  # a GPU node's count and model are the preflight's to check
-        props["gpus"] = "none"
-    if not plan.nccl.problems:
-        env = _env_string(plan.nccl.env)
-        props["NCCL env (non-login ssh)"] = env
-        props["NCCL env (login shell)"] = env
-        props["NCCL env files"] = digest(
-            [plan.nccl.profile, *plan.nccl.environment, "--", *plan.nccl.nccl_conf]
-        )
-    if not plan.launchers.problems:
-        props["launcher files"] = _launchers_digest(
-            plan.launchers.files, lambda f: hashlib.sha256(f[0].encode()).hexdigest()
-        )
-    if plan.sshd is not None:
-        props["sshd mesh plan"] = "ok"
-    if plan.sshd and not plan.sshd.problems:
-        props["host certificates"] = host_certificates_summary(plan.sshd.certificates)
-        props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
-        props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
-    for user in plan.mesh:
-        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
-        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
-        props[f"ssh config ({user.user})"] = digest(user.config)
-        props[f"ssh mesh ({user.user})"] = "ok"
-        if not plan.mpi.problems:
-            props[f"openmpi params ({user.user})"] = digest(plan.mpi.lines)
-        props[f"cluster key ({user.user})"] = (
-            f"{hashlib.sha256(user.identity.private.encode()).hexdigest()[:12]} 600"
-            if user.identity
-            else ABSENT
-        )
-    if plan.stack.torch:
-        props["torch"] = plan.stack.torch
-    if plan.stack.spec.get("cuda"):
-        props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
-    props.update(
-        {f"package {name}": version for name, version in plan.stack.packages.items() if version}
-    )
-    props.update({f"package {name} hold": "held" for name in plan.stack.packages})  # each pin held
-    props.update({f"{PYTHON_PREFIX}{name}": version for name, version in plan.stack.python.items()})
-    props.update(
-        gpu_node.expected(plan.gpu)
-    )  # a part that cannot be planned (fabric manager) is left out
-    props["GPU settings plan"] = "ok"  # its problems show as this property's value
-    if plan.gpu.driver:  # a branch pin is met by any release of it (pins_met)
-        props["gpu driver"] = plan.gpu.driver
+    props: dict[str, str] = {}
+    for capability in CAPABILITIES:
+        props.update(capability.expect(plan))
     return props
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> Contents:
     """The managed files behind ``observe``'s digests, as the node holds them: key material
     by digest only, launcher files by digest until ``LauncherContents`` reads those that differ."""
-    nccl, sshd = fp["nccl_files"], fp["sshd_mesh"]
-    drop_in = None if sshd["drop_in"] is None else decode(sshd["drop_in"])
-    found = {
-        "hosts block": {"/etc/hosts": content(fp["hosts"]["block"])},
-        "known_hosts block": {SYSTEM_KNOWN_HOSTS: content(fp["known_hosts"]["block"], shown=False)},
-        "pdsh nodes": {PDSH_GENDERS: content(fp["pdsh"]["genders"]["block"])},
-        "NCCL env files": {
-            NCCL_PROFILE: content(nccl["profile"]),
-            NCCL_ENVIRONMENT: content(nccl["environment"]["block"]),
-            NCCL_CONF: content(nccl["nccl_conf"]["block"]),
-        },
-        "launcher files": {
-            f"{LAUNCH_DIR}/{name}": Content(f["sha256"], None)
-            for name, f in fp["launchers"].items()
-            if name in LAUNCH_FILE_NAMES
-        },
-        "sshd mesh files": {
-            SSHD_MESH_CONF: content(drop_in),
-            REVOKED_KEYS: content(sshd["revoked_keys"], shown=False),
-        },
-    }
-    for user in users:
-        state, mpi = fp[f"mesh_user:{user}"], fp["openmpi"]["users"].get(user)
-        found |= _user_contents(
-            user,
-            state["authorized"]["block"],
-            state["config"]["block"],
-            mpi["params"]["block"] if mpi else None,
-        )
+    found: Contents = {}
+    for capability in CAPABILITIES:
+        found |= capability.found_contents(fp, users)
     return found
 
 
 def wanted_contents(plan: NodePlan) -> Contents:
     """The managed files behind ``expect``'s digests, as the plan renders them."""
-    nccl, sshd = plan.nccl, plan.sshd
-    wanted = {
-        "hosts block": {"/etc/hosts": content(plan.hosts.lines)},
-        "known_hosts block": {SYSTEM_KNOWN_HOSTS: content(plan.known_hosts, shown=False)},
-        "pdsh nodes": {PDSH_GENDERS: content(genders_lines(plan.pdsh_nodes))},
-        "NCCL env files": {
-            NCCL_PROFILE: content(nccl.profile),
-            NCCL_CONF: content(nccl.nccl_conf),
-            NCCL_ENVIRONMENT: content(nccl.environment),
-        },
-        "launcher files": {
-            f"{LAUNCH_DIR}/{name}": content(text)
-            for name, (text, _) in plan.launchers.files.items()
-        },
-    }
-    if sshd is not None:
-        wanted["sshd mesh files"] = {
-            SSHD_MESH_CONF: content(sshd.drop_in),
-            REVOKED_KEYS: content(sshd.revoked_keys, shown=False),
-        }
-    for user in plan.mesh:
-        wanted |= _user_contents(user.user, user.authorized, user.config, plan.mpi.lines)
+    wanted: Contents = {}
+    for capability in CAPABILITIES:
+        wanted |= capability.wanted_contents(plan)
     return wanted
-
-
-def _user_contents(
-    user: str, authorized: list[str] | None, config: list[str] | None, params: list[str] | None
-) -> Contents:
-    keys = content(authorized, shown=False)
-    return {
-        f"authorized_keys ({user})": {f"~{user}/.ssh/authorized_keys": keys},
-        f"ssh config ({user})": {f"~{user}/.ssh/config": content(config)},
-        f"openmpi params ({user})": {f"~{user}/{MCA_FILE}": content(params)},
-    }
 
 
 def _changed_launchers(
@@ -367,24 +153,7 @@ def compare_fingerprints(
     (from those same fingerprints and the key store) expected, then compared; a finding on a
     managed file names it and shows its diff (a launcher file's only if ``read_launchers``)."""
     plan = plan_cluster(cluster, plan_inputs(fingerprints), keys)
-    observed = {}
-    for name, fp in fingerprints.items():
-        observed[name] = observe(fp, cluster.mesh_users)
-        stale = stale_lines(fp["hosts"]["outside"], plan.nodes[name].hosts.names)
-        observed[name]["stale /etc/hosts lines"] = "; ".join(map(str, stale)) or "none"
-        observed[name].update(
-            gpu_node.observed(
-                fp.get("gpu_node"),
-                fp.get("network"),
-                cluster.node(name).address,
-                cluster.gpu.get("max_clock_offset_ms", 100),
-            )
-        )
-        observed[name]["GPU settings plan"] = "; ".join(plan.nodes[name].gpu.problems) or "ok"
-        if (
-            plan.nodes[name].sshd is not None
-        ):  # a node whose sshd part cannot be planned is a finding, not a gap
-            observed[name]["sshd mesh plan"] = "; ".join(plan.nodes[name].sshd.problems) or "ok"
+    observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)

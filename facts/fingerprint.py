@@ -7,6 +7,8 @@ section's output goes to that fact's own ``process``. One round trip per node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from pyinfra.api import FactBase, StringCommand
@@ -28,8 +30,9 @@ from facts.ssh_mesh_facts import (
     SshMeshUser,
 )
 from facts.stack_facts import StackVersions
-from trainfleet.defaults import LAUNCH_DIR, SYSTEM_KNOWN_HOSTS, VENV_DIR
-from trainfleet.plan import Gathered
+from trainfleet.capabilities import CAPABILITIES, ssh_mesh
+from trainfleet.capabilities.plan_context import Gathered, Sections
+from trainfleet.defaults import SYSTEM_KNOWN_HOSTS
 
 _MARK = "--trainfleet-fingerprint--"
 
@@ -74,27 +77,52 @@ class Identity(FactBase[dict[str, Any]]):
 
 Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
 
+# The one table from the names the capabilities give their sections' facts (the core names
+# facts, never imports them) to the fact and the arguments the name stands for.
+FACTS: Mapping[str, tuple[type[FactBase], dict[str, Any]]] = MappingProxyType(
+    {
+        "Identity": (Identity, {}),
+        "HostnameState": (HostnameState, {}),
+        "HostsBlock": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
+        "SshHostKeys": (SshHostKeys, {}),
+        "SshdMesh": (SshdMesh, {}),
+        "KnownHostsBlock": (
+            ManagedBlock,
+            {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE},
+        ),
+        "SshMeshUser": (SshMeshUser, {}),
+        "SshMeshProof": (SshMeshProof, {}),
+        "PdshState": (PdshState, {}),
+        "NcclNetwork": (NcclNetwork, {}),
+        "NcclEnvFiles": (NcclEnvFiles, {}),
+        "NcclEnvSeen": (NcclEnvSeen, {}),
+        "LauncherFiles": (LauncherFiles, {}),
+        "NpuDeviceIps": (NpuDeviceIps, {}),
+        "StackVersions": (StackVersions, {}),
+        "OpenMpiState": (OpenMpiState, {}),
+        "GpuNodeState": (GpuNodeState, {}),
+    }
+)
+
+
+def resolve(sections: Sections) -> Parts:
+    """A capability's sections with their facts; a fact name no fact answers to is an error
+    (a capability naming a fact that was renamed or never written)."""
+    parts: Parts = {}
+    for section, (name, kwargs) in sections.items():
+        if name not in FACTS:
+            raise KeyError(f"section {section}: no fact is named {name!r} (facts/fingerprint.py)")
+        fact, preset = FACTS[name]
+        parts[section] = (fact, {**preset, **kwargs})
+    return parts
+
 
 def deploy_sections(users: list[str]) -> Parts:
     """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
-    read it with: the one list (``fact()`` refuses one not on it)."""
-    parts: Parts = {
-        "hostname": (HostnameState, {"path": "/etc/hostname"}),
-        "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
-        "host_keys": (SshHostKeys, {}),
-        "sshd_mesh": (SshdMesh, {}),
-        "known_hosts": (ManagedBlock, {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE}),
-        "pdsh": (PdshState, {}),
-        "network": (NcclNetwork, {}),
-        "nccl_files": (NcclEnvFiles, {}),
-        "launchers": (LauncherFiles, {"directory": LAUNCH_DIR}),
-        "stack": (StackVersions, {"venv": VENV_DIR}),
-        "openmpi": (OpenMpiState, {"users": list(users)}),
-        "npus": (NpuDeviceIps, {}),
-        "gpu_node": (GpuNodeState, {}),
-    }
-    for user in users:
-        parts[f"mesh_user:{user}"] = (SshMeshUser, {"user": user})
+    read it with: every capability's (``fact()`` refuses one not on it)."""
+    parts: Parts = {}
+    for capability in CAPABILITIES:
+        parts |= resolve(capability.deploy_sections(users))
     return parts
 
 
@@ -132,28 +160,26 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
 
 
 def sections(users: list[str], peers: list[str]) -> Parts:
-    """Everything a converged node is checked on: what the deploy reads, plus the machine's
-    identity, the NCCL variables as processes see them and a live probe of the SSH mesh."""
-    return {
-        "identity": (Identity, {}),
-        **deploy_sections(users),
-        "nccl_seen": (NcclEnvSeen, {}),
-        **mesh_proof_sections(users, peers),
-    }
+    """Everything a converged node is checked on: what the deploy reads, plus what only the
+    checks read (the machine's identity, the NCCL variables as processes see them, a live
+    probe of the SSH mesh)."""
+    parts = deploy_sections(users)
+    for capability in CAPABILITIES:
+        parts |= resolve(capability.check_sections(users, peers))
+    return parts
 
 
 def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
     """A live probe of every peer as each mesh user (drift's and the preflight's)."""
-    return {
-        f"mesh_proof:{user}": (SshMeshProof, {"user": user, "peers": list(peers)}) for user in users
-    }
+    return resolve(ssh_mesh.check_sections(users, peers))
 
 
 def certificate_sections(users: list[str]) -> Parts:
     """The node's host certificates and each mesh user's certificate (the preflight's validity check)."""
     return {
-        "sshd_mesh": (SshdMesh, {}),
-        **{f"mesh_user:{user}": (SshMeshUser, {"user": user}) for user in users},
+        section: part
+        for section, part in resolve(ssh_mesh.deploy_sections(users)).items()
+        if section == "sshd_mesh" or section.startswith("mesh_user:")
     }
 
 

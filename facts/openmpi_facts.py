@@ -16,9 +16,9 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
+from trainfleet.defaults import MCA_FILE  # noqa: F401  (operations read it from here)
 
 MCA_PURPOSE = "openmpi network"
-MCA_FILE = ".openmpi/mca-params.conf"  # relative to the user's home
 
 # One command: mpirun's version line, then per user its home, group and parameter file.
 _SCRIPT = (

@@ -13,34 +13,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
-# Properties every node must share (majority vote names the odd node) ...
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
-IDENTICAL_PREFIXES = (
-    "os",
-    "kernel",
-    "gpu driver",
-    "cuda",
-    "cudnn",
-    "nccl",
-    "torch",
-    "gcc",
-    "package ",
-    PYTHON_PREFIX,
-    "hosts block",
-    "known_hosts block",
-    "authorized_keys",
-    "pdsh nodes",
-    # GPU node settings every node shares (GPU-only ones are the spec's to expect)
-    "memlock",
-    "cluster MTU",
-    "ib ports active",
-    "ib active MTU",
-    "clock sync",
-    "clock offset",
-    "persistence mode",
-)
-# ... and properties no two nodes may share.
-UNIQUE = ("hostname", "boot_id", "machine-id")
 ABSENT = "absent"
 UNREACHABLE = "unreachable"
 DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
@@ -254,6 +227,7 @@ def compare(
     """Findings of (a) each node against the spec, (b) nodes against each other for
     properties that must be identical, (c) properties that must be unique."""
     report = Report(cluster=cluster, nodes=list(nodes), observed=observed)
+    identical, unique = identical_prefixes(), unique_properties()
     for node, reason in (unreachable or {}).items():
         report.findings.append(Finding(node, "reachable", "unreachable", reason))
     for node, props in expected.items():
@@ -265,15 +239,31 @@ def compare(
     properties = dict.fromkeys(p for values in observed.values() for p in values)
     for prop in properties:
         values = {node: props[prop] for node, props in observed.items() if prop in props}
-        if prop in UNIQUE:
+        if prop in unique:
             report.findings += _duplicates(prop, values)
-        elif prop.startswith(IDENTICAL_PREFIXES):
+        elif prop.startswith(identical):
             report.findings += [
                 f for f in majority(prop, values) if (f.node, f.property) not in spec_findings
             ]
     order = {n: i for i, n in enumerate(nodes)}
     report.findings.sort(key=lambda f: (order.get(f.node, len(order)), f.property))
     return report
+
+
+def identical_prefixes() -> tuple[str, ...]:
+    """The properties every node must share (the majority vote names the odd node): the union
+    of the capabilities' ``MAJORITY``. Imported here, not above: the capabilities use this
+    module's digests."""
+    from trainfleet.capabilities import MAJORITY
+
+    return MAJORITY
+
+
+def unique_properties() -> tuple[str, ...]:
+    """The properties no two nodes may share: the union of the capabilities' ``UNIQUE``."""
+    from trainfleet.capabilities import UNIQUE
+
+    return UNIQUE
 
 
 def majority(prop: str, values: dict[str, str]) -> list[Finding]:

@@ -34,6 +34,7 @@ PDSH_PROFILE = (
 
 # Launchers
 LAUNCH_DIR = "/etc/trainfleet/launch"
+MCA_FILE = ".openmpi/mca-params.conf"  # each mesh user's OpenMPI parameters, under its home
 VENV_DIR = "/opt/trainfleet/venv"  # the pinned PyTorch environment on every node
 
 # NCCL network environment: written where every kind of process sees it

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import runtime.gather
-from checks.drift_check import _env_string, expect
+from checks.drift_check import expect
 from operations import (
     gpu_node_ops,
     hosts_ops,
@@ -32,6 +32,7 @@ from operations.nccl_env_ops import nccl_env as apply_nccl_env
 from operations.remote import FailCommand
 from tests.unit.test_nccl_env import ib_ports
 from trainfleet import mesh
+from trainfleet.capabilities.nccl_env import env_string as _env_string
 from trainfleet.compare import digest
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster

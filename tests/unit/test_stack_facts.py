@@ -52,7 +52,7 @@ def test_real_dnf_versionlock_entries_name_their_package():
     ],
 )
 def test_drift_names_a_pinned_package_released_from_its_hold(fixture, stack, released):
-    from checks.drift_check import package_props
+    from trainfleet.capabilities.stack import package_props
     from trainfleet.compare import compare
     from trainfleet.plan import stack_part
 

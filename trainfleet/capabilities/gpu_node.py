@@ -11,12 +11,30 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainfleet.capabilities.plan_context import PlanContext, Sections
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
+from trainfleet.model import Cluster, Node
 from trainfleet.nccl import cluster_interface
 from trainfleet.render import render
+
+if TYPE_CHECKING:
+    from trainfleet.compare import Content
+    from trainfleet.plan import NodePlan
+
+# GPU node settings every node shares (GPU-only ones are the spec's to expect)
+MAJORITY = (
+    "memlock",
+    "cluster MTU",
+    "ib ports active",
+    "ib active MTU",
+    "clock sync",
+    "clock offset",
+    "persistence mode",
+)
+UNIQUE: tuple[str, ...] = ()
 
 FABRIC_READY = (
     "Completed",
@@ -300,3 +318,89 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
     if plan.peermem:
         props["nvidia_peermem"] = "loaded, at boot"
     return props
+
+
+# ---- the capability ------------------------------------------------------------------------
+
+
+def deploy_sections(users: list[str]) -> Sections:
+    return {"gpu_node": ("GpuNodeState", {})}
+
+
+def check_sections(users: list[str], peers: list[str]) -> Sections:
+    return {}
+
+
+def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+    cluster, gathered = ctx.cluster, ctx.gathered
+    return {
+        "gpu": gpu_part(
+            cluster.gpu,
+            cluster.stack,
+            node.gpus,
+            gathered.gpu_nodes.get(node.name),
+            gathered.networks.get(node.name),
+            gathered.os_families.get(node.name),
+        )
+    }
+
+
+def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
+    props = observed(
+        fp.get("gpu_node"),
+        fp.get("network"),
+        plan.node.address,
+        cluster.gpu.get("max_clock_offset_ms", 100),
+    )
+    props["GPU settings plan"] = "; ".join(plan.gpu.problems) or "ok"
+    return props
+
+
+def expect(plan: NodePlan) -> dict[str, str]:
+    # a part that cannot be planned (fabric manager) is left out; its problems show as the
+    # plan property's value
+    return {**expected(plan.gpu), "GPU settings plan": "ok"}
+
+
+def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
+    return {}
+
+
+def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
+    return {}
+
+
+def converged(plan: NodePlan) -> dict[str, Any]:
+    """The planned settings in force: memlock, persistence, the fabric manager held and
+    active, nvidia_peermem loaded, the clock synchronised by chrony."""
+    gpu = plan.gpu
+    fabric = gpu.fabric_manager
+    enabled = {"enabled": "enabled", "active": "active"}
+    return {
+        "gpu_node": {
+            "smi": "ok" if gpu.gpu_node else "absent",
+            "driver": gpu.driver if gpu.gpu_node else None,
+            "gpus": [
+                {"bus": f"00000000:{i:02x}:00.0", "persistence": "Enabled", "fabric_state": "N/A"}
+                for i in range(plan.node.gpus)
+            ],
+            "nvswitches": ["0000:05:00.0"] if fabric else [],
+            "systemd": True,
+            "units": {"nvidia-persistenced": enabled, "nvidia-fabricmanager": enabled},
+            "fabricmanager": {fabric.package: f"{fabric.version}-1"} if fabric else {},
+            "fabricmanager_held": [fabric.package] if fabric else [],
+            "peermem_loaded": gpu.peermem,
+            "peermem_boot": ["/etc/modules-load.d/nvidia-peermem.conf"] if gpu.peermem else [],
+            "memlock": gpu.memlock,
+            "memlock_hard": gpu.memlock,
+            "memlock_conf": gpu.memlock_conf,
+            "memlock_other": [],
+            "peermem_conf": None,
+            "clock": {
+                "chrony": True,
+                "leap": "Normal",
+                "ntp_synchronized": "yes",
+                "offset_ms": 0.0,
+            },
+        }
+    }

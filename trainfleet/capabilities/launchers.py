@@ -5,13 +5,26 @@ Plain functions of the cluster model; operations/launchers_ops.py only puts them
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from trainfleet.capabilities.nccl_env import derived
+from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
+from trainfleet.hccl import render_rank_table
 from trainfleet.model import Cluster, Node
 from trainfleet.render import render_lines, variables
+
+if TYPE_CHECKING:
+    from trainfleet.plan import NodePlan
+
+MAJORITY: tuple[str, ...] = ()
+UNIQUE: tuple[str, ...] = ()
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType(
@@ -37,12 +50,9 @@ LAUNCHER_FILES = MappingProxyType(
 )
 VERBATIM = frozenset({"smoke_train.py", "colossalai_run.py"})
 # Ascend clusters also get the HCCL rank table MindSpore reads (RANK_TABLE_FILE), built from
-# every NPU node's device IPs (trainfleet/plan.py: rank_table_part)
+# every NPU node's device IPs (``rank_table_part`` below)
 RANK_TABLE = "rank_table.json"
-LAUNCH_FILE_NAMES = (
-    *LAUNCHER_FILES,
-    RANK_TABLE,
-)  # every file trainfleet may keep in LAUNCH_DIR  # copied as they are (paths under trainfleet/), not rendered
+LAUNCH_FILE_NAMES = (*LAUNCHER_FILES, RANK_TABLE)  # every file trainfleet may keep in LAUNCH_DIR
 _HERE = Path(__file__).resolve().parent.parent  # trainfleet/: smoke/, launch/
 
 
@@ -97,4 +107,116 @@ def render_launchers(
     return {
         name: ((_HERE / source).read_text() if name in VERBATIM else content(source), mode)
         for name, (source, mode) in LAUNCHER_FILES.items()
+    }
+
+
+@dataclass(frozen=True)
+class LaunchersPlan:
+    files: dict[str, tuple[str, str]]  # name -> (content, mode)
+    problems: list[str]
+
+
+def rank_table_part(
+    cluster: Cluster, npu_ips: Mapping[str, Mapping[int, str]]
+) -> tuple[str | None, list[str]]:
+    """The HCCL rank table of the cluster's NPU nodes, in spec order, each with devices
+    0..npus-1 at the IPs read on it: (the file, None when no node has NPUs; problems)."""
+    servers = [n for n in cluster.nodes if n.npus]
+    if not servers:
+        return None, []
+    problems = []
+    for node in servers:
+        if node.name not in npu_ips:
+            problems.append(f"{node.name}'s NPU device IPs could not be read")
+            continue
+        missing = [d for d in range(node.npus) if d not in npu_ips[node.name]]
+        if missing:
+            problems.append(
+                f"{node.name} has no device IP for NPU {', '.join(map(str, missing))} "
+                "(/etc/hccn.conf, hccn_tool -i N -ip -g)"
+            )
+    if problems:
+        return None, problems
+    try:
+        table = render_rank_table(
+            [(n.name, n.address, [(d, npu_ips[n.name][d]) for d in range(n.npus)]) for n in servers]
+        )
+    except ValueError as exc:
+        return None, [str(exc)]
+    return table + "\n", []
+
+
+def deploy_sections(users: list[str]) -> Sections:
+    return {"launchers": ("LauncherFiles", {"directory": LAUNCH_DIR}), "npus": ("NpuDeviceIps", {})}
+
+
+def check_sections(users: list[str], peers: list[str]) -> Sections:
+    return {}
+
+
+def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+    """The node's launcher files: the variables every node shares forwarded, the cluster's
+    MCA parameters, on NPU nodes the rank table."""
+    mine = derived(ctx, node)
+    rank_table, rank_table_problems = ctx.shared["rank_table"]
+    forward = {k: v for k, v in mine.env.items() if k in ctx.uniform}
+    files = render_launchers(
+        ctx.cluster, node, forward=forward, mca=ctx.shared["mpi"].params, shared=ctx.shared_files
+    )
+    if node.npus and rank_table:
+        files[RANK_TABLE] = (rank_table, "644")
+    problems = [f"NCCL environment: {p}" for p in mine.problems]
+    problems += [f"rank table: {p}" for p in rank_table_problems] if node.npus else []
+    return {"launchers": LaunchersPlan(files=files, problems=problems)}
+
+
+def files_digest(files: Mapping[str, Any], sha_of: Callable[[Any], str]) -> str:
+    """The launcher files trainfleet keeps, as one value (``absent``: none of them)."""
+    return digest(
+        [f"{name} {sha_of(files[name])}" for name in sorted(LAUNCH_FILE_NAMES) if name in files]
+        if any(name in files for name in LAUNCH_FILE_NAMES)
+        else None
+    )
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
+    return {"launcher files": files_digest(fp["launchers"], lambda f: f["sha256"])}
+
+
+def expect(plan: NodePlan) -> dict[str, str]:
+    if plan.launchers.problems:
+        return {}
+    return {"launcher files": files_digest(plan.launchers.files, lambda f: _sha256(f[0]))}
+
+
+def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
+    """By digest until drift reads the files that differ (LauncherContents)."""
+    return {
+        "launcher files": {
+            f"{LAUNCH_DIR}/{name}": Content(f["sha256"], None)
+            for name, f in fp["launchers"].items()
+            if name in LAUNCH_FILE_NAMES
+        }
+    }
+
+
+def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
+    return {
+        "launcher files": {
+            f"{LAUNCH_DIR}/{name}": content(text)
+            for name, (text, _) in plan.launchers.files.items()
+        }
+    }
+
+
+def converged(plan: NodePlan) -> dict[str, Any]:
+    files = plan.launchers.files
+    return {
+        "launchers": {
+            name: {"mode": mode, "sha256": _sha256(text)} for name, (text, mode) in files.items()
+        }
     }

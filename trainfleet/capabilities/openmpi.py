@@ -14,9 +14,22 @@ The value is the same on every node, so it can go on the ``mpirun`` line as well
 from __future__ import annotations
 
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
+from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.compare import ABSENT, content, digest
+from trainfleet.defaults import MCA_FILE
+from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived
+from trainfleet.render import render_lines
+
+if TYPE_CHECKING:
+    from trainfleet.compare import Content
+    from trainfleet.plan import NodePlan
+
+MAJORITY: tuple[str, ...] = ()
+UNIQUE: tuple[str, ...] = ()
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")
@@ -65,3 +78,80 @@ def mca_params(include: str, extra: dict[str, Any]) -> dict[str, str]:
     params = {name: include for name in PINNED}
     params.update({name: str(value) for name, value in extra.items()})
     return params
+
+
+@dataclass(frozen=True)
+class MpiPlan:
+    users: list[str]
+    params: dict[str, str]
+    lines: list[str]  # the ~/.openmpi/mca-params.conf block
+    problems: list[str]
+
+
+def mpi_plan(derived: dict[str, Derived], cluster: Cluster) -> MpiPlan:
+    """Every node's MCA parameters (one value for the cluster), built once per run."""
+    params, problems = cluster_params(derived, cluster.openmpi)
+    return MpiPlan(
+        users=list(cluster.mesh_users),
+        params=params,
+        lines=render_lines("openmpi/mca_params.j2", params=params),
+        problems=problems,
+    )
+
+
+def deploy_sections(users: list[str]) -> Sections:
+    return {"openmpi": ("OpenMpiState", {"users": list(users)})}
+
+
+def check_sections(users: list[str], peers: list[str]) -> Sections:
+    return {}
+
+
+def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+    return {"mpi": ctx.shared["mpi"]}
+
+
+def _params(fp: dict[str, Any], user: str) -> list[str] | None:
+    found = fp["openmpi"]["users"].get(user)
+    return found["params"]["block"] if found else None
+
+
+def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
+    props = {"openmpi": fp["openmpi"]["version"] or ABSENT}
+    for user in cluster.mesh_users:
+        props[f"openmpi params ({user})"] = digest(_params(fp, user))
+    return props
+
+
+def expect(plan: NodePlan) -> dict[str, str]:
+    if plan.mpi.problems:
+        return {}
+    return {f"openmpi params ({user.user})": digest(plan.mpi.lines) for user in plan.mesh}
+
+
+def _contents(user: str, params: list[str] | None) -> dict[str, dict[str, Content]]:
+    return {f"openmpi params ({user})": {f"~{user}/{MCA_FILE}": content(params)}}
+
+
+def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
+    found: dict[str, dict[str, Content]] = {}
+    for user in users:
+        found |= _contents(user, _params(fp, user))
+    return found
+
+
+def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
+    wanted: dict[str, dict[str, Content]] = {}
+    for user in plan.mesh:
+        wanted |= _contents(user.user, plan.mpi.lines)
+    return wanted
+
+
+def converged(plan: NodePlan) -> dict[str, Any]:
+    block = {"block": list(plan.mpi.lines), "outside": []}
+    return {
+        "openmpi": {
+            "version": "4.1.4",
+            "users": {user.user: {"exists": True, "params": block} for user in plan.mesh},
+        }
+    }

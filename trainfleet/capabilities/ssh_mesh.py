@@ -1,0 +1,401 @@
+"""The SSH mesh: each mesh user's key, authorized_keys, ssh config and certificate, sshd's
+host certificates, drop-in and KRL, the system known_hosts; a live login probe of every peer.
+
+The plan parts below were moved here from trainfleet/plan.py as they were; the cluster-wide
+parts (certificates, authorized keys, config, who is moving) are built once by plan_cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from trainfleet import certificates, mesh
+from trainfleet.capabilities.plan_context import Gathered, PlanContext, Sections
+from trainfleet.compare import ABSENT, content, digest
+from trainfleet.defaults import REVOKED_KEYS, SSH_MAIN_CONF, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
+from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.mesh import (
+    certificate_summary,
+    file_digest,
+    host_certificates_summary,
+    sshd_files_digest,
+)
+from trainfleet.model import Cluster, Node
+from trainfleet.render import render
+
+if TYPE_CHECKING:
+    from trainfleet.compare import Content
+    from trainfleet.plan import NodePlan
+
+MAJORITY = ("known_hosts block", "authorized_keys")
+UNIQUE: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MeshUserPlan:
+    user: str
+    identity: KeyPair | None  # ~/.ssh/id_trainfleet; None once revoked
+    authorized: list[str]  # the authorized_keys block
+    config: list[str]  # the ~/.ssh/config block
+    certificate: str | None = (
+        None  # ~/.ssh/id_trainfleet-cert.pub (ssh.mesh: certificates); None: no file
+    )
+    refused: frozenset[str] = (
+        frozenset()
+    )  # ``type base64`` of every revoked mesh key: never kept, even while moving
+    moving: bool = (
+        False  # some node trusts another way now: identities change only in a run without failures
+    )
+
+
+@dataclass(frozen=True)
+class SshdPlan:
+    """sshd's part of the mesh: in a certificate mesh, the host certificates, the drop-in that
+    names them and the KRL; in a key mesh, none of them (``drop_in`` None removes them)."""
+
+    certificates: dict[str, str]  # host certificate path -> file content
+    drop_in: str | None  # /etc/ssh/sshd_config.d/trainfleet-mesh.conf
+    revoked_keys: bytes | None  # /etc/ssh/trainfleet_revoked_keys
+    problems: list[str] = field(default_factory=list)
+    client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf (ssh's KRL)
+    # some node's known_hosts trusts another way now: certificates change only without failures
+    moving: bool = False
+
+
+def mesh_user_part(
+    cluster: Cluster,
+    node: Node,
+    user: str,
+    keys: KeyStore,
+    authorized: list[str],
+    config: list[str],
+    certs: mesh.Certificates | None,
+    current: str | None,
+    refused: frozenset[str] = frozenset(),
+    user_moving: bool = False,
+) -> MeshUserPlan:
+    """A mesh user on a node: its key, and in a certificate mesh the key's certificate for
+    the principal ``user`` (kept while valid, signed anew when due)."""
+    identity = mesh.identity(user, node, keys)
+    certificate = None
+    if certs and identity:
+        certificate = (
+            certs.certificate(
+                current,
+                identity.public,
+                "user",
+                [user],
+                f"trainfleet:{cluster.name}:{user}@{node.name}",
+            )
+            + "\n"
+        )
+    return MeshUserPlan(
+        user=user,
+        identity=identity,
+        authorized=authorized,
+        config=config,
+        certificate=certificate,
+        refused=refused,
+        moving=user_moving,
+    )
+
+
+def sshd_part(
+    cluster: Cluster,
+    node: Node,
+    gathered: Gathered,
+    certs: mesh.Certificates | None,
+    partial: bool = False,
+) -> SshdPlan:
+    """sshd's certificates, drop-in and KRL on a node (none of them in a key mesh); a node
+    whose sshd would not read them, or whose host keys were not read, carries the problem."""
+    if certs is None:
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
+    found = gathered.sshd.get(node.name)
+    host_keys = (gathered.host_keys or {}).get(node.name)
+    problems = []
+    if found is None or not host_keys:
+        problems.append("the node's sshd files or host keys could not be read")
+    else:
+        if not found["includes_drop_ins"]:
+            problems.append(
+                "/etc/ssh/sshd_config does not read /etc/ssh/sshd_config.d/*.conf: add "
+                "`Include /etc/ssh/sshd_config.d/*.conf` at its top, or set ssh.mesh: keys"
+            )
+        for path, line in found["certificates"].items():
+            if line and not line.split()[-1].startswith("trainfleet:"):
+                problems.append(
+                    f"{path} holds a host certificate trainfleet did not sign ({line.split()[-1]}): "
+                    "move it aside (and its HostCertificate line), or set ssh.mesh: keys"
+                )
+        for path in found["other_revoked_keys"]:
+            problems.append(
+                f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
+                "cluster's (or set ssh.mesh: keys)"
+            )
+        problems += revoked_host_key_problems(node, host_keys, certs.revoked)
+        problems += client_problems(found)
+        if not mesh.certified_host_key(host_keys):
+            problems.append(
+                "the node has no ed25519 (or RSA) host key for the CA to certify: "
+                "`ssh-keygen -A` makes one, or set ssh.mesh: keys"
+            )
+    if certs.moving and partial:
+        problems.append(
+            "the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
+            "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
+            "a node that is down: take it out of the spec for now, put it back once "
+            "it is up (README, The SSH mesh)"
+        )
+    if problems:
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
+    wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
+    drop_in = render(
+        "ssh_mesh/sshd_mesh.conf.j2",
+        cluster=cluster.name,
+        certificates=sorted(wanted),
+        revoked_keys=REVOKED_KEYS,
+    )
+    client = render("ssh_mesh/ssh_mesh.conf.j2", cluster=cluster.name, revoked_keys=REVOKED_KEYS)
+    return SshdPlan(
+        certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys, client_drop_in=client
+    )
+
+
+def client_problems(found: Mapping[str, Any]) -> list[str]:
+    """Why every user's ssh would not read the cluster's KRL from trainfleet's ssh_config.d file."""
+    problems = []
+    if not found["client_includes_drop_ins"]:
+        problems.append(
+            f"{SSH_MAIN_CONF} does not read /etc/ssh/ssh_config.d/*.conf for every "
+            "host: add `Include /etc/ssh/ssh_config.d/*.conf` at its top (before any "
+            "Host or Match), or set ssh.mesh: keys"
+        )
+    for path in found["other_revoked_host_keys"]:
+        problems.append(
+            f"{path} sets RevokedHostKeys: ssh reads one such file, so it or the "
+            "cluster's would be ignored: merge it into the cluster's "
+            "(or set ssh.mesh: keys)"
+        )
+    return problems
+
+
+def revoked_host_key_problems(
+    node: Node, host_keys: list[str], revoked: frozenset[str]
+) -> list[str]:
+    """A node presenting a host key the cluster revoked is not vouched for again (revocation
+    is monotone): it is named, with the two ways out."""
+    return [
+        f"it presents the host key {certificates.fingerprint(key)} ({key.split()[0]}), "
+        "which the cluster revoked: give the node new host keys (reimage it, or move "
+        "/etc/ssh/ssh_host_*_key* aside, run `ssh-keygen -A` and update the controller's "
+        "known_hosts), or, only if that key is known safe, take it back with "
+        f"`python -m trainfleet keys readmit SPEC {node.name}`"
+        for key in host_keys
+        if " ".join(key.split()[:2]) in revoked
+    ]
+
+
+def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) -> bool:
+    """Some node read this run trusts another way than ``lines`` in ``part`` (a user's
+    authorized_keys block, or SYSTEM_KNOWN_HOSTS) and not yet these: changing what nodes present now
+    would cut it off unless its own trust step held. A node with no block yet (a new node) is
+    not moving: nothing of it works yet to be cut."""
+    for node in cluster.nodes:
+        block = gathered.trust.get(node.name, {}).get(part)
+        if block and not set(lines) <= set(block):
+            return True
+    return False
+
+
+def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
+    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
+    for node in cluster.nodes:
+        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
+        held += [
+            gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users
+        ]
+        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
+            return False
+    return True
+
+
+def deploy_sections(users: list[str]) -> Sections:
+    return {
+        "host_keys": ("SshHostKeys", {}),
+        "sshd_mesh": ("SshdMesh", {}),
+        "known_hosts": ("KnownHostsBlock", {}),
+        **{f"mesh_user:{user}": ("SshMeshUser", {"user": user}) for user in users},
+    }
+
+
+def check_sections(users: list[str], peers: list[str]) -> Sections:
+    """A live probe of every peer as each mesh user (drift's and the preflight's)."""
+    return {
+        f"mesh_proof:{user}": ("SshMeshProof", {"user": user, "peers": list(peers)})
+        for user in users
+    }
+
+
+def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+    """The node's mesh users and sshd part, from the cluster-wide parts built once."""
+    cluster, gathered, keys, shared = ctx.cluster, ctx.gathered, ctx.keys, ctx.shared
+    certs, users = shared["certs"], cluster.mesh_users
+    mesh_users = (
+        [
+            mesh_user_part(
+                cluster,
+                node,
+                user,
+                keys,
+                shared["authorized"][user],
+                shared["config"][user],
+                certs,
+                gathered.user_certificates.get(node.name, {}).get(user),
+                shared["refused"],
+                shared["users_moving"][user],
+            )
+            for user in users
+        ]
+        if keys
+        else []
+    )
+    sshd = sshd_part(cluster, node, gathered, certs, shared["partial"]) if keys else None
+    if sshd is not None and shared["hosts_moving"]:
+        sshd = replace(sshd, moving=True)
+    return {"known_hosts": shared["known_hosts"], "mesh": mesh_users, "sshd": sshd}
+
+
+def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
+    sshd = fp["sshd_mesh"]
+    props = {
+        "known_hosts block": digest(fp["known_hosts"]["block"]),
+        "host certificates": host_certificates_summary(sshd["certificates"]),
+        "sshd mesh files": sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"]),
+        "ssh client drop-in": file_digest(sshd["client_drop_in"]),
+    }
+    if plan.sshd is not None:  # a node whose sshd part cannot be planned is a finding, not a gap
+        props["sshd mesh plan"] = "; ".join(plan.sshd.problems) or "ok"
+    for user in cluster.mesh_users:
+        state = fp[f"mesh_user:{user}"]
+        props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
+        props[f"authorized_keys ({user})"] = digest(state["authorized"]["block"])
+        props[f"ssh config ({user})"] = digest(state["config"]["block"])
+        key = state["identity"]
+        props[f"cluster key ({user})"] = f"{key['sha256'][:12]} {key['mode']}" if key else ABSENT
+        proof = fp[f"mesh_proof:{user}"]
+        failures = {peer: why for peer, why in proof.items() if why != "ok"}
+        if not proof:  # the probe printed nothing: a check that saw nothing is no pass
+            props[f"ssh mesh ({user})"] = "not probed"
+        else:
+            props[f"ssh mesh ({user})"] = (
+                "ok"
+                if not failures
+                else "fails: "
+                + "; ".join(f"{peer} ({why})" for peer, why in sorted(failures.items()))
+            )
+    return props
+
+
+def expect(plan: NodePlan) -> dict[str, str]:
+    props = {"known_hosts block": digest(plan.known_hosts)}
+    if plan.sshd is not None:
+        props["sshd mesh plan"] = "ok"
+    if plan.sshd and not plan.sshd.problems:
+        props["host certificates"] = host_certificates_summary(plan.sshd.certificates)
+        props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
+        props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
+    for user in plan.mesh:
+        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
+        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
+        props[f"ssh config ({user.user})"] = digest(user.config)
+        props[f"ssh mesh ({user.user})"] = "ok"
+        props[f"cluster key ({user.user})"] = (
+            f"{_sha256(user.identity.private)[:12]} 600" if user.identity else ABSENT
+        )
+    return props
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _user_contents(
+    user: str, authorized: list[str] | None, config: list[str] | None
+) -> dict[str, dict[str, Content]]:
+    return {
+        f"authorized_keys ({user})": {
+            f"~{user}/.ssh/authorized_keys": content(authorized, shown=False)
+        },
+        f"ssh config ({user})": {f"~{user}/.ssh/config": content(config)},
+    }
+
+
+def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
+    """Key material by digest only."""
+    sshd = fp["sshd_mesh"]
+    # the file's bytes as text; bytes that are not UTF-8 survive unchanged (as facts' decode)
+    drop_in = (
+        None if sshd["drop_in"] is None else sshd["drop_in"].decode("utf-8", "surrogateescape")
+    )
+    found = {
+        "known_hosts block": {SYSTEM_KNOWN_HOSTS: content(fp["known_hosts"]["block"], shown=False)},
+        "sshd mesh files": {
+            SSHD_MESH_CONF: content(drop_in),
+            REVOKED_KEYS: content(sshd["revoked_keys"], shown=False),
+        },
+    }
+    for user in users:
+        state = fp[f"mesh_user:{user}"]
+        found |= _user_contents(user, state["authorized"]["block"], state["config"]["block"])
+    return found
+
+
+def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
+    wanted = {"known_hosts block": {SYSTEM_KNOWN_HOSTS: content(plan.known_hosts, shown=False)}}
+    if plan.sshd is not None:
+        wanted["sshd mesh files"] = {
+            SSHD_MESH_CONF: content(plan.sshd.drop_in),
+            REVOKED_KEYS: content(plan.sshd.revoked_keys, shown=False),
+        }
+    for user in plan.mesh:
+        wanted |= _user_contents(user.user, user.authorized, user.config)
+    return wanted
+
+
+def _encoded(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
+def converged(plan: NodePlan) -> dict[str, Any]:
+    """The node's host keys are its own (not the plan's to say); its peers all let it in."""
+    sshd = plan.sshd
+    out: dict[str, Any] = {
+        "known_hosts": {"block": list(plan.known_hosts), "outside": []},
+        "sshd_mesh": {
+            "includes_drop_ins": True,
+            "other_revoked_keys": [],
+            "certificates": dict(sshd.certificates) if sshd else {},
+            "drop_in": _encoded(sshd.drop_in) if sshd else None,
+            "revoked_keys": sshd.revoked_keys if sshd else None,
+            "client_includes_drop_ins": True,
+            "other_revoked_host_keys": [],
+            "client_drop_in": _encoded(sshd.client_drop_in) if sshd else None,
+        },
+    }
+    peers = [name for name in plan.pdsh_nodes if name != plan.hostname]
+    for user in plan.mesh:
+        key = user.identity
+        out[f"mesh_user:{user.user}"] = {
+            "identity": {"mode": "600", "owner": user.user, "sha256": _sha256(key.private)}
+            if key
+            else None,
+            "authorized": {"block": list(user.authorized), "outside": []},
+            "config": {"block": list(user.config), "outside": []},
+            "certificate": user.certificate.rstrip("\n") if user.certificate else None,
+        }
+        out[f"mesh_proof:{user.user}"] = dict.fromkeys(peers, "ok")
+    return out
