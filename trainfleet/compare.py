@@ -42,7 +42,6 @@ IDENTICAL_PREFIXES = (
 # ... and properties no two nodes may share.
 UNIQUE = ("hostname", "boot_id", "machine-id")
 ABSENT = "absent"
-UNREACHABLE = "unreachable"
 DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
 DIFF_WIDTH = 160  # characters of one diff line
 

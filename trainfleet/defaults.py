@@ -21,7 +21,6 @@ SSH_MAIN_CONF = "/etc/ssh/ssh_config"  # must Include ssh_config.d/*.conf for ev
 HOST_CERT_SUFFIX = (
     "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
 )
-CERTIFICATE_DAYS = 365  # a certificate's validity unless the spec sets ssh.certificate_days
 RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left
 
 # pdsh
