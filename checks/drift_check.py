@@ -213,8 +213,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
         )
     if plan.stack.torch:
         props["torch"] = plan.stack.torch
-    if plan.stack.spec.get("cuda"):
-        props["cuda"] = ".".join(plan.stack.spec["cuda"].split(".")[:2])
+    if plan.stack.cuda:
+        props["cuda"] = ".".join(plan.stack.cuda.split(".")[:2])
     props.update(
         {f"package {name}": version for name, version in plan.stack.packages.items() if version}
     )
