@@ -1,7 +1,10 @@
-"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc, torch venv.
+"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc,
+torch venv.
 
-Each operation reads the StackVersions fact once and yields only what must change.
-Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names and commands.
+Each operation reads the StackVersions fact once and yields only what must change. The values
+come from the node's plan (``trainfleet.plan.StackPlan``: packages resolved for its OS family,
+the torch build, repository settings), never from the spec; packages are installed and held by
+operations/packages_ops.py. Pure builders (``cuda_distro``, ...) turn values into commands.
 """
 
 from __future__ import annotations
