@@ -101,7 +101,7 @@ pdsh_ops.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)
 
 # Software stack: CUDA, cuDNN, NCCL, OpenMPI, GCC and PyTorch exactly at the spec's pins, held.
 stack_ops.software(
-    name="Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)", pins=plan.stack.spec
+    name="Pinned software stack (CUDA, cuDNN, NCCL, OpenMPI, GCC, PyTorch)", stack=plan.stack
 )
 
 # NCCL network environment: from each node's own network, where every rank sees it.
@@ -134,6 +134,6 @@ gpu_node_ops.settings(
     persistence_on=plan.gpu.persistence,
     fabric=plan.gpu.fabric_manager,
     peermem_on=plan.gpu.peermem,
-    allow_change=bool(plan.stack.spec.get("allow_change")),
+    allow_change=plan.stack.allow_change,
     problems=plan.gpu.problems,
 )

@@ -21,6 +21,7 @@ from facts.managed_block_facts import ManagedBlock, decode_lines, split_sections
 from facts.nccl_env_facts import NcclEnvFiles, NcclEnvSeen, NcclNetwork
 from facts.npu_facts import NpuDeviceIps
 from facts.openmpi_facts import OpenMpiState
+from facts.os_release_facts import OS_NAME_SH
 from facts.pdsh_facts import PdshState
 from facts.ssh_mesh_facts import (
     KNOWN_HOSTS_PURPOSE,
@@ -38,16 +39,20 @@ _MARK = "--trainfleet-fingerprint--"
 
 # Identity and hardware: what makes this machine this machine. GPU lines come from
 # nvidia-smi's CSV query (absent on CPU nodes), bounded: a wedged GPU hangs nvidia-smi.
-_IDENTITY = r"""
+_IDENTITY = (
+    r"""
 echo "boot_id $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)"
 echo "machine_id $(cat /etc/machine-id 2>/dev/null)"
 echo "kernel $(uname -r)"
-echo "os $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown}")"
+"""
+    + OS_NAME_SH
+    + r"""
 if command -v nvidia-smi >/dev/null 2>&1; then
   timeout -k 5 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /'
 fi
 true
 """
+)
 
 
 class Identity(FactBase[dict[str, Any]]):

@@ -20,7 +20,6 @@ from trainfleet.verdicts import printable
 
 MEMLOCK_CONF = "/etc/security/limits.d/90-trainfleet-memlock.conf"
 PEERMEM_CONF = "/etc/modules-load.d/trainfleet-peermem.conf"
-UNITS = ("nvidia-persistenced", "nvidia-fabricmanager", "chrony", "chronyd", "systemd-timesyncd")
 SMI_TIMEOUT = 20  # seconds: nvidia-smi hangs on a wedged GPU; the run must not
 
 # Every line a tool prints is prefixed with that tool's tag (sed/awk), so no tool's output can

@@ -7,15 +7,17 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from facts.os_release_facts import OS_FAMILY_SH
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
-from trainfleet.osfamily import OsFamilyT, os_family
+from trainfleet.osfamily import OsFamilyT, os_release
 
 PDSH_PURPOSE = "pdsh nodes"
 
 _SCRIPT = (
     FILE_FN
+    + "\n"
+    + OS_FAMILY_SH
     + r"""
-( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
 echo "pdsh $(command -v pdsh || echo missing)"
 for f in "$@"; do tf_file "$f" "$f"; done
 """
@@ -70,9 +72,7 @@ class PdshState(FactBase[PdshStateT]):
         }
         rcmd = file_text(files.get(PDSH_RCMD_DEFAULT))
         return {
-            "os": os_family(
-                head.get("id", "unknown"), head.get("like", ""), head.get("version", "")
-            ),
+            "os": os_release(head),
             "installed": head.get("pdsh", "missing") != "missing",
             "rcmd_default": rcmd.strip() or None if rcmd is not None else None,
             "profile": file_text(files.get(PDSH_PROFILE)),

@@ -8,7 +8,8 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block_facts import SECTION, split_sections
-from trainfleet.osfamily import OsFamilyT, os_family
+from facts.os_release_facts import OS_FAMILY_SH
+from trainfleet.osfamily import OsFamilyT, os_release
 from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.schema import normalized_dist
 
@@ -17,9 +18,12 @@ CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 _SECTION = SECTION
 
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
-_SCRIPT = r"""
+_SCRIPT = (
+    r"""
 venv=$1 sep=$2 prof=$3 py=$4
-( . /etc/os-release 2>/dev/null; echo "id ${ID:-unknown}"; echo "like ${ID_LIKE:-}"; echo "version ${VERSION_ID:-}" )
+"""
+    + OS_FAMILY_SH
+    + r"""
 if command -v dpkg-query >/dev/null 2>&1; then
   dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 'cuda-drivers*' 2>/dev/null
 fi
@@ -43,6 +47,7 @@ for f in "$prof" /etc/apt/sources.list.d/cuda*.list /etc/yum.repos.d/cuda*.repo;
 done
 exit 0
 """
+)
 
 # Run by the venv's python: every distribution it has (importlib.metadata: no pip started),
 # then what torch reports. CUDA calls only when a GPU is usable; every call guarded.
@@ -228,7 +233,7 @@ class StackVersions(FactBase[StackVersionsT]):
             else:
                 head[tag] = rest.strip()
 
-        os_ = os_family(head.get("id", "unknown"), head.get("like", ""), head.get("version", ""))
+        os_ = os_release(head)
         if os_["family"] == "rhel":
             packages = rpm
             held = sorted({n for n in locks if _STACK_NAME.match(n)})

@@ -9,16 +9,16 @@ before anything on it changes.
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
 from facts.gpu_node_facts import MEMLOCK_CONF, PEERMEM_CONF, GpuNodeState, GpuNodeStateT
 from facts.stack_facts import StackVersions
+from operations.packages_ops import install_held, package_change
 from operations.remote import FailCommand, fail_command, write_file_command
 from runtime.gather import fact
 from trainfleet.capabilities.gpu_node import FabricManagerPlan
 from trainfleet.defaults import VENV_DIR
 
-APT = "DEBIAN_FRONTEND=noninteractive apt-get"
 PEERMEM_LINE = "nvidia_peermem\n"
 
 
@@ -115,10 +115,9 @@ def peermem(wanted: bool):
     yield from commands
 
 
-def _package_spec(family: str, name: str, version: str) -> QuoteString:
-    # NVIDIA's CUDA repository releases the fabric manager as <driver version>-1.
-    full = f"{version}-1"
-    return QuoteString(f"{name}={full}" if family == "debian" else f"{name}-{full}")
+def _same_release(installed: str, pin: str) -> bool:
+    """The driver's version, whatever the package release (``565.57.01-2`` is ``565.57.01``)."""
+    return installed.split("-")[0] == pin.split("-")[0]
 
 
 @operation()
@@ -139,8 +138,7 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
     want = FabricManagerPlan(package=package, version=version)
     state = _state()
     os_ = fact(StackVersions, venv=VENV_DIR)["os"]
-    family, manager = os_["family"], os_["package_manager"]
-    if manager is None:
+    if os_["package_manager"] is None:
         yield fail_command(f"fabric manager: unsupported OS {os_['id']!r}")
         return
     if missing := _systemd_missing(state, "fabric manager"):
@@ -159,46 +157,19 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
             "it (set stack.allow_change to replace)"
         )
         return
-    commands: list[StringCommand] = []
-    install = have is None or have.split("-")[0] != want.version
-    spec = _package_spec(family, want.package, want.version)
-    if family == "debian":
-        if install:
-            flags = ["--allow-downgrades", "--allow-change-held-packages"] if wrong else []
-            commands.append(
-                StringCommand(APT, "update", "-q", "&&", APT, "install", "-y", "-q", *flags, spec)
-            )
-        if install or want.package not in state["fabricmanager_held"]:
-            commands.append(StringCommand("apt-mark", "hold", QuoteString(want.package)))
-    else:
-        if install:
-            if want.package in state["fabricmanager_held"]:
-                commands.append(
-                    StringCommand(manager, "versionlock", "delete", QuoteString(want.package))
-                )
-            commands.append(
-                StringCommand(
-                    manager,
-                    "install",
-                    "-y",
-                    spec,
-                    "&&",
-                    "rpm",
-                    "-q",
-                    spec,
-                    ">/dev/null",
-                    "||",
-                    "{",
-                    "echo",
-                    QuoteString("trainfleet: fabric manager: not at the driver's version"),
-                    ">&2;",
-                    "exit",
-                    "1;",
-                    "}",
-                )
-            )
-        if install or want.package not in state["fabricmanager_held"]:
-            commands.append(StringCommand(manager, "versionlock", "add", spec))
+    # NVIDIA's CUDA repository releases the fabric manager as <driver version>-1.
+    wanted = {want.package: f"{want.version}-1"}
+    installed = {want.package: have} if have else {}
+    change = package_change(wanted, installed, state["fabricmanager_held"], same=_same_release)
+    install = bool(change.install)
+    commands = install_held(
+        os_,
+        wanted,
+        change,
+        failure="fabric manager: not at the driver's version",
+        replacing=bool(wrong),
+        lock_plugin=False,
+    )
     unit = state["units"].get("nvidia-fabricmanager") or {"enabled": "none", "active": "none"}
     if install:  # a running fabric manager of the old version must not stay in charge
         commands.append(

@@ -1,14 +1,11 @@
-"""Managed blocks in files the user otherwise owns: the change, and a generic operation."""
+"""Managed blocks in files the user otherwise owns: the commands that change one."""
 
 from __future__ import annotations
 
-from pyinfra import host
-from pyinfra.api import operation
 from pyinfra.api.command import PyinfraCommand
 
-from facts.managed_block_facts import BlockState, ManagedBlock
+from facts.managed_block_facts import BlockState
 from operations.remote import ABSENT, fail_command, write_command
-from runtime.gather import fact
 from trainfleet.blocks import split_block, with_block
 
 
@@ -39,34 +36,3 @@ def block_change(
     new = with_block(split_block(text, purpose), purpose, lines, top=top)
     expect = current["sha256"] if current["exists"] else ABSENT
     return write_command(path, new, expect=expect, mode=mode, user=user, dir_mode=dir_mode)
-
-
-@operation()
-def managed_block(
-    path: str, purpose: str, lines: list[str], present: bool = True, mode: str = "644"
-):
-    """
-    Keep ``lines`` in one block of a root-owned ``path`` between trainfleet's markers; never
-    touch the rest.
-
-    + path: the file (created with ``mode`` if missing)
-    + purpose: what the block holds; it names the markers
-    + lines: the block's content
-    + present: ``False`` removes the block
-    + mode: mode of a newly created file
-
-    **Example:**
-
-    .. code:: python
-
-        managed_block.managed_block(
-            name="Cluster nodes in /etc/genders",
-            path="/etc/genders", purpose="pdsh nodes", lines=["gpu-a01 trainfleet"],
-        )
-    """
-    current = fact(ManagedBlock, path=path, purpose=purpose)
-    changes = block_change(path, purpose, current, lines if present else None, mode=mode)
-    if not changes:
-        host.noop(f"{path}: {purpose} block is up to date")
-        return
-    yield from changes

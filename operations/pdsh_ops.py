@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 from pyinfra import host
-from pyinfra.api import StringCommand, operation
+from pyinfra.api import operation
 
 from facts.pdsh_facts import PDSH_PURPOSE, PdshState
 from operations.managed_block_ops import block_change
+from operations.packages_ops import install_any
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 from trainfleet.plan import genders_lines
 
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
-
-INSTALL = MappingProxyType(
-    {
-        # A fresh image may have empty package lists: update once when the install cannot find it.
-        "apt": (
-            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh || "
-            "{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pdsh; }"
-        ),
-        # pdsh and its ssh module come from EPEL. Rocky/Alma/CentOS ship epel-release in their
-        # extras; on RHEL proper enable EPEL first (the epel-release RPM from the Fedora project).
-        "dnf": (
-            "(rpm -q epel-release >/dev/null 2>&1 || dnf install -y epel-release) && "
-            "dnf install -y pdsh pdsh-rcmd-ssh || { echo 'trainfleet: pdsh comes from EPEL: enable EPEL "
-            "and re-run' >&2; exit 1; }"
-        ),
-        "yum": (
-            "(rpm -q epel-release >/dev/null 2>&1 || yum install -y epel-release) && "
-            "yum install -y pdsh pdsh-rcmd-ssh || { echo 'trainfleet: pdsh comes from EPEL: enable EPEL "
-            "and re-run' >&2; exit 1; }"
-        ),
-    }
-)
 
 
 @operation()
@@ -66,7 +43,9 @@ def pdsh(nodes: list[str], present: bool = True):
         return
     commands = []
     if present and not current["installed"]:
-        commands.append(StringCommand(INSTALL[manager]))
+        # pdsh and its ssh module come from EPEL on RHEL-family. Rocky/Alma/CentOS ship
+        # epel-release in their extras; on RHEL proper enable EPEL first.
+        commands.append(install_any(current["os"], ["pdsh"], ["pdsh", "pdsh-rcmd-ssh"], "pdsh"))
     if present and current["rcmd_default"] != "ssh":
         commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
     if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:

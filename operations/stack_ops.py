@@ -1,39 +1,35 @@
-"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc, torch venv.
+"""The pinned software stack: CUDA repo, exact CUDA/cuDNN/NCCL/OpenMPI packages (held), gcc,
+torch venv.
 
-Each operation reads the StackVersions fact once and yields only what must change.
-Pure builders (``package_pins``, ``cuda_distro``, ...) turn the spec into names and commands.
+Each operation reads the StackVersions fact once and yields only what must change. The values
+come from the node's plan (``trainfleet.plan.StackPlan``: packages resolved for its OS family,
+the torch build, repository settings), never from the spec; packages are installed and held by
+operations/packages_ops.py. Pure builders (``cuda_distro``, ...) turn values into commands.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from types import MappingProxyType
-from typing import Any
 from urllib.parse import urlsplit
 
 from pyinfra import host
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.stack_facts import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
+from operations.packages_ops import APT, held, or_fail, rpm_ensure
 from operations.remote import FailCommand, fail_command, write_file_command
 from runtime.gather import fact, lent
-from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, VENV_DIR
+from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
-from trainfleet.pins import (
-    package_pins,
-    satisfies,
-    torch_requirement,
-    venv_pins,
-    without_requirements,
-)
+from trainfleet.pins import Pins, satisfies, torch_requirement
+from trainfleet.plan import StackPlan
 from trainfleet.schema import fingerprint_problem, url_problem
 
-NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+NVIDIA_REPOS = CUDA_REPOS
 KEYRING_DEB = CUDA_KEYRING_DEB
 RPM_GPG_KEY = "D42D0685.pub"  # NVIDIA's RPM repo key since the 2022 rotation
 TORCH_INDEX = "https://download.pytorch.org/whl"
-APT = "DEBIAN_FRONTEND=noninteractive apt-get"
 
 # Fetch the keyring .deb ($1, over the scheme $3 only, redirects included where curl does it),
 # check that the keyring inside holds exactly one key, fingerprint $2, and only then dpkg -i it.
@@ -69,38 +65,11 @@ fi
 DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
 """
 
-_VERSIONLOCK = MappingProxyType(
-    {"dnf": "python3-dnf-plugin-versionlock", "yum": "yum-plugin-versionlock"}
-)
-
 
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
     # ``software`` lends the fact it read to the operations it composes (gather.lent):
     # StackVersions imports torch on the node (seconds), so once is enough.
     return fact(StackVersions, venv=venv)
-
-
-def _rpm_ensure(manager: str, package: str) -> list[str]:
-    """Shell words: install ``package`` unless rpm already has it."""
-    return [
-        "(",
-        "rpm",
-        "-q",
-        package,
-        ">/dev/null",
-        "2>&1",
-        "||",
-        manager,
-        "install",
-        "-y",
-        package,
-        ")",
-    ]
-
-
-def _or_fail(message: str) -> list[str | QuoteString]:
-    """Shell words: when the command before fails, fail with ``message`` on stderr."""
-    return ["||", "{", "echo", QuoteString(f"trainfleet: {message}"), ">&2;", "exit", "1;", "}"]
 
 
 def _unsupported(os_: OsFamilyT, what: str) -> StringCommand:
@@ -233,95 +202,38 @@ def cuda_repo(
 # ---- (b) exact packages, held -------------------------------------------------------------
 
 
-def _spec(family: str, name: str, version: str | None) -> QuoteString:
-    if version is None:
-        return QuoteString(name)
-    return QuoteString(f"{name}={version}" if family == "debian" else f"{name}-{version}")
-
-
 @operation()
-def packages(pins: Mapping[str, str | None], allow_change: bool = False):
+def packages(pins: Pins, allow_change: bool = False, problems: Collection[str] = ()):
     """
-    Install the CUDA toolkit, cuDNN, NCCL, OpenMPI and the NVIDIA driver at exactly the spec's versions, and hold them
-    (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add`` on RHEL-family).
+    Install the CUDA toolkit, cuDNN, NCCL, OpenMPI and the NVIDIA driver at exactly the plan's
+    versions, and hold them (``apt-mark hold`` on Debian/Ubuntu, ``dnf``/``yum versionlock add``
+    on RHEL-family), with operations/packages_ops.py's ``held``.
 
-    + pins: the spec's ``stack`` section; ``cuda``, ``cudnn``, ``nccl``, ``openmpi`` and ``driver``
-      (the plan gives it to GPU nodes only) are used, a null one is unmanaged, e.g. ``{"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}``
-      (package names and versions: see ``package_pins``)
+    + pins: package name -> exact version (None: any, held), as the plan resolved the spec's
+      ``stack`` for the node's OS family (``StackPlan.packages``, ``trainfleet.pins.package_pins``),
+      e.g. ``{"cuda-toolkit-12-4": None, "libnccl2": "2.21.5-1+cuda12.4"}``
     + allow_change: ``True`` lets a node that has a DIFFERENT version installed be moved to
       the pin (held packages are released and re-held). Without it such a node fails with a
       message naming each package, and nothing on it changes.
+    + problems: why the plan could not resolve the pins (``StackPlan.problems``): the node fails
 
     **Example:**
 
     .. code:: python
 
-        stack.packages(name="CUDA, cuDNN, NCCL pinned", pins=cluster.stack)
+        stack.packages(name="CUDA, cuDNN, NCCL pinned", pins=plan.stack.packages)
     """
     current = _fact()
     os_ = current["os"]
-    family, manager = os_["family"], os_["package_manager"]
-    if manager is None:
-        yield _unsupported(os_, "packages")
+    if os_["package_manager"] is not None and problems:
+        yield fail_command("packages: " + "; ".join(problems))
         return
-    try:
-        wanted = package_pins(pins, family)
-    except ValueError as exc:
-        yield fail_command(f"packages: {exc}")
-        return
-    installed, held = current["packages"], set(current["held"])
-    install, changes = [], []
-    for name, version in wanted.items():
-        have = installed.get(name)
-        if have is None:
-            install.append(name)
-        elif version is not None and have != version:
-            changes.append(f"{name} is {have} here, the pin is {version}")
-            install.append(name)
-    if changes and not allow_change:
-        yield fail_command(
-            "packages: not changing installed versions (pass allow_change=True to "
-            "replace): " + "; ".join(changes)
-        )
-        return
-    hold = [name for name in wanted if name not in held or name in install]
-    if not hold:
-        host.noop(f"pinned and held: {', '.join(wanted) or 'nothing to pin'}")
-        return
-    specs = [_spec(family, name, wanted[name]) for name in install]
-    if family == "debian":
-        if install:
-            flags = ["--allow-downgrades", "--allow-change-held-packages"] if changes else []
-            yield StringCommand(
-                APT, "update", "-q", "&&", APT, "install", "-y", "-q", *flags, *specs
-            )
-        yield StringCommand("apt-mark", "hold", *(QuoteString(name) for name in hold))
-        return
-    plugin = _VERSIONLOCK[manager]
-    relock = [QuoteString(name) for name in install if name in held]
-    if relock:
-        yield StringCommand(manager, "versionlock", "delete", *relock)
-    if install:
-        # rpm -q proves the exact versions landed (EL7's yum install does not downgrade)
-        yield StringCommand(
-            manager,
-            "install",
-            "-y",
-            *specs,
-            "&&",
-            "rpm",
-            "-q",
-            *specs,
-            ">/dev/null",
-            *_or_fail("packages: not at the pinned versions"),
-        )
-    yield StringCommand(
-        *_rpm_ensure(manager, plugin),
-        "&&",
-        manager,
-        "versionlock",
-        "add",
-        *(_spec(family, name, wanted[name]) for name in hold),
+    yield from held._inner(
+        packages=pins,
+        installed=current["packages"],
+        held_now=current["held"],
+        os_=os_,
+        allow_change=allow_change,
     )
 
 
@@ -349,7 +261,7 @@ def toolset_install(os_: OsFamilyT, toolset: str) -> StringCommand:
         parts.append(f"{toolset}-binutils")
         if os_["id"] == "centos":
             return StringCommand(
-                *_rpm_ensure("yum", "centos-release-scl"),
+                *rpm_ensure("yum", "centos-release-scl"),
                 "&&",
                 "yum",
                 "install",
@@ -472,7 +384,7 @@ def torch_venv(
             "-m",
             "venv",
             QuoteString(venv),
-            *_or_fail(f"torch_venv: {python} -m venv failed (is python3-venv installed?)"),
+            *or_fail(f"torch_venv: {python} -m venv failed (is python3-venv installed?)"),
         )
     if wheelhouse:
         source = ["--no-index", "--find-links", QuoteString(wheelhouse)]
@@ -566,59 +478,64 @@ def python_packages(
 # ---- the whole stack, reading the fact once ----------------------------------------------
 
 
-@operation()
-def software(pins: Mapping[str, Any], venv: str = VENV_DIR):
-    """
-    The spec's whole ``stack``: CUDA repository, CUDA/cuDNN/NCCL/OpenMPI packages (exact, held), gcc
-    and the torch venv with its other pinned Python packages, each only where the spec pins it, from ONE StackVersions fact.
+# The components whose packages come from NVIDIA's CUDA repository, and all packaged ones.
+FROM_CUDA_REPO = frozenset({"cuda", "cudnn", "nccl", "driver"})
+PACKAGED = FROM_CUDA_REPO | {"openmpi"}
 
-    + pins: the spec's ``stack`` section (versions, ``wheelhouse``, ``torch_index``,
-      ``cuda_repo``, ``insecure``, ``cuda_keyring_fingerprint``, ``allow_change``)
+
+@operation()
+def software(stack: StackPlan, venv: str = VENV_DIR):
+    """
+    The node's whole stack plan: CUDA repository, CUDA/cuDNN/NCCL/OpenMPI packages (exact,
+    held), gcc and the torch venv with its other pinned Python packages, each only where the
+    spec pins it, from ONE StackVersions fact.
+
+    + stack: the node's ``StackPlan`` (trainfleet/plan.py): resolved packages, torch build,
+      venv packages, repository settings, gcc, ``allow_change``
     + venv: the node venv
 
     **Example:**
 
     .. code:: python
 
-        stack.software(name="Pinned software stack", pins=cluster.stack)
+        stack.software(name="Pinned software stack", stack=plan.stack)
     """
-    if not any(
-        pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch", "driver")
-    ):
+    if not stack.pinned:
         host.noop("no stack component is pinned")
         return
     commands = []
     current = fact(StackVersions, venv=venv)
     # Lent under the venv the torch part asks with and the default the package parts ask with.
     with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
-        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "driver")):
+        if not FROM_CUDA_REPO.isdisjoint(stack.pinned):
             commands += cuda_repo._inner(
-                mirror=pins.get("cuda_repo") or NVIDIA_REPOS,
-                insecure=bool(pins.get("insecure", False)),
-                keyring_fingerprint=pins.get("cuda_keyring_fingerprint")
-                or CUDA_KEYRING_FINGERPRINT,
+                mirror=stack.cuda_repo,
+                insecure=stack.insecure,
+                keyring_fingerprint=stack.keyring_fingerprint,
             )
-        if any(pins.get(key) for key in ("cuda", "cudnn", "nccl", "openmpi", "driver")):
-            commands += packages._inner(pins=pins, allow_change=bool(pins.get("allow_change")))
-        if pins.get("gcc"):
-            commands += gcc._inner(major=pins["gcc"])
-        if pins.get("torch"):
+        if not PACKAGED.isdisjoint(stack.pinned):
+            commands += packages._inner(
+                pins=stack.packages, allow_change=stack.allow_change, problems=stack.problems
+            )
+        if stack.gcc:
+            commands += gcc._inner(major=stack.gcc)
+        if stack.torch:
             commands += torch_venv._inner(
                 venv=venv,
-                torch_version=pins["torch"],
-                variant=pins.get("torch_cuda") or "cpu",
-                index_url=pins.get("torch_index"),
-                wheelhouse=pins.get("wheelhouse"),
-                allow_change=bool(pins.get("allow_change")),
+                torch_version=stack.torch,
+                variant=stack.torch_variant,
+                index_url=stack.torch_index,
+                wheelhouse=stack.wheelhouse,
+                allow_change=stack.allow_change,
             )
-            if pins.get("python"):
+            if stack.python:
                 commands += python_packages._inner(
                     venv=venv,
-                    packages=venv_pins(pins["python"]),
-                    no_deps=without_requirements(pins["python"]),
-                    keep=torch_requirement(pins["torch"], pins.get("torch_cuda") or "cpu"),
-                    wheelhouse=pins.get("wheelhouse"),
-                    allow_change=bool(pins.get("allow_change")),
+                    packages=stack.python,
+                    no_deps=stack.no_deps,
+                    keep=torch_requirement(stack.torch, stack.torch_variant),
+                    wheelhouse=stack.wheelhouse,
+                    allow_change=stack.allow_change,
                 )
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes

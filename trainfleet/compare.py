@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
 ABSENT = "absent"
-UNREACHABLE = "unreachable"
 DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
 DIFF_WIDTH = 160  # characters of one diff line
 

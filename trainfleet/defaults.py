@@ -21,7 +21,6 @@ SSH_MAIN_CONF = "/etc/ssh/ssh_config"  # must Include ssh_config.d/*.conf for ev
 HOST_CERT_SUFFIX = (
     "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
 )
-CERTIFICATE_DAYS = 365  # a certificate's validity unless the spec sets ssh.certificate_days
 RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left
 
 # pdsh
@@ -52,6 +51,7 @@ NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NC
 # list file). NVIDIA lists debian13 under a newer key (8793F200): such nodes need the spec's
 # stack.cuda_keyring_fingerprint until its fingerprint is confirmed from NVIDIA and added here.
 CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
+CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"  # unless stack.cuda_repo
 CUDA_KEYRING_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
 
 # Root's own 0700 directory on every node: the node lock and staged uploads of

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypedDict
+
+OsField = tuple[str, str, str]  # (the key a fact prints, the os-release variable, its default)
+# What facts/os_release_facts.py's fragment prints for ``os_release``.
+OS_FIELDS: tuple[OsField, ...] = (
+    ("id", "ID", "unknown"),
+    ("like", "ID_LIKE", ""),
+    ("version", "VERSION_ID", ""),
+)
 
 
 class OsFamilyT(TypedDict):
@@ -21,3 +30,9 @@ def os_family(os_id: str, like: str, version: str) -> OsFamilyT:
         manager = "yum" if version.split(".")[0] == "7" else "dnf"
         return {"id": os_id, "family": "rhel", "version": version, "package_manager": manager}
     return {"id": os_id, "family": "unknown", "version": version, "package_manager": None}
+
+
+def os_release(head: Mapping[str, str]) -> OsFamilyT:
+    """The OS family from the ``id``/``like``/``version`` lines the os-release fragment printed
+    (``key -> value``; a missing key: its OS_FIELDS default)."""
+    return os_family(*(head.get(key, default) for key, _, default in OS_FIELDS))

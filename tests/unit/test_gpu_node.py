@@ -461,7 +461,7 @@ def test_the_driver_pin_is_nvidias_cuda_drivers_meta_package_on_gpu_nodes_only()
     assert "cuda-drivers-550" in stack_part(stack, "debian", gpus=8).packages
     cpu = stack_part(stack, "debian", gpus=0)
     assert (
-        "cuda-drivers-550" not in cpu.packages and "driver" not in cpu.spec
+        "cuda-drivers-550" not in cpu.packages and "driver" not in cpu.pinned
     )  # what the deploy installs, too
 
 

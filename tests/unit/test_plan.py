@@ -36,7 +36,6 @@ from trainfleet.capabilities.nccl_env import env_string as _env_string
 from trainfleet.compare import digest
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
-from trainfleet.pins import package_pins
 from trainfleet.plan import ClusterPlan, Gathered, genders_lines, plan_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,20 +170,18 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
         "hosts block": digest(block["lines"]),
         "known_hosts block": digest(known["entries"]),
         "pdsh nodes": digest(genders_lines(pdsh_call["nodes"])),
-        "torch": f"{software['pins']['torch']}+{software['pins']['torch_cuda']}",
-        "cuda": software["pins"]["cuda"],
+        "torch": software["stack"].torch,
+        "cuda": software["stack"].cuda,
     }
     given.update(
         {
             f"package {name}": version
-            for name, version in package_pins(software["pins"], "debian").items()
+            for name, version in software["stack"].packages.items()
             if version
         }
     )
     # apt-mark hold: every pin
-    given.update(
-        {f"package {name} hold": "held" for name in package_pins(software["pins"], "debian")}
-    )
+    given.update({f"package {name} hold": "held" for name in software["stack"].packages})
     if not nccl["problems"]:
         written = dict(
             line.split("=", 1) for line in nccl["environment"]

@@ -13,7 +13,6 @@ The value is the same on every node, so it can go on the ``mpirun`` line as well
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +32,6 @@ UNIQUE: tuple[str, ...] = ()
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")
-PARAM_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 def tcp_include(

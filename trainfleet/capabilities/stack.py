@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from trainfleet.capabilities.plan_context import PlanContext, Sections
 from trainfleet.compare import ABSENT, PYTHON_PREFIX
-from trainfleet.defaults import VENV_DIR
+from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.model import Cluster, Node
 from trainfleet.pins import (
     PINNED_PACKAGES,
@@ -18,6 +18,7 @@ from trainfleet.pins import (
     package_pins,
     torch_requirement,
     venv_pins,
+    without_requirements,
 )
 
 if TYPE_CHECKING:
@@ -30,12 +31,28 @@ UNIQUE: tuple[str, ...] = ()
 
 @dataclass(frozen=True)
 class StackPlan:
-    # the spec's ``stack`` section as operations/stack_ops.py takes it (``driver``: GPU nodes)
-    spec: Mapping[str, Any]
-    packages: Pins  # the exact packages for the node's OS family (empty when it is unknown)
-    torch: str | None  # the version ``torch.__version__`` must report
-    python: Mapping[str, str]  # the venv's other pinned packages: PEP 503 name -> exact version
-    problems: list[str]
+    """The node's software stack, as operations/stack_ops.py applies it and drift expects it
+    (the spec's ``stack`` resolved for the node; ``driver`` on GPU nodes only)."""
+
+    packages: Pins = field(default_factory=dict)  # exact packages for the node's OS family
+    torch: str | None = None  # the version ``torch.__version__`` must report
+    python: Mapping[str, str] = field(default_factory=dict)  # venv pins: PEP 503 name -> version
+    problems: list[str] = field(default_factory=list)
+    pinned: frozenset[str] = frozenset()  # of STACK_COMPONENTS, those the spec pins
+    cuda: str | None = None  # stack.cuda as pinned, e.g. "12.4.1"
+    cuda_repo: str = CUDA_REPOS  # the CUDA repositories' root
+    insecure: bool = False  # an http:// cuda_repo is allowed
+    keyring_fingerprint: str = CUDA_KEYRING_FINGERPRINT  # the one key the cuda-keyring may hold
+    gcc: str | None = None  # the GCC major version
+    torch_variant: str = "cpu"  # the wheel index's CUDA variant, e.g. "cu124"
+    torch_index: str | None = None  # a mirror of that index
+    wheelhouse: str | None = None  # a wheel directory on the node (air-gapped)
+    no_deps: list[str] = field(default_factory=list)  # venv packages installed without their deps
+    allow_change: bool = False  # installed versions other than the pins may be replaced
+
+
+# The spec's stack entries that each install something.
+STACK_COMPONENTS = ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch", "driver")
 
 
 def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> StackPlan:
@@ -48,13 +65,28 @@ def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> S
             packages = package_pins(stack, family)
         except ValueError as exc:
             problems.append(str(exc))
+    variant = stack.get("torch_cuda") or "cpu"
     torch = (
-        torch_requirement(stack["torch"], stack.get("torch_cuda") or "cpu").split("==", 1)[1]
-        if stack.get("torch")
-        else None
+        torch_requirement(stack["torch"], variant).split("==", 1)[1] if stack.get("torch") else None
     )
-    python = venv_pins(stack.get("python") or {})
-    return StackPlan(spec=stack, packages=packages, torch=torch, python=python, problems=problems)
+    python = stack.get("python") or {}
+    return StackPlan(
+        packages=packages,
+        torch=torch,
+        python=venv_pins(python),
+        problems=problems,
+        pinned=frozenset(key for key in STACK_COMPONENTS if stack.get(key)),
+        cuda=stack.get("cuda") or None,
+        cuda_repo=stack.get("cuda_repo") or CUDA_REPOS,
+        insecure=bool(stack.get("insecure", False)),
+        keyring_fingerprint=stack.get("cuda_keyring_fingerprint") or CUDA_KEYRING_FINGERPRINT,
+        gcc=str(stack["gcc"]) if stack.get("gcc") else None,
+        torch_variant=variant,
+        torch_index=stack.get("torch_index"),
+        wheelhouse=stack.get("wheelhouse"),
+        no_deps=without_requirements(python),
+        allow_change=bool(stack.get("allow_change")),
+    )
 
 
 def deploy_sections(users: list[str]) -> Sections:
@@ -99,8 +131,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
     props = {}
     if stack.torch:
         props["torch"] = stack.torch
-    if stack.spec.get("cuda"):
-        props["cuda"] = ".".join(stack.spec["cuda"].split(".")[:2])
+    if stack.cuda:
+        props["cuda"] = ".".join(stack.cuda.split(".")[:2])
     props.update(
         {f"package {name}": version for name, version in stack.packages.items() if version}
     )
@@ -120,7 +152,7 @@ def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned versions installed and held; nvcc reports the planned CUDA release."""
     stack = plan.stack
-    cuda = stack.spec.get("cuda")
+    cuda = stack.cuda
     return {
         "stack": {
             "packages": {name: version or "any" for name, version in stack.packages.items()},
