@@ -16,7 +16,7 @@ from pyinfra.api import FactBase, QuoteString, StringCommand
 
 from facts.managed_block_facts import FILE_FN, file_text, read_file_lines
 from facts.stack_facts import lock_name
-from trainfleet.verdicts import printable
+from trainfleet.text import printable
 
 MEMLOCK_CONF = "/etc/security/limits.d/90-trainfleet-memlock.conf"
 PEERMEM_CONF = "/etc/modules-load.d/trainfleet-peermem.conf"

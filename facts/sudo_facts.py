@@ -17,7 +17,7 @@ from pyinfra.api import QuoteString, State, StringCommand
 from pyinfra.api.arguments import pop_global_arguments
 from pyinfra.connectors.util import make_unix_command
 
-from trainfleet.verdicts import printable
+from trainfleet.text import printable
 
 OK = "trainfleet-sudo: ok"
 REFUSED = "trainfleet-sudo: refused: "
