@@ -13,10 +13,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-import gevent.pool
 from pyinfra.api import QuoteString, State, StringCommand
 
 from checks.preflight_report import Problem
+from runtime.fanout import fan_out
 from trainfleet.defaults import (
     RUN_DIR,
 )
@@ -119,8 +119,7 @@ def run_everywhere(
             windows[name] = (sent, time.time())
         return name, output.stdout_lines
 
-    pool = gevent.pool.Pool(max(1, len(commands)))
-    return dict(pool.map(one, [n for n in commands if n in hosts]))
+    return dict(fan_out(one, [n for n in commands if n in hosts]))
 
 
 def shell_stage(script: str, *args: Any, bound: int | None = None) -> StringCommand:
