@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pyinfra.api import QuoteString, State, StringCommand
+from pyinfra.api import State
 
 from checks.mesh_verdicts import (
     USER_CERTIFICATE,
@@ -14,6 +14,7 @@ from checks.mesh_verdicts import (
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import run_everywhere
 from facts.fingerprint import MeshProofs
+from facts.shell import shell
 from trainfleet.defaults import (
     MESH_PROBE_PARALLEL,
     MESH_PROBE_TIMEOUT,
@@ -39,14 +40,9 @@ def run_ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active
     out = run_everywhere(
         state,
         {
-            node: StringCommand(
-                "timeout",
-                "-k",
-                "2",
-                str(seconds),
-                "sh",
-                "-c",
-                QuoteString(fact.command(users=cluster.mesh_users, peers=peers).get_raw_value()),
+            node: shell(
+                fact.command(users=cluster.mesh_users, peers=peers).get_raw_value(),
+                prefix=("timeout", "-k", "2", str(seconds)),
             )
             for node, fact in facts.items()
         },

@@ -13,9 +13,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pyinfra.api import QuoteString, State, StringCommand
+from pyinfra.api import State, StringCommand
 
 from checks.preflight_report import Problem
+from facts.shell import shell
 from runtime.fanout import fan_out
 from trainfleet.defaults import (
     RUN_DIR,
@@ -124,9 +125,7 @@ def run_everywhere(
 
 def shell_stage(script: str, *args: Any, bound: int | None = None) -> StringCommand:
     prefix = ["timeout", "-k", "2", str(bound)] if bound else []
-    return StringCommand(
-        *prefix, "sh", "-c", QuoteString(script), "trainfleet", *(QuoteString(str(a)) for a in args)
-    )
+    return shell(script, *args, prefix=prefix)
 
 
 def python_stage(script: str, *args: Any, bound: int | None = None) -> StringCommand:

@@ -12,9 +12,10 @@ from xml.etree.ElementTree import Element, ParseError
 
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import FILE_FN, file_text, read_file_lines
+from facts.shell import shell
 from facts.stack_facts import lock_name
 from trainfleet.text import printable
 
@@ -212,16 +213,7 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
     """
 
     def command(self, root: str = "", timeout: int = SMI_TIMEOUT) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            QuoteString(root),
-            str(int(timeout)),
-            MEMLOCK_CONF,
-            PEERMEM_CONF,
-        )
+        return shell(_SCRIPT, root, int(timeout), MEMLOCK_CONF, PEERMEM_CONF)
 
     def process(self, output: list[str]) -> GpuNodeStateT:
         state = GpuNodeState.default()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import file_text, read_file_lines
+from facts.shell import shell
 
 _SCRIPT = r"""
 [ -d "$1" ] || exit 0
@@ -35,7 +36,7 @@ class LauncherFiles(FactBase[dict[str, FileSum]]):
     """
 
     def command(self, directory: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", QuoteString(directory))
+        return shell(_SCRIPT, directory)
 
     def process(self, output: list[str]) -> dict[str, FileSum]:
         files: dict[str, FileSum] = {}
@@ -74,15 +75,7 @@ class LauncherContents(FactBase[dict[str, str | None]]):
     """
 
     def command(self, directory: str, names: list[str]) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_CONTENT_SCRIPT),
-            "trainfleet",
-            QuoteString(directory),
-            str(CONTENT_BYTES),
-            *map(QuoteString, names),
-        )
+        return shell(_CONTENT_SCRIPT, directory, CONTENT_BYTES, *names)
 
     def process(self, output: list[str]) -> dict[str, str | None]:
         return {name: file_text(read) for name, read in read_file_lines(output).items()}

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from facts.shell import shell
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
 
@@ -71,9 +72,7 @@ class NcclNetwork(FactBase[NcclNetworkT]):
     """
 
     def command(self, sysfs: str = "/sys") -> StringCommand:
-        return StringCommand(
-            "sh", "-c", QuoteString(_NETWORK_SCRIPT), "trainfleet", QuoteString(sysfs)
-        )
+        return shell(_NETWORK_SCRIPT, sysfs)
 
     def process(self, output: list[str]) -> NcclNetworkT:
         interfaces: dict[str, Interface] = {}
@@ -143,15 +142,7 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_FILES_SCRIPT),
-            "trainfleet",
-            NCCL_PROFILE,
-            NCCL_ENVIRONMENT,
-            NCCL_CONF,
-        )
+        return shell(_FILES_SCRIPT, NCCL_PROFILE, NCCL_ENVIRONMENT, NCCL_CONF)
 
     def process(self, output: list[str]) -> NcclEnvFilesT:
         files = read_file_lines(output)

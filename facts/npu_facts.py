@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
+from facts.shell import shell
 from trainfleet.hccl import is_ipv4
 
 HCCN_CONF = "/etc/hccn.conf"  # root-owned; hccn_tool -ip -s writes address_<id>=<ip> here
@@ -54,15 +55,7 @@ class NpuDeviceIps(FactBase[dict[int, str]]):
     """
 
     def command(self, conf: str = HCCN_CONF, dev: str = "/dev") -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            QuoteString(conf),
-            QuoteString(dev),
-            HCCN_TOOL,
-        )
+        return shell(_SCRIPT, conf, dev, HCCN_TOOL)
 
     def process(self, output: list[str]) -> dict[int, str]:
         conf: dict[int, str | None] = {}

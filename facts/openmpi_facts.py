@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block_facts import (
@@ -16,6 +16,7 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
+from facts.shell import shell
 
 MCA_PURPOSE = "openmpi network"
 MCA_FILE = ".openmpi/mca-params.conf"  # relative to the user's home
@@ -77,15 +78,7 @@ class OpenMpiState(FactBase[OpenMpiT]):
     """
 
     def command(self, users: list[str]) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            MCA_FILE,
-            QuoteString(_USER_PART),
-            *(QuoteString(u) for u in users),
-        )
+        return shell(_SCRIPT, MCA_FILE, _USER_PART, *users)
 
     def process(self, output: list[str]) -> OpenMpiT:
         version = next(

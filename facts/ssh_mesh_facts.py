@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block_facts import (
@@ -17,6 +17,7 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
+from facts.shell import shell
 from trainfleet.defaults import (
     HOST_CERT_SUFFIX,
     MESH_KEY_NAME,
@@ -123,15 +124,7 @@ class SshMeshUser(FactBase[SshUserT]):
     """
 
     def command(self, user: str) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_USER_SCRIPT),
-            "trainfleet",
-            QuoteString(user),
-            MESH_KEY_NAME,
-            QuoteString(_USER_PART),
-        )
+        return shell(_USER_SCRIPT, user, MESH_KEY_NAME, _USER_PART)
 
     def process(self, output: list[str]) -> SshUserT:
         if output[:1] == ["nouser"]:
@@ -274,11 +267,8 @@ class SshdMesh(FactBase[SshdMeshT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SSHD_SCRIPT),
-            "trainfleet",
+        return shell(
+            _SSHD_SCRIPT,
             SSHD_MAIN_CONF,
             SSHD_MESH_CONF,
             REVOKED_KEYS,
@@ -376,26 +366,11 @@ class SshMeshProof(FactBase[dict[str, str]]):
     def command(self, user: str, peers: list[str] | str) -> StringCommand:
         if isinstance(peers, str):
             peers = [p for p in peers.split(",") if p]
-        probe = StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_PROBE_SCRIPT),
-            "trainfleet",
-            str(MESH_PROBE_PARALLEL),
-            str(MESH_PROBE_TIMEOUT),
-            *(QuoteString(p) for p in peers),
-        )
+        probe = shell(_PROBE_SCRIPT, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, *peers)
         self.peers = list(peers)
         if user == "root":
             return probe
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_AS_MESH_USER),
-            "trainfleet",
-            QuoteString(user),
-            QuoteString(probe.get_raw_value()),
-        )
+        return shell(_AS_MESH_USER, user, probe.get_raw_value())
 
     def process(self, output: list[str]) -> dict[str, str]:
         peers = getattr(self, "peers", [])

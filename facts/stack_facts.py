@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import SECTION, split_sections
+from facts.shell import shell
 from trainfleet.osfamily import OsFamilyT, os_family
 from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.schema import normalized_dist
@@ -178,16 +179,7 @@ class StackVersions(FactBase[StackVersionsT]):
     """
 
     def command(self, venv: str) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            QuoteString(venv),
-            _SECTION,
-            GCC_PROFILE,
-            QuoteString(_PY),
-        )
+        return shell(_SCRIPT, venv, _SECTION, GCC_PROFILE, _PY)
 
     def process(self, output: list[str]) -> StackVersionsT:
         head: dict[str, str] = {}
