@@ -16,25 +16,13 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
-from facts.shell import shell
+from facts.shell import script, shell
 
 MCA_PURPOSE = "openmpi network"
 MCA_FILE = ".openmpi/mca-params.conf"  # relative to the user's home
 
 # One command: mpirun's version line, then per user its home, group and parameter file.
-_SCRIPT = (
-    AS_USER_FN
-    + r"""
-file=$1 part=$2; shift 2
-echo "version $(mpirun --version 2>/dev/null | head -n 1)"
-for u in "$@"; do
-  entry=$(getent passwd "$u") || { echo "user $u nouser"; continue; }
-  home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
-  printf 'user %s %s %s %s ' "$u" "$uid" "$(getent group "$gid" | cut -d: -f1 | tr -d ' ')" "$(printf %s "$home" | base64 -w0)"
-  tf_as "$uid" "$gid" "$part" "$home/$file"
-done
-"""
-)
+_SCRIPT = AS_USER_FN + script("openmpi.sh")
 
 # Read as the user: the parameter file in the user's home.
 _USER_PART = FILE_FN + 'tf_file params "$1"'

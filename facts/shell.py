@@ -7,6 +7,7 @@ value reaches a shell only as a quoted positional argument, never spliced into t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from pyinfra.api import QuoteString, StringCommand
 
@@ -19,3 +20,11 @@ def shell(script: str, *args: object, prefix: Sequence[str | QuoteString] = ()) 
     return StringCommand(
         *prefix, "sh", "-c", QuoteString(script), NAME, *(QuoteString(str(a)) for a in args)
     )
+
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"  # the facts' scripts, beside them
+
+
+def script(name: str) -> str:
+    """The text of ``facts/scripts/<name>`` (modules read theirs once, at import)."""
+    return (SCRIPTS / name).read_text(encoding="utf-8")
