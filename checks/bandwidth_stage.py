@@ -105,7 +105,8 @@ def bandwidth_lines(details: dict[str, Any]) -> list[str]:
     """The measured figures for people, one line per pair (the floor, if any, after them)."""
     floor = details.get("floor_gbps")
     lines = [
-        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s (algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
+        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s "
+        f"(algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
         f"{details.get('backend')}, {p['bytes'] >> 20} MiB)"
         for name, p in details.get("pairs", {}).items()
     ]

@@ -133,18 +133,19 @@ def bandwidth_problems(
             cause = f"its GPUs' bus bandwidth {bw:.2f} GB/s is under the floor of {floor:g} GB/s"
         elif len(pairs_of[pair[0]]) < 2 or len(pairs_of[pair[1]]) < 2:
             cause = (
-                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor of {floor:g} "
-                "GB/s (no third node to tell the slow node from the slow link)"
+                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor "
+                f"of {floor:g} GB/s (no third node to tell the slow node from the slow link)"
             )
         elif all(node in fine for node in pair):
             cause = (
-                f"the link {pair_name(pair)} is slow: bus bandwidth {bw:.2f} GB/s, under the floor of {floor:g} "
-                "GB/s, while both nodes reach it with their other peer"
+                f"the link {pair_name(pair)} is slow: bus bandwidth {bw:.2f} GB/s, under the floor "
+                f"of {floor:g} GB/s, while both nodes reach it with their other peer"
             )
         else:
             cause = (
-                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor of {floor:g} GB/s, "
-                "and not both reach it with another peer: a slow node or link among them, not told apart"
+                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor "
+                f"of {floor:g} GB/s, and not both reach it with another peer: a slow node or link "
+                "among them, not told apart"
             )
         problems += [Problem("bandwidth", node, cause) for node in pair]
     return problems

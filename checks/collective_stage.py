@@ -101,7 +101,8 @@ def run_collective(
 
 
 def nccl_logs(steps: dict[str, list[list[dict[str, Any]]]]) -> dict[str, list[list[str]]]:
-    """Each node's finished ranks' NCCL INFO lines (a rank that failed proves nothing about them)."""
+    """Each node's finished ranks' NCCL INFO lines (a rank that failed proves nothing about
+    them)."""
     return {
         node: [
             [s.get("text", "") for s in rank if s.get("step") == "nccl"]
@@ -113,7 +114,8 @@ def nccl_logs(steps: dict[str, list[list[dict[str, Any]]]]) -> dict[str, list[li
 
 
 def run_isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
-    """2-rank collectives between the master and each node (one rank each), all at once on separate ports."""
+    """2-rank collectives between the master and each node (one rank each), all at once on
+    separate ports."""
     backend = backend_of(cluster)
     seconds = BOUNDS["isolation"]
     master = cluster.master
@@ -134,7 +136,7 @@ def run_isolation(state: State, cluster: Cluster, report: PreflightReport) -> No
         )
     out = run_everywhere(state, commands, seconds)
     pair_ok = {}
-    for i, node in enumerate(others):
+    for node in others:
         pair_ok[node.name] = rank_failure(node_steps(out.get(node.name, []), 1)[0]) is None
     report.details["isolation"] = pair_ok
     report.problems += isolate(cluster, pair_ok)

@@ -96,7 +96,8 @@ def node_causes(
     node: str,
     causes: list[str | None],
 ) -> list[str]:
-    """One cause for the node when every rank failed alike (no venv, no torch), else one per failing rank."""
+    """One cause for the node when every rank failed alike (no venv, no torch), else one per
+    failing rank."""
     if causes and all(causes) and len(set(causes)) == 1:
         return [str(causes[0])]
     return [

@@ -10,8 +10,9 @@ from trainfleet.text import printable
 
 
 def parse_hygiene(lines: list[str]) -> dict[str, Any]:
-    """One node's hygiene output: port holder, name resolution, its hostname, GPUs visible (``nvidia-smi -L``
-    lines, limited by CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env, its hostfile slots."""
+    """One node's hygiene output: port holder, name resolution, its hostname, GPUs visible
+    (``nvidia-smi -L`` lines, limited by CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env,
+    its hostfile slots."""
     data: dict[str, Any] = {"resolves": {}, "env": {}}
     sysvipc = [line[len("sysvipc ") :] for line in lines if line.startswith("sysvipc ")]
     if sysvipc:

@@ -18,7 +18,8 @@ def hygiene_problems(
     launch_slots: dict[str, int],
 ) -> list[Problem]:
     """Stage 1: the master port is free; hostnames are unique; names resolve alike everywhere;
-    slots = GPUs = visible devices; the non-login environment holds the derived NCCL/Gloo variables."""
+    slots = GPUs = visible devices; the non-login environment holds the derived NCCL/Gloo
+    variables."""
     problems: list[Problem] = []
     master = cluster.master.name
     holder = seen.get(master, {}).get("port_holder")

@@ -26,7 +26,8 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
                 {
                     "step": "error",
                     "stage": "python",
-                    "error": f"no python at {VENV_DIR}/bin/python: the node has no venv (pin stack.torch and deploy)",
+                    "error": f"no python at {VENV_DIR}/bin/python: the node has no venv "
+                    "(pin stack.torch and deploy)",
                 }
             )
         elif exited:

@@ -39,11 +39,13 @@ def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
     if problem := smoke_launcher_problem(launcher):
         raise ValueError(f"smoke launcher: {problem}")
     seconds = BOUNDS["smoke"]
-    # --deadline: ranks a runner started over ssh on other nodes outlive its timeout; they end themselves
+    # --deadline: ranks a runner started over ssh on other nodes outlive its timeout; they end
+    # themselves
     launch = [f"{LAUNCH_DIR}/{launcher}.sh"]
     job = [SMOKE_JOB, "--timeout", str(seconds // 2), "--deadline", str(seconds - 10)]
-    if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told; its daemons' session
-        # files go in root's RUN_DIR (every earlier stage made it), not a /tmp a user can reach first
+    if launcher == "mpirun":  # OpenMPI sets no MASTER_ADDR: the job is told; its daemons'
+        # session files go in root's RUN_DIR (every earlier stage made it), not a /tmp a user can
+        # reach first
         launch += ["--mca", "orte_tmpdir_base", RUN_DIR]
         job = [
             f"{VENV_DIR}/bin/python",

@@ -56,9 +56,10 @@ def _checked_base(base: str) -> str:
     mode 700, else refuse; leftovers of interrupted runs in it are removed."""
     b = shlex.quote(base)
     refuse = shlex.quote(f"{REFUSED}{base} is not a directory of ours with mode 700")
+    ours = f'[ -L {b} ] || [ ! -d {b} ] || [ "$(stat -c %u:%a {b})" != "$(id -u):700" ]'
     return f"""umask 077
 install -d -m 700 {b} 2>/dev/null
-if [ -L {b} ] || [ ! -d {b} ] || [ "$(stat -c %u:%a {b})" != "$(id -u):700" ]; then echo {refuse}; exit 97; fi
+if {ours}; then echo {refuse}; exit 97; fi
 find {b} -mindepth 1 -maxdepth 1 -type d -mmin +{STALE_MINUTES} -exec rm -rf -- {{}} + 2>/dev/null
 """
 
