@@ -15,9 +15,7 @@ from checks.bandwidth_verdicts import (
     pair_rounds,
 )
 from checks.collective_stage import backend_of, collective_command
-from checks.collective_verdicts import (
-    rank_layout,
-)
+from checks.collective_verdicts import rank_layout
 from checks.preflight_report import PreflightReport
 from checks.rank_output import node_steps
 from checks.stage_runner import BOUNDS, refusals, run_everywhere

@@ -6,21 +6,12 @@ from typing import Any
 
 from pyinfra.api import State, StringCommand
 
-from checks.collective_verdicts import (
-    collective_problems,
-    isolate,
-    rank_failure,
-    rank_layout,
-)
-from checks.fabric_verdicts import (
-    nccl_socket_problems,
-)
+from checks.collective_verdicts import collective_problems, isolate, rank_failure, rank_layout
+from checks.fabric_verdicts import nccl_socket_problems
 from checks.preflight_report import PreflightReport
 from checks.rank_output import node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
-from trainfleet.defaults import (
-    VENV_DIR,
-)
+from trainfleet.defaults import VENV_DIR
 from trainfleet.model import Cluster
 
 COLLECTIVE = stage_script("collective.py")

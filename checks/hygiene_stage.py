@@ -6,23 +6,14 @@ from typing import Any
 
 from pyinfra.api import State
 
-from checks.fabric_verdicts import (
-    ib_port_problems,
-    mtu_problems,
-)
+from checks.fabric_verdicts import ib_port_problems, mtu_problems
 from checks.hygiene_output import parse_hygiene
-from checks.hygiene_verdicts import (
-    clock_problems,
-    hygiene_problems,
-    shm_warnings,
-)
+from checks.hygiene_verdicts import clock_problems, hygiene_problems, shm_warnings
 from checks.preflight_report import PreflightReport, Problem
 from checks.stage_runner import BOUNDS, run_everywhere, shell_stage, stage_script
 from facts.nccl_env_facts import NcclNetwork
 from runtime.gather import gather_fact
-from trainfleet.defaults import (
-    LAUNCH_DIR,
-)
+from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 

@@ -15,9 +15,7 @@ from pyinfra.api import State
 
 from checks.bandwidth_stage import bandwidth_lines, run_bandwidth
 from checks.collective_stage import run_collective, run_isolation
-from checks.collective_verdicts import (
-    failed_before_the_network,
-)
+from checks.collective_verdicts import failed_before_the_network
 from checks.hygiene_stage import run_hygiene
 from checks.mesh_stage import run_ssh_mesh
 from checks.preflight_report import PreflightReport, Problem

@@ -6,9 +6,7 @@ import json
 import re
 from typing import Any
 
-from trainfleet.defaults import (
-    VENV_DIR,
-)
+from trainfleet.defaults import VENV_DIR
 from trainfleet.text import printable
 
 _EXIT_LINE = re.compile(r"exit ([0-9]{1,3})", re.ASCII)

@@ -21,9 +21,7 @@ from checks.stage_runner import (
     shell_stage,
     stage_script,
 )
-from trainfleet.defaults import (
-    RUN_DIR,
-)
+from trainfleet.defaults import RUN_DIR
 from trainfleet.model import Cluster
 
 _LISTEN = stage_script("listen.sh")

@@ -14,11 +14,7 @@ from checks.stage_runner import (
     shell_stage,
     stage_script,
 )
-from trainfleet.defaults import (
-    LAUNCH_DIR,
-    RUN_DIR,
-    VENV_DIR,
-)
+from trainfleet.defaults import LAUNCH_DIR, RUN_DIR, VENV_DIR
 from trainfleet.model import Cluster
 from trainfleet.schema import smoke_launcher_problem
 

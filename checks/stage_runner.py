@@ -18,9 +18,7 @@ from pyinfra.api import State, StringCommand
 from checks.preflight_report import Problem
 from facts.shell import shell
 from runtime.fanout import fan_out
-from trainfleet.defaults import (
-    RUN_DIR,
-)
+from trainfleet.defaults import RUN_DIR
 
 STAGES = (
     Path(__file__).resolve().parent / "preflight_stages"
