@@ -5,17 +5,12 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import file_text, read_file_lines
+from facts.shell import script, shell
 
-_SCRIPT = r"""
-[ -d "$1" ] || exit 0
-for f in "$1"/* "$1"/.[!.]*; do
-  [ -f "$f" ] && printf '%s %s %s\n' "$(stat -c %a "$f")" "$(sha256sum < "$f" | cut -d' ' -f1)" "${f##*/}"
-done
-true
-"""
+_SCRIPT = script("launchers.sh")
 
 
 class FileSum(TypedDict):
@@ -35,7 +30,7 @@ class LauncherFiles(FactBase[dict[str, FileSum]]):
     """
 
     def command(self, directory: str) -> StringCommand:
-        return StringCommand("sh", "-c", QuoteString(_SCRIPT), "trainfleet", QuoteString(directory))
+        return shell(_SCRIPT, directory)
 
     def process(self, output: list[str]) -> dict[str, FileSum]:
         files: dict[str, FileSum] = {}
@@ -53,13 +48,7 @@ CONTENT_BYTES = 65536  # of one launcher file drift shows a diff of: its diff is
 
 # Each named file as one framed ``file NAME STATE - BASE64`` line (facts/managed_block_facts.py),
 # bounded: a file a user grew to gigabytes costs its first CONTENT_BYTES only.
-_CONTENT_SCRIPT = r"""
-d=$1 n=$2; shift 2
-for f in "$@"; do
-  if [ -f "$d/$f" ]; then printf 'file %s regular - ' "$f"; head -c "$n" "$d/$f" | base64 -w0; echo
-  else echo "file $f missing -"; fi
-done
-"""
+_CONTENT_SCRIPT = script("launchers_content.sh")
 
 
 class LauncherContents(FactBase[dict[str, str | None]]):
@@ -74,15 +63,7 @@ class LauncherContents(FactBase[dict[str, str | None]]):
     """
 
     def command(self, directory: str, names: list[str]) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_CONTENT_SCRIPT),
-            "trainfleet",
-            QuoteString(directory),
-            str(CONTENT_BYTES),
-            *map(QuoteString, names),
-        )
+        return shell(_CONTENT_SCRIPT, directory, CONTENT_BYTES, *names)
 
     def process(self, output: list[str]) -> dict[str, str | None]:
         return {name: file_text(read) for name, read in read_file_lines(output).items()}

@@ -5,46 +5,18 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from facts.shell import script, shell
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
 
 # Interfaces with their addresses, bridges, and every InfiniBand/RoCE port with its GID
 # table, from sysfs under $1 (a fixture tree in tests, /sys on nodes).
-_NETWORK_SCRIPT = r"""
-root=$1
-ip -o addr show 2>/dev/null | while read -r idx name family addr rest; do echo "addr ${name%%@*} $family $addr"; done
-for d in "$root"/class/net/*; do
-  [ -d "$d/bridge" ] && echo "bridge ${d##*/}"
-  [ -r "$d/mtu" ] && echo "mtu ${d##*/} $(cat "$d/mtu" 2>/dev/null)"
-done
-for p in "$root"/class/infiniband/*/ports/*; do
-  [ -d "$p" ] || continue
-  dev=${p%/ports/*}; dev=${dev##*/}; port=${p##*/}
-  echo "port $dev $port $(cat "$p/link_layer" 2>/dev/null | tr ' ' _) $(cat "$p/state" 2>/dev/null | tr -d ' ')"
-  for t in "$p"/gid_attrs/types/*; do
-    [ -f "$t" ] || continue
-    i=${t##*/}
-    type=$(cat "$t" 2>/dev/null | tr ' ' _) || continue
-    [ -n "$type" ] || continue
-    echo "gid $dev $port $i $type $(cat "$p/gids/$i" 2>/dev/null) $(cat "$p/gid_attrs/ndevs/$i" 2>/dev/null)"
-  done
-done
-# Each port's active MTU (sysfs has none): ibv_devinfo, bounded (a wedged HCA must not hang the run).
-if command -v ibv_devinfo >/dev/null 2>&1; then
-  timeout 10 ibv_devinfo 2>/dev/null | awk '$1 == "hca_id:" { d = $2 } $1 == "port:" { p = $2 }
-    $1 == "active_mtu:" { print "ibmtu", d, p, $2 }'
-fi
-"""
+_NETWORK_SCRIPT = script("nccl_env_network.sh")
 
-_FILES_SCRIPT = (
-    FILE_FN
-    + r"""
-for f in "$@"; do tf_file "$f" "$f"; done
-"""
-)
+_FILES_SCRIPT = FILE_FN + script("nccl_env_files.sh")
 
 
 class NcclNetworkT(TypedDict):
@@ -71,9 +43,7 @@ class NcclNetwork(FactBase[NcclNetworkT]):
     """
 
     def command(self, sysfs: str = "/sys") -> StringCommand:
-        return StringCommand(
-            "sh", "-c", QuoteString(_NETWORK_SCRIPT), "trainfleet", QuoteString(sysfs)
-        )
+        return shell(_NETWORK_SCRIPT, sysfs)
 
     def process(self, output: list[str]) -> NcclNetworkT:
         interfaces: dict[str, Interface] = {}
@@ -143,15 +113,7 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_FILES_SCRIPT),
-            "trainfleet",
-            NCCL_PROFILE,
-            NCCL_ENVIRONMENT,
-            NCCL_CONF,
-        )
+        return shell(_FILES_SCRIPT, NCCL_PROFILE, NCCL_ENVIRONMENT, NCCL_CONF)
 
     def process(self, output: list[str]) -> NcclEnvFilesT:
         files = read_file_lines(output)
@@ -162,10 +124,7 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
         }
 
 
-_SEEN_SCRIPT = r"""
-echo "@non-login"; env
-echo "@login"; bash -lc env 2>/dev/null || sh -lc env
-"""
+_SEEN_SCRIPT = script("nccl_env_seen.sh")
 
 
 class NcclEnvSeenT(TypedDict):

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
+from facts.shell import script, shell
 from trainfleet.hccl import is_ipv4
 
 HCCN_CONF = "/etc/hccn.conf"  # root-owned; hccn_tool -ip -s writes address_<id>=<ip> here
@@ -14,19 +15,7 @@ HCCN_TOOL = "/usr/local/Ascend/driver/tools/hccn_tool"  # the driver's path; oft
 # The script prefixes every line it prints with where it came from ("conf " for the file,
 # "tool <id> " for hccn_tool's answer about device <id>), so no line of the file can pass for
 # the tool's, nor one device's answer for another's. Absent file or tool print nothing; exit 0.
-_SCRIPT = r"""
-conf=$1 dev=$2 t=$3
-[ -r "$conf" ] && awk '{ print "conf " $0 }' "$conf"
-[ -x "$t" ] || t=$(command -v hccn_tool 2>/dev/null) || t=
-if [ -n "$t" ] && [ -x "$t" ]; then
-  for d in "$dev"/davinci[0-9]*; do
-    i=${d##*/davinci}
-    case $i in ''|*[!0-9]*) continue ;; esac
-    timeout 5 "$t" -i "$i" -ip -g 2>/dev/null | awk -v i="$i" '{ print "tool " i " " $0 }'
-  done
-fi
-exit 0
-"""
+_SCRIPT = script("npu.sh")
 
 _CONF_ADDRESS = re.compile(r"address_(0|[1-9][0-9]{0,2})=(\S+)")  # the whole (stripped) line
 _TOOL_LINE = re.compile(r"tool (0|[1-9][0-9]{0,2}) (.*)")
@@ -54,15 +43,7 @@ class NpuDeviceIps(FactBase[dict[int, str]]):
     """
 
     def command(self, conf: str = HCCN_CONF, dev: str = "/dev") -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            QuoteString(conf),
-            QuoteString(dev),
-            HCCN_TOOL,
-        )
+        return shell(_SCRIPT, conf, dev, HCCN_TOOL)
 
     def process(self, output: list[str]) -> dict[int, str]:
         conf: dict[int, str | None] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block_facts import (
@@ -16,24 +16,13 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
+from facts.shell import script, shell
 from trainfleet.defaults import MCA_FILE  # noqa: F401  (operations read it from here)
 
 MCA_PURPOSE = "openmpi network"
 
 # One command: mpirun's version line, then per user its home, group and parameter file.
-_SCRIPT = (
-    AS_USER_FN
-    + r"""
-file=$1 part=$2; shift 2
-echo "version $(mpirun --version 2>/dev/null | head -n 1)"
-for u in "$@"; do
-  entry=$(getent passwd "$u") || { echo "user $u nouser"; continue; }
-  home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
-  printf 'user %s %s %s %s ' "$u" "$uid" "$(getent group "$gid" | cut -d: -f1 | tr -d ' ')" "$(printf %s "$home" | base64 -w0)"
-  tf_as "$uid" "$gid" "$part" "$home/$file"
-done
-"""
-)
+_SCRIPT = AS_USER_FN + script("openmpi.sh")
 
 # Read as the user: the parameter file in the user's home.
 _USER_PART = FILE_FN + 'tf_file params "$1"'
@@ -77,15 +66,7 @@ class OpenMpiState(FactBase[OpenMpiT]):
     """
 
     def command(self, users: list[str]) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            MCA_FILE,
-            QuoteString(_USER_PART),
-            *(QuoteString(u) for u in users),
-        )
+        return shell(_SCRIPT, MCA_FILE, _USER_PART, *users)
 
     def process(self, output: list[str]) -> OpenMpiT:
         version = next(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.managed_block_facts import (
@@ -17,6 +17,7 @@ from facts.managed_block_facts import (
     decode_lines,
     read_file_lines,
 )
+from facts.shell import script, shell
 from trainfleet.defaults import (
     HOST_CERT_SUFFIX,
     MESH_KEY_NAME,
@@ -76,30 +77,9 @@ class SshUserT(TypedDict):
 # Root looks the user up; everything in the home is read AS the user (setpriv, bounded in
 # time), so a link the user planted can only show the user's own files. The user part's
 # output is base64-encoded by root's shell: the user cannot forge the lines around it.
-_USER_SCRIPT = (
-    AS_USER_FN
-    + r"""
-u=$1; key=$2; part=$3
-entry=$(getent passwd "$u") || { echo "nouser"; exit 0; }
-home=$(echo "$entry" | cut -d: -f6); uid=$(echo "$entry" | cut -d: -f3); gid=$(echo "$entry" | cut -d: -f4)
-echo "home $home"; echo "uid $uid"; echo "group $(getent group "$gid" | cut -d: -f1)"
-printf 'user '; tf_as "$uid" "$gid" "$part" "$home" "$key"
-"""
-)
+_USER_SCRIPT = AS_USER_FN + script("ssh_mesh_user.sh")
 
-_USER_PART = (
-    FILE_FN
-    + r"""
-home=$1; key=$2
-meta() { if [ -e "$1" ]; then printf '%s %s %s\n' "$2" "$(stat -L -c '%a %U' -- "$1")" "$( [ -f "$1" ] && sha256sum < "$1" | cut -d' ' -f1 || echo -)"; else echo "$2 missing"; fi; }
-meta "$home/.ssh" ssh_dir
-meta "$home/.ssh/$key" identity
-meta "$home/.ssh/$key.pub" identity_pub
-tf_file authorized_keys "$home/.ssh/authorized_keys"
-tf_file config "$home/.ssh/config"
-tf_file certificate "$home/.ssh/$key-cert.pub"
-"""
-)
+_USER_PART = FILE_FN + script("ssh_mesh_user_part.sh")
 
 
 class SshMeshUser(FactBase[SshUserT]):
@@ -123,15 +103,7 @@ class SshMeshUser(FactBase[SshUserT]):
     """
 
     def command(self, user: str) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_USER_SCRIPT),
-            "trainfleet",
-            QuoteString(user),
-            MESH_KEY_NAME,
-            QuoteString(_USER_PART),
-        )
+        return shell(_USER_SCRIPT, user, MESH_KEY_NAME, _USER_PART)
 
     def process(self, output: list[str]) -> SshUserT:
         if output[:1] == ["nouser"]:
@@ -226,34 +198,7 @@ _HOST_CERT_PATHS = tuple(
 # Root reads root's files in /etc/ssh: no user controls them. ssh_config's Include must be read
 # for every host: outside any Host/Match block but `Host *` / `Match all` (ssh scopes an
 # included file's lines to the block around its Include).
-_SSHD_SCRIPT = (
-    FILE_FN
-    + r"""
-main=$1 drop_in=$2 krl=$3 client=$4 client_drop_in=$5; shift 5
-if grep -Eiq '^[[:space:]]*Include[[:space:]]+/etc/ssh/sshd_config\.d/\*\.conf([[:space:]]|$)' "$main" 2>/dev/null
-then echo "include yes"; else echo "include no"; fi
-for f in "$main" /etc/ssh/sshd_config.d/*.conf; do
-  [ "$f" = "$drop_in" ] || ! [ -f "$f" ] && continue
-  grep -Eiq '^[[:space:]]*RevokedKeys[[:space:]]' "$f" && echo "revoked_keys_in $f"
-done
-if [ -f "$client" ] && awk '
-  { line = tolower($0); sub(/^[ \t]+/, "", line); sub(/[ \t]+$/, "", line) }
-  line ~ /^host[ \t=]/ { scoped = line !~ /^host[ \t=]+\*$/; next }
-  line ~ /^match[ \t=]/ { scoped = line !~ /^match[ \t=]+all$/; next }
-  !scoped && line ~ /^include[ \t=]+(\/etc\/ssh\/)?ssh_config\.d\/\*\.conf([ \t]|$)/ { found = 1 }
-  END { exit !found }' "$client"
-then echo "client_include yes"; else echo "client_include no"; fi
-for f in "$client" /etc/ssh/ssh_config.d/*.conf; do
-  [ "$f" = "$client_drop_in" ] || ! [ -f "$f" ] && continue
-  grep -Eiq '^[[:space:]]*RevokedHostKeys([[:space:]]|=)' "$f" && echo "revoked_host_keys_in $f"
-done
-tf_file drop_in "$drop_in"
-tf_file krl "$krl"
-tf_file client_drop_in "$client_drop_in"
-for f in "$@"; do tf_file "$f" "$f"; done
-true
-"""
-)
+_SSHD_SCRIPT = FILE_FN + script("ssh_mesh_sshd.sh")
 
 
 class SshdMesh(FactBase[SshdMeshT]):
@@ -274,11 +219,8 @@ class SshdMesh(FactBase[SshdMeshT]):
     """
 
     def command(self) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SSHD_SCRIPT),
-            "trainfleet",
+        return shell(
+            _SSHD_SCRIPT,
             SSHD_MAIN_CONF,
             SSHD_MESH_CONF,
             REVOKED_KEYS,
@@ -319,39 +261,7 @@ class SshdMesh(FactBase[SshdMeshT]):
 # Probe every peer as the mesh user: BatchMode (no password prompt), host keys checked
 # strictly, a bounded number at once, each starting at a different peer so no node is
 # hit by every other node at the same moment.
-_PROBE_SCRIPT = r"""
-parallel=$1; timeout_s=$2; shift 2
-d=$(mktemp -d) || exit 1; trap 'rm -rf "$d"' EXIT
-# Start after this node in the list, so the N nodes do not all hit the same peer first.
-me=$(hostname); n=0; i=0
-for peer in "$@"; do i=$((i + 1)); [ "$peer" = "$me" ] && n=$i; done
-i=0
-for peer in "$@"; do i=$((i + 1)); [ $i -le $n ] && set -- "$@" "$peer"; done
-shift $n
-echo "probing $#"
-probe() {
-  out=$(timeout "$timeout_s" ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes \
-        -o ConnectTimeout="$timeout_s" "$1" true 2>&1)
-  rc=$?
-  if [ $rc -eq 0 ]; then echo "ok $1"; else echo "fail $1 rc=$rc $(echo "$out" | tr '\n' ' ' | cut -c1-200)"; fi
-}
-i=0
-for peer in "$@"; do
-  probe "$peer" >>"$d/first" &
-  i=$((i + 1))
-  if [ $((i % parallel)) -eq 0 ]; then wait; fi
-done
-wait
-# A timeout, or sshd dropping the connection before authentication (its MaxStartups limit,
-# when every node probes at once), says nothing about the mesh: such a peer is probed once
-# more, alone. A refused key or a host key mismatch is final.
-while read -r status peer rest; do
-  case "$status $rest" in
-    "fail rc=124"*|*kex_exchange_identification*|*"Connection closed"*|*"Connection reset"*) probe "$peer" ;;
-    *) echo "$status $peer $rest" ;;
-  esac
-done <"$d/first"
-"""
+_PROBE_SCRIPT = script("ssh_mesh_probe.sh")
 
 
 # The probe as a mesh user: su without -l, so the user's profile (the user's code) never runs
@@ -376,26 +286,11 @@ class SshMeshProof(FactBase[dict[str, str]]):
     def command(self, user: str, peers: list[str] | str) -> StringCommand:
         if isinstance(peers, str):
             peers = [p for p in peers.split(",") if p]
-        probe = StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_PROBE_SCRIPT),
-            "trainfleet",
-            str(MESH_PROBE_PARALLEL),
-            str(MESH_PROBE_TIMEOUT),
-            *(QuoteString(p) for p in peers),
-        )
+        probe = shell(_PROBE_SCRIPT, MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT, *peers)
         self.peers = list(peers)
         if user == "root":
             return probe
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_AS_MESH_USER),
-            "trainfleet",
-            QuoteString(user),
-            QuoteString(probe.get_raw_value()),
-        )
+        return shell(_AS_MESH_USER, user, probe.get_raw_value())
 
     def process(self, output: list[str]) -> dict[str, str]:
         peers = getattr(self, "peers", [])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from typing import TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import SECTION, split_sections
 from facts.os_release_facts import OS_FAMILY_SH
+from facts.shell import script, shell
 from trainfleet.osfamily import OsFamilyT, os_release
 from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.schema import normalized_dist
@@ -18,70 +19,13 @@ CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 _SECTION = SECTION
 
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
-_SCRIPT = (
-    r"""
-venv=$1 sep=$2 prof=$3 py=$4
-"""
-    + OS_FAMILY_SH
-    + r"""
-if command -v dpkg-query >/dev/null 2>&1; then
-  dpkg-query -W -f='deb ${Status} ${Package} ${Version}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi-bin 'cuda-drivers*' 2>/dev/null
-fi
-if command -v rpm >/dev/null 2>&1; then
-  rpm -qa --qf 'rpm %{NAME} %{VERSION}-%{RELEASE}\n' 'cuda-toolkit-*' 'libcudnn*' 'libnccl*' openmpi 'cuda-drivers*' 2>/dev/null
-fi
-for f in /etc/dnf/plugins/versionlock.list /etc/yum/pluginconf.d/versionlock.list; do
-  [ -r "$f" ] && awk '/^[^#! ]/ { print "lock " $0 }' "$f"
-done
-[ -f /usr/share/keyrings/cuda-archive-keyring.gpg ] && echo "keyring yes"
-n=$(command -v nvcc 2>/dev/null); [ -n "$n" ] || n=/usr/local/cuda/bin/nvcc
-[ -x "$n" ] && echo "nvcc $n $("$n" --version 2>/dev/null | grep -m1 release)"
-if [ -x "$venv/bin/python" ]; then echo "venv yes"; "$venv/bin/python" -I -c "$py" 2>/dev/null; fi
-command -v gcc >/dev/null 2>&1 && echo "gcc $(gcc --version 2>/dev/null | head -n 1)"
-[ -x /usr/bin/gcc ] && echo "sysgcc $(/usr/bin/gcc --version 2>/dev/null | head -n 1)"
-for g in /opt/rh/*/root/usr/bin/gcc; do
-  [ -x "$g" ] && echo "scl $(echo "$g" | cut -d/ -f4) $("$g" --version 2>/dev/null | head -n 1)"
-done
-for f in "$prof" /etc/apt/sources.list.d/cuda*.list /etc/yum.repos.d/cuda*.repo; do
-  [ -f "$f" ] && { echo "$sep $f"; awk 1 "$f"; }
-done
-exit 0
-"""
-)
+# The one os-release fragment (facts/os_release_facts.py) goes in after the arguments line.
+_ARGS, _PROBES = script("stack.sh").split("py=$4\n", 1)
+_SCRIPT = f"{_ARGS}py=$4\n{OS_FAMILY_SH}\n{_PROBES}"
 
 # Run by the venv's python: every distribution it has (importlib.metadata: no pip started),
 # then what torch reports. CUDA calls only when a GPU is usable; every call guarded.
-_PY = r"""
-try:
-    import importlib.metadata as metadata
-    for dist in metadata.distributions():
-        name, version = dist.metadata["Name"], dist.version
-        if isinstance(name, str) and isinstance(version, str):
-            print("pkg", name.replace(" ", "_"), version.replace(" ", "_"))
-except Exception:
-    pass
-try:
-    import torch
-except Exception:
-    raise SystemExit(0)
-print("torch", torch.__version__)
-print("torch_cuda", torch.version.cuda)
-try:
-    gpu = bool(torch.cuda.is_available())
-except Exception:
-    gpu = False
-print("torch_gpu", gpu)
-if gpu:
-    try:
-        print("torch_cudnn", torch.backends.cudnn.version())
-    except Exception:
-        pass
-    try:
-        v = torch.cuda.nccl.version()
-        print("torch_nccl", ".".join(map(str, v)) if isinstance(v, tuple) else v)
-    except Exception:
-        pass
-"""
+_PY = script("stack_versions.py")
 
 _NVCC = re.compile(r"release (\S+), V(\S+)")
 _PKG = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*) (\S+)", re.ASCII)
@@ -183,16 +127,7 @@ class StackVersions(FactBase[StackVersionsT]):
     """
 
     def command(self, venv: str) -> StringCommand:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            QuoteString(venv),
-            _SECTION,
-            GCC_PROFILE,
-            QuoteString(_PY),
-        )
+        return shell(_SCRIPT, venv, _SECTION, GCC_PROFILE, _PY)
 
     def process(self, output: list[str]) -> StackVersionsT:
         head: dict[str, str] = {}

@@ -13,11 +13,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from pyinfra.api import QuoteString, State, StringCommand
+from pyinfra.api import State, StringCommand
 from pyinfra.api.arguments import pop_global_arguments
 from pyinfra.connectors.util import make_unix_command
 
-from trainfleet.verdicts import printable
+from facts.shell import shell
+from trainfleet.text import printable
 
 OK = "trainfleet-sudo: ok"
 REFUSED = "trainfleet-sudo: refused: "
@@ -54,7 +55,7 @@ def probe_script(sudo_command: str) -> str:
 
 
 def sudo_probe_command(sudo_command: StringCommand) -> StringCommand:
-    return StringCommand("sh", "-c", QuoteString(probe_script(sudo_command.get_raw_value())))
+    return shell(probe_script(sudo_command.get_raw_value()))
 
 
 def sudo_refusal(lines: list[str], user: str) -> str | None:

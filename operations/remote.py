@@ -38,6 +38,7 @@ from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
 from facts.managed_block_facts import USER_ENV_FN
+from facts.shell import shell
 from trainfleet.defaults import RUN_DIR
 
 LOCK_WAIT = 60  # seconds a write waits for another run's write on the same node
@@ -210,15 +211,11 @@ def _locked(
         "TF_SCRIPT": script,
         **env,
     }
-    return StringCommand(
-        "env",
-        *(QuoteString(f"{key}={value}") for key, value in env.items()),
-        "sh",
-        "-c",
-        QuoteString(_LOCKED),
-        "trainfleet",
+    return shell(
+        _LOCKED,
         RUN_DIR,
-        *(QuoteString(arg) for arg in args),
+        *args,
+        prefix=("env", *(QuoteString(f"{key}={value}") for key, value in env.items())),
     )
 
 
@@ -226,15 +223,8 @@ def run_dir_command(login: str | None = None) -> StringCommand:
     """Make sure /run/trainfleet is root's own 0700 directory (before an upload into it), and
     a sudo ``login``'s upload directory is that user's own."""
     if login:
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(RUN_DIR_SCRIPT + UPLOAD_DIR_SCRIPT),
-            "trainfleet",
-            RUN_DIR,
-            QuoteString(login),
-        )
-    return StringCommand("sh", "-c", QuoteString(RUN_DIR_SCRIPT), "trainfleet", RUN_DIR)
+        return shell(RUN_DIR_SCRIPT + UPLOAD_DIR_SCRIPT, RUN_DIR, login)
+    return shell(RUN_DIR_SCRIPT, RUN_DIR)
 
 
 def upload_dir(login: str) -> str:

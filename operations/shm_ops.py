@@ -7,8 +7,9 @@ wanted (a job between two phases), so removing it is a decision, not convergence
 from __future__ import annotations
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
+from facts.shell import shell
 from facts.shm_facts import SHMID_MAX, Segment, StaleSharedMemory
 from runtime.gather import fact
 
@@ -54,6 +55,4 @@ def remove_command(segments: list[Segment]) -> StringCommand:
     bad = [i for i in ids if type(i) is not int or not 0 <= i <= SHMID_MAX]
     if bad:
         raise ValueError(f"not shared memory ids: {bad!r}")
-    return StringCommand(
-        "sh", "-c", QuoteString(_REMOVE), "trainfleet", *(QuoteString(str(i)) for i in ids)
-    )
+    return shell(_REMOVE, *ids)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import hashlib
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
 from facts.managed_block_facts import BlockState, ManagedBlock, block_state
+from facts.shell import shell
 from facts.ssh_mesh_facts import (
     AUTHORIZED_PURPOSE,
     CONFIG_PURPOSE,
@@ -72,15 +73,7 @@ reload
 
 
 def reload_sshd_command() -> StringCommand:
-    return StringCommand(
-        "sh",
-        "-c",
-        QuoteString(_RELOAD_SSHD),
-        "trainfleet",
-        REVOKED_KEYS,
-        SSHD_MESH_CONF,
-        SSH_MESH_CONF,
-    )
+    return shell(_RELOAD_SSHD, REVOKED_KEYS, SSHD_MESH_CONF, SSH_MESH_CONF)
 
 
 def _ours(certificate_line: str) -> bool:

@@ -10,7 +10,6 @@ from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import gevent.pool
 from gevent.event import AsyncResult
 from pyinfra import host as current_host
 from pyinfra import logger
@@ -20,6 +19,7 @@ from pyinfra.context import ctx_host, ctx_state
 
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo_facts import sudo_form, sudo_probe_command, sudo_refusal
+from runtime.fanout import fan_out
 from runtime.faults import name_step_faults
 from runtime import inventory
 from trainfleet.keystore import KeyStore
@@ -95,8 +95,7 @@ def gather_fact(
         with ctx_host.use(host):
             return get_fact(state, host, fact, kwargs=mine)
 
-    pool = gevent.pool.Pool(max(1, min(len(hosts), state.config.PARALLEL or len(hosts))))
-    results = pool.map(one, hosts)
+    results = fan_out(one, hosts, state.config.PARALLEL)
     return {
         host.data.get("trainfleet_node", host.name): result
         for host, result in zip(hosts, results, strict=False)
@@ -118,7 +117,7 @@ def prove_sudo(state: State, hosts: list[Any]) -> set[Any]:
         return host.name, sudo_refusal(output.stdout_lines, str(host.data.get("ssh_user")))
 
     if unproved:
-        proofs.update(gevent.pool.Pool(len(unproved)).map(probe, unproved))
+        proofs.update(fan_out(probe, unproved))
     refused = {h for h in hosts if proofs.get(h.name)}
     for host in refused:
         logger.error(f"{host.print_prefix}trainfleet: {proofs[host.name]}")

@@ -14,15 +14,21 @@ from pathlib import Path
 
 import pytest
 
-from checks.preflight_check import parse_hygiene
-from trainfleet import Cluster
-from trainfleet.verdicts import (
-    PreflightReport,
-    collective_problems,
-    hygiene_problems,
-    isolate,
-    listener_pids,
+from checks import (
+    bandwidth_stage,
+    collective_stage,
+    collective_verdicts,
+    rank_output,
+    reachability_stage,
+    smoke_stage,
+    stage_runner,
 )
+from checks.collective_verdicts import collective_problems, isolate
+from checks.hygiene_output import parse_hygiene
+from checks.hygiene_verdicts import hygiene_problems
+from checks.preflight_report import PreflightReport
+from checks.reachability_verdicts import listener_pids
+from trainfleet import Cluster
 
 CLUSTER = Cluster.parse("""\
 nodes:
@@ -185,7 +191,7 @@ def test_a_failing_gpu_rank_is_named_by_node_local_rank_and_the_gpu_its_cuda_vis
 
 
 def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node():
-    from trainfleet.verdicts import rank_layout, rank_places
+    from checks.collective_verdicts import rank_layout, rank_places
 
     assert rank_layout(CLUSTER.nodes) == {"gpu-a01": (0, 8), "gpu-a02": (8, 8), "gpu-a03": (16, 8)}
     mixed = Cluster.parse(
@@ -199,7 +205,7 @@ def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node(
 def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_back_by_local_rank(
     planted, monkeypatch, tmp_path
 ):
-    preflight, _, cwd = planted
+    _, cwd = planted
     # A stand-in python: prints what the collective's first step would (its arguments and the
     # environment it got), then rank 10 fails as a rank whose GPU is gone would.
     python = tmp_path / "venv" / "bin" / "python"
@@ -214,9 +220,9 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
         'echo \'{"step": "done"}\'\n'
     )
     python.chmod(0o755)
-    monkeypatch.setattr(preflight, "VENV_DIR", str(tmp_path / "venv"))
-    command = preflight._collective_command(8, 4, 24, "192.0.2.11", 29500, "nccl", 5)
-    ranks = preflight.node_steps(_run_stage(command, cwd).stdout.splitlines(), 4)
+    _use_venv(monkeypatch, str(tmp_path / "venv"))
+    command = collective_stage.collective_command(8, 4, 24, "192.0.2.11", 29500, "nccl", 5)
+    ranks = rank_output.node_steps(_run_stage(command, cwd).stdout.splitlines(), 4)
     assert [r[0]["rank"] for r in ranks] == [8, 9, 10, 11] and [r[0]["local"] for r in ranks] == [
         0,
         1,
@@ -230,7 +236,7 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
     assert [s["step"] for s in ranks[2]] == ["start", "exit", "stderr", "nccl"]
     assert ranks[2][2]["text"] == "RuntimeError: CUDA error: no CUDA-capable device"
     assert ranks[3][-1]["text"].endswith("[3] NCCL INFO Using network Socket")
-    assert [preflight.rank_failure(r) for r in ranks] == [
+    assert [collective_verdicts.rank_failure(r) for r in ranks] == [
         None,
         None,
         "python exited with status 1 after 'start': RuntimeError: CUDA error: no CUDA-capable "
@@ -242,15 +248,15 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
 def test_the_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_lists_at_its_local_rank(
     planted, monkeypatch, tmp_path
 ):
-    preflight, _, cwd = planted
+    _, cwd = planted
     venv = tmp_path / "venv"  # a venv without torch: each rank gets as far as its first step
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    monkeypatch.setattr(preflight, "VENV_DIR", str(venv))
-    command = preflight._collective_command(8, 2, 16, "127.0.0.1", 1, "nccl", 5)
+    _use_venv(monkeypatch, str(venv))
+    command = collective_stage.collective_command(8, 2, 16, "127.0.0.1", 1, "nccl", 5)
     out = _run_stage(
         command, cwd, CUDA_VISIBLE_DEVICES="GPU-5b7a1c3e,GPU-0c2d4f1a"
     ).stdout.splitlines()
-    ranks = preflight.node_steps(out, 2)
+    ranks = rank_output.node_steps(out, 2)
     assert [(r[0]["rank"], r[0]["local"], r[0]["gpu"]) for r in ranks] == [
         (8, 0, "GPU-5b7a1c3e"),
         (9, 1, "GPU-0c2d4f1a"),
@@ -264,15 +270,13 @@ def test_the_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_list
     assert [(p.node, p.cause) for p in collective_problems(two, steps)] == [
         ("b", "import failed: ModuleNotFoundError: No module named 'torch'")
     ]
-    from trainfleet.verdicts import failed_before_the_network
+    from checks.collective_verdicts import failed_before_the_network
 
     assert failed_before_the_network(steps) == {"b"}  # no pair test (isolation) can say more
 
 
 def test_lines_of_ranks_a_node_does_not_run_are_dropped_and_a_node_wide_line_reaches_every_rank():
-    import checks.preflight_check as preflight
-
-    ranks = preflight.node_steps(
+    ranks = rank_output.node_steps(
         ["nopython", '0 {"step": "start"}', '7 {"step": "done"}', "1x exit 3"], 2
     )
     assert [[s["step"] for s in r] for r in ranks] == [["error", "start"], ["error"]]
@@ -308,8 +312,6 @@ def test_only_exact_decimal_pids_in_range_are_taken_the_rest_is_refused():
 
 
 def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(monkeypatch):
-    import checks.preflight_check as preflight
-
     sent: list[str] = []
     listener_output = {
         "gpu-a01": ["pid 4242", "pid 4243"],
@@ -326,9 +328,9 @@ def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(mo
             for node in commands
         }
 
-    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(reachability_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=[n.name for n in CLUSTER.nodes])
-    preflight._reachability(None, CLUSTER, report, master_port_free=True)
+    reachability_stage.run_reachability(None, CLUSTER, report, master_port_free=True)
     assert [(p.node, p.cause) for p in report.problems] == [
         (
             "gpu-a02",
@@ -357,16 +359,14 @@ def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(mo
 def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passed(
     tmp_path, monkeypatch
 ):
-    import checks.preflight_check as preflight
-
-    monkeypatch.setattr(preflight, "RUN_DIR", str(tmp_path))
+    _use_run_dir(monkeypatch, str(tmp_path))
 
     token = "trainfleet-preflight-0123456789abcdef"
     sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
     ours = subprocess.Popen([*sleep, token])  # carries the token, as a listener does
     other = subprocess.Popen([*sleep, "trainfleet-preflight-ffffffffffffffff"])  # another run's
     try:
-        command = preflight.end_listeners_command(token, [ours.pid, other.pid])
+        command = reachability_stage.end_listeners_command(token, [ours.pid, other.pid])
         subprocess.run(["sh", "-c", command.get_raw_value()], check=True, timeout=10)
         assert ours.wait(timeout=5) == -15
         assert other.poll() is None
@@ -375,7 +375,19 @@ def test_ending_listeners_kills_only_this_runs_processes_whatever_pids_are_passe
             p.kill()
             p.wait()
     with pytest.raises(ValueError):
-        preflight.end_listeners_command(token, ["1; id"])  # type: ignore[list-item]
+        reachability_stage.end_listeners_command(token, ["1; id"])  # type: ignore[list-item]
+
+
+def _use_run_dir(monkeypatch, path: str) -> None:
+    """Point every stage module that reads RUN_DIR at ``path``."""
+    for module in (stage_runner, reachability_stage):
+        monkeypatch.setattr(module, "RUN_DIR", path)
+
+
+def _use_venv(monkeypatch, path: str) -> None:
+    """Point the collective's command and its output's parser at the venv ``path``."""
+    for module in (collective_stage, rank_output):
+        monkeypatch.setattr(module, "VENV_DIR", path)
 
 
 def _run_stage(command, cwd, **env) -> subprocess.CompletedProcess:
@@ -398,22 +410,19 @@ def _plant(directory, modules=("json", "socket", "threading", "sys", "sitecustom
 
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
-    """(the preflight module with its RUN_DIR under tmp_path, that dir, a dir of planted
-    modules)."""
-    import checks.preflight_check as preflight
-
+    """(the stages' RUN_DIR under tmp_path, that dir, a dir of planted modules)."""
     base = tmp_path / "run"
-    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
+    _use_run_dir(monkeypatch, str(base))
     modules = tmp_path / "tmp"
     modules.mkdir()
     _plant(modules)
-    return preflight, base, modules
+    return base, modules
 
 
 def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(planted):
-    preflight, base, planted = planted
+    base, planted = planted
     # Started from the planted directory, with it on PYTHONPATH too: nothing there is imported.
-    probe = preflight._python(preflight._PROBE, "127.0.0.1", "closed=127.0.0.1:1")
+    probe = stage_runner.python_stage(reachability_stage._PROBE, "127.0.0.1", "closed=127.0.0.1:1")
     done = _run_stage(probe, planted, PYTHONPATH=str(planted))
     assert done.stdout.startswith("fail closed ConnectionRefusedError"), done
     assert sorted(p.name for p in planted.glob("PWNED-*")) == []
@@ -423,13 +432,13 @@ def test_stage_pythons_run_isolated_in_a_private_directory_that_is_removed(plant
 
 
 def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
-    preflight, base, planted = planted
+    base, planted = planted
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     token = "trainfleet-preflight-00112233aabbccdd"
-    start = preflight._sh(
-        preflight.listener_workdir(token, str(base)) + preflight._LISTEN,
+    start = stage_runner.shell_stage(
+        stage_runner.listener_workdir(token, str(base)) + reachability_stage._LISTEN,
         20,
         token,
         "127.0.0.1",
@@ -450,7 +459,8 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
             pytest.fail("the listener never listened")
         assert list(planted.glob("PWNED-*")) == []
         subprocess.run(
-            ["sh", "-c", preflight.end_listeners_command(token, pids).get_raw_value()], check=True
+            ["sh", "-c", reachability_stage.end_listeners_command(token, pids).get_raw_value()],
+            check=True,
         )
         for _ in range(50):
             if (
@@ -469,14 +479,12 @@ def test_listeners_run_isolated_in_their_own_directory_and_end_with_it(planted):
 def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(
     tmp_path, monkeypatch
 ):
-    import checks.preflight_check as preflight
-
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir(mode=0o777)
     base = tmp_path / "run"
     base.symlink_to(elsewhere)
-    monkeypatch.setattr(preflight, "RUN_DIR", str(base))
-    done = _run_stage(preflight._python("echo ran"), tmp_path)
+    _use_run_dir(monkeypatch, str(base))
+    done = _run_stage(stage_runner.python_stage("echo ran"), tmp_path)
     assert (
         done.returncode == 97
         and done.stdout
@@ -485,26 +493,24 @@ def test_the_private_directory_is_refused_unless_a_real_0700_directory_of_ours(
     assert list(elsewhere.iterdir()) == []
     assert [
         (p.node, p.cause)
-        for p in preflight._refusals("reachability", {"gpu-a01": [done.stdout.strip()]})
+        for p in stage_runner.refusals("reachability", {"gpu-a01": [done.stdout.strip()]})
     ] == [("gpu-a01", f"refused to run: {base} is not a directory of ours with mode 700")]
 
 
 def test_every_python_a_stage_starts_is_isolated_and_none_runs_from_tmp():
-    import checks.preflight_check as preflight
-
     scripts = {
-        "listen": preflight._LISTEN,
-        "probe": preflight._PROBE,
-        "collective": preflight._COLLECTIVE_RUN,
+        "listen": reachability_stage._LISTEN,
+        "probe": reachability_stage._PROBE,
+        "collective": collective_stage._COLLECTIVE_RUN,
     }
     for name, script in scripts.items():
         starts = re.findall(r'(?:python3|"\$python")( -\S+)? -c', script)
         assert starts and all(flag == " -I" for flag in starts), name
-    collective = preflight._collective_command(
+    collective = collective_stage.collective_command(
         0, 1, 3, "192.0.2.11", 29500, "gloo", 25
     ).get_raw_value()
     assert (
-        "/tmp" not in collective.replace(preflight.COLLECTIVE, "")
+        "/tmp" not in collective.replace(collective_stage.COLLECTIVE, "")
         and "mktemp -d /run/trainfleet/" in collective
     )
     assert " -I -c " in collective and "/opt/trainfleet/venv/bin/python" in collective
@@ -520,11 +526,11 @@ def test_a_port_holders_name_reaches_the_report_without_control_characters():
 # ---- the collective says why a rank failed, in that rank's own words ------------------------
 
 
-def _collective_on(preflight, venv, cwd) -> list[dict]:
+def _collective_on(monkeypatch, venv, cwd) -> list[dict]:
     """Run the real collective command of rank 0 of 1 with ``venv`` as the node venv."""
-    preflight.VENV_DIR = str(venv)
-    command = preflight._collective_command(0, 1, 1, "127.0.0.1", 1, "gloo", 5)
-    return preflight.node_steps(_run_stage(command, cwd).stdout.splitlines(), 1)[0]
+    _use_venv(monkeypatch, str(venv))
+    command = collective_stage.collective_command(0, 1, 1, "127.0.0.1", 1, "gloo", 5)
+    return rank_output.node_steps(_run_stage(command, cwd).stdout.splitlines(), 1)[0]
 
 
 def causes(steps: list[dict]) -> list[str]:
@@ -535,21 +541,20 @@ def causes(steps: list[dict]) -> list[str]:
 def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(
     planted, monkeypatch, tmp_path
 ):
-    preflight, _, cwd = planted
-    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    _, cwd = planted
+    _use_venv(monkeypatch, "unset")
     venv = tmp_path / "no-venv"
-    assert causes(_collective_on(preflight, venv, cwd)) == [
-        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and "
-        "deploy)"
+    assert causes(_collective_on(monkeypatch, venv, cwd)) == [
+        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"
     ]
 
 
 def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeypatch, tmp_path):
-    preflight, _, cwd = planted
-    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    _, cwd = planted
+    _use_venv(monkeypatch, "unset")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    assert causes(_collective_on(preflight, venv, cwd)) == [
+    assert causes(_collective_on(monkeypatch, venv, cwd)) == [
         "import failed: ModuleNotFoundError: No module named 'torch'"
     ]
 
@@ -557,8 +562,8 @@ def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeyp
 def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words(
     planted, monkeypatch, tmp_path
 ):
-    preflight, _, cwd = planted
-    monkeypatch.setattr(preflight, "VENV_DIR", "unset")
+    _, cwd = planted
+    _use_venv(monkeypatch, "unset")
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     python = tmp_path / "venv" / "bin" / "python"
     # what a venv whose base interpreter was removed prints (the dynamic loader's message)
@@ -567,29 +572,27 @@ def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words
         "cannot open shared object file: No such file or directory' >&2\nexit 127\n"
     )
     python.chmod(0o755)
-    assert causes(_collective_on(preflight, tmp_path / "venv", cwd)) == [
-        "python exited with status 127 after 'no output': python: error while loading shared "
-        "libraries: libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
+    assert causes(_collective_on(monkeypatch, tmp_path / "venv", cwd)) == [
+        "python exited with status 127 after 'no output': python: error while loading shared libraries: "
+        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
     ]
 
 
 def test_what_a_failing_rank_printed_reaches_the_report_escaped_and_silence_is_a_timeout():
-    import checks.preflight_check as preflight
-
-    steps = preflight._steps(['{"step": "start"}', "exit 1", "stderr \x1b]0;owned\x07 Traceback"])
+    steps = rank_output._steps(['{"step": "start"}', "exit 1", "stderr \x1b]0;owned\x07 Traceback"])
     assert causes(steps) == [
         "python exited with status 1 after 'start': \\x1b]0;owned\\x07 Traceback"
     ]
-    assert causes(preflight._steps(['{"step": "start"}', "exit 124"])) == [
+    assert causes(rank_output._steps(['{"step": "start"}', "exit 124"])) == [
         "stopped after 'start' (timed out)"
     ]
     # a rank that finished, then exited non-zero (its teardown failed), did finish
     assert (
-        causes(preflight._steps(['{"step": "done"}', "", "exit 134", "stderr terminate called"]))
+        causes(rank_output._steps(['{"step": "done"}', "", "exit 134", "stderr terminate called"]))
         == []
     )
     assert causes([]) == ["stopped after 'no output' (timed out)"]
-    assert preflight._steps(["[1, 2]", "exit 9999", "nonsense"]) == []
+    assert rank_output._steps(["[1, 2]", "exit 9999", "nonsense"]) == []
 
 
 def test_a_rank_that_never_joined_because_its_python_is_missing_says_so():
@@ -628,7 +631,7 @@ def test_nodes_sharing_a_hostname_are_each_named():
 
 
 def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails():
-    from trainfleet.verdicts import mesh_problems
+    from checks.mesh_verdicts import mesh_problems
 
     cluster = Cluster.parse(CLUSTER_TEXT_WITH_USERS)
     names = [n.name for n in cluster.nodes]
@@ -693,7 +696,8 @@ def _rank(rank: int, host: str, ok: bool = True, world: int = 24) -> str:
 
 
 def test_every_rank_of_every_node_must_report_ok_from_the_smoke_job():
-    from trainfleet.verdicts import rank_owners, smoke_problems
+    from checks.collective_verdicts import rank_owners
+    from checks.smoke_verdicts import smoke_problems
 
     owners = rank_owners(CLUSTER)
     assert (owners[0], owners[7], owners[8], owners[23]) == (
@@ -729,7 +733,7 @@ def test_every_rank_of_every_node_must_report_ok_from_the_smoke_job():
 
 
 def test_a_smoke_job_in_the_wrong_world_or_silent_is_no_pass():
-    from trainfleet.verdicts import smoke_problems
+    from checks.smoke_verdicts import smoke_problems
 
     small = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
@@ -743,29 +747,27 @@ def test_a_smoke_job_in_the_wrong_world_or_silent_is_no_pass():
 
 
 def test_the_smoke_stage_starts_runners_once_from_root_owned_ground_and_bounds_them():
-    import checks.preflight_check as preflight
-
-    deepspeed = preflight.smoke_command(CLUSTER, "deepspeed").get_raw_value()
+    deepspeed = smoke_stage.smoke_command(CLUSTER, "deepspeed").get_raw_value()
     assert (
         "/etc/trainfleet/launch/deepspeed.sh /etc/trainfleet/launch/smoke_train.py --timeout 60 "
         "--deadline 110" in deepspeed
     )
     assert "cd / && exec timeout -k 5" in deepspeed and "mktemp -d /run/trainfleet/" in deepspeed
-    mpirun = preflight.smoke_command(CLUSTER, "mpirun").get_raw_value()
+    mpirun = smoke_stage.smoke_command(CLUSTER, "mpirun").get_raw_value()
     assert (
         "/etc/trainfleet/launch/mpirun.sh --mca orte_tmpdir_base /run/trainfleet "
         "/opt/trainfleet/venv/bin/python /etc/trainfleet/launch/smoke_train.py --timeout 60 "
         "--deadline 110 --master-addr 192.0.2.11 --master-port 29500"
     ) in mpirun
     with pytest.raises(ValueError):
-        preflight.smoke_command(CLUSTER, "../../tmp/x")
+        smoke_stage.smoke_command(CLUSTER, "../../tmp/x")
 
 
 # ---- the bandwidth stage: node pairs, busbw, the slow node or link ---------------------------
 
 
 def test_busbw_is_nccl_tests_all_reduce_bus_bandwidth():
-    from trainfleet.verdicts import busbw
+    from checks.bandwidth_verdicts import busbw
 
     assert busbw(10.0, 2) == 10.0  # two ranks: each link carries the buffer once each way
     assert busbw(10.0, 16) == 18.75  # 2 * 15 / 16
@@ -773,7 +775,7 @@ def test_busbw_is_nccl_tests_all_reduce_bus_bandwidth():
 
 
 def test_a_pairs_figures_are_its_ranks_mean_time_and_a_partial_pair_has_none():
-    from trainfleet.verdicts import pair_figures
+    from checks.bandwidth_verdicts import pair_figures
 
     mib64 = 64 << 20
     ranks = [
@@ -801,7 +803,7 @@ def test_a_pairs_figures_are_its_ranks_mean_time_and_a_partial_pair_has_none():
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6, 7, 8])
 def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(count):
-    from trainfleet.verdicts import pair_rounds
+    from checks.bandwidth_verdicts import pair_rounds
 
     nodes = [f"n{i}" for i in range(count)]
     rounds = pair_rounds(nodes)
@@ -822,7 +824,7 @@ def test_pair_rounds_put_every_node_in_two_pairs_and_no_node_twice_in_a_round(co
 
 
 def test_pair_rounds_of_the_lab_and_of_four_nodes():
-    from trainfleet.verdicts import pair_rounds
+    from checks.bandwidth_verdicts import pair_rounds
 
     assert pair_rounds(["node1", "node2", "node3"]) == [
         [("node1", "node2")],
@@ -833,7 +835,7 @@ def test_pair_rounds_of_the_lab_and_of_four_nodes():
 
 
 def test_a_node_slow_in_every_pair_is_named_as_the_slow_node():
-    from trainfleet.verdicts import bandwidth_problems
+    from checks.bandwidth_verdicts import bandwidth_problems
 
     measured = {("a", "b"): 180.0, ("b", "c"): 41.5, ("a", "c"): 40.2}
     assert [(p.stage, p.node, p.cause) for p in bandwidth_problems(measured, 150)] == [
@@ -847,7 +849,7 @@ def test_a_node_slow_in_every_pair_is_named_as_the_slow_node():
 
 
 def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_nodes():
-    from trainfleet.verdicts import bandwidth_problems
+    from checks.bandwidth_verdicts import bandwidth_problems
 
     measured = {("a", "b"): 182.0, ("c", "d"): 181.0, ("b", "c"): 12.5, ("a", "d"): 179.9}
     cause = (
@@ -861,7 +863,7 @@ def test_a_slow_pair_of_nodes_fast_elsewhere_is_named_as_the_slow_link_on_both_n
 
 
 def test_a_healthy_node_between_two_slow_neighbours_is_not_called_slow():
-    from trainfleet.verdicts import bandwidth_problems
+    from checks.bandwidth_verdicts import bandwidth_problems
 
     # b and d are slow: every pair of the 4-node ring touches one of them, so a and c look
     # slow in every pair too; with no node reaching the floor anywhere, nobody is "the slow node".
@@ -878,7 +880,7 @@ def test_a_healthy_node_between_two_slow_neighbours_is_not_called_slow():
 
 
 def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
-    from trainfleet.verdicts import bandwidth_problems
+    from checks.bandwidth_verdicts import bandwidth_problems
 
     assert bandwidth_problems({("a", "b"): 0.5, ("b", "c"): 0.4, ("a", "c"): 0.3}, None) == []
     assert [(p.node, p.cause) for p in bandwidth_problems({("a", "b"): 9.0}, 10)] == [
@@ -910,8 +912,6 @@ def _bandwidth_lines(rank: int, world: int, seconds: float, nbytes: int = 16 << 
 def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_slow_node(
     monkeypatch,
 ):
-    import checks.preflight_check as preflight
-
     lab = Cluster.parse(
         "preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
         "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
@@ -924,9 +924,9 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
         seconds_of = max(slow.get(node, 0.02) for node in commands)
         return {node: _bandwidth_lines(i, 2, seconds_of) for i, node in enumerate(commands)}
 
-    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="lab", nodes=[n.name for n in lab.nodes])
-    preflight._bandwidth(None, lab, report)
+    bandwidth_stage.run_bandwidth(None, lab, report)
     assert [sorted(r) for r in rounds] == [
         ["node1", "node2"],
         ["node2", "node3"],
@@ -956,13 +956,11 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
 
 
 def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nodes():
-    import checks.preflight_check as preflight
-
     four = Cluster.parse(
         "nodes:\n"
         + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4))
     )
-    commands = preflight.bandwidth_commands(four, [("g1", "g2"), ("g0", "g3")], 30)
+    commands = bandwidth_stage.bandwidth_commands(four, [("g1", "g2"), ("g0", "g3")], 30)
     raw = {node: c.get_raw_value() for node, c in commands.items()}
     assert raw["g1"].endswith(" 0 8 16 192.0.2.1 29501 nccl 30 268435456")
     assert raw["g2"].endswith(" 8 8 16 192.0.2.1 29501 nccl 30 268435456")
@@ -973,14 +971,12 @@ def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nod
 def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(
     monkeypatch,
 ):
-    import checks.preflight_check as preflight
-
     one_gpu_node = Cluster.parse("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
-    assert preflight.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
+    assert bandwidth_stage.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
     cpu = Cluster.parse("nodes:\n  - {name: c, address: 192.0.2.1}\n")
-    monkeypatch.setattr(preflight, "run_everywhere", lambda *a: pytest.fail("nothing to run"))
+    monkeypatch.setattr(bandwidth_stage, "run_everywhere", lambda *a: pytest.fail("nothing to run"))
     report = PreflightReport(cluster="c", nodes=["c"])
-    preflight._bandwidth(None, cpu, report)
+    bandwidth_stage.run_bandwidth(None, cpu, report)
     assert report.stages["bandwidth"] == "skipped" and report.problems == []
     assert (
         report.details["bandwidth"]["note"]
@@ -991,8 +987,6 @@ def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_
 def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass(
     monkeypatch,
 ):
-    import checks.preflight_check as preflight
-
     two = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
@@ -1000,9 +994,9 @@ def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is
     def run_everywhere(state, commands, seconds):
         return {"a": _bandwidth_lines(0, 2, 0.1)[:3], "b": ['0 {"step": "start"}', "0 exit 124"]}
 
-    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=["a", "b"])
-    preflight._bandwidth(None, two, report)
+    bandwidth_stage.run_bandwidth(None, two, report)
     assert [(p.node, p.cause) for p in report.problems] == [
         ("a", "the timed all_reduce with b did not finish: stopped after 'all_reduce' (timed out)"),
         ("b", "the timed all_reduce with a did not finish: stopped after 'start' (timed out)"),
@@ -1043,7 +1037,7 @@ def nccl_log(name: str) -> list[str]:
     ],
 )
 def test_the_network_nccl_used_is_read_from_its_real_info_logs(log, network, evidence):
-    from trainfleet.verdicts import nccl_network
+    from checks.fabric_verdicts import nccl_network
 
     found, line = nccl_network(nccl_log(log))
     assert found == network and line.endswith(evidence)
@@ -1067,7 +1061,7 @@ def _network(tree: str) -> dict:
 
 
 def test_ranks_that_went_over_sockets_on_a_node_with_active_ib_are_named():
-    from trainfleet.verdicts import nccl_socket_problems
+    from checks.fabric_verdicts import nccl_socket_problems
 
     cluster = _two_ib_nodes()
     networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
@@ -1097,7 +1091,7 @@ def test_ranks_that_went_over_sockets_on_a_node_with_active_ib_are_named():
 
 
 def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_there_is_one_node():
-    from trainfleet.verdicts import nccl_socket_problems
+    from checks.fabric_verdicts import nccl_socket_problems
 
     socket_ = nccl_log("nccl-2.25.1_ib_disabled_socket.log")
     logs = {"gpu-a01": [socket_], "gpu-a02": [socket_]}
@@ -1110,8 +1104,6 @@ def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_the
 
 
 def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(monkeypatch):
-    import checks.preflight_check as preflight
-
     cluster = _two_ib_nodes()
     networks = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
     socket_ = [
@@ -1137,9 +1129,11 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
             assert f" {first} 2 4 192.0.2.11 29500 nccl 25" in command.get_raw_value()
         return out
 
-    monkeypatch.setattr(preflight, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=["gpu-a01", "gpu-a02"])
-    assert preflight._collective(None, cluster, report, networks) is True  # every rank finished
+    assert (
+        collective_stage.run_collective(None, cluster, report, networks) is True
+    )  # every rank finished
     assert [(p.node, p.cause[:60]) for p in report.problems] == [
         ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1")
     ]
@@ -1149,7 +1143,7 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
 
 
 def test_a_port_down_on_one_node_while_active_on_its_peers_is_named_with_its_state():
-    from trainfleet.verdicts import ib_port_problems
+    from checks.fabric_verdicts import ib_port_problems
 
     networks = {
         "gpu-a01": _network("ib_two_hcas"),
@@ -1169,7 +1163,7 @@ def test_a_port_down_on_one_node_while_active_on_its_peers_is_named_with_its_sta
 
 
 def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_are_named():
-    from trainfleet.verdicts import ib_port_problems
+    from checks.fabric_verdicts import ib_port_problems
 
     networks = {
         "gpu-a01": _network("roce_v2_cx6"),
@@ -1200,7 +1194,7 @@ def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_ar
 
 
 def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node_is():
-    from trainfleet.verdicts import ib_port_problems
+    from checks.fabric_verdicts import ib_port_problems
 
     mixed = Cluster.parse(
         "nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n  - {name: gpu-a02, address: "
@@ -1222,8 +1216,6 @@ def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node
 
 
 def test_the_measured_figures_are_printed_for_people_with_the_floor_or_its_absence():
-    import checks.preflight_check as preflight
-
     pair = {
         "nodes": ["node1", "node2"],
         "ranks": 2,
@@ -1238,22 +1230,25 @@ def test_the_measured_figures_are_printed_for_people_with_the_floor_or_its_absen
         "floor_gbps": None,
         "pairs": {"node1-node2": pair},
     }
-    assert preflight.bandwidth_lines(details) == [
+    assert bandwidth_stage.bandwidth_lines(details) == [
         "busbw node1-node2: 1.05 GB/s (algbw 1.05 GB/s, 2 ranks gloo, 16 MiB)",
         "busbw floor: none (preflight.min_busbw_gbps): measured and reported only",
     ]
-    assert preflight.bandwidth_lines({**details, "floor_gbps": 150})[-1] == "busbw floor: 150 GB/s"
-    assert preflight.bandwidth_lines(
+    assert (
+        bandwidth_stage.bandwidth_lines({**details, "floor_gbps": 150})[-1]
+        == "busbw floor: 150 GB/s"
+    )
+    assert bandwidth_stage.bandwidth_lines(
         {"pairs": {}, "note": "a single node with one GPU: no link to measure"}
     ) == ["bandwidth not measured: a single node with one GPU: no link to measure"]
-    assert preflight.bandwidth_lines({}) == []
+    assert bandwidth_stage.bandwidth_lines({}) == []
 
 
 # ---- clocks and MTUs compared across nodes (hygiene) --------------------------------------------
 
 
 def test_a_node_whose_clock_is_seconds_off_is_named_and_read_windows_widen_the_slack():
-    from trainfleet.verdicts import clock_problems
+    from checks.hygiene_verdicts import clock_problems
 
     sent = 1_700_000_000.0
     readings = {
@@ -1275,7 +1270,7 @@ def test_a_node_whose_clock_is_seconds_off_is_named_and_read_windows_widen_the_s
 
 
 def test_a_node_that_printed_no_clock_fails_and_the_hygiene_line_is_read_strictly():
-    from trainfleet.verdicts import clock_problems
+    from checks.hygiene_verdicts import clock_problems
 
     (problem,) = clock_problems({"a": (1.0, 0.0, 2.0)}, 100, expected={"a", "b"})
     assert problem.node == "b" and "no clock reading" in problem.cause
@@ -1295,7 +1290,7 @@ def _mtu_network(address: str, mtu: int | None, ports: list[dict] | None = None)
 
 
 def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
-    from trainfleet.verdicts import mtu_problems
+    from checks.fabric_verdicts import mtu_problems
 
     three = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
@@ -1328,7 +1323,7 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
 
 
 def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
-    from trainfleet.verdicts import mtu_problems
+    from checks.fabric_verdicts import mtu_problems
 
     two = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
@@ -1354,8 +1349,8 @@ def test_preflight_names_missing_expired_and_future_certificates_warns_of_those_
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+    from checks.mesh_verdicts import certificate_verdicts
     from trainfleet import certificates
-    from trainfleet.verdicts import certificate_verdicts
 
     cluster = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
@@ -1410,8 +1405,8 @@ def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_nod
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+    from checks.mesh_verdicts import certificate_verdicts
     from trainfleet import certificates
-    from trainfleet.verdicts import certificate_verdicts
 
     cluster = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"

@@ -12,10 +12,10 @@ import subprocess
 
 import pytest
 
-from checks.preflight_check import parse_hygiene
+from checks.hygiene_output import parse_hygiene
+from checks.hygiene_verdicts import shm_warnings
 from facts.shm_facts import StaleSharedMemory, parse_sysvipc_shm
 from operations.shm_ops import remove_command
-from trainfleet.verdicts import shm_warnings
 
 SYSVIPC = (
     "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid  "

@@ -1,0 +1,119 @@
+"""The bandwidth stage: a timed all_reduce per node pair, round by round."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from pyinfra.api import State, StringCommand
+
+from checks.bandwidth_verdicts import (
+    bandwidth_failures,
+    bandwidth_problems,
+    pair_figures,
+    pair_name,
+    pair_rounds,
+)
+from checks.collective_stage import backend_of, collective_command
+from checks.collective_verdicts import rank_layout
+from checks.preflight_report import PreflightReport
+from checks.rank_output import node_steps
+from checks.stage_runner import BOUNDS, refusals, run_everywhere
+from trainfleet.model import Cluster
+
+# The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
+# busbw flattens from a few hundred MiB), small enough that gloo on CPU nodes takes seconds.
+BANDWIDTH_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 16 << 20})
+
+
+def bandwidth_commands(
+    cluster: Cluster, pairs: list[tuple[str, ...]], seconds: int
+) -> dict[str, StringCommand]:
+    """One round's commands: each pair (or a lone node, intra-node) runs every GPU of its nodes
+    (one rank per CPU node) in a job of its own, its rendezvous on its first node's cluster
+    address, on a port of its own (master_port + 1 + its index in the round)."""
+    backend = backend_of(cluster)
+    commands = {}
+    for index, pair in enumerate(pairs):
+        nodes = [cluster.node(name) for name in pair]
+        layout = rank_layout(nodes)
+        world = sum(n.slots for n in nodes)
+        for node in nodes:
+            commands[node.name] = collective_command(
+                *layout[node.name],
+                world,
+                nodes[0].address,
+                cluster.master_port + 1 + index,
+                backend,
+                seconds,
+                BANDWIDTH_BYTES[backend],
+            )
+    return commands
+
+
+def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str | None]:
+    """The rounds of pairs to measure, or none and why: a single node measures its GPUs alone."""
+    names = [n.name for n in cluster.nodes]
+    if len(names) > 1:
+        return pair_rounds(names), None
+    if cluster.nodes[0].slots > 1:
+        return [[(names[0],)]], None
+    what = "one GPU" if cluster.uses_gpus else "one CPU rank (gloo)"
+    return [], f"a single node with {what}: no link to measure"
+
+
+def run_bandwidth(state: State, cluster: Cluster, report: PreflightReport) -> None:
+    """Bus bandwidth of a timed all_reduce per node pair, round by round; with the spec's floor
+    (``preflight.min_busbw_gbps``) the slow node or link is named, without one it is reported."""
+    backend = backend_of(cluster)
+    floor = cluster.preflight.get("min_busbw_gbps")
+    rounds, skipped = bandwidth_plan(cluster)
+    details: dict[str, Any] = {
+        "backend": backend,
+        "bytes": BANDWIDTH_BYTES[backend],
+        "floor_gbps": floor,
+        "pairs": {},
+    }
+    report.details["bandwidth"] = details
+    if skipped:
+        details["note"] = skipped
+        report.stages["bandwidth"] = "skipped"
+        return
+    measured: dict[tuple[str, ...], float] = {}
+    for pairs in rounds:
+        out = run_everywhere(
+            state, bandwidth_commands(cluster, pairs, BOUNDS["bandwidth"]), BOUNDS["bandwidth"]
+        )
+        report.problems += refusals("bandwidth", out)
+        for pair in pairs:
+            steps = {node: node_steps(out.get(node, []), cluster.node(node).slots) for node in pair}
+            figures = pair_figures([rank for node in pair for rank in steps[node]])
+            if figures is None:
+                report.problems += bandwidth_failures(cluster, pair, steps)
+                continue
+            measured[pair] = figures["busbw_gbps"]
+            details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
+    report.problems += bandwidth_problems(measured, floor)
+    report.stages["bandwidth"] = (
+        "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
+    )
+
+
+def bandwidth_lines(details: dict[str, Any]) -> list[str]:
+    """The measured figures for people, one line per pair (the floor, if any, after them)."""
+    floor = details.get("floor_gbps")
+    lines = [
+        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s "
+        f"(algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
+        f"{details.get('backend')}, {p['bytes'] >> 20} MiB)"
+        for name, p in details.get("pairs", {}).items()
+    ]
+    if lines:
+        lines.append(
+            f"busbw floor: {floor:g} GB/s"
+            if floor is not None
+            else "busbw floor: none (preflight.min_busbw_gbps): measured and reported only"
+        )
+    elif details.get("note"):
+        lines.append(f"bandwidth not measured: {details['note']}")
+    return lines

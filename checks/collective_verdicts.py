@@ -1,0 +1,256 @@
+"""Collective verdicts: the ranks' layout, why a rank failed, the rendezvous, versions,
+and the isolation of a failing node or link. No host is touched here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checks.preflight_report import Problem
+from trainfleet.model import Cluster, Node
+from trainfleet.text import printable
+
+
+def collective_problems(
+    cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]]
+) -> list[Problem]:
+    """Stage 3: every rank of every node (``steps[node][local rank]``) got through all_reduce
+    (right sum) and all_gather (same versions). A node whose ranks all failed alike is named
+    once with that cause; otherwise each failing rank is named by its local rank and GPU."""
+    problems: list[Problem] = []
+    names = [n.name for n in cluster.nodes]
+    places = rank_places(cluster)
+    causes = {node: [rank_failure(s) for s in ranks_of(cluster, steps, node)] for node in names}
+    rendezvous = next(
+        (
+            s
+            for node in names
+            for rank in steps.get(node, [])
+            for s in rank
+            if s.get("stage") == "rendezvous"
+        ),
+        None,
+    )
+    if rendezvous:
+        return _rendezvous_problems(cluster, steps, causes, rendezvous)
+    for node in names:
+        problems += [
+            Problem("collective", node, cause)
+            for cause in node_causes(cluster, steps, node, causes[node])
+        ]
+        for local, rank in enumerate(ranks_of(cluster, steps, node)):
+            for step in rank:
+                if step.get("step") == "all_reduce" and not step.get("ok"):
+                    problems.append(
+                        Problem(
+                            "collective",
+                            node,
+                            f"{_who(cluster, steps, node, local)}all_reduce gave "
+                            f"{step.get('got')}, expected {step.get('expected')}",
+                        )
+                    )
+    gathered = next(
+        (
+            s["versions"]
+            for node in names
+            for rank in steps.get(node, [])
+            for s in rank
+            if s.get("step") == "all_gather" and isinstance(s.get("versions"), list)
+        ),
+        None,
+    )
+    if gathered:
+        problems += version_problems(
+            [places.get(r, ("?", 0))[0] for r in range(len(gathered))], gathered
+        )
+    return problems
+
+
+def ranks_of(
+    cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]], node: str
+) -> list[list[dict[str, Any]]]:
+    """The node's ranks' steps, one list per local rank (a rank that printed nothing: [])."""
+    mine = steps.get(node, [])
+    return [mine[i] if i < len(mine) else [] for i in range(cluster.node(node).slots)]
+
+
+def gpu_label(rank: list[dict[str, Any]], local: int) -> str:
+    """The GPU a rank ran on, as it reported it (its CUDA_VISIBLE_DEVICES entry), else its index."""
+    start = next((s for s in rank if s.get("step") == "start"), {})
+    gpu = start.get("gpu")
+    return printable(str(gpu), 40) if gpu is not None else str(local)
+
+
+def _who(
+    cluster: Cluster, steps: dict[str, list[list[dict[str, Any]]]], node: str, local: int
+) -> str:
+    """ "local rank 3 (GPU 3): " on a node of several ranks, nothing on a node of one."""
+    if cluster.node(node).slots == 1:
+        return ""
+    return f"local rank {local} (GPU {gpu_label(ranks_of(cluster, steps, node)[local], local)}): "
+
+
+def node_causes(
+    cluster: Cluster,
+    steps: dict[str, list[list[dict[str, Any]]]],
+    node: str,
+    causes: list[str | None],
+) -> list[str]:
+    """One cause for the node when every rank failed alike (no venv, no torch), else one per
+    failing rank."""
+    if causes and all(causes) and len(set(causes)) == 1:
+        return [str(causes[0])]
+    return [
+        f"{_who(cluster, steps, node, local)}{cause}" for local, cause in enumerate(causes) if cause
+    ]
+
+
+def _rendezvous_problems(
+    cluster: Cluster,
+    steps: dict[str, list[list[dict[str, Any]]]],
+    causes: dict[str, list[str | None]],
+    rendezvous: dict[str, Any],
+) -> list[Problem]:
+    """The ranks the master's store never saw, by node; a rank that failed on its own (no venv,
+    no torch) says why instead."""
+    places = rank_places(cluster)
+    joined_nodes = sorted(
+        {places[r][0] for r in _ints(rendezvous.get("joined")) if r in places},
+        key=lambda n: cluster.node(n).rank,
+    )
+    missing: dict[str, list[int]] = {}
+    for r in _ints(rendezvous.get("missing")):
+        if r in places:
+            missing.setdefault(places[r][0], []).append(places[r][1])
+    problems = []
+    joined = ", ".join(joined_nodes) or "none"
+    where = f"the rendezvous at {cluster.master.name}:{cluster.master_port} (joined: {joined})"
+    for node, locals_ in missing.items():
+        slots = cluster.node(node).slots
+        own = [
+            causes[node][i] if i in locals_ and "timed out" not in str(causes[node][i]) else None
+            for i in range(slots)
+        ]
+        problems += [
+            Problem("collective", node, cause) for cause in node_causes(cluster, steps, node, own)
+        ]
+        silent = [i for i in locals_ if own[i] is None]
+        if silent and len(silent) == slots:
+            problems.append(Problem("collective", node, f"never joined {where}"))
+        elif silent:
+            ranks = ", ".join(map(str, silent))
+            problems.append(
+                Problem("collective", node, f"local ranks {ranks} never joined {where}")
+            )
+    return problems
+
+
+def _ints(values: Any) -> list[int]:
+    return (
+        [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+        if isinstance(values, list)
+        else []
+    )
+
+
+def failed_before_the_network(steps: dict[str, list[list[dict[str, Any]]]]) -> set[str]:
+    """Nodes every rank of which failed before touching the network (no venv, torch not
+    importable): their own cause is named, and no pair test can say more about a link."""
+    return {
+        node
+        for node, ranks in steps.items()
+        if ranks
+        and all(
+            any(s.get("step") == "error" and s.get("stage") in ("python", "import") for s in rank)
+            for rank in ranks
+        )
+    }
+
+
+TIMEOUT_EXITS = (124, 137)  # timeout(1)'s status, and SIGKILL's after its grace period
+
+
+def rank_owners(cluster: Cluster) -> dict[int, str]:
+    """Global rank -> node, as every launcher numbers them: the nodes in spec (hostfile)
+    order, each with its slots."""
+    return {rank: node for rank, (node, _) in rank_places(cluster).items()}
+
+
+def rank_layout(nodes: list[Node]) -> dict[str, tuple[int, int]]:
+    """Node -> (its first global rank, its number of ranks) for a job over ``nodes`` in this
+    order: one rank per GPU (one on a CPU node), numbered as launchers number them."""
+    layout: dict[str, tuple[int, int]] = {}
+    first = 0
+    for node in nodes:
+        layout[node.name] = (first, node.slots)
+        first += node.slots
+    return layout
+
+
+def rank_places(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """Global rank -> (node, local rank) over the whole cluster."""
+    return {
+        first + local: (node, local)
+        for node, (first, count) in rank_layout(cluster.nodes).items()
+        for local in range(count)
+    }
+
+
+def rank_failure(steps: list[dict[str, Any]]) -> str | None:
+    """Why one rank did not finish, in the words of what failed (None: it finished)."""
+    progress = [s for s in steps if s.get("step") not in ("exit", "stderr", "nccl")]
+    last = progress[-1] if progress else {"step": "no output"}
+    if last.get("step") == "done":
+        return None
+    if last.get("step") == "error":
+        return f"{last.get('stage')} failed: {printable(str(last.get('error')))}"
+    code = next((s.get("code") for s in steps if s.get("step") == "exit"), None)
+    stderr = [s.get("text", "") for s in steps if s.get("step") == "stderr"]
+    if code is None or code in TIMEOUT_EXITS:
+        return f"stopped after {last.get('step')!r} (timed out)"
+    said = f": {stderr[-1]}" if stderr else " and wrote nothing to stderr"
+    return f"python exited with status {code} after {last.get('step')!r}{said}"
+
+
+def version_problems(owners: list[str], versions: list[dict[str, Any]]) -> list[Problem]:
+    """The odd node out of the versions every rank reported (majority wins); ``owners[rank]``
+    is the rank's node. A node is named once per differing value, however many ranks it runs."""
+    problems: list[Problem] = []
+    for key in ("torch", "cuda", "nccl"):
+        values = [v.get(key) if isinstance(v, dict) else None for v in versions]
+        if len(set(values)) < 2:
+            continue
+        majority = max(set(values), key=values.count)
+        for node, value in zip(owners, values, strict=False):
+            problem = Problem(
+                "collective",
+                node,
+                f"{key} {printable(str(value))} differs from the other ranks' "
+                f"{printable(str(majority))}",
+            )
+            if value != majority and problem not in problems:
+                problems.append(problem)
+    return problems
+
+
+def isolate(cluster: Cluster, pair_ok: dict[str, bool]) -> list[Problem]:
+    """Stage 4: with the master and one node at a time, the nodes that fail are at fault; if
+    every pair fails, the master is."""
+    failing = [node for node, ok in pair_ok.items() if not ok]
+    if failing and len(failing) == len(pair_ok) and len(pair_ok) > 1:
+        return [
+            Problem(
+                "isolation",
+                cluster.master.name,
+                "every pair with the master fails: the master is at fault",
+            )
+        ]
+    return [
+        Problem(
+            "isolation",
+            node,
+            f"a 2-rank collective between {cluster.master.name} and {node} fails: "
+            f"the link to {node} (or {node} itself) is at fault",
+        )
+        for node in failing
+    ]

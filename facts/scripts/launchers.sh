@@ -1,0 +1,6 @@
+
+[ -d "$1" ] || exit 0
+for f in "$1"/* "$1"/.[!.]*; do
+  [ -f "$f" ] && printf '%s %s %s\n' "$(stat -c %a "$f")" "$(sha256sum < "$f" | cut -d' ' -f1)" "${f##*/}"
+done
+true

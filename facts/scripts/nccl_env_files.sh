@@ -1,0 +1,2 @@
+
+for f in "$@"; do tf_file "$f" "$f"; done
