@@ -51,6 +51,7 @@ from trainfleet.defaults import (
 )
 from trainfleet.driver_pins import satisfies_driver
 from trainfleet.etc_hosts import stale_lines
+from trainfleet.key_material import NO_CA, KeyMaterial
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (
     FULL_PROBE_ENV,
@@ -177,7 +178,6 @@ def expect(plan: NodePlan) -> dict[str, str]:
         "hostname (persistent)": plan.hostname,
         "hosts block": digest(plan.hosts.lines),
         "stale /etc/hosts lines": "none",
-        "known_hosts block": digest(plan.known_hosts),
         "pdsh nodes": digest(genders_lines(plan.pdsh_nodes)),
     }
     if node.gpus == 0:  # a GPU node's count and model are the preflight's to check
@@ -193,6 +193,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
         props["launcher files"] = _launchers_digest(
             plan.launchers.files, lambda f: hashlib.sha256(f[0].encode()).hexdigest()
         )
+    if not (plan.sshd and NO_CA in plan.sshd.problems):  # no CA: nothing to trust by yet
+        props["known_hosts block"] = digest(plan.known_hosts)
     if plan.sshd is not None:
         props["sshd mesh plan"] = "ok"
     if plan.sshd and not plan.sshd.problems:
@@ -200,12 +202,15 @@ def expect(plan: NodePlan) -> dict[str, str]:
         props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
         props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
     for user in plan.mesh:
-        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
-        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
         props[f"ssh config ({user.user})"] = digest(user.config)
         props[f"ssh mesh ({user.user})"] = "ok"
         if not plan.mpi.problems:
             props[f"openmpi params ({user.user})"] = digest(plan.mpi.lines)
+        props[f"ssh mesh plan ({user.user})"] = "ok"  # its problems show as this property's value
+        if user.problems:  # key material the store lacks: nothing of it is expected
+            continue
+        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
+        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
         props[f"cluster key ({user.user})"] = (
             f"{hashlib.sha256(user.identity.private.encode()).hexdigest()[:12]} 600"
             if user.identity
@@ -359,13 +364,14 @@ def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
 def compare_fingerprints(
     cluster: Cluster,
     fingerprints: dict[str, Any],
-    keys: KeyStore,
+    keys: KeyMaterial,
     unreachable: dict[str, str] | None = None,
     read_launchers: LauncherReader | None = None,
 ) -> Report:
     """The drift report of the nodes whose fingerprints were read: each observed, its plan
-    (from those same fingerprints and the key store) expected, then compared; a finding on a
-    managed file names it and shows its diff (a launcher file's only if ``read_launchers``)."""
+    (from those same fingerprints and the key store's snapshot, ``keys``) expected, then
+    compared; a finding on a managed file names it and shows its diff (a launcher file's only
+    if ``read_launchers``). Key material the snapshot lacks is a finding; nothing is written."""
     plan = plan_cluster(cluster, plan_inputs(fingerprints), keys)
     observed = {}
     for name, fp in fingerprints.items():
@@ -385,6 +391,8 @@ def compare_fingerprints(
             plan.nodes[name].sshd is not None
         ):  # a node whose sshd part cannot be planned is a finding, not a gap
             observed[name]["sshd mesh plan"] = "; ".join(plan.nodes[name].sshd.problems) or "ok"
+        for user in plan.nodes[name].mesh:
+            observed[name][f"ssh mesh plan ({user.user})"] = "; ".join(user.problems) or "ok"
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
     report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
@@ -497,7 +505,7 @@ def _report(state, cluster: Cluster) -> Report:
     report = compare_fingerprints(
         cluster,
         reachable,
-        KeyStore(cluster.name),
+        KeyStore(cluster.name).snapshot(cluster.mesh_users, names),  # read only
         unreachable,
         lambda changed: _read_launchers(state, changed),
     )

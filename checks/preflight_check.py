@@ -334,7 +334,7 @@ def preflight_plan(
     state: State, cluster: Cluster, networks: dict[str, Any] | None = None
 ) -> ClusterPlan:
     """The plan's names and NCCL environments, from one NcclNetwork read per node (no key store:
-    the preflight plans no SSH mesh, and reading the store would create keys)."""
+    the preflight plans no SSH mesh)."""
     return plan_cluster(
         cluster,
         Gathered(networks=gather_fact(state, NcclNetwork) if networks is None else networks),
@@ -504,7 +504,7 @@ def _ssh_mesh(state: State, cluster: Cluster, report: PreflightReport, active: s
     report.details["ssh"] = proofs
     report.problems += mesh_problems(cluster, proofs, peers, seconds)
     if cluster.mesh == "certificates":
-        now, ca_public = datetime.now(UTC), KeyStore(cluster.name).ca_public()
+        now, ca_public = datetime.now(UTC), KeyStore(cluster.name).ca_public()  # read only
         validity, problems, warnings = certificate_verdicts(cluster, held, now, ca_public)
         report.details["certificates"] = validity
         report.problems += problems

@@ -1,10 +1,11 @@
 """What every node must look like: one plan per node, plain data.
 
 Built from the cluster model, the facts gathered once this run (each node's network, host
-keys and OS family) and the key store. The deploy applies it (``deploy/cluster.py`` gives each
-operation its part), drift compares what a node holds with it (``checks/drift_check.py``), the
-preflight reads its names and NCCL environment. Every cross-node rule is applied here,
-once; a part that cannot be planned carries its problems instead, and then the deploy fails
+keys and OS family) and a read-only snapshot of the key store (``KeyMaterial``: the deploy's
+``prepare_keys`` made it; a key it lacks is a problem here, never a key made). The deploy
+applies it (``deploy/cluster.py`` gives each operation its part), drift compares what a
+node holds with it (``checks/drift_check.py``), the preflight reads its names and NCCL
+environment. Every cross-node rule is applied here, once; a part that cannot be planned carries its problems instead, and then the deploy fails
 that node's step and drift expects nothing of it. No pyinfra here, no host touched.
 """
 
@@ -20,7 +21,7 @@ from trainfleet.capabilities.gpu_node import GpuNodePlan, gpu_part
 from trainfleet.capabilities.launchers import RANK_TABLE, render_launchers
 from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SSH_MAIN_CONF, SYSTEM_KNOWN_HOSTS
 from trainfleet.hccl import render_rank_table
-from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.key_material import NO_CA, KeyMaterial, KeyPair
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive_cluster, uniform_variables
 from trainfleet.pins import Pins, package_pins, torch_requirement, venv_pins
@@ -78,6 +79,7 @@ class MeshUserPlan:
     moving: bool = (
         False  # some node trusts another way now: identities change only in a run without failures
     )
+    problems: list[str] = field(default_factory=list)  # key material the store lacks
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def mesh_user_part(
     cluster: Cluster,
     node: Node,
     user: str,
-    keys: KeyStore,
+    keys: KeyMaterial,
     authorized: list[str],
     config: list[str],
     certs: mesh.Certificates | None,
@@ -227,8 +229,12 @@ def mesh_user_part(
     user_moving: bool = False,
 ) -> MeshUserPlan:
     """A mesh user on a node: its key, and in a certificate mesh the key's certificate for
-    the principal ``user`` (kept while valid, signed anew when due)."""
+    the principal ``user`` (kept while valid, signed anew when due). Key material the store
+    lacks (its own key; in a key mesh any node's; the CA) is the part's problem."""
     identity = mesh.identity(user, node, keys)
+    problems = keys.missing_problems(user, [node.name] if cluster.mesh == "certificates" else None)
+    if cluster.mesh == "certificates" and certs is None:
+        problems.append(NO_CA)
     certificate = None
     if certs and identity:
         certificate = (
@@ -249,6 +255,7 @@ def mesh_user_part(
         certificate=certificate,
         refused=refused,
         moving=user_moving,
+        problems=problems,
     )
 
 
@@ -261,8 +268,9 @@ def sshd_part(
 ) -> SshdPlan:
     """sshd's certificates, drop-in and KRL on a node (none of them in a key mesh); a node
     whose sshd would not read them, or whose host keys were not read, carries the problem."""
-    if certs is None:
-        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
+    if certs is None:  # a key mesh, or a certificate mesh whose store has no CA yet
+        problems = [NO_CA] if cluster.mesh == "certificates" else []
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
     found = gathered.sshd.get(node.name)
     host_keys = (gathered.host_keys or {}).get(node.name)
     problems = []
@@ -360,24 +368,14 @@ def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) ->
     return False
 
 
-def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
-    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
-    for node in cluster.nodes:
-        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
-        held += [
-            gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users
-        ]
-        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
-            return False
-    return True
-
-
-def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:
+def plan_cluster(
+    cluster: Cluster, gathered: Gathered, keys: KeyMaterial | None = None
+) -> ClusterPlan:
     """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
-    config, MCA parameters) are built once and shared by every node's plan.
+    config, MCA parameters) are built once and shared by every node's plan. Writes nothing.
 
-    + keys: the key store; None plans no SSH mesh (the preflight needs none, and reading the
-      store would create keys)
+    + keys: the key store's snapshot (``KeyStore.snapshot``, or the deploy's ``prepare_keys``);
+      None plans no SSH mesh (the preflight needs none)
     """
     notes: list[str] = []
     derived = derive_cluster(cluster, gathered.networks)
@@ -400,8 +398,9 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
 
     if keys and cluster.mesh == "certificates" and gathered.host_keys is not None:
         # A host key the CA vouched for that its node no longer presents (reimaged, removed
-        # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
-        keys.record_host_keys(
+        # from the spec) keeps a valid certificate: the KRL must refuse it (the deploy's
+        # prepare_keys recorded that already; drift expects it of the next deploy).
+        keys = keys.presenting(
             {name: found for name, found in gathered.host_keys.items() if found},
             [n.name for n in cluster.nodes],
         )
@@ -416,8 +415,6 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
         else frozenset()
     )
     partial = not {n.name for n in cluster.nodes} <= set(gathered.sshd)  # nodes not read this run
-    if certs and certs.moving and not partial and presents_ca(cluster, gathered, certs.ca_public):
-        keys.ca_settled()  # every node already moved to the new CA: partial runs are safe again
 
     entries = cluster.hosts_entries()
     hosts = HostsPlan(
@@ -425,9 +422,10 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
         names={name.lower(): address for address, names in entries for name in names},
     )
     users = cluster.mesh_users
-    if certs:
+    if keys and cluster.mesh == "certificates":  # no CA yet: no line (the parts name it)
         authorized = {
-            user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] for user in users
+            user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] if certs else []
+            for user in users
         }
         groups = mesh.cluster_patterns(cluster, addresses=False)
         config = {
