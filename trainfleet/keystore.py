@@ -246,7 +246,8 @@ class KeyStore:
             return back
 
     def _add_revoked(self, paths: Iterable[Path]) -> None:
-        """Add the public keys of these private key files to the revoked list; the caller holds the lock."""
+        """Add the public keys of these private key files to the revoked list; the caller holds
+        the lock."""
         lines = []
         for path in paths:
             try:  # from the private key: a stale .pub must not revoke another key instead
@@ -273,7 +274,8 @@ class KeyStore:
             )
 
     def rotate(self, user: str, node: str) -> None:
-        """A new key for the node (and back into the mesh if it was revoked); the old one is revoked."""
+        """A new key for the node (and back into the mesh if it was revoked); the old one is
+        revoked."""
         with self._locked():
             self._add_revoked([self._path(user, node)])
             self._generate_at(
@@ -292,7 +294,8 @@ class KeyStore:
                 path.with_name(node + suffix).unlink(missing_ok=True)
 
     def retire_absent(self, nodes: Iterable[str]) -> list[Path]:
-        """Move the keys of nodes not in ``nodes`` to ``retired/<timestamp>/``; returns the new paths."""
+        """Move the keys of nodes not in ``nodes`` to ``retired/<timestamp>/``; returns the new
+        paths. The deploy's ``prepare_keys`` calls it; making a store never does."""
         keep = set(nodes)
         if not self._absent(keep):  # the common case, without taking the lock
             return []
@@ -319,7 +322,8 @@ class KeyStore:
         return sorted(p for p in top.glob("*/*/*") if p.is_file())
 
     def _absent(self, keep: set[str]) -> list[Path]:
-        """Key files (private, .pub, .revoked) of nodes not in ``keep``; temp and lock files are not keys."""
+        """Key files (private, .pub, .revoked) of nodes not in ``keep``; temp and lock files are
+        not keys."""
         if not self.dir.is_dir():
             return []
         stale = []
@@ -350,8 +354,8 @@ class KeyStore:
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
                         raise KeyStoreBusy(
-                            f"another trainfleet process has held the key store lock {lock} for over "
-                            f"{LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again"
+                            f"another trainfleet process has held the key store lock {lock} "
+                            f"for over {LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again"
                         ) from None
                     time.sleep(0.05)
             yield
@@ -405,7 +409,8 @@ def _node_of(name: str) -> str:
 
 
 def _public_of(private: bytes, path: Path) -> str:
-    """``ssh-ed25519 AAAA...`` of an OpenSSH private key (the error names the file, never its text)."""
+    """``ssh-ed25519 AAAA...`` of an OpenSSH private key (the error names the file, never its
+    text)."""
     try:
         key = serialization.load_ssh_private_key(private, password=None)
     except (ValueError, TypeError):
