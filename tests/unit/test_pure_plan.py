@@ -220,12 +220,14 @@ def test_constructing_or_snapshotting_a_store_writes_nothing(tmp_path):
     store = KeyStore("c1", root=root)
     store.keypair("root", "a")
     store.keypair("root", "gone")
+    (root / "c1" / "root" / "a.pub").write_text("stale\n")  # the deploy would rewrite it
     before = tree(root)
     with NoWrites() as seen:
         again = KeyStore("c1", root=root)
         material = again.snapshot(["root"], ["a", "b"])
         KeyStore("c2", root=tmp_path / "nowhere").snapshot(["root"], ["a"])
     assert seen == [] and tree(root) == before and not (tmp_path / "nowhere").exists()
+    assert material.keypair("root", "a").public.startswith("ssh-ed25519 ")  # from its private half
     assert material.keypair("root", "a") == store.keypair("root", "a")
     assert material.keypair("root", "b") is None and material.missing["root"] == ("b",)
     assert material.ca is None
