@@ -34,6 +34,7 @@ from trainfleet.compare import (
 )
 from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.driver_pins import satisfies_driver
+from trainfleet.key_material import KeyMaterial
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (
     FULL_PROBE_ENV,
@@ -145,13 +146,14 @@ def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
 def compare_fingerprints(
     cluster: Cluster,
     fingerprints: dict[str, Any],
-    keys: KeyStore,
+    keys: KeyMaterial,
     unreachable: dict[str, str] | None = None,
     read_launchers: LauncherReader | None = None,
 ) -> Report:
     """The drift report of the nodes whose fingerprints were read: each observed, its plan
-    (from those same fingerprints and the key store) expected, then compared; a finding on a
-    managed file names it and shows its diff (a launcher file's only if ``read_launchers``)."""
+    (from those same fingerprints and the key store's snapshot, ``keys``) expected, then
+    compared; a finding on a managed file names it and shows its diff (a launcher file's only
+    if ``read_launchers``). Key material the snapshot lacks is a finding; nothing is written."""
     plan = plan_cluster(cluster, plan_inputs(fingerprints), keys)
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     absent_everywhere_else(observed, PYTHON_PREFIX)
@@ -266,7 +268,7 @@ def _report(state, cluster: Cluster) -> Report:
     report = compare_fingerprints(
         cluster,
         reachable,
-        KeyStore(cluster.name),
+        KeyStore(cluster.name).snapshot(cluster.mesh_users, names),  # read only
         unreachable,
         lambda changed: _read_launchers(state, changed),
     )

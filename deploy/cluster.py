@@ -67,6 +67,7 @@ for user in plan.mesh:
         identity=user.identity,
         config=user.config,
         certificate=user.certificate,
+        problems=user.problems,
         _if=no_host_failed if user.moving else None,
     )
 if plan.sshd.drop_in is not None:

@@ -28,7 +28,7 @@ from trainfleet.defaults import (
     SSHD_MESH_CONF,
     SYSTEM_KNOWN_HOSTS,
 )
-from trainfleet.keystore import KeyPair
+from trainfleet.key_material import KeyPair
 
 # Reload sshd only once what it will read is proven: the KRL parses (an unreadable RevokedKeys
 # file makes sshd refuse EVERY key, the controller's too: then trainfleet's drop-in is moved
@@ -219,7 +219,11 @@ def revoked_keys(content: bytes):
 
 @operation()
 def mesh_user(
-    user: str, identity: KeyPair | None, config: list[str], certificate: str | None = None
+    user: str,
+    identity: KeyPair | None,
+    config: list[str],
+    certificate: str | None = None,
+    problems: list[str] | None = None,
 ):
     """
     Make ``user`` a member of the SSH mesh on this node: its identity and how it reaches peers
@@ -229,6 +233,7 @@ def mesh_user(
     + identity: the node's cluster key for this user (``~/.ssh/id_trainfleet``); None removes it
     + config: ``Host`` entries for the cluster's nodes, a managed block first in ``~/.ssh/config``
     + certificate: the key's certificate (``~/.ssh/id_trainfleet-cert.pub``) in a certificate mesh
+    + problems: key material the key store lacks (the step fails, nothing is changed)
 
     Entries the user had before are never touched. ``~/.ssh`` is kept 0700 and the private
     key 0600, owned by the user; the key is uploaded, never put on a command line.
@@ -240,6 +245,9 @@ def mesh_user(
         ssh_mesh.mesh_user(name="SSH mesh for root", user="root", identity=keypair,
                            config=["Host gpu-a?? gpu-a??.cluster.example.com", "    User root", ...])
     """
+    if problems:
+        yield fail_command(f"{user}: " + "; ".join(problems) + "; nothing was changed")
+        return
     current = fact(SshMeshUser, user=user)
     problem = _home_problem(user, current)
     if problem:

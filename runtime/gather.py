@@ -19,9 +19,10 @@ from pyinfra.context import ctx_host, ctx_state
 
 from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo_facts import sudo_form, sudo_probe_command, sudo_refusal
+from runtime import inventory
 from runtime.fanout import fan_out
 from runtime.faults import name_step_faults
-from runtime import inventory
+from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
 from trainfleet.plan import ClusterPlan, plan_cluster
@@ -202,18 +203,18 @@ def read_once(bundle: type[FactBase], **kwargs: Any) -> dict[str, Any]:
 
 def deploy_plan(cluster: Cluster) -> ClusterPlan:
     """This run's plan of every node, from the facts the deploy reads (``DeployState``, one
-    remote command per node) and the key store (whose removed nodes' keys are retired), built
-    once per run however many hosts deploy; its notes are logged once."""
+    remote command per node) and the key store, built once per run however many hosts deploy;
+    its notes are logged once. The key store is brought up to date first (``prepare_keys``:
+    the run's one writer of it), then the plan reads its snapshot."""
 
     def compute(state: State) -> ClusterPlan:
         run_facts(state).failed_before_plan = set(state.failed_hosts)
         run_facts(state).whole_cluster = not state.failed_hosts and set(state.inventory) <= set(
             state.active_hosts
         )
-        keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])
-        built = plan_cluster(
-            cluster, plan_inputs(read_once(DeployState, users=cluster.mesh_users)), keys
-        )
+        gathered = plan_inputs(read_once(DeployState, users=cluster.mesh_users))
+        keys = prepare_keys(KeyStore(cluster.name), cluster, gathered)
+        built = plan_cluster(cluster, gathered, keys)
         for note in built.notes:
             logger.warning(note)
         return built

@@ -7,9 +7,11 @@ out of every node's authorized_keys until it is rotated back in; ``retire_absent
 moves the keys of nodes no longer in the spec to ``retired/<timestamp>/``, so a node
 added later under the same name gets a new key, not one from a disk since discarded.
 
-Several trainfleet processes may share a store (a deploy and ``keys rotate``, two
-deploys): every change, and every read that may have to generate, holds the cluster's
-lock file, and files are written through unique temp files renamed into place.
+During a run only the deploy's ``prepare_keys`` (trainfleet/key_preparation.py) writes it;
+the plan, drift and the preflight read a ``snapshot``. Several trainfleet processes may share
+a store (a deploy and ``keys rotate``, two deploys): every change, and every read that may
+have to generate, holds the cluster's lock file, and files are written through unique temp
+files renamed into place.
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from trainfleet.key_material import (
+    KeyMaterial,
+    KeyPair,
+    host_comment,
+    host_key_changes,
+    key_of,
+)
 
 DEFAULT_HOME = Path(__file__).resolve().parent.parent / ".trainfleet"
 LOCK_NAME = ".lock"
@@ -55,30 +64,46 @@ def store_root() -> Path:
     return Path(os.environ.get("TRAINFLEET_HOME", DEFAULT_HOME)) / "keys"
 
 
-@dataclass(frozen=True)
-class KeyPair:
-    private: str  # OpenSSH PEM; never logged
-    public: str  # "ssh-ed25519 AAAA... comment"
-
-    def __repr__(self) -> str:  # keep the private half out of tracebacks and debug logs
-        return f"KeyPair(public={self.public!r})"
-
-    __str__ = __repr__
-
-
 class KeyStore:
     """Keys of one cluster: ``<root>/<cluster>/<user>/<node>{,.pub,.revoked}``.
 
-    ``nodes``: the spec's node names; keys of any other node are retired on construction
-    (idempotent and cheap when there is nothing to retire, so every host's run may do it).
+    Making one writes nothing; ``snapshot`` reads it for the plan, drift and the preflight.
+    Only the deploy's ``prepare_keys`` and the ``keys`` commands change it.
     """
 
-    def __init__(self, cluster: str, root: Path | None = None, nodes: Iterable[str] | None = None):
+    def __init__(self, cluster: str, root: Path | None = None):
         self.root = root or store_root()  # the store's own top directory: chmod stops here
         self.dir = self.root / cluster
         self._cache: dict[Path, tuple[tuple[int, int, int], KeyPair]] = {}
-        if nodes is not None:
-            self.retire_absent(nodes)
+
+    def snapshot(self, users: Iterable[str], nodes: Iterable[str]) -> KeyMaterial:
+        """What the store holds for these mesh users and nodes, read only: nothing is made,
+        locked or rewritten (a key whose ``.pub`` is stale is read from its private half)."""
+        users, nodes = list(users), list(nodes)
+        pairs, revoked, missing = {}, set(), {}
+        for user in users:
+            lacking = []
+            for node in nodes:
+                if self.is_revoked(user, node):
+                    revoked.add((user, node))
+                    continue
+                found = self._read_at(self._path(user, node), self.comment(user, node))
+                if found is None:
+                    lacking.append(node)
+                else:
+                    pairs[(user, node)] = found[0]
+            missing[user] = tuple(lacking)
+        ca = self._read_at(self.dir / CA_DIR / "ca", f"trainfleet:{self.dir.name}:ca")
+        return KeyMaterial(
+            cluster=self.dir.name,
+            pairs=pairs,
+            revoked=frozenset(revoked),
+            missing=missing,
+            ca=ca[0] if ca else None,
+            ca_moving=self.ca_moving(),
+            revoked_lines=tuple(self.revoked_keys()),
+            host_keys={node: tuple(keys) for node, keys in self.host_keys().items()},
+        )
 
     def _path(self, user: str, node: str) -> Path:
         for name in (self.dir.name, user, node):  # each becomes one path component, never more
@@ -176,7 +201,7 @@ class KeyStore:
 
     def host_comment(self, node: str) -> str:
         """The comment of a node's host key in the revoked list (the key id of its certificates)."""
-        return f"trainfleet:{self.dir.name}:host:{node}"
+        return host_comment(self.dir.name, node)
 
     def record_host_keys(self, seen: dict[str, list[str]], nodes: Iterable[str]) -> list[str]:
         """Remember the host keys each node presents now (``seen``: ``type base64`` lines of the
@@ -188,27 +213,13 @@ class KeyStore:
         then added back as it was; a reimage rolled back) is not vouched for again, the plan
         names it; only ``readmit_host_keys`` (``keys readmit``, the operator's word) takes it
         back."""
-        keep = set(nodes)
-        known = self.host_keys()
-        refused = {_key_of(line) for line in self.revoked_keys()}
-        vouched = {
-            node: sorted({_key_of(key) for key in keys} - refused)
-            for node, keys in seen.items()
-            if keys and node in keep
-        }
-        changed = {node: keys for node, keys in vouched.items() if keys != known.get(node)}
-        gone = [node for node in known if node not in keep]
+        changed, gone, _ = host_key_changes(self.host_keys(), seen, nodes, self.revoked_keys())
         if not changed and not gone:  # the common case, without taking the lock
             return []
         with self._locked():
-            known = self.host_keys()
-            revoked = [(key, node) for node in gone for key in known[node]]
-            revoked += [
-                (key, node)
-                for node, keys in changed.items()
-                for key in known.get(node, [])
-                if key not in keys
-            ]
+            changed, gone, revoked = host_key_changes(
+                self.host_keys(), seen, nodes, self.revoked_keys()
+            )
             self._revoke_lines([f"{key} {self.host_comment(node)}" for key, node in revoked])
             top = self.dir / CA_DIR / HOSTS_DIR
             _private_dirs(top, self.root)
@@ -235,7 +246,8 @@ class KeyStore:
             return back
 
     def _add_revoked(self, paths: Iterable[Path]) -> None:
-        """Add the public keys of these private key files to the revoked list; the caller holds the lock."""
+        """Add the public keys of these private key files to the revoked list; the caller holds
+        the lock."""
         lines = []
         for path in paths:
             try:  # from the private key: a stale .pub must not revoke another key instead
@@ -251,8 +263,8 @@ class KeyStore:
         """Add public key lines to the revoked list (each once); the caller holds the lock."""
         fresh: dict[str, str] = {}
         for line in lines:  # a key once, whatever its comment
-            fresh.setdefault(_key_of(line), line)
-        known = {_key_of(line) for line in self.revoked_keys()}
+            fresh.setdefault(key_of(line), line)
+        known = {key_of(line) for line in self.revoked_keys()}
         lines = [line for key, line in fresh.items() if key not in known]
         if lines:
             _private_dirs(self.dir / CA_DIR, self.root)
@@ -262,7 +274,8 @@ class KeyStore:
             )
 
     def rotate(self, user: str, node: str) -> None:
-        """A new key for the node (and back into the mesh if it was revoked); the old one is revoked."""
+        """A new key for the node (and back into the mesh if it was revoked); the old one is
+        revoked."""
         with self._locked():
             self._add_revoked([self._path(user, node)])
             self._generate_at(
@@ -281,7 +294,8 @@ class KeyStore:
                 path.with_name(node + suffix).unlink(missing_ok=True)
 
     def retire_absent(self, nodes: Iterable[str]) -> list[Path]:
-        """Move the keys of nodes not in ``nodes`` to ``retired/<timestamp>/``; returns the new paths."""
+        """Move the keys of nodes not in ``nodes`` to ``retired/<timestamp>/``; returns the new
+        paths. The deploy's ``prepare_keys`` calls it; making a store never does."""
         keep = set(nodes)
         if not self._absent(keep):  # the common case, without taking the lock
             return []
@@ -308,7 +322,8 @@ class KeyStore:
         return sorted(p for p in top.glob("*/*/*") if p.is_file())
 
     def _absent(self, keep: set[str]) -> list[Path]:
-        """Key files (private, .pub, .revoked) of nodes not in ``keep``; temp and lock files are not keys."""
+        """Key files (private, .pub, .revoked) of nodes not in ``keep``; temp and lock files are
+        not keys."""
         if not self.dir.is_dir():
             return []
         stale = []
@@ -339,8 +354,8 @@ class KeyStore:
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
                         raise KeyStoreBusy(
-                            f"another trainfleet process has held the key store lock {lock} for over "
-                            f"{LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again"
+                            f"another trainfleet process has held the key store lock {lock} "
+                            f"for over {LOCK_WAIT_S:.0f}s; let it finish (or end it) and run again"
                         ) from None
                     time.sleep(0.05)
             yield
@@ -386,11 +401,6 @@ class KeyStore:
         return KeyPair(private=private.decode(), public=line)
 
 
-def _key_of(line: str) -> str:
-    """``type base64`` of a public key line: what revocation compares, whatever the comment."""
-    return " ".join(line.split()[:2])
-
-
 def _node_of(name: str) -> str:
     for suffix in (".pub", ".revoked"):
         if name.endswith(suffix):
@@ -399,7 +409,8 @@ def _node_of(name: str) -> str:
 
 
 def _public_of(private: bytes, path: Path) -> str:
-    """``ssh-ed25519 AAAA...`` of an OpenSSH private key (the error names the file, never its text)."""
+    """``ssh-ed25519 AAAA...`` of an OpenSSH private key (the error names the file, never its
+    text)."""
     try:
         key = serialization.load_ssh_private_key(private, password=None)
     except (ValueError, TypeError):

@@ -1,7 +1,8 @@
 """The SSH mesh as data: who trusts whom, and which host keys every node must know.
 
-Plain functions of the cluster model, the key store and gathered host keys;
-the operations in operations/ssh_mesh_ops.py only put these lines in place.
+Plain functions of the cluster model, a snapshot of the key store (``KeyMaterial``: read
+only, nothing made here) and gathered host keys; the operations in
+operations/ssh_mesh_ops.py only put these lines in place.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 
 from trainfleet import certificates, krl
 from trainfleet.defaults import HOST_CERT_SUFFIX, RENEW_FRACTION
-from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.key_material import KeyMaterial, KeyPair
 from trainfleet.model import Cluster, Node
 
 
@@ -41,18 +42,15 @@ def known_hosts_lines(cluster: Cluster, host_keys: dict[str, list[str]]) -> list
     ]
 
 
-def authorized_lines(cluster: Cluster, user: str, keys: KeyStore) -> list[str]:
-    """Every cluster node's public key for ``user`` (revoked nodes left out), node order."""
-    return [
-        keys.keypair(user, node.name).public
-        for node in cluster.nodes
-        if not keys.is_revoked(user, node.name)
-    ]
+def authorized_lines(cluster: Cluster, user: str, keys: KeyMaterial) -> list[str]:
+    """Every cluster node's public key for ``user`` (revoked nodes left out, and keys the store
+    lacks: the plan names those, ``KeyMaterial.missing_problems``), node order."""
+    return [pair.public for node in cluster.nodes if (pair := keys.keypair(user, node.name))]
 
 
-def identity(user: str, node: Node, keys: KeyStore) -> KeyPair | None:
-    """The key the node uses to reach its peers; None once revoked."""
-    return None if keys.is_revoked(user, node.name) else keys.keypair(user, node.name)
+def identity(user: str, node: Node, keys: KeyMaterial) -> KeyPair | None:
+    """The key the node uses to reach its peers; None once revoked (or missing from the store)."""
+    return keys.keypair(user, node.name)
 
 
 def cluster_host_keys(
@@ -207,7 +205,7 @@ class Certificates:
     now: datetime
     revoked_keys: bytes  # the KRL every node's sshd reads
     revoked_count: int
-    moving: bool = False  # a new CA not yet presented by every node (KeyStore.ca_moving)
+    moving: bool = False  # a new CA not yet presented by every node (KeyMaterial.ca_moving)
     revoked: frozenset[str] = frozenset()  # ``type base64`` of every revoked mesh key
 
     def __repr__(self) -> str:
@@ -245,10 +243,13 @@ class Certificates:
 
 
 def plan_certificates(
-    cluster: Cluster, keys: KeyStore, now: datetime | None = None
-) -> Certificates:
-    """The cluster CA (made on first use), its validity and the KRL of every revoked mesh key."""
-    ca = keys.certificate_authority()
+    cluster: Cluster, keys: KeyMaterial, now: datetime | None = None
+) -> Certificates | None:
+    """The cluster CA, its validity and the KRL of every revoked mesh key (None: the store has
+    no CA yet; the plan names that, ``key_material.NO_CA``)."""
+    ca = keys.ca
+    if ca is None:
+        return None
     revoked = keys.revoked_keys()
     # Bytes that depend on the list alone (not on a file's time): a copied store changes nothing.
     krl_bytes = krl.build(
@@ -261,7 +262,7 @@ def plan_certificates(
         now=now or datetime.now(UTC),
         revoked_keys=krl_bytes,
         revoked_count=len(revoked),
-        moving=keys.ca_moving(),
+        moving=keys.ca_moving,
         revoked=frozenset(" ".join(line.split()[:2]) for line in revoked),
     )
 

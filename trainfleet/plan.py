@@ -28,13 +28,12 @@ from trainfleet.capabilities.ssh_mesh import (
     client_problems,
     mesh_user_part,
     moving,
-    presents_ca,
     revoked_host_key_problems,
     sshd_part,
 )
 from trainfleet.capabilities.stack import StackPlan, stack_part
 from trainfleet.defaults import MESH_KEY_NAME, REVOKED_KEYS, SYSTEM_KNOWN_HOSTS
-from trainfleet.keystore import KeyStore
+from trainfleet.key_material import KeyMaterial
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import derive_cluster, uniform_variables
 from trainfleet.render import render_lines
@@ -86,12 +85,14 @@ class ClusterPlan:
     notes: list[str]  # what a person should know about this run's plan (warnings)
 
 
-def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = None) -> ClusterPlan:
+def plan_cluster(
+    cluster: Cluster, gathered: Gathered, keys: KeyMaterial | None = None
+) -> ClusterPlan:
     """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
-    config, MCA parameters) are built once and shared by every node's plan.
+    config, MCA parameters) are built once and shared by every node's plan. Writes nothing.
 
-    + keys: the key store; None plans no SSH mesh (the preflight needs none, and reading the
-      store would create keys)
+    + keys: the key store's snapshot (``KeyStore.snapshot``, or the deploy's ``prepare_keys``);
+      None plans no SSH mesh (the preflight needs none)
     """
     notes: list[str] = []
     derived = derive_cluster(cluster, gathered.networks)
@@ -114,8 +115,9 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
 
     if keys and cluster.mesh == "certificates" and gathered.host_keys is not None:
         # A host key the CA vouched for that its node no longer presents (reimaged, removed
-        # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
-        keys.record_host_keys(
+        # from the spec) keeps a valid certificate: the KRL must refuse it (the deploy's
+        # prepare_keys recorded that already; drift expects it of the next deploy).
+        keys = keys.presenting(
             {name: found for name, found in gathered.host_keys.items() if found},
             [n.name for n in cluster.nodes],
         )
@@ -130,13 +132,12 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
         else frozenset()
     )
     partial = not {n.name for n in cluster.nodes} <= set(gathered.sshd)  # nodes not read this run
-    if certs and certs.moving and not partial and presents_ca(cluster, gathered, certs.ca_public):
-        keys.ca_settled()  # every node already moved to the new CA: partial runs are safe again
 
     users = cluster.mesh_users
-    if certs:
+    if keys and cluster.mesh == "certificates":  # no CA yet: no line (the parts name it)
         authorized = {
-            user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] for user in users
+            user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] if certs else []
+            for user in users
         }
         groups = mesh.cluster_patterns(cluster, addresses=False)
         config = {

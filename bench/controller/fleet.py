@@ -45,6 +45,7 @@ from facts.ssh_mesh_facts import (
     CONFIG_PURPOSE,
     KNOWN_HOSTS_PURPOSE,
 )
+from runtime.inventory import host_data
 from trainfleet.blocks import split_block, with_block
 from trainfleet.defaults import (
     MESH_PROBE_PARALLEL,
@@ -56,7 +57,7 @@ from trainfleet.defaults import (
     PDSH_MACHINES,
     SYSTEM_KNOWN_HOSTS,
 )
-from runtime.inventory import host_data
+from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
@@ -603,14 +604,14 @@ def build(
     cluster = Cluster.load(spec)
     users = cluster.mesh_users
     home = workdir / "home"
-    keys = KeyStore(cluster.name, root=home / "keys", nodes=[n.name for n in cluster.nodes])
+    keys = KeyStore(cluster.name, root=home / "keys")
     kinds = recorded.key_kinds()
     machines = {node.name: machine(i, node.name, kinds) for i, node in enumerate(cluster.nodes, 1)}
     deploy_order = list(deploy_sections(users))
     memo: dict[str, str] = {}
 
     # The plan from what the nodes answer (network, host keys, OS, NPUs, GPU state), as
-    # facts/gather.deploy_plan builds it; the key store makes each node's mesh keys once.
+    # runtime/gather.deploy_plan builds it: prepare_keys makes each node's mesh keys once.
     base = {
         name: machine_sections(recorded.converged, recorded, node, machines[name], fresh=False)
         for name, node in ((n.name, n) for n in cluster.nodes)
@@ -619,8 +620,10 @@ def build(
         name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo), users)
         for name, texts in base.items()
     }
+    inputs = plan_inputs(gathered)
     with _unsynced():
-        plan = plan_cluster(cluster, plan_inputs(gathered), keys)
+        material = prepare_keys(keys, cluster, inputs)
+    plan = plan_cluster(cluster, inputs, material)
     log(f"N={nodes} ({mesh}): plan built ({len(plan.nodes)} nodes, notes: {plan.notes or 'none'})")
 
     names = [n.name for n in cluster.nodes]
@@ -738,6 +741,6 @@ def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> An
         name: parse_bundle("fingerprint", a.fingerprint, users, a.targets)
         for name, a in answers.items()
     }
-    return compare_fingerprints(
-        cluster, fingerprints, KeyStore(cluster.name, root=fleet.home / "keys")
-    )
+    names = [n.name for n in cluster.nodes]
+    keys = KeyStore(cluster.name, root=fleet.home / "keys").snapshot(users, names)  # read only
+    return compare_fingerprints(cluster, fingerprints, keys)

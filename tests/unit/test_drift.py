@@ -249,7 +249,9 @@ def test_drift_names_a_changed_launcher_and_hosts_line_and_shows_what_changed(tm
     report = compare_fingerprints(
         fleet.cluster,
         fingerprints,
-        KeyStore(fleet.cluster.name, root=fleet.home / "keys"),
+        KeyStore(fleet.cluster.name, root=fleet.home / "keys").snapshot(
+            users, [n.name for n in fleet.cluster.nodes]
+        ),
         read_launchers=read,
     )
     assert asked == {victim: ["torchrun.sh"]}  # only the file that differs, only from its node

@@ -93,11 +93,11 @@ def test_a_stale_public_file_never_pairs_with_the_private_key(tmp_path):
 
 def test_a_node_removed_from_the_spec_has_its_keys_retired_and_comes_back_with_a_new_key(tmp_path):
     root = tmp_path / "keys"
-    store = KeyStore("c1", root=root, nodes=NODES)
+    store = KeyStore("c1", root=root)
     old = {(u, n): store.keypair(u, n) for u in ("root", "alice") for n in NODES}
     store.revoke("alice", "a")
 
-    KeyStore("c1", root=root, nodes=["b", "c"])  # a left the spec
+    KeyStore("c1", root=root).retire_absent(["b", "c"])  # a left the spec
 
     for user in ("root", "alice"):
         assert not any((store.dir / user / f"a{s}").exists() for s in ("", ".pub", ".revoked"))
@@ -118,10 +118,10 @@ def test_a_node_removed_from_the_spec_has_its_keys_retired_and_comes_back_with_a
     assert stat.S_IMODE(retired[1].parent.parent.stat().st_mode) == 0o700
 
     # Calling it again (every host's run does) moves nothing and makes no new folder.
-    assert KeyStore("c1", root=root, nodes=["b", "c"]).retire_absent(["b", "c"]) == []
+    assert KeyStore("c1", root=root).retire_absent(["b", "c"]) == []
     assert len(list((store.dir / "retired").iterdir())) == 1
 
-    back = KeyStore("c1", root=root, nodes=NODES).keypair("root", "a")
+    back = KeyStore("c1", root=root).keypair("root", "a")
     assert back.public != old[("root", "a")].public and back.private != old[("root", "a")].private
     assert not KeyStore("c1", root=root).is_revoked("alice", "a")
 
@@ -132,11 +132,11 @@ def test_the_store_never_changes_the_mode_of_trainfleet_home(tmp_path, monkeypat
     os.chmod(home, 0o755)
     os.chmod(tmp_path, 0o755)
     monkeypatch.setenv("TRAINFLEET_HOME", str(home))
-    store = KeyStore("c1", nodes=NODES)
+    store = KeyStore("c1")
     store.keypair("root", "a")
     store.rotate("root", "a")
     store.revoke("root", "b")
-    KeyStore("c1", nodes=["a"])  # retires c's and b's files
+    KeyStore("c1").retire_absent(["a"])  # retires c's and b's files
     assert stat.S_IMODE(home.stat().st_mode) == 0o755
     assert stat.S_IMODE(tmp_path.stat().st_mode) == 0o755
     for directory in (home / "keys", store.dir, store.dir / "root"):
@@ -195,9 +195,8 @@ def test_the_cluster_ca_is_made_once_kept_0600_and_never_retired(tmp_path):
     )
     assert (path.parent / "ca.pub").read_text() == ca.public + "\n"
     store.keypair("root", "gpu-a01")
-    assert (
-        KeyStore("prod", root=tmp_path / "keys", nodes=[]).retired() != []
-    )  # the node's key is retired ...
+    KeyStore("prod", root=tmp_path / "keys").retire_absent([])
+    assert KeyStore("prod", root=tmp_path / "keys").retired() != []  # the node's key is retired ...
     assert (
         KeyStore("prod", root=tmp_path / "keys").certificate_authority() == ca
     )  # ... the CA is not
@@ -205,7 +204,7 @@ def test_the_cluster_ca_is_made_once_kept_0600_and_never_retired(tmp_path):
 
 def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_path):
     root = tmp_path / "keys"
-    store = KeyStore("c1", root=root, nodes=NODES)
+    store = KeyStore("c1", root=root)
     old = {node: store.keypair("root", node).public for node in NODES}
     assert store.revoked_keys() == []
 
@@ -223,8 +222,8 @@ def test_revoking_rotating_and_retiring_add_exactly_the_old_public_key_once(tmp_
     store.rotate("root", "a")  # back in with a new key: a revoked node has no old key left to add
     assert store.revoked_keys() == [old["a"], old["b"]]
 
-    KeyStore("c1", root=root, nodes=["a", "b"])  # c left the spec
-    KeyStore("c1", root=root, nodes=["a", "b"])  # every host's run does it again
+    KeyStore("c1", root=root).retire_absent(["a", "b"])  # c left the spec
+    KeyStore("c1", root=root).retire_absent(["a", "b"])  # a second run does it again
     assert store.revoked_keys() == [old["a"], old["b"], old["c"]]
     assert (store.dir / ".ca" / "revoked").read_text() == "".join(
         f"{line}\n" for line in store.revoked_keys()

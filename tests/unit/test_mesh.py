@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import stat
 
+from tests.unit.test_plan import prepared
 from trainfleet import Cluster
+from trainfleet.key_material import KeyMaterial
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import authorized_lines, identity, known_hosts_lines
 
@@ -14,6 +16,10 @@ nodes:
   - {name: a, address: 192.0.2.1}
   - {name: b, address: 192.0.2.2, ssh: {port: 2222}}
 """
+
+
+def snapshot(store: KeyStore) -> KeyMaterial:
+    return store.snapshot(["root"], ["a", "b"])
 
 
 def test_known_hosts_name_every_node_by_name_fqdn_and_address():
@@ -47,15 +53,16 @@ def test_keys_are_made_once_0600_in_a_0700_store_and_reused(tmp_path):
 def test_a_revoked_node_leaves_every_authorized_keys_until_rotated(tmp_path):
     cluster = Cluster.parse(SPEC)
     store = KeyStore("c1", root=tmp_path / "keys")
-    before = authorized_lines(cluster, "root", store)
+    assert authorized_lines(cluster, "root", snapshot(store)) == []  # nothing made on the way
+    before = authorized_lines(cluster, "root", prepared(store, cluster))
     assert len(before) == 2
 
     store.revoke("root", "b")
-    assert authorized_lines(cluster, "root", store) == before[:1]
-    assert identity("root", cluster.node("b"), store) is None
+    assert authorized_lines(cluster, "root", snapshot(store)) == before[:1]
+    assert identity("root", cluster.node("b"), snapshot(store)) is None
 
     store.rotate("root", "b")
-    after = authorized_lines(cluster, "root", store)
+    after = authorized_lines(cluster, "root", snapshot(store))
     assert after[0] == before[0] and after[1] != before[1]
 
 

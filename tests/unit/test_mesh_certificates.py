@@ -34,7 +34,7 @@ from operations.remote import ABSENT, FailCommand
 from operations.ssh_mesh_ops import mesh_trust, mesh_user, sshd_certificates
 from runtime.gather import _key, run_facts
 from tests.unit.test_krl import revoked
-from tests.unit.test_plan import fresh_sshd, public_key
+from tests.unit.test_plan import fresh_sshd, planned, prepared, public_key
 from trainfleet import certificates, keystore, mesh
 from trainfleet.blocks import markers, split_block, with_block
 from trainfleet.defaults import REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF
@@ -48,7 +48,7 @@ from trainfleet.mesh import (
     plan_certificates,
 )
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, plan_cluster, sshd_part
+from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, sshd_part
 from trainfleet.spec import SpecError, parse_spec
 
 needs_openssh = pytest.mark.skipif(
@@ -108,7 +108,7 @@ def gathered_for(
 
 
 def plan_of(cluster: Cluster, keys_root: Path, **gathered: Any) -> ClusterPlan:
-    return plan_cluster(
+    return planned(
         cluster, gathered_for(cluster, **gathered), KeyStore(cluster.name, root=keys_root)
     )
 
@@ -360,7 +360,9 @@ def test_a_certificate_is_signed_again_in_its_last_third_or_for_another_ca_key_o
     tmp_path,
 ):
     cluster = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
-    certs = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"), now=NOW)
+    certs = plan_certificates(
+        cluster, prepared(KeyStore("mix", root=tmp_path / "keys"), cluster), now=NOW
+    )
     assert certs.validity == timedelta(days=30) and certs.renew_before == timedelta(days=10)
     key = public_key()
     line = certs.certificate(
@@ -380,7 +382,9 @@ def test_a_certificate_is_signed_again_in_its_last_third_or_for_another_ca_key_o
     due = again(dataclasses.replace(certs, now=NOW + timedelta(days=20, hours=1)))
     assert due != line and certificates.read(due).valid_before == NOW + timedelta(days=50, hours=1)
 
-    other_ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "other"), now=NOW)
+    other_ca = plan_certificates(
+        cluster, prepared(KeyStore("mix", root=tmp_path / "other"), cluster), now=NOW
+    )
     assert certificates.read(again(other_ca)).ca_fingerprint == certificates.fingerprint(
         other_ca.ca_public
     )
@@ -397,11 +401,11 @@ def test_a_certificate_that_outlives_a_shortened_validity_is_signed_anew(tmp_pat
     year = Cluster.parse(MIXED)
     month = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
     key = public_key()
-    line = plan_certificates(year, KeyStore("mix", root=tmp_path / "keys"), now=NOW).certificate(
-        None, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01"
-    )
+    line = plan_certificates(
+        year, prepared(KeyStore("mix", root=tmp_path / "keys"), year), now=NOW
+    ).certificate(None, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01")
     shortened = plan_certificates(
-        month, KeyStore("mix", root=tmp_path / "keys"), now=NOW + timedelta(days=1)
+        month, prepared(KeyStore("mix", root=tmp_path / "keys"), month), now=NOW + timedelta(days=1)
     )
     again = shortened.certificate(line, key, "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01")
     assert again != line and certificates.read(again).valid_before == NOW + timedelta(days=31)
@@ -421,7 +425,9 @@ def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_thei
     )
     keys = KeyStore("short", root=tmp_path / "keys")
     host_key = public_key()
-    old = plan_certificates(cluster, keys, now=datetime.now(UTC) - timedelta(days=2, hours=1))
+    old = plan_certificates(
+        cluster, prepared(keys, cluster), now=datetime.now(UTC) - timedelta(days=2, hours=1)
+    )
     host_line = old.certificate(
         None, host_key, "host", ["gpu-a01", "198.18.0.11"], "trainfleet:short:host:gpu-a01"
     )
@@ -460,9 +466,7 @@ def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_t
     }
     store.revoke("alice", "gpu-a02")
     store.rotate("root", "gpu-b01")
-    KeyStore(
-        "mix", root=root, nodes=["gpu-a01", "gpu-a02", "gpu-b01"]
-    )  # gpu-b02 left the spec (and comes back)
+    store.retire_absent(["gpu-a01", "gpu-a02", "gpu-b01"])  # gpu-b02 left the spec (and comes back)
     gone = [("alice", "gpu-a02"), ("root", "gpu-b01"), ("root", "gpu-b02"), ("alice", "gpu-b02")]
     after = plan_of(cluster, root)
     krl = tmp_path / "revoked_keys"
@@ -856,7 +860,7 @@ def test_a_node_whose_sshd_would_not_read_the_mesh_files_carries_the_problem_and
         host_keys={"gpu-a01": change.get("host_keys", [public_key()])},
         sshd={} if "sshd" in change else {"gpu-a01": sshd},
     )
-    certs = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"))
+    certs = plan_certificates(cluster, prepared(KeyStore("mix", root=tmp_path / "keys"), cluster))
     part = sshd_part(cluster, node, gathered, certs)
     assert (part.certificates, part.drop_in, part.revoked_keys) == ({}, None, None)
     assert len(part.problems) == 1 and problem in part.problems[0]
@@ -1035,7 +1039,10 @@ def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_aft
     reloaded, then the file removed; a site's own certificate is not trainfleet's to remove."""
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
-    old = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "keys"))
+    old = plan_certificates(
+        Cluster.parse(MIXED),
+        prepared(KeyStore("mix", root=tmp_path / "keys"), Cluster.parse(MIXED)),
+    )
     current["certificates"][ECDSA_CERT] = old.certificate(
         None, _public_of("ecdsa"), "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01"
     )
@@ -1067,7 +1074,10 @@ def test_a_key_mesh_drops_the_drop_in_reloads_then_removes_only_trainfleets_cert
 ):
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
-    site_ca = plan_certificates(Cluster.parse(MIXED), KeyStore("mix", root=tmp_path / "site"))
+    site_ca = plan_certificates(
+        Cluster.parse(MIXED),
+        prepared(KeyStore("mix", root=tmp_path / "site"), Cluster.parse(MIXED)),
+    )
     current["certificates"][RSA_CERT] = site_ca.certificate(
         None, public_key(), "host", ["gpu-a01"], "site-ca"
     )
@@ -1348,7 +1358,7 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
         host_keys=gathered.host_keys,
         sshd={n: s for n, s in gathered.sshd.items() if n != "gpu-b02"},
     )
-    plan = plan_cluster(cluster, partial, store)
+    plan = planned(cluster, partial, store)
     assert all(
         any("deploy the whole cluster at once" in why for why in p.sshd.problems)
         for p in plan.nodes.values()
@@ -1366,7 +1376,7 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     users = {
         name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in whole.nodes.items()
     }
-    plan_cluster(
+    planned(
         cluster, Gathered(host_keys=gathered.host_keys, sshd=held, user_certificates=users), store
     )
     assert not store.ca_moving()
@@ -1398,7 +1408,7 @@ def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_th
     users = {
         name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()
     }
-    plan_cluster(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
+    planned(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
     # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
     assert not store.ca_moving()
     assert not (old / "ca").exists() and (old / "ca.pub").exists()
@@ -1420,7 +1430,7 @@ def test_an_sshd_that_cannot_present_certificates_fails_before_any_node_changes_
     cluster, _ = three_node_plan(tmp_path)
     sshd = {n.name: fresh_sshd() for n in cluster.nodes}
     sshd["gpu-a03"]["includes_drop_ins"] = False  # a RHEL 8 sshd_config
-    plan = plan_cluster(
+    plan = planned(
         cluster,
         Gathered(host_keys={n.name: [public_key()] for n in cluster.nodes}, sshd=sshd),
         KeyStore(cluster.name, root=tmp_path / "keys"),
@@ -1486,7 +1496,7 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
         }
 
     def plan_with(trust: dict):
-        plan = plan_cluster(
+        plan = planned(
             cluster, dataclasses.replace(base, trust=trust), KeyStore("mix", root=tmp_path / "keys")
         )
         node = plan.nodes["gpu-a01"]
@@ -1557,8 +1567,10 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
     data = bytearray(base64.b64decode(blob))
     data[-10] ^= 1  # inside the signature
     key = host_key_of(cluster, "gpu-a01")
-    other_ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "other"))
-    ca = plan_certificates(cluster, KeyStore("mix", root=tmp_path / "keys"))
+    other_ca = plan_certificates(
+        cluster, prepared(KeyStore("mix", root=tmp_path / "other"), cluster)
+    )
+    ca = plan_certificates(cluster, prepared(KeyStore("mix", root=tmp_path / "keys"), cluster))
     bad = {
         "damaged": f"{kind} {base64.b64encode(bytes(data)).decode()} trainfleet:mix:host:gpu-a01",
         "another CA": other_ca.certificate(None, key, "host", names, "trainfleet:mix:host:gpu-a01"),

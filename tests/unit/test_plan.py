@@ -34,6 +34,8 @@ from tests.unit.test_nccl_env import ib_ports
 from trainfleet import mesh
 from trainfleet.capabilities.nccl_env import env_string as _env_string
 from trainfleet.compare import digest
+from trainfleet.key_material import KeyMaterial
+from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, Gathered, genders_lines, plan_cluster
@@ -106,7 +108,17 @@ def three_node_plan(
         os_families={n.name: "debian" for n in cluster.nodes},
         sshd={n.name: fresh_sshd() for n in cluster.nodes},
     )
-    return cluster, plan_cluster(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
+    return cluster, planned(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
+
+
+def planned(cluster: Cluster, gathered: Gathered, store: KeyStore) -> ClusterPlan:
+    """The deploy's two steps: the key store prepared (its one writer), then the plan of it."""
+    return plan_cluster(cluster, gathered, prepare_keys(store, cluster, gathered))
+
+
+def prepared(store: KeyStore, cluster: Cluster) -> KeyMaterial:
+    """The key store with every key and the CA the cluster needs, as the deploy leaves it."""
+    return prepare_keys(store, cluster, Gathered())
 
 
 def deploy_order(
@@ -239,6 +251,8 @@ OBSERVED_ONLY = {
     "ssh mesh (root)",
     "ssh mesh (alice)",
     "sshd mesh plan",  # "ok": the plan's problems, where it has any, are the finding
+    "ssh mesh plan (root)",  # "ok": key material the store lacks, where it lacks any
+    "ssh mesh plan (alice)",
     "memlock (non-login ssh)",  # the limit a session gets once the file is in place
     "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
     "memlock set elsewhere",

@@ -16,7 +16,7 @@ from trainfleet import certificates, mesh
 from trainfleet.capabilities.plan_context import Gathered, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.defaults import REVOKED_KEYS, SSH_MAIN_CONF, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
-from trainfleet.keystore import KeyPair, KeyStore
+from trainfleet.key_material import NO_CA, KeyMaterial, KeyPair
 from trainfleet.mesh import (
     certificate_summary,
     file_digest,
@@ -49,6 +49,7 @@ class MeshUserPlan:
     moving: bool = (
         False  # some node trusts another way now: identities change only in a run without failures
     )
+    problems: list[str] = field(default_factory=list)  # key material the store lacks
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def mesh_user_part(
     cluster: Cluster,
     node: Node,
     user: str,
-    keys: KeyStore,
+    keys: KeyMaterial,
     authorized: list[str],
     config: list[str],
     certs: mesh.Certificates | None,
@@ -78,8 +79,12 @@ def mesh_user_part(
     user_moving: bool = False,
 ) -> MeshUserPlan:
     """A mesh user on a node: its key, and in a certificate mesh the key's certificate for
-    the principal ``user`` (kept while valid, signed anew when due)."""
+    the principal ``user`` (kept while valid, signed anew when due). Key material the store
+    lacks (its own key; in a key mesh any node's; the CA) is the part's problem."""
     identity = mesh.identity(user, node, keys)
+    problems = keys.missing_problems(user, [node.name] if cluster.mesh == "certificates" else None)
+    if cluster.mesh == "certificates" and certs is None:
+        problems.append(NO_CA)
     certificate = None
     if certs and identity:
         certificate = (
@@ -100,6 +105,7 @@ def mesh_user_part(
         certificate=certificate,
         refused=refused,
         moving=user_moving,
+        problems=problems,
     )
 
 
@@ -112,8 +118,9 @@ def sshd_part(
 ) -> SshdPlan:
     """sshd's certificates, drop-in and KRL on a node (none of them in a key mesh); a node
     whose sshd would not read them, or whose host keys were not read, carries the problem."""
-    if certs is None:
-        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
+    if certs is None:  # a key mesh, or a certificate mesh whose store has no CA yet
+        problems = [NO_CA] if cluster.mesh == "certificates" else []
+        return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
     found = gathered.sshd.get(node.name)
     host_keys = (gathered.host_keys or {}).get(node.name)
     problems = []
@@ -211,18 +218,6 @@ def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) ->
     return False
 
 
-def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
-    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
-    for node in cluster.nodes:
-        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
-        held += [
-            gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users
-        ]
-        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
-            return False
-    return True
-
-
 def deploy_sections(users: list[str]) -> Sections:
     return {
         "host_keys": ("SshHostKeys", {}),
@@ -279,6 +274,8 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
     }
     if plan.sshd is not None:  # a node whose sshd part cannot be planned is a finding, not a gap
         props["sshd mesh plan"] = "; ".join(plan.sshd.problems) or "ok"
+    for part in plan.mesh:  # key material the store lacks is a finding
+        props[f"ssh mesh plan ({part.user})"] = "; ".join(part.problems) or "ok"
     for user in cluster.mesh_users:
         state = fp[f"mesh_user:{user}"]
         props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
@@ -301,7 +298,9 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    props = {"known_hosts block": digest(plan.known_hosts)}
+    props = {}
+    if not (plan.sshd and NO_CA in plan.sshd.problems):  # no CA: nothing to trust by yet
+        props["known_hosts block"] = digest(plan.known_hosts)
     if plan.sshd is not None:
         props["sshd mesh plan"] = "ok"
     if plan.sshd and not plan.sshd.problems:
@@ -309,10 +308,13 @@ def expect(plan: NodePlan) -> dict[str, str]:
         props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
         props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
     for user in plan.mesh:
-        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
-        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
         props[f"ssh config ({user.user})"] = digest(user.config)
         props[f"ssh mesh ({user.user})"] = "ok"
+        props[f"ssh mesh plan ({user.user})"] = "ok"  # its problems show as this property's value
+        if user.problems:  # key material the store lacks: nothing of it is expected
+            continue
+        props[f"user certificate ({user.user})"] = certificate_summary(user.certificate)
+        props[f"authorized_keys ({user.user})"] = digest(user.authorized)
         props[f"cluster key ({user.user})"] = (
             f"{_sha256(user.identity.private)[:12]} 600" if user.identity else ABSENT
         )

@@ -1,0 +1,56 @@
+"""The one step of a run that writes the key store: the deploy's, once per run, before its plan.
+
+It retires the keys of nodes no longer in the spec, makes each missing mesh key (and, in a
+certificate mesh, the cluster CA), remembers the host keys the nodes present (revoking those
+the CA vouched for that are gone: a reimaged node's old ones), and settles a CA move once every
+node presents the new CA's certificates. Then it returns the store's snapshot, which the
+(pure) plan takes. Drift, the preflight and the benchmark's drift never call it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainfleet import mesh
+from trainfleet.key_material import KeyMaterial
+from trainfleet.keystore import KeyStore
+from trainfleet.model import Cluster
+
+if TYPE_CHECKING:
+    from trainfleet.plan import Gathered
+
+
+def prepare_keys(store: KeyStore, cluster: Cluster, gathered: Gathered) -> KeyMaterial:
+    """Bring the store to what this run's plan needs (``gathered``: the nodes' facts read this
+    run) and return its snapshot."""
+    names = [n.name for n in cluster.nodes]
+    users = cluster.mesh_users
+    store.retire_absent(names)
+    for user in users:
+        for node in names:
+            if not store.is_revoked(user, node):
+                store.keypair(user, node)  # made on first use, reused afterwards
+    if cluster.mesh == "certificates":
+        ca = store.certificate_authority()
+        if gathered.host_keys is not None:
+            # A host key the CA vouched for that its node no longer presents (reimaged, removed
+            # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
+            store.record_host_keys(
+                {name: found for name, found in gathered.host_keys.items() if found}, names
+            )
+        whole = set(names) <= set(gathered.sshd)  # every node was read this run
+        if store.ca_moving() and whole and presents_ca(cluster, gathered, ca.public):
+            store.ca_settled()  # every node already moved to the new CA: partial runs are safe
+    return store.snapshot(users, names)
+
+
+def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
+    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
+    for node in cluster.nodes:
+        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
+        held += [
+            gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users
+        ]
+        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
+            return False
+    return True
