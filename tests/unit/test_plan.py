@@ -378,7 +378,7 @@ def _modules(package: types.ModuleType) -> list[types.ModuleType]:
     ]
 
 
-@pytest.mark.parametrize("package", ["operations", "facts", "checks"])
+@pytest.mark.parametrize("package", ["operations", "facts", "checks", "runtime"])
 def test_no_module_holds_mutable_state(package):
     """Run-time state lives on pyinfra's State: a module-level dict, list or set is refused
     (constants are tuples or read-only mappings)."""
