@@ -129,12 +129,15 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
 
     .. code:: python
 
-        {"smi": "ok", "driver": "565.57.01", "gpus": [{"bus": "00000000:18:00.0", "persistence": "Enabled",
-         "fabric_state": "Completed", "fabric_status": "Success"}], "nvswitches": ["0000:05:00.0"],
-         "systemd": True, "units": {"nvidia-persistenced": {"enabled": "enabled", "active": "active"}, ...},
+        {"smi": "ok", "driver": "565.57.01",
+         "gpus": [{"bus": "00000000:18:00.0", "persistence": "Enabled",
+                   "fabric_state": "Completed", "fabric_status": "Success"}],
+         "nvswitches": ["0000:05:00.0"], "systemd": True,
+         "units": {"nvidia-persistenced": {"enabled": "enabled", "active": "active"}, ...},
          "fabricmanager": {"nvidia-fabricmanager-565": "565.57.01-1"}, "fabricmanager_held": [...],
          "peermem_loaded": True, "peermem_boot": ["/etc/modules-load.d/trainfleet-peermem.conf"],
-         "memlock": "unlimited", "memlock_hard": "unlimited", "memlock_conf": "...", "peermem_conf": "...",
+         "memlock": "unlimited", "memlock_hard": "unlimited", "memlock_conf": "...",
+         "peermem_conf": "...",
          "clock": {"chrony": True, "offset_ms": 0.26, "leap": "Normal", "ntp_synchronized": "yes"}}
     """
 

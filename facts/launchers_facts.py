@@ -26,7 +26,8 @@ class LauncherFiles(FactBase[dict[str, FileSum]]):
 
     .. code:: python
 
-        {"hostfile": {"mode": "644", "sha256": "3f2a..."}, "torchrun.sh": {"mode": "755", "sha256": "..."}}
+        {"hostfile": {"mode": "644", "sha256": "3f2a..."},
+         "torchrun.sh": {"mode": "755", "sha256": "..."}}
     """
 
     def command(self, directory: str) -> StringCommand:

@@ -35,10 +35,12 @@ class NcclNetwork(FactBase[NcclNetworkT]):
     .. code:: python
 
         {
-            "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"], "cidrs": ["198.18.0.11/24"],
-                            "bridge": False, "mtu": 9000}],
-            "ib_ports": [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet", "state": "4:ACTIVE",
-                          "gids": [{"index": 3, "type": "RoCE_v2", "gid": "0000:...:ffff:c612:000b", "ndev": "ens1f0"}]}],
+            "interfaces": [{"name": "eth0", "addresses": ["198.18.0.11"],
+                            "cidrs": ["198.18.0.11/24"], "bridge": False, "mtu": 9000}],
+            "ib_ports": [{"device": "mlx5_0", "port": 1, "link_layer": "Ethernet",
+                          "state": "4:ACTIVE",
+                          "gids": [{"index": 3, "type": "RoCE_v2",
+                                    "gid": "0000:...:ffff:c612:000b", "ndev": "ens1f0"}]}],
         }
     """
 

@@ -60,7 +60,8 @@ class OpenMpiState(FactBase[OpenMpiT]):
         {
             "version": "4.1.4",
             "users": {"root": {"exists": True, "home": "/root", "group": "root",
-                               "params": {"exists": True, "block": ["btl_tcp_if_include = eth0", ...],
+                               "params": {"exists": True,
+                                          "block": ["btl_tcp_if_include = eth0", ...],
                                           "outside": [], "broken": None}}},
         }
     """

@@ -97,7 +97,8 @@ class SshMeshUser(FactBase[SshUserT]):
             "ssh_dir": {"mode": "700", "owner": "root", "sha256": None},
             "identity": {"mode": "600", "owner": "root", "sha256": "9f86d08..."},
             "identity_pub": {"mode": "644", "owner": "root", "sha256": "2c26b46..."},
-            "authorized": {"exists": True, "block": ["ssh-ed25519 AAAA... trainfleet:prod:root@gpu-a01"], ...},
+            "authorized": {"exists": True,
+                           "block": ["ssh-ed25519 AAAA... trainfleet:prod:root@gpu-a01"], ...},
             "config": {"exists": False, "block": None, "outside": [], "broken": None, ...},
         }
     """
@@ -212,7 +213,9 @@ class SshdMesh(FactBase[SshdMeshT]):
     .. code:: python
 
         {"includes_drop_ins": True, "other_revoked_keys": [],
-         "certificates": {"/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...", ...},
+         "certificates": {
+             "/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA...",
+             ...},
          "drop_in": b"HostCertificate ...", "revoked_keys": b"SSHKRL...",
          "client_includes_drop_ins": True, "other_revoked_host_keys": [],
          "client_drop_in": b"Host *..."}

@@ -97,20 +97,21 @@ def _none(value: str) -> str | None:
 
 class StackVersions(FactBase[StackVersionsT]):
     """
-    The software stack as installed and loaded, in one command: OS family, the installed
-    CUDA toolkit / cuDNN / NCCL packages (dpkg-query or rpm) and which are held
-    (``apt-mark hold``, read from dpkg's selection state) or version-locked (the dnf/yum
-    versionlock list files, read directly: ``dnf versionlock list`` loads every repo),
-    the CUDA apt keyring and repo files, ``nvcc --version`` (PATH, then /usr/local/cuda/bin),
-    every package in the venv and what the venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's,
-    and trainfleet's profile.d file that enables a toolset. Absent tools are None, never errors.
+    The software stack as installed and loaded, in one command: OS family, the installed CUDA
+    toolkit / cuDNN / NCCL packages (dpkg-query or rpm) and which are held (``apt-mark hold``,
+    read from dpkg's selection state) or version-locked (the dnf/yum versionlock list files, read
+    directly: ``dnf versionlock list`` loads every repo), the CUDA apt keyring and repo files,
+    ``nvcc --version`` (PATH, then /usr/local/cuda/bin), every package in the venv and what the
+    venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's, and
+    trainfleet's profile.d file that enables a toolset. Absent tools are None, never errors.
 
     + venv: the node venv whose python is asked for torch
 
     .. code:: python
 
         {
-            "os": {"id": "ubuntu", "family": "debian", "version": "22.04", "package_manager": "apt"},
+            "os": {"id": "ubuntu", "family": "debian", "version": "22.04",
+                   "package_manager": "apt"},
             "packages": {"cuda-toolkit-12-4": "12.4.1-1", "libnccl2": "2.21.5-1+cuda12.4"},
             "held": ["libnccl2"],
             "keyring": True,
@@ -118,9 +119,12 @@ class StackVersions(FactBase[StackVersionsT]):
             "nvcc": {"path": "/usr/local/cuda/bin/nvcc", "release": "12.4", "version": "12.4.131"},
             "venv": True,
             "venv_packages": {"filelock": "3.13.1", "torch": "2.4.1+cu124", ...},
-            "torch": {"version": "2.4.1+cu124", "cuda": "12.4", "gpu": True, "cudnn": 90100, "nccl": "2.20.5"},
-            "gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
-            "system_gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0", "major": 11},
+            "torch": {"version": "2.4.1+cu124", "cuda": "12.4", "gpu": True, "cudnn": 90100,
+                      "nccl": "2.20.5"},
+            "gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0", "version": "11.4.0",
+                    "major": 11},
+            "system_gcc": {"line": "gcc (Ubuntu 11.4.0-1ubuntu1~22.04) 11.4.0",
+                           "version": "11.4.0", "major": 11},
             "toolsets": {},
             "gcc_profile": None,
         }
@@ -161,7 +165,7 @@ class StackVersions(FactBase[StackVersionsT]):
             elif tag == "pkg":
                 match = _PKG.fullmatch(rest)
                 if match:
-                    # the first on the path is what imports and pip see (a stale .dist-info comes later)
+                    # the first on the path is what imports and pip see (a stale .dist-info later)
                     venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
             elif tag.startswith("torch"):
                 torch[tag] = rest.strip()

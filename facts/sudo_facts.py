@@ -48,9 +48,11 @@ def probe_script(sudo_command: str) -> str:
     nothing can wait on it; ``id -u`` printing 0 last proves it ran as root (sudo may warn
     first, e.g. "unable to resolve host"); the answer is one line whatever sudo printed."""
     return (
-        f'if u=$({sudo_command} </dev/null 2>&1) && [ "$(printf \'%s\\n\' "$u" | tail -n 1)" = 0 ]; '
+        f"if u=$({sudo_command} </dev/null 2>&1) && "
+        '[ "$(printf \'%s\\n\' "$u" | tail -n 1)" = 0 ]; '
         f"then echo '{OK}'; "
-        f"else printf '%s%s\\n' '{REFUSED}' \"$(printf '%s' \"$u\" | tr '\\n' ' ' | cut -c1-300)\"; fi"
+        f"else printf '%s%s\\n' '{REFUSED}' "
+        "\"$(printf '%s' \"$u\" | tr '\\n' ' ' | cut -c1-300)\"; fi"
     )
 
 
@@ -65,6 +67,7 @@ def sudo_refusal(lines: list[str], user: str) -> str | None:
         return None
     said = answer[-1][len(REFUSED) :].strip() if answer and answer[-1].startswith(REFUSED) else ""
     return (
-        f"{user} cannot act as root without a password (sudo -n said: {printable(said) or 'nothing'}); "
+        f"{user} cannot act as root without a password (sudo -n said: "
+        f"{printable(said) or 'nothing'}); "
         f"give {user} passwordless sudo (NOPASSWD) or connect as root"
     )

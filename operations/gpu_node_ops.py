@@ -37,9 +37,11 @@ def _systemd_missing(state: GpuNodeStateT, what: str) -> StringCommand | None:
 @operation()
 def memlock(conf: str | None):
     """
-    The locked-memory limit of every pam session: ``/etc/security/limits.d/90-trainfleet-memlock.conf``.
+    The locked-memory limit of every pam session:
+    ``/etc/security/limits.d/90-trainfleet-memlock.conf``.
 
-    + conf: the file's content (the plan renders templates/gpu_node/memlock.conf.j2); None: unmanaged
+    + conf: the file's content (the plan renders templates/gpu_node/memlock.conf.j2);
+      None: unmanaged
 
     **Example:**
 
@@ -128,9 +130,11 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
     A fabric manager of another version than the driver is CUDA error 802 or a hang at the
     first collective.
 
-    + package: ``nvidia-fabricmanager-550`` (apt) or ``nvidia-fabric-manager`` (dnf/yum); None: not wanted
+    + package: ``nvidia-fabricmanager-550`` (apt) or ``nvidia-fabric-manager`` (dnf/yum);
+      None: not wanted
     + version: the driver's exact version, e.g. ``550.54.15``
-    + allow_change: replace an installed fabric manager of another version (as ``stack.allow_change``)
+    + allow_change: replace an installed fabric manager of another version
+      (as ``stack.allow_change``)
     """
     if package is None or version is None:
         host.noop("no fabric manager wanted (no NVSwitch, or gpu.fabric_manager: off)")
@@ -153,8 +157,8 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
     ]
     if wrong and not allow_change:
         yield fail_command(
-            f"fabric manager: {', '.join(wrong)} installed, the driver is {want.version}; not changing "
-            "it (set stack.allow_change to replace)"
+            f"fabric manager: {', '.join(wrong)} installed, the driver is {want.version}; "
+            "not changing it (set stack.allow_change to replace)"
         )
         return
     # NVIDIA's CUDA repository releases the fabric manager as <driver version>-1.
@@ -201,9 +205,9 @@ def settings(
     problems: list[str] | None = None,
 ):
     """
-    The node's GPU settings from its plan (``trainfleet.capabilities.gpu_node.GpuNodePlan``): memlock (every
-    node), persistence mode, the fabric manager, nvidia_peermem. A part the plan could not make,
-    or one refused here, fails the node before anything on it changes.
+    The node's GPU settings from its plan (``trainfleet.capabilities.gpu_node.GpuNodePlan``):
+    memlock (every node), persistence mode, the fabric manager, nvidia_peermem. A part the plan
+    could not make, or one refused here, fails the node before anything on it changes.
     """
     if problems:
         yield fail_command("GPU node settings: " + "; ".join(problems))

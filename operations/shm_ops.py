@@ -49,8 +49,8 @@ def stale_segments_removed(min_idle_seconds: int = 60):
 
 
 def remove_command(segments: list[Segment]) -> StringCommand:
-    """The command that removes these segments; each id must be an int in the kernel's range
-    (the fact's parser gives nothing else), so nothing the node printed reaches the shell as text."""
+    """The command that removes these segments; each id must be an int in the kernel's range (the
+    fact's parser gives nothing else), so nothing the node printed reaches the shell as text."""
     ids = [s["shmid"] for s in segments]
     bad = [i for i in ids if type(i) is not int or not 0 <= i <= SHMID_MAX]
     if bad:

@@ -69,7 +69,7 @@ if ! out=$("$sshd" -t 2>&1); then
   echo "sshd -t refused trainfleet's drop-in ($out): moved to $drop_in.rejected, sshd not reloaded" >&2; exit 1
 fi
 reload
-"""
+"""  # noqa: E501 (sent to nodes byte for byte)
 
 
 def reload_sshd_command() -> StringCommand:
@@ -109,8 +109,10 @@ def sshd_certificates(
     .. code:: python
 
         ssh_mesh.sshd_certificates(name="sshd's host certificates", certificates={
-            "/etc/ssh/ssh_host_ed25519_key-cert.pub": "ssh-ed25519-cert-v01@openssh.com AAAA... trainfleet:prod:host:gpu-a01\\n"},
-            drop_in="HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub\\nRevokedKeys ...\\n", revoked_keys=b"SSHKRL...")
+            "/etc/ssh/ssh_host_ed25519_key-cert.pub":
+                "ssh-ed25519-cert-v01@openssh.com AAAA... trainfleet:prod:host:gpu-a01\\n"},
+            drop_in="HostCertificate /etc/ssh/ssh_host_ed25519_key-cert.pub\\nRevokedKeys ...\\n",
+            revoked_keys=b"SSHKRL...")
     """
     if problems:
         yield fail_command("sshd: " + "; ".join(problems) + "; nothing was changed")
@@ -243,7 +245,8 @@ def mesh_user(
     .. code:: python
 
         ssh_mesh.mesh_user(name="SSH mesh for root", user="root", identity=keypair,
-                           config=["Host gpu-a?? gpu-a??.cluster.example.com", "    User root", ...])
+                           config=["Host gpu-a?? gpu-a??.cluster.example.com",
+                                   "    User root", ...])
     """
     if problems:
         yield fail_command(f"{user}: " + "; ".join(problems) + "; nothing was changed")
@@ -379,8 +382,9 @@ def mesh_trust(
 
     .. code:: python
 
-        ssh_mesh.mesh_trust(name="root trusts the cluster CA only", user="root",
-                            authorized=['cert-authority,principals="root" ssh-ed25519 AAAA... trainfleet:prod:ca'])
+        ssh_mesh.mesh_trust(
+            name="root trusts the cluster CA only", user="root",
+            authorized=['cert-authority,principals="root" ssh-ed25519 AAAA... trainfleet:prod:ca'])
     """
     current = fact(SshMeshUser, user=user)
     problem = _home_problem(user, current)

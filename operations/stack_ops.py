@@ -63,7 +63,7 @@ else
 fi
 [ "$got" = "$want" ] || fail "$url holds the key(s) [$(echo $got)], not exactly $want"
 DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
-"""
+"""  # noqa: E501 (sent to nodes byte for byte)
 
 
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
@@ -142,12 +142,14 @@ def cuda_repo(
     keyring_fingerprint: str = CUDA_KEYRING_FINGERPRINT,
 ):
     """
-    Configure NVIDIA's CUDA package repository (apt: keyring package + sources list; RHEL: .repo file).
+    Configure NVIDIA's CUDA package repository (apt: keyring package + sources list;
+    RHEL: .repo file).
 
     + mirror: the repos root, ``<mirror>/<distro>/<arch>/`` is the repo, e.g.
       ``"https://mirror.example.com/nvidia/cuda/repos"`` (default: developer.download.nvidia.com);
       https, or ``file://`` for a copy on the node
-    + distro: NVIDIA's name for the OS, e.g. ``"ubuntu2204"`` or ``"rhel9"``; default from /etc/os-release
+    + distro: NVIDIA's name for the OS, e.g. ``"ubuntu2204"`` or ``"rhel9"``;
+      default from /etc/os-release
     + arch: ``"x86_64"`` or ``"sbsa"`` (Arm servers)
     + insecure: ``True`` allows an ``http://`` mirror (the spec's ``stack.insecure``)
     + keyring_fingerprint: the one key the ``cuda-keyring`` .deb may hold (checked before
@@ -414,7 +416,8 @@ def python_packages(
     Install Python packages in the node venv at exactly the given versions.
 
     + venv: the node venv (made by ``torch_venv``), e.g. ``"/opt/trainfleet/venv"``
-    + packages: PEP 503 name -> exact version, e.g. ``{"accelerate": "1.15.0", "deepspeed": "0.19.8"}``
+    + packages: PEP 503 name -> exact version,
+      e.g. ``{"accelerate": "1.15.0", "deepspeed": "0.19.8"}``
     + keep: ``torch==<build>``, given to pip beside them so that no package's
       requirement can move torch
     + wheelhouse: a directory on the node holding the wheels (``--no-index --find-links``);

@@ -1,4 +1,5 @@
-"""A check run's verdict per node: the operation that fails a node with its problems, changing nothing."""
+"""A check run's verdict per node: the operation that fails a node with its problems,
+changing nothing."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ UNLIMITED = 1 << 20  # what an unlimited soft limit counts as
 
 
 def raise_open_files(hosts: int) -> int:
-    """Raise the soft ``nofile`` limit towards what ``hosts`` connections need, never past
-    the hard limit (only root raises that: ``ulimit -Hn`` or limits.conf). Returns the soft limit."""
+    """Raise the soft ``nofile`` limit towards what ``hosts`` connections need, never past the hard
+    limit (only root raises that: ``ulimit -Hn`` or limits.conf). Returns the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = FILES_PER_HOST * hosts + FILES_SPARE
     if soft == resource.RLIM_INFINITY:

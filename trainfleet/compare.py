@@ -93,7 +93,7 @@ class Report:
         }
 
     def table(self, all_rows: bool = False) -> str:
-        """Properties by nodes; only rows with a finding unless ``all_rows``; odd values marked '*'."""
+        """Properties by nodes; rows with a finding only, unless ``all_rows``; odd values: '*'."""
         odd = {(f.node, f.property) for f in self.findings}
         properties = list(dict.fromkeys(p for values in self.observed.values() for p in values))
         rows = [p for p in properties if all_rows or any((n, p) in odd for n in self.nodes)]
@@ -114,9 +114,10 @@ class Report:
         if not body:
             return f"no drift: {len(self.nodes)} nodes match the spec and each other"
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-        line = lambda row: "  ".join(
-            cell.ljust(width) for cell, width in zip(row, widths, strict=False)
-        ).rstrip()
+
+        def line(row: list[str]) -> str:
+            return "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip()
+
         grid = [line(header), line(["-" * w for w in widths]), *map(line, body)]
         return "\n".join([*grid, *self._diffs()])
 

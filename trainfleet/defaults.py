@@ -41,14 +41,14 @@ NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells
 NCCL_ENVIRONMENT = "/etc/environment"  # non-login ssh sessions (pam_env): pdsh, mpirun, DeepSpeed
 NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NCCL_* only)
 
-# CUDA apt repository keyring (operations/stack_ops.py: cuda_repo). Version pins of the stack live in
-# the spec; this is a trust anchor, pinned here. NVIDIA's cuda-keyring .deb is checked before
-# `dpkg -i`: the keyring inside it must hold exactly one key, this one: cudatools' 2022 rotation
-# key 3bf863cc. Source: NVIDIA's own github.com/NVIDIA/cuda-repo-management, SIGNATURES.md
-# (commit ee8303d), "Primary key fingerprint: EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC"
-# for the key that signs the ubuntu/debian repos and the keyring .deb. No SHA-256 of the .deb is
-# pinned: NVIDIA publishes none, and the file differs per <distro>/<arch> (it carries that repo's
-# list file). NVIDIA lists debian13 under a newer key (8793F200): such nodes need the spec's
+# CUDA apt repository keyring (operations/stack_ops.py: cuda_repo). Version pins of the stack live
+# in the spec; this is a trust anchor, pinned here. NVIDIA's cuda-keyring .deb is checked before
+# `dpkg -i`: the keyring inside it must hold exactly one key, this one: cudatools' 2022 rotation key
+# 3bf863cc. Source: NVIDIA's own github.com/NVIDIA/cuda-repo-management, SIGNATURES.md (commit
+# ee8303d), "Primary key fingerprint: EB69 3B30 35CD 5710 E231 E123 A4B4 6996 3BF8 63CC" for the key
+# that signs the ubuntu/debian repos and the keyring .deb. No SHA-256 of the .deb is pinned: NVIDIA
+# publishes none, and the file differs per <distro>/<arch> (it carries that repo's list file).
+# NVIDIA lists debian13 under a newer key (8793F200): such nodes need the spec's
 # stack.cuda_keyring_fingerprint until its fingerprint is confirmed from NVIDIA and added here.
 CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"  # unless stack.cuda_repo

@@ -43,7 +43,10 @@ def driver_for_cuda_problem(driver: str, cuda: str) -> str | None:
         return f"{driver!r} is not a driver version"
     needed = min_driver(cuda)
     if needed is None:
-        return f"CUDA {cuda}: no known minimum driver (trainfleet knows CUDA {', '.join(map(str, MIN_DRIVER_FOR_CUDA))})"
+        return (
+            f"CUDA {cuda}: no known minimum driver (trainfleet knows CUDA "
+            f"{', '.join(map(str, MIN_DRIVER_FOR_CUDA))})"
+        )
     have = driver_key(driver)
     want = driver_key(needed)
     older = have[:1] < want[:1] if len(have) == 1 else have < want

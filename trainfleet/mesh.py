@@ -136,10 +136,11 @@ def host_principals(node: Node) -> list[str]:
 
 
 def name_pattern(name: str) -> str:
-    """An ssh host pattern for a family of names: the digits of a name's first label (of an
-    IPv4 address's last octet, an IPv6 address's last group) become ``?`` — ``gpu-a01``,
-    ``gpu-a01.cluster.example.com``, ``192.0.2.11`` give ``gpu-a??``, ``gpu-a??.cluster.example.com``,
-    ``192.0.2.??``: one pattern per naming scheme, however many nodes follow it."""
+    """An ssh host pattern for a family of names: the digits of a name's first label (of an IPv4
+    address's last octet, an IPv6 address's last group) become ``?`` — ``gpu-a01``,
+    ``gpu-a01.cluster.example.com``, ``192.0.2.11`` give ``gpu-a??``,
+    ``gpu-a??.cluster.example.com``, ``192.0.2.??``: one pattern per naming scheme, however many
+    nodes follow it."""
     if ":" in name:  # IPv6
         head, _, last = name.rpartition(":")
         return f"{head}:{'?' * len(last)}" if last else name
@@ -192,7 +193,10 @@ def ca_known_hosts_lines(cluster: Cluster, ca_public: str) -> list[str]:
 def ca_authorized_line(cluster: Cluster, user: str, ca_public: str) -> str:
     """The one authorized_keys line that lets every node in as ``user``: certificates the
     cluster CA signed for the principal ``user`` (and for no other account)."""
-    return f'cert-authority,principals="{user}" {" ".join(ca_public.split()[:2])} trainfleet:{cluster.name}:ca'
+    return (
+        f'cert-authority,principals="{user}" {" ".join(ca_public.split()[:2])} '
+        f"trainfleet:{cluster.name}:ca"
+    )
 
 
 @dataclass(frozen=True)

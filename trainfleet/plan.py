@@ -99,9 +99,9 @@ def plan_cluster(
     interfaces = {d.interface for d in derived.values() if d.interface}
     if len(interfaces) > 1:
         notes.append(
-            f"cluster interfaces differ between nodes ({', '.join(sorted(interfaces))}): each node gets "
-            "its own, but DeepSpeed's and ColossalAI's runners forward the launching node's "
-            "NCCL_SOCKET_IFNAME to every node"
+            f"cluster interfaces differ between nodes ({', '.join(sorted(interfaces))}): "
+            "each node gets its own, but DeepSpeed's and ColossalAI's runners forward "
+            "the launching node's NCCL_SOCKET_IFNAME to every node"
         )
     known_hosts: list[str] = []
     if gathered.host_keys is not None and not (keys and cluster.mesh == "certificates"):

@@ -545,7 +545,8 @@ def test_a_node_without_a_venv_is_named_for_its_missing_python_not_a_timeout(
     _use_venv(monkeypatch, "unset")
     venv = tmp_path / "no-venv"
     assert causes(_collective_on(monkeypatch, venv, cwd)) == [
-        f"python failed: no python at {venv}/bin/python: the node has no venv (pin stack.torch and deploy)"
+        f"python failed: no python at {venv}/bin/python: "
+        "the node has no venv (pin stack.torch and deploy)"
     ]
 
 
@@ -573,8 +574,9 @@ def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words
     )
     python.chmod(0o755)
     assert causes(_collective_on(monkeypatch, tmp_path / "venv", cwd)) == [
-        "python exited with status 127 after 'no output': python: error while loading shared libraries: "
-        "libpython3.11.so.1.0: cannot open shared object file: No such file or directory"
+        "python exited with status 127 after 'no output': python: "
+        "error while loading shared libraries: libpython3.11.so.1.0: "
+        "cannot open shared object file: No such file or directory"
     ]
 
 

@@ -15,12 +15,12 @@ import pytest
 from bench.controller import fleet as fleet_mod
 from bench.controller.record import load
 from checks import drift_check, hygiene_stage, mesh_stage
+from checks.preflight_report import PreflightReport
 from facts.fingerprint import plan_inputs
 from tests.unit.test_plan import public_key
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.plan import plan_cluster
-from checks.preflight_report import PreflightReport
 
 # -- a guard: any write to the file system while it is armed fails the test ----------------------
 

@@ -15,8 +15,8 @@ from pyinfra.api.facts import get_fact
 from pyinfra.facts.server import Command
 
 from facts.sudo_facts import probe_script, sudo_form, sudo_probe_command, sudo_refusal
-from trainfleet import Cluster
 from runtime.inventory import host_data
+from trainfleet import Cluster
 
 SUDO_SPEC = """\
 ssh: {user: admin, become: sudo}

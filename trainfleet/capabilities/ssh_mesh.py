@@ -135,13 +135,14 @@ def sshd_part(
         for path, line in found["certificates"].items():
             if line and not line.split()[-1].startswith("trainfleet:"):
                 problems.append(
-                    f"{path} holds a host certificate trainfleet did not sign ({line.split()[-1]}): "
-                    "move it aside (and its HostCertificate line), or set ssh.mesh: keys"
+                    f"{path} holds a host certificate trainfleet did not sign "
+                    f"({line.split()[-1]}): move it aside (and its HostCertificate line), "
+                    "or set ssh.mesh: keys"
                 )
         for path in found["other_revoked_keys"]:
             problems.append(
-                f"{path} sets RevokedKeys, which trainfleet's mesh would override: merge it into the "
-                "cluster's (or set ssh.mesh: keys)"
+                f"{path} sets RevokedKeys, which trainfleet's mesh would override: "
+                "merge it into the cluster's (or set ssh.mesh: keys)"
             )
         problems += revoked_host_key_problems(node, host_keys, certs.revoked)
         problems += client_problems(found)
@@ -152,10 +153,10 @@ def sshd_part(
             )
     if certs.moving and partial:
         problems.append(
-            "the cluster CA is being replaced (keys rotate-ca) and this run does not reach every node: "
-            "deploy the whole cluster at once (a node moved alone would be cut off from the others); "
-            "a node that is down: take it out of the spec for now, put it back once "
-            "it is up (README, The SSH mesh)"
+            "the cluster CA is being replaced (keys rotate-ca) and this run does not reach "
+            "every node: deploy the whole cluster at once (a node moved alone would be cut off "
+            "from the others); a node that is down: take it out of the spec for now, "
+            "put it back once it is up (README, The SSH mesh)"
         )
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
