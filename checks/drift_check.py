@@ -65,7 +65,7 @@ from trainfleet.mesh import (
 )
 from trainfleet.model import Cluster
 from trainfleet.pins import PINNED_PACKAGES, satisfies
-from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, genders_lines, plan_cluster
 
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
@@ -485,6 +485,7 @@ def _report(state, cluster: Cluster) -> Report:
         NodeFingerprint,
         users=cluster.mesh_users,
         peers=[],
+        **cluster_blocks(cluster),
         per_node=lambda name: {"peers": probe_targets(names, name, probe["stride"])},
     )
     reachable = {name: fp for name, fp in fingerprints.items() if fp}

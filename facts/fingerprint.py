@@ -75,16 +75,23 @@ class Identity(FactBase[dict[str, Any]]):
 Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
 
 
-def deploy_sections(users: list[str]) -> Parts:
+Blocks = list[str] | None  # a cluster-wide block the plan wants (trainfleet.plan.cluster_blocks)
+
+
+def deploy_sections(
+    users: list[str], hosts: Blocks = None, genders: Blocks = None, machines: Blocks = None
+) -> Parts:
     """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
-    read it with: the one list (``fact()`` refuses one not on it)."""
+    read it with: the one list (``fact()`` refuses one not on it). ``hosts``, ``genders``,
+    ``machines``: the planned cluster-wide blocks, answered by digest where a node holds them."""
+    hosts_args = {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}
     parts: Parts = {
         "hostname": (HostnameState, {"path": "/etc/hostname"}),
-        "hosts": (ManagedBlock, {"path": "/etc/hosts", "purpose": HOSTS_PURPOSE}),
+        "hosts": (ManagedBlock, hosts_args if hosts is None else {**hosts_args, "expect": hosts}),
         "host_keys": (SshHostKeys, {}),
         "sshd_mesh": (SshdMesh, {}),
         "known_hosts": (ManagedBlock, {"path": SYSTEM_KNOWN_HOSTS, "purpose": KNOWN_HOSTS_PURPOSE}),
-        "pdsh": (PdshState, {}),
+        "pdsh": (PdshState, {"genders": genders, "machines": machines}),
         "network": (NcclNetwork, {}),
         "nccl_files": (NcclEnvFiles, {}),
         "launchers": (LauncherFiles, {"directory": LAUNCH_DIR}),
@@ -131,12 +138,12 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
     )
 
 
-def sections(users: list[str], peers: list[str]) -> Parts:
+def sections(users: list[str], peers: list[str], **blocks: Blocks) -> Parts:
     """Everything a converged node is checked on: what the deploy reads, plus the machine's
     identity, the NCCL variables as processes see them and a live probe of the SSH mesh."""
     return {
         "identity": (Identity, {}),
-        **deploy_sections(users),
+        **deploy_sections(users, **blocks),
         "nccl_seen": (NcclEnvSeen, {}),
         **mesh_proof_sections(users, peers),
     }
@@ -216,6 +223,7 @@ class NodeFingerprint(FactBundle):
 
     + users: the mesh users
     + peers: every node's name (the mesh probe's targets)
+    + hosts, genders, machines: the planned cluster-wide blocks (``deploy_sections``)
 
     .. code:: python
 
@@ -223,11 +231,26 @@ class NodeFingerprint(FactBundle):
          "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
     """
 
-    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
-        return sections(users, peers)
+    def parts(  # type: ignore[override]
+        self,
+        users: list[str],
+        peers: list[str],
+        hosts: Blocks = None,
+        genders: Blocks = None,
+        machines: Blocks = None,
+    ) -> Parts:
+        return sections(users, peers, hosts=hosts, genders=genders, machines=machines)
 
-    def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
-        return super().command(users=users, peers=peers)
+    def command(  # type: ignore[override]
+        self,
+        users: list[str],
+        peers: list[str],
+        hosts: Blocks = None,
+        genders: Blocks = None,
+        machines: Blocks = None,
+    ) -> StringCommand:
+        blocks = {"hosts": hosts, "genders": genders, "machines": machines}
+        return super().command(users=users, peers=peers, **blocks)
 
 
 class MeshProofs(FactBundle):
@@ -254,14 +277,27 @@ class DeployState(FactBundle):
     the same as reading them one by one).
 
     + users: the mesh users
+    + hosts, genders, machines: the planned cluster-wide blocks (``deploy_sections``)
 
     .. code:: python
 
         {"hostname": {...}, "hosts": {...}, "stack": {...}, "mesh_user:root": {...}, ...}
     """
 
-    def parts(self, users: list[str]) -> Parts:  # type: ignore[override]
-        return deploy_sections(users)
+    def parts(  # type: ignore[override]
+        self,
+        users: list[str],
+        hosts: Blocks = None,
+        genders: Blocks = None,
+        machines: Blocks = None,
+    ) -> Parts:
+        return deploy_sections(users, hosts, genders, machines)
 
-    def command(self, users: list[str]) -> StringCommand:  # type: ignore[override]
-        return super().command(users=users)
+    def command(  # type: ignore[override]
+        self,
+        users: list[str],
+        hosts: Blocks = None,
+        genders: Blocks = None,
+        machines: Blocks = None,
+    ) -> StringCommand:
+        return super().command(users=users, hosts=hosts, genders=genders, machines=machines)

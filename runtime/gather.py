@@ -24,7 +24,7 @@ from runtime.faults import name_step_faults
 from trainfleet import inventory
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
-from trainfleet.plan import ClusterPlan, plan_cluster
+from trainfleet.plan import ClusterPlan, cluster_blocks, plan_cluster
 
 T = TypeVar("T")
 
@@ -212,9 +212,8 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
             state.active_hosts
         )
         keys = KeyStore(cluster.name, nodes=[n.name for n in cluster.nodes])
-        built = plan_cluster(
-            cluster, plan_inputs(read_once(DeployState, users=cluster.mesh_users)), keys
-        )
+        state_read = read_once(DeployState, users=cluster.mesh_users, **cluster_blocks(cluster))
+        built = plan_cluster(cluster, plan_inputs(state_read), keys)
         for note in built.notes:
             logger.warning(note)
         return built

@@ -154,6 +154,19 @@ def genders_lines(nodes: list[str]) -> list[str]:
     return [f"{name} trainfleet" for name in nodes]
 
 
+def hosts_lines(cluster: Cluster) -> list[str]:
+    """The /etc/hosts block: every node's address and names (the spec alone decides it)."""
+    return render_lines("hosts/hosts_block.j2", entries=cluster.hosts_entries())
+
+
+def cluster_blocks(cluster: Cluster) -> dict[str, list[str]]:
+    """The cluster-wide blocks (a line per node) the plan wants on every node, known from the
+    spec before any node is read: the bundles' arguments, so a node holding them answers a
+    digest instead of N lines (facts/managed_block_facts.py ``tf_block``)."""
+    names = [n.name for n in cluster.nodes]
+    return {"hosts": hosts_lines(cluster), "genders": genders_lines(names), "machines": names}
+
+
 def nccl_part(derived: Derived) -> NcclPlan:
     env = derived.env
     return NcclPlan(
@@ -421,7 +434,7 @@ def plan_cluster(cluster: Cluster, gathered: Gathered, keys: KeyStore | None = N
 
     entries = cluster.hosts_entries()
     hosts = HostsPlan(
-        lines=render_lines("hosts/hosts_block.j2", entries=entries),
+        lines=hosts_lines(cluster),
         names={name.lower(): address for address, names in entries for name in names},
     )
     users = cluster.mesh_users

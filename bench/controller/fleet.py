@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from facts.fingerprint import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from facts.hosts_facts import HOSTS_PURPOSE
-from facts.managed_block_facts import file_text, read_file_line
+from facts.managed_block_facts import block_answer, file_text, read_file_line
 from facts.openmpi_facts import MCA_PURPOSE
 from facts.pdsh_facts import PDSH_PURPOSE
 from facts.ssh_mesh_facts import (
@@ -61,7 +61,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import ENV_PURPOSE
-from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, genders_lines, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
@@ -116,6 +116,12 @@ def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False
     name, read = read_file_line(line)
     new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
     return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
+
+
+def converged_block(line: str, purpose: str, block: list[str]) -> str:
+    """What a node whose file holds the plan's cluster-wide ``block`` answers when the bundle
+    asks for it by digest (facts/managed_block_facts.py ``tf_block``)."""
+    return "\n".join(block_answer(with_plan_block(line, purpose, block), purpose, block))
 
 
 def whole_file(name: str, text: str | bytes) -> str:
@@ -427,7 +433,7 @@ def converged_sections(
     ``everyone`` (the full N x N probe)."""
     out = dict(base)
     out["hosts"] = map_files(
-        base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)}
+        base["hosts"], {"/etc/hosts": lambda l: converged_block(l, HOSTS_PURPOSE, plan.hosts.lines)}
     )
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
         sshd = plan.sshd
@@ -445,10 +451,10 @@ def converged_sections(
     out["pdsh"] = map_files(
         base["pdsh"],
         {
-            PDSH_GENDERS: lambda l: with_plan_block(
+            PDSH_GENDERS: lambda l: converged_block(
                 l, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
             ),
-            PDSH_MACHINES: lambda l: with_plan_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes)),
+            PDSH_MACHINES: lambda l: converged_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes)),
         },
     )
     out["nccl_files"] = map_files(
@@ -574,14 +580,19 @@ def write_spec(nodes: int, workdir: Path, recorded: Recorded, mesh: str = "certi
 
 
 def parse_bundle(
-    kind: str, stdout: list[str], users: list[str], peers: list[str] | None = None
+    kind: str,
+    stdout: list[str],
+    users: list[str],
+    peers: list[str] | None = None,
+    blocks: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them."""
+    """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them
+    (``blocks``: the cluster-wide blocks it was asked for, trainfleet.plan.cluster_blocks)."""
     bundle = DeployState() if kind == "deploy_state" else NodeFingerprint()
     if kind == "deploy_state":
-        bundle.command(users=users)
+        bundle.command(users=users, **(blocks or {}))
     else:
-        bundle.command(users=users, peers=peers or [])
+        bundle.command(users=users, peers=peers or [], **(blocks or {}))
     return bundle.process(stdout)
 
 
@@ -735,7 +746,7 @@ def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> An
     cluster, users = fleet.cluster, fleet.cluster.mesh_users
     answers = answers or fleet.converged
     fingerprints = {
-        name: parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+        name: parse_bundle("fingerprint", a.fingerprint, users, a.targets, cluster_blocks(cluster))
         for name, a in answers.items()
     }
     return compare_fingerprints(
