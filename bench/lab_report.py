@@ -371,7 +371,7 @@ def _sections(results: dict[str, Any], nodes: int) -> dict[str, float]:
 def deploy_parts(parts: dict[str, float]) -> dict[str, float]:
     """The parts the re-run's one command (DeployState) reads: all but identity, the NCCL
     variables as processes see them and the live mesh probe, which only drift adds."""
-    from facts.fingerprint import deploy_sections
+    from runtime.bundle import deploy_sections
 
     users = [name.split(":", 1)[1] for name in parts if name.startswith("mesh_user:")]
     mine = set(deploy_sections(users))

@@ -168,7 +168,7 @@ def section_script(users: list[str], peers: list[str]) -> str:
     """A shell script timing each part of the node fingerprint on the node itself (µs)."""
     from pyinfra.api import StringCommand
 
-    from facts.fingerprint import sections
+    from runtime.bundle import sections
 
     lines = []
     for name, (fact_cls, kwargs) in sections(users, peers).items():

@@ -18,8 +18,8 @@ from pyinfra import logger
 
 from checks.publish import publish
 from checks.publish import report_path as report_file
-from facts.fingerprint import NodeFingerprint, plan_inputs
 from facts.launchers_facts import LauncherContents
+from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, refused_sudo
 from trainfleet.capabilities import CAPABILITIES
 from trainfleet.compare import (
@@ -45,7 +45,7 @@ from trainfleet.mesh import (
 )
 from trainfleet.model import Cluster
 from trainfleet.pins import satisfies
-from trainfleet.plan import ClusterPlan, NodePlan, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
 MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
 REPORT_BYTES = 256 * 2**20  # the most of the last report read back (1024 nodes: a few MB)
@@ -256,6 +256,7 @@ def _report(state, cluster: Cluster) -> Report:
         NodeFingerprint,
         users=cluster.mesh_users,
         peers=[],
+        **cluster_blocks(cluster),
         per_node=lambda name: {"peers": probe_targets(names, name, probe["stride"])},
     )
     reachable = {name: fp for name, fp in fingerprints.items() if fp}

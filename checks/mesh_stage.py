@@ -9,8 +9,8 @@ from pyinfra.api import State
 from checks.mesh_verdicts import USER_CERTIFICATE, certificate_verdicts, mesh_problems
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import run_everywhere
-from facts.fingerprint import MeshProofs
 from facts.shell import shell
+from runtime.bundle import MeshProofs
 from trainfleet.defaults import MESH_PROBE_PARALLEL, MESH_PROBE_TIMEOUT
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster

@@ -1,8 +1,10 @@
-"""The node fingerprint: every fact convergence depends on, in one remote command.
+"""Several facts in one remote command (``FactBundle``), and the one table from the fact names
+the capabilities give their bundle sections to the facts (``FACTS``).
 
-It composes the capability facts (each keeps its own command and parser): their
-commands run one after another in a single shell, each section marked, and each
-section's output goes to that fact's own ``process``. One round trip per node.
+The bundle composes facts (each keeps its own command and parser): their commands run one
+after another in a single shell, each section marked, and each section's output goes to that
+fact's own ``process``. One round trip per node. Which sections a run reads is the
+run-time's (runtime/bundle.py loops over the capabilities' registry).
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ from facts.ssh_mesh_facts import (
     SshMeshUser,
 )
 from facts.stack_facts import StackVersions
-from trainfleet.capabilities import CAPABILITIES, ssh_mesh
-from trainfleet.capabilities.plan_context import Gathered, Sections
 from trainfleet.defaults import SYSTEM_KNOWN_HOSTS
 
 _MARK = "--trainfleet-fingerprint--"
@@ -51,7 +51,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   timeout -k 5 20 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu /'
 fi
 true
-"""
+"""  # noqa: E501 (sent to nodes byte for byte)
 )
 
 
@@ -62,7 +62,8 @@ class Identity(FactBase[dict[str, Any]]):
     .. code:: python
 
         {"boot_id": "4b1c...", "machine_id": "a317...", "kernel": "6.8.0-45-generic",
-         "os": "Ubuntu 22.04.4 LTS", "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.90.07"}]}
+         "os": "Ubuntu 22.04.4 LTS",
+         "gpus": [{"name": "NVIDIA H100 80GB HBM3", "driver": "550.90.07"}]}
     """
 
     def command(self) -> str:
@@ -81,6 +82,7 @@ class Identity(FactBase[dict[str, Any]]):
 
 
 Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
+Sections = dict[str, tuple[str, dict[str, Any]]]  # section -> (a fact's name in FACTS, arguments)
 
 # The one table from the names the capabilities give their sections' facts (the core names
 # facts, never imports them) to the fact and the arguments the name stands for.
@@ -120,72 +122,6 @@ def resolve(sections: Sections) -> Parts:
         fact, preset = FACTS[name]
         parts[section] = (fact, {**preset, **kwargs})
     return parts
-
-
-def deploy_sections(users: list[str]) -> Parts:
-    """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
-    read it with: every capability's (``fact()`` refuses one not on it)."""
-    parts: Parts = {}
-    for capability in CAPABILITIES:
-        parts |= resolve(capability.deploy_sections(users))
-    return parts
-
-
-def plan_inputs(gathered: dict[str, Any]) -> Gathered:
-    """What the plan needs of every node, from each node's sections (``deploy_sections`` or
-    ``sections``; a node that could not be read gives nothing)."""
-    readable = {node: found for node, found in gathered.items() if found}
-    return Gathered(
-        networks={node: found["network"] for node, found in readable.items()},
-        host_keys={node: found["host_keys"] for node, found in readable.items()},
-        os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
-        npu_ips={node: found["npus"] for node, found in readable.items()},
-        gpu_nodes={node: found["gpu_node"] for node, found in readable.items()},
-        sshd={node: found["sshd_mesh"] for node, found in readable.items()},
-        user_certificates={
-            node: {
-                key.split(":", 1)[1]: value["certificate"]
-                for key, value in found.items()
-                if key.startswith("mesh_user:")
-            }
-            for node, found in readable.items()
-        },
-        trust={
-            node: {
-                SYSTEM_KNOWN_HOSTS: found["known_hosts"]["block"],
-                **{
-                    key.split(":", 1)[1]: value["authorized"]["block"]
-                    for key, value in found.items()
-                    if key.startswith("mesh_user:")
-                },
-            }
-            for node, found in readable.items()
-        },
-    )
-
-
-def sections(users: list[str], peers: list[str]) -> Parts:
-    """Everything a converged node is checked on: what the deploy reads, plus what only the
-    checks read (the machine's identity, the NCCL variables as processes see them, a live
-    probe of the SSH mesh)."""
-    parts = deploy_sections(users)
-    for capability in CAPABILITIES:
-        parts |= resolve(capability.check_sections(users, peers))
-    return parts
-
-
-def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
-    """A live probe of every peer as each mesh user (drift's and the preflight's)."""
-    return resolve(ssh_mesh.check_sections(users, peers))
-
-
-def certificate_sections(users: list[str]) -> Parts:
-    """The node's host certificates and each mesh user's certificate (the preflight's validity check)."""
-    return {
-        section: part
-        for section, part in resolve(ssh_mesh.deploy_sections(users)).items()
-        if section == "sshd_mesh" or section.startswith("mesh_user:")
-    }
 
 
 class FactBundle(FactBase[dict[str, Any]]):
@@ -236,63 +172,3 @@ class FactBundle(FactBase[dict[str, Any]]):
                     f"section {name}: cannot read what the node returned: {exc}"
                 ) from exc
         return result
-
-
-class NodeFingerprint(FactBundle):
-    """
-    Everything convergence depends on, in one remote command: identity and hardware, the
-    names, the SSH mesh (files and a live probe of every peer), pdsh, the network and the
-    NCCL variables as non-login and login shells see them, the launcher files, the stack,
-    OpenMPI and its parameter files.
-
-    + users: the mesh users
-    + peers: every node's name (the mesh probe's targets)
-
-    .. code:: python
-
-        {"identity": {...}, "hostname": {"running": "gpu-a01", "static": "gpu-a01"},
-         "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
-    """
-
-    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
-        return sections(users, peers)
-
-    def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
-        return super().command(users=users, peers=peers)
-
-
-class MeshProofs(FactBundle):
-    """
-    The SSH mesh proved from this node as every mesh user, in one remote command:
-    ``{"mesh_proof:<user>": {peer: "ok" | reason}}`` (see SshMeshProof), with the node's host
-    and user certificates (``sshd_mesh``, ``mesh_user:<user>``) for their validity.
-
-    + users: the mesh users
-    + peers: every node's name
-    """
-
-    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
-        return {**mesh_proof_sections(users, peers), **certificate_sections(users)}
-
-    def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
-        return super().command(users=users, peers=peers)
-
-
-class DeployState(FactBundle):
-    """
-    Every fact deploy/cluster.py's operations read, in one remote command (what the node is
-    before this run; pyinfra v3 reads facts before any change, so reading them at once is
-    the same as reading them one by one).
-
-    + users: the mesh users
-
-    .. code:: python
-
-        {"hostname": {...}, "hosts": {...}, "stack": {...}, "mesh_user:root": {...}, ...}
-    """
-
-    def parts(self, users: list[str]) -> Parts:  # type: ignore[override]
-        return deploy_sections(users)
-
-    def command(self, users: list[str]) -> StringCommand:  # type: ignore[override]
-        return super().command(users=users)

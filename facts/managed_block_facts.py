@@ -15,7 +15,7 @@ from typing import TypedDict
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
-from trainfleet.blocks import BrokenBlock, split_block
+from trainfleet.blocks import BrokenBlock, Split, markers, split_block
 
 SECTION = "--trainfleet-section--"
 
@@ -29,6 +29,41 @@ tf_file() {
   else echo "file $1 missing $l"; fi
 }
 """
+
+# Shell: a file that holds a cluster-wide block (a line per node: /etc/hosts, genders), read
+# so a converged node's answer does not grow with the cluster: ``tf_block NAME PATH BEGIN END
+# SHA``. If the lines between the BEGIN line and the next END line hash (each line with its
+# newline) to SHA, the plan's block, it prints ``block NAME SHA`` and the file without those
+# lines (the user's lines stay whole: they are per node); else the whole file (``tf_file``).
+BLOCK_FN = (
+    FILE_FN
+    + r"""
+tf_block() {
+  if [ -n "$5" ] && [ -f "$2" ] && [ ! -L "$2" ]; then
+    s=$(tf_b="$3" tf_e="$4" LC_ALL=C awk \
+      '$0 == ENVIRON["tf_e"] && i { exit } i { print } $0 == ENVIRON["tf_b"] { i = 1 }' \
+      < "$2" | sha256sum) || s=
+    if [ "${s%% *}" = "$5" ]; then
+      echo "block $1 $5"; printf 'file %s regular - ' "$1"
+      tf_b="$3" tf_e="$4" LC_ALL=C awk '$0 == ENVIRON["tf_e"] { i = 0 } !i { print }
+        $0 == ENVIRON["tf_b"] && !d { i = 1; d = 1 }' < "$2" | base64 -w0 || printf '!'
+      echo; return
+    fi
+  fi
+  tf_file "$1" "$2"
+}
+"""
+)
+
+
+def block_sha256(lines: list[str]) -> str:
+    """The digest ``tf_block`` compares a block's lines with: each line with its newline."""
+    return hashlib.sha256("".join(f"{line}\n" for line in lines).encode()).hexdigest()
+
+
+def block_args(path: str, purpose: str, expect: list[str] | None) -> list[str]:
+    """``tf_block``'s arguments after NAME for ``path`` (no ``expect``: read whole)."""
+    return [path, *markers(purpose), block_sha256(expect) if expect is not None else ""]
 
 
 # Shell: run a command for a user (name or uid) with a fixed environment and nothing else:
@@ -142,8 +177,73 @@ class BlockState(TypedDict):
     link: bool
 
 
-def block_state(read: FileRead | None, purpose: str) -> BlockState:
-    """A file (None or missing: no such file) split around the block that holds ``purpose``."""
+def block_answer(line: str, purpose: str, expect: list[str]) -> list[str]:
+    """What ``tf_block`` prints for the file a ``tf_file`` line carries, ``expect`` asked for
+    (the controller benchmark's converged node; a unit test holds it to the shell's answer)."""
+    name, read = read_file_line(line)
+    if read["state"] != "regular" or read["link"] or read["data"] is None:
+        return [line]
+    begin, end = markers(purpose)
+    text = read["data"].decode("utf-8", "surrogateescape")
+    lines = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+    body: list[str] = []
+    inside = False
+    for each in lines:  # awk's first pass: the lines after BEGIN up to the next END
+        if each == end and inside:
+            break
+        if inside:
+            body.append(each)
+        inside = inside or each == begin
+    if block_sha256(body) != block_sha256(expect):
+        return [line]
+    kept: list[str] = []
+    inside = done = False
+    for each in lines:  # awk's second pass: every line but those
+        inside = inside and each != end
+        if not inside:
+            kept.append(each)
+        if each == begin and not done:
+            inside = done = True
+    elided = "".join(f"{each}\n" for each in kept).encode("utf-8", "surrogateescape")
+    return [
+        f"block {name} {block_sha256(expect)}",
+        f"file {name} regular - {base64.b64encode(elided).decode()}",
+    ]
+
+
+def read_digest_lines(lines: list[str]) -> dict[str, str]:
+    """{NAME: SHA} from the ``block NAME SHA`` lines among ``lines`` (``tf_block``)."""
+    digests = {}
+    for line in lines:
+        if line.startswith("block "):
+            fields = line.split(" ")
+            if len(fields) != 3 or len(fields[2]) != 64 or fields[2].strip("0123456789abcdef"):
+                raise FactProcessError(f"not a block digest line: {line[:80]!r}")
+            digests[fields[1]] = fields[2]
+    return digests
+
+
+def block_or_digest(
+    output: list[str], name: str, purpose: str, expect: list[str] | None
+) -> BlockState:
+    """The one reader of a ``tf_block`` answer: the file ``name`` of ``output`` split around
+    its block; a block the node answered by digest is ``expect`` (the lines that digest was
+    asked for), ``text`` and ``sha256`` then None (the node kept them: nothing to rewrite).
+    A digest that is not ``expect``'s fails the read, never passes."""
+    files = read_file_lines(output)
+    digest = read_digest_lines(output).get(name)
+    if digest is None:
+        return block_state(files.get(name), purpose)
+    if expect is None or digest != block_sha256(expect):
+        raise FactProcessError(f"{name}: block digest {digest[:12]} is not the one asked for")
+    return block_state(files.get(name), purpose, matched=list(expect))
+
+
+def block_state(
+    read: FileRead | None, purpose: str, matched: list[str] | None = None
+) -> BlockState:
+    """A file (None or missing: no such file) split around the block that holds ``purpose``.
+    ``matched``: the node left out the block's lines, which are these (``tf_block``)."""
     if read is None or read["state"] == "missing":
         return {
             "exists": False,
@@ -164,23 +264,43 @@ def block_state(read: FileRead | None, purpose: str) -> BlockState:
             "sha256": None,
             "link": read["link"],
         }
-    text = decode(read["data"])
+    whole = decode(read["data"])
+    text = (
+        whole if matched is None else None
+    )  # with ``matched``: not the file's, nothing to rewrite
     state: BlockState = {
         "exists": True,
         "block": None,
         "outside": [],
         "broken": None,
         "text": text,
-        "sha256": hashlib.sha256(read["data"]).hexdigest(),
+        "sha256": hashlib.sha256(read["data"]).hexdigest() if text is not None else None,
         "link": read["link"],
     }
     try:
-        split = split_block(text, purpose)
+        try:
+            split = split_block(whole, purpose)
+        except BrokenBlock:
+            if matched is None:
+                raise
+            split_block(_lines_back(whole, purpose, matched), purpose)  # its own line numbers
+            raise
     except BrokenBlock as exc:
         state["broken"] = str(exc)
         return state
+    if matched is not None:
+        if split.block != [] or read["link"]:
+            raise FactProcessError("a block answered by digest came back with lines or a link")
+        split = Split(split.before, matched, split.after)
     state["block"], state["outside"] = split.block, split.outside
     return state
+
+
+def _lines_back(text: str, purpose: str, lines: list[str]) -> str:
+    """The file ``tf_block`` left ``lines`` out of, with them back after its first BEGIN line."""
+    parts = text.split("\n")
+    at = parts.index(markers(purpose)[0]) + 1
+    return "\n".join(parts[:at] + lines + parts[at:])
 
 
 def file_command(path: str) -> StringCommand:
@@ -196,6 +316,8 @@ class ManagedBlock(FactBase[BlockState]):
 
     + path: the file
     + purpose: what the block holds, as in its markers, e.g. ``cluster hosts``
+    + expect: the block the plan wants (a cluster-wide one): a node that holds it answers
+      its digest instead of its lines (``tf_block``)
 
     .. code:: python
 
@@ -203,17 +325,28 @@ class ManagedBlock(FactBase[BlockState]):
             "exists": True,
             "block": ["192.0.2.11      gpu-a01.cluster.example.com gpu-a01"],
             "outside": [(1, "127.0.0.1 localhost")],
-            "broken": None, "text": "127.0.0.1 localhost\\n# BEGIN ...", "sha256": "9f2c...", "link": False,
+            "broken": None, "text": "127.0.0.1 localhost\\n# BEGIN ...", "sha256": "9f2c...",
+            "link": False,
         }
     """
 
-    def command(self, path: str, purpose: str) -> StringCommand:
-        self.purpose = purpose
-        return file_command(path)
+    def command(self, path: str, purpose: str, expect: list[str] | None = None) -> StringCommand:
+        self.path, self.purpose, self.expect = path, purpose, expect
+        if expect is None:
+            return file_command(path)
+        return StringCommand(
+            "sh",
+            "-c",
+            QuoteString(BLOCK_FN + 'tf_block "$1" "$@"'),
+            "trainfleet",
+            *map(QuoteString, block_args(path, purpose, expect)),
+        )
 
     def process(self, output: list[str]) -> BlockState:
         files = read_file_lines(output)
         if len(files) != 1:
             raise FactProcessError(f"expected one file line, got {len(files)}")
-        (read,) = files.values()
-        return block_state(read, self.purpose)
+        if self.expect is None:
+            (read,) = files.values()
+            return block_state(read, self.purpose)
+        return block_or_digest(output, self.path, self.purpose, self.expect)

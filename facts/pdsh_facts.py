@@ -6,7 +6,14 @@ from typing import TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
-from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from facts.managed_block_facts import (
+    BLOCK_FN,
+    BlockState,
+    block_args,
+    block_or_digest,
+    file_text,
+    read_file_lines,
+)
 from facts.os_release_facts import OS_FAMILY_SH
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 from trainfleet.osfamily import OsFamilyT, os_release
@@ -14,12 +21,13 @@ from trainfleet.osfamily import OsFamilyT, os_release
 PDSH_PURPOSE = "pdsh nodes"
 
 _SCRIPT = (
-    FILE_FN
+    BLOCK_FN
     + "\n"
     + OS_FAMILY_SH
     + r"""
 echo "pdsh $(command -v pdsh || echo missing)"
-for f in "$@"; do tf_file "$f" "$f"; done
+tf_file "$1" "$1"; tf_file "$2" "$2"; shift 2
+tf_block "$1" "$@"; shift 4; tf_block "$1" "$@"
 """
 )
 
@@ -38,6 +46,9 @@ class PdshState(FactBase[PdshStateT]):
     pdsh on the node, in one command: OS family, whether pdsh is installed, the
     default remote command type, and the managed blocks of the files ``pdsh -a`` reads.
 
+    + genders, machines: the blocks the plan wants: a node that holds one answers its
+      digest instead of its lines (``tf_block``)
+
     .. code:: python
 
         {
@@ -45,12 +56,20 @@ class PdshState(FactBase[PdshStateT]):
             "installed": True,
             "rcmd_default": "ssh",
             "profile": None,
-            "genders": {"exists": True, "block": ["gpu-a01 trainfleet"], "outside": [], "broken": None},
+            "genders": {"exists": True, "block": ["gpu-a01 trainfleet"], "outside": [],
+                        "broken": None},
             "machines": {"exists": False, "block": None, "outside": [], "broken": None},
         }
     """
 
-    def command(self) -> StringCommand:
+    def command(
+        self, genders: list[str] | None = None, machines: list[str] | None = None
+    ) -> StringCommand:
+        self.expect = {PDSH_GENDERS: genders, PDSH_MACHINES: machines}
+        args = [
+            *block_args(PDSH_GENDERS, PDSH_PURPOSE, genders),
+            *block_args(PDSH_MACHINES, PDSH_PURPOSE, machines),
+        ]
         return StringCommand(
             "sh",
             "-c",
@@ -58,8 +77,7 @@ class PdshState(FactBase[PdshStateT]):
             "trainfleet",
             PDSH_RCMD_DEFAULT,
             PDSH_PROFILE,
-            PDSH_GENDERS,
-            PDSH_MACHINES,
+            *map(QuoteString, args),
         )
 
     def process(self, output: list[str]) -> PdshStateT:
@@ -71,11 +89,12 @@ class PdshState(FactBase[PdshStateT]):
             )
         }
         rcmd = file_text(files.get(PDSH_RCMD_DEFAULT))
+        expect = getattr(self, "expect", {PDSH_GENDERS: None, PDSH_MACHINES: None})
         return {
             "os": os_release(head),
             "installed": head.get("pdsh", "missing") != "missing",
             "rcmd_default": rcmd.strip() or None if rcmd is not None else None,
             "profile": file_text(files.get(PDSH_PROFILE)),
-            "genders": block_state(files.get(PDSH_GENDERS), PDSH_PURPOSE),
-            "machines": block_state(files.get(PDSH_MACHINES), PDSH_PURPOSE),
+            "genders": block_or_digest(output, PDSH_GENDERS, PDSH_PURPOSE, expect[PDSH_GENDERS]),
+            "machines": block_or_digest(output, PDSH_MACHINES, PDSH_PURPOSE, expect[PDSH_MACHINES]),
         }

@@ -66,7 +66,7 @@ def hosts_block(
             names={"gpu-a01": "192.0.2.11", "gpu-a01.cluster.example.com": "192.0.2.11"},
         )
     """
-    current = fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE)
+    current = fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE, expect=list(lines))
     for stale in stale_lines(current["outside"], names) if present else []:
         logger.warning(
             f"{host.print_prefix}{path} {stale} (outside trainfleet's block; left as is)"

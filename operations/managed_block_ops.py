@@ -32,6 +32,8 @@ def block_change(
         return []
     if lines is not None and current["block"] == lines:
         return []
+    if current["exists"] and current["text"] is None:  # answered by digest: no bytes to rewrite
+        return [fail_command(f"{path}: read by its block's digest only; nothing was changed")]
     text = current["text"] or ""
     new = with_block(split_block(text, purpose), purpose, lines, top=top)
     expect = current["sha256"] if current["exists"] else ABSENT

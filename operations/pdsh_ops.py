@@ -34,7 +34,7 @@ def pdsh(nodes: list[str], present: bool = True):
 
         pdsh.pdsh(name="pdsh over ssh to every node", nodes=["gpu-a01", "gpu-a02"])
     """
-    current = fact(PdshState)
+    current = fact(PdshState, genders=genders_lines(nodes), machines=list(nodes))
     manager = current["os"]["package_manager"]
     if manager is None:
         yield fail_command(

@@ -17,15 +17,15 @@ from pyinfra.api import FactBase, State
 from pyinfra.api.facts import get_fact
 from pyinfra.context import ctx_host, ctx_state
 
-from facts.fingerprint import DeployState, plan_inputs
 from facts.sudo_facts import sudo_form, sudo_probe_command, sudo_refusal
 from runtime import inventory
+from runtime.bundle import DeployState, plan_inputs
 from runtime.fanout import fan_out
 from runtime.faults import name_step_faults
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
-from trainfleet.plan import ClusterPlan, plan_cluster
+from trainfleet.plan import ClusterPlan, cluster_blocks, plan_cluster
 
 T = TypeVar("T")
 
@@ -212,7 +212,8 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
         run_facts(state).whole_cluster = not state.failed_hosts and set(state.inventory) <= set(
             state.active_hosts
         )
-        gathered = plan_inputs(read_once(DeployState, users=cluster.mesh_users))
+        read = read_once(DeployState, users=cluster.mesh_users, **cluster_blocks(cluster))
+        gathered = plan_inputs(read)
         keys = prepare_keys(KeyStore(cluster.name), cluster, gathered)
         built = plan_cluster(cluster, gathered, keys)
         for note in built.notes:

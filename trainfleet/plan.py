@@ -16,7 +16,7 @@ from typing import Any
 from trainfleet import mesh
 from trainfleet.capabilities import CAPABILITIES
 from trainfleet.capabilities.gpu_node import GpuNodePlan
-from trainfleet.capabilities.hosts import HostsPlan, hosts_plan
+from trainfleet.capabilities.hosts import HostsPlan, hosts_lines, hosts_plan
 from trainfleet.capabilities.launchers import LaunchersPlan, rank_table_part
 from trainfleet.capabilities.nccl_env import NcclPlan, nccl_part
 from trainfleet.capabilities.openmpi import MpiPlan, mpi_plan
@@ -83,6 +83,14 @@ class NodePlan:
 class ClusterPlan:
     nodes: dict[str, NodePlan]
     notes: list[str]  # what a person should know about this run's plan (warnings)
+
+
+def cluster_blocks(cluster: Cluster) -> dict[str, list[str]]:
+    """The cluster-wide blocks (a line per node) the plan wants on every node, known from the
+    spec before any node is read: the bundles' arguments, so a node holding them answers a
+    digest instead of N lines (facts/managed_block_facts.py ``tf_block``)."""
+    names = [n.name for n in cluster.nodes]
+    return {"hosts": hosts_lines(cluster), "genders": genders_lines(names), "machines": names}
 
 
 def plan_cluster(

@@ -5,13 +5,15 @@ replaced by what trainfleet's plan says a converged node holds: names, /etc/host
 known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
 variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
 in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
-and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's own block functions, as
+and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's
+own block functions, as
 operations/managed_block_ops.py writes them, and sent in the facts' own framing. Everything is
 built once per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
 certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
-them (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes sshd_config.d, no
+them (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes
+sshd_config.d, no
 other file sets RevokedKeys, and none of trainfleet's sshd files or certificates exist yet.
 """
 
@@ -34,9 +36,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from facts.fingerprint import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from facts.hosts_facts import HOSTS_PURPOSE
-from facts.managed_block_facts import file_text, read_file_line
+from facts.managed_block_facts import block_answer, file_text, read_file_line
 from facts.openmpi_facts import MCA_PURPOSE
 from facts.pdsh_facts import PDSH_PURPOSE
 from facts.ssh_mesh_facts import (
@@ -45,6 +46,7 @@ from facts.ssh_mesh_facts import (
     CONFIG_PURPOSE,
     KNOWN_HOSTS_PURPOSE,
 )
+from runtime.bundle import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from runtime.inventory import host_data
 from trainfleet.blocks import split_block, with_block
 from trainfleet.defaults import (
@@ -62,7 +64,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import ENV_PURPOSE
-from trainfleet.plan import ClusterPlan, NodePlan, genders_lines, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, genders_lines, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
@@ -119,6 +121,12 @@ def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False
     return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
 
 
+def converged_block(line: str, purpose: str, block: list[str]) -> str:
+    """What a node whose file holds the plan's cluster-wide ``block`` answers when the bundle
+    asks for it by digest (facts/managed_block_facts.py ``tf_block``)."""
+    return "\n".join(block_answer(with_plan_block(line, purpose, block), purpose, block))
+
+
 def whole_file(name: str, text: str | bytes) -> str:
     return f"file {name} regular - {b64(text)}"
 
@@ -134,7 +142,8 @@ def sshd_mesh_text(
     includes_drop_ins: bool = True,
     client_drop_in: str | None = None,
 ) -> str:
-    """What SshdMesh's script (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``) prints on a node holding these
+    """What SshdMesh's script (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``) prints on a node holding
+    these
     files: ``include`` (sshd's and ssh's), no other ``RevokedKeys`` or ``RevokedHostKeys``, then
     sshd's drop-in, KRL, ssh's drop-in and every host certificate path."""
     certificates = certificates or {}
@@ -256,7 +265,7 @@ def _with_certificate_parts(texts: dict[str, str]) -> dict[str, str]:
     def no_certificate(lines: list[str]) -> list[str]:
         return (
             lines
-            if any(l.startswith("file certificate ") for l in lines)
+            if any(line.startswith("file certificate ") for line in lines)
             else [*lines, missing_file("certificate")]
         )
 
@@ -387,7 +396,8 @@ def _launchers(text: str, plan: NodePlan) -> str:
 
 
 def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str:
-    """The NCCL variables every shell sees are the plan's; the session's own address is the node's."""
+    """The NCCL variables every shell sees are the plan's; the session's own address is the
+    node's."""
     planned = [f"{k}={v}" for k, v in sorted(plan.nccl.env.items())]
     address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
     out: list[str] = []
@@ -428,7 +438,8 @@ def converged_sections(
     ``everyone`` (the full N x N probe)."""
     out = dict(base)
     out["hosts"] = map_files(
-        base["hosts"], {"/etc/hosts": lambda l: with_plan_block(l, HOSTS_PURPOSE, plan.hosts.lines)}
+        base["hosts"],
+        {"/etc/hosts": lambda line: converged_block(line, HOSTS_PURPOSE, plan.hosts.lines)},
     )
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
         sshd = plan.sshd
@@ -438,26 +449,28 @@ def converged_sections(
     out["known_hosts"] = map_files(
         base["known_hosts"],
         {
-            "/etc/ssh/ssh_known_hosts": lambda l: with_plan_block(
-                l, KNOWN_HOSTS_PURPOSE, plan.known_hosts
+            "/etc/ssh/ssh_known_hosts": lambda line: with_plan_block(
+                line, KNOWN_HOSTS_PURPOSE, plan.known_hosts
             )
         },
     )
     out["pdsh"] = map_files(
         base["pdsh"],
         {
-            PDSH_GENDERS: lambda l: with_plan_block(
-                l, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
+            PDSH_GENDERS: lambda line: converged_block(
+                line, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
             ),
-            PDSH_MACHINES: lambda l: with_plan_block(l, PDSH_PURPOSE, list(plan.pdsh_nodes)),
+            PDSH_MACHINES: lambda line: converged_block(line, PDSH_PURPOSE, list(plan.pdsh_nodes)),
         },
     )
     out["nccl_files"] = map_files(
         base["nccl_files"],
         {
-            NCCL_PROFILE: lambda l: whole_file(NCCL_PROFILE, plan.nccl.profile),
-            NCCL_ENVIRONMENT: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.environment),
-            NCCL_CONF: lambda l: with_plan_block(l, ENV_PURPOSE, plan.nccl.nccl_conf),
+            NCCL_PROFILE: lambda line: whole_file(NCCL_PROFILE, plan.nccl.profile),
+            NCCL_ENVIRONMENT: lambda line: with_plan_block(
+                line, ENV_PURPOSE, plan.nccl.environment
+            ),
+            NCCL_CONF: lambda line: with_plan_block(line, ENV_PURPOSE, plan.nccl.nccl_conf),
         },
     )
     out["launchers"] = _launchers(base["launchers"], plan)
@@ -465,7 +478,7 @@ def converged_sections(
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
         out["gpu_node"] = map_files(
-            base["gpu_node"], {"memlock_conf": lambda l: whole_file("memlock_conf", memlock)}
+            base["gpu_node"], {"memlock_conf": lambda line: whole_file("memlock_conf", memlock)}
         )
     for user in plan.mesh:
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
@@ -568,21 +581,26 @@ def write_spec(nodes: int, workdir: Path, recorded: Recorded, mesh: str = "certi
     ]
     path = workdir / f"fleet-{nodes}.yml"
     path.write_text(
-        f"# The controller benchmark's synthetic {nodes}-node cluster (bench/controller/fleet.py).\n"
-        + yaml.safe_dump(spec, sort_keys=False)
+        f"# The controller benchmark's synthetic {nodes}-node cluster "
+        "(bench/controller/fleet.py).\n" + yaml.safe_dump(spec, sort_keys=False)
     )
     return path
 
 
 def parse_bundle(
-    kind: str, stdout: list[str], users: list[str], peers: list[str] | None = None
+    kind: str,
+    stdout: list[str],
+    users: list[str],
+    peers: list[str] | None = None,
+    blocks: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
-    """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them."""
+    """A bundle's stdout through the real facts, as pyinfra's gathering gives it to them
+    (``blocks``: the cluster-wide blocks it was asked for, trainfleet.plan.cluster_blocks)."""
     bundle = DeployState() if kind == "deploy_state" else NodeFingerprint()
     if kind == "deploy_state":
-        bundle.command(users=users)
+        bundle.command(users=users, **(blocks or {}))
     else:
-        bundle.command(users=users, peers=peers or [])
+        bundle.command(users=users, peers=peers or [], **(blocks or {}))
     return bundle.process(stdout)
 
 
@@ -738,7 +756,7 @@ def offline_drift(fleet: Fleet, answers: dict[str, Answers] | None = None) -> An
     cluster, users = fleet.cluster, fleet.cluster.mesh_users
     answers = answers or fleet.converged
     fingerprints = {
-        name: parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+        name: parse_bundle("fingerprint", a.fingerprint, users, a.targets, cluster_blocks(cluster))
         for name, a in answers.items()
     }
     names = [n.name for n in cluster.nodes]

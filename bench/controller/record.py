@@ -34,7 +34,7 @@ MARK = "--trainfleet-fingerprint--"
 
 def bundle_command(kind: str, users: list[str], peers: list[str]) -> str:
     """The exact shell text pyinfra sends for a bundle (``deploy_state`` | ``fingerprint``)."""
-    from facts.fingerprint import DeployState, NodeFingerprint
+    from runtime.bundle import DeployState, NodeFingerprint
 
     command = (
         DeployState().command(users=users)

@@ -40,7 +40,10 @@ def test_a_missing_part_is_named(monkeypatch):
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=names)
 def test_sections_name_facts_that_exist(capability):
-    for sections in (capability.deploy_sections(USERS), capability.check_sections(USERS, PEERS)):
+    for sections in (
+        capability.deploy_sections(USERS, {}),
+        capability.check_sections(USERS, PEERS),
+    ):
         assert {fact for fact, _ in sections.values()} <= FACTS.keys()
         assert resolve(sections).keys() == sections.keys()
 
@@ -54,7 +57,7 @@ def test_no_two_capabilities_share_a_section():
     seen: dict[str, str] = {}
     for capability in CAPABILITIES:
         for section in {
-            **capability.deploy_sections(USERS),
+            **capability.deploy_sections(USERS, {}),
             **capability.check_sections(USERS, PEERS),
         }:
             assert section not in seen, f"{section}: {seen.get(section)} and {names(capability)}"
@@ -84,7 +87,7 @@ def test_a_converged_node_is_observed_as_planned(capability, planned):
         answers = converged_answers(node_plan)
         mine = capability.converged(node_plan)
         declared = {
-            **capability.deploy_sections(cluster.mesh_users),
+            **capability.deploy_sections(cluster.mesh_users, {}),
             **capability.check_sections(cluster.mesh_users, PEERS),
         }
         assert mine.keys() <= declared.keys()

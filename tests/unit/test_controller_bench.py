@@ -17,9 +17,10 @@ from bench.controller.controller_report import growth
 from bench.controller.measure import pyinfra_args
 from bench.controller.record import load
 from bench.run import PYINFRA, REPO, parse_results
-from facts.fingerprint import DeployState, NodeFingerprint
 from facts.hosts_facts import HOSTS_PURPOSE
+from runtime.bundle import DeployState, NodeFingerprint
 from trainfleet.mesh import probe_targets
+from trainfleet.plan import cluster_blocks
 
 
 @pytest.fixture(scope="module", params=[4, 16])
@@ -53,7 +54,10 @@ def test_converged_answers_are_the_plan(fleet):
     for node in fleet.cluster.nodes:
         plan = fleet.plan.nodes[node.name]
         state = fleet_mod.parse_bundle(
-            "deploy_state", fleet.converged[node.name].deploy_state, ["root"]
+            "deploy_state",
+            fleet.converged[node.name].deploy_state,
+            ["root"],
+            blocks=cluster_blocks(fleet.cluster),
         )
         assert state["hostname"] == {"running": node.name, "static": node.name}
         assert state["hosts"]["block"] == plan.hosts.lines
@@ -90,7 +94,9 @@ def test_converged_answers_are_the_plan(fleet):
             in next(i for i in state["network"]["interfaces"] if i["name"] == "eth0")["addresses"]
         )
     identities = [
-        fleet_mod.parse_bundle("fingerprint", a.fingerprint, ["root"], a.targets)["identity"]
+        fleet_mod.parse_bundle(
+            "fingerprint", a.fingerprint, ["root"], a.targets, cluster_blocks(fleet.cluster)
+        )["identity"]
         for a in fleet.converged.values()
     ]
     assert (
@@ -121,7 +127,8 @@ def test_fresh_answers_need_the_deploy(fleet):
 
 
 def test_one_nodes_hosts_block_is_named_by_drift(fleet):
-    """A node whose /etc/hosts block lost a line: drift names that node, and only it."""
+    """A node whose /etc/hosts block lost a line: drift names that node, and only it (the
+    node's block is not the one asked for: it answers the whole file, no digest)."""
     victim = fleet.cluster.nodes[1].name
     answers = dict(fleet.converged)
     lines = list(answers[victim].fingerprint)
@@ -133,6 +140,7 @@ def test_one_nodes_hosts_block_is_named_by_drift(fleet):
             [
                 fleet_mod.with_plan_block(line, HOSTS_PURPOSE, block)
                 for line in fleet_mod.text_lines(section)
+                if not line.startswith("block ")
             ]
         )
     )
@@ -140,6 +148,27 @@ def test_one_nodes_hosts_block_is_named_by_drift(fleet):
     report = fleet_mod.offline_drift(fleet, answers)
     assert {f.node for f in report.findings} == {victim}
     assert {f.property for f in report.findings} == {"hosts block"}
+    (finding,) = report.findings  # the whole file came back: its diff names the lost line
+    assert f"-{fleet.plan.nodes[victim].hosts.lines[-1]}" in finding.diff
+
+
+def test_a_converged_nodes_cluster_wide_blocks_do_not_grow_with_the_cluster(tmp_path):
+    """Issue #27: a converged node answers /etc/hosts and the pdsh lists by digest, so the
+    bytes of those sections are the same at 4 and 32 nodes (they were a line per node)."""
+    sizes = {}
+    for n in (4, 32):
+        built = fleet_mod.build(n, tmp_path / f"n{n}", load())
+        per_section = fleet_mod.section_bytes(built.converged["node0001"].deploy_state)
+        sizes[n] = (per_section["hosts"], per_section["pdsh"])
+        state = fleet_mod.parse_bundle(
+            "deploy_state",
+            built.converged["node0001"].deploy_state,
+            ["root"],
+            blocks=cluster_blocks(built.cluster),
+        )
+        assert state["hosts"]["block"] == built.plan.nodes["node0001"].hosts.lines
+        assert state["pdsh"]["machines"]["block"] == [node.name for node in built.cluster.nodes]
+    assert sizes[4] == sizes[32]
 
 
 def test_each_command_gets_its_answer(fleet):
@@ -159,7 +188,7 @@ def test_each_command_gets_its_answer(fleet):
         )
         assert _first_match(responses, "uname -n") == [node.name]
         proof = NodeFingerprint()
-        proof.command(users=["root"], peers=names)
+        proof.command(users=["root"], peers=names, **cluster_blocks(fleet.cluster))
         assert set(proof.process(answers.fingerprint_full)["mesh_proof:root"].values()) == {"ok"}
 
 
@@ -236,7 +265,10 @@ def test_keys_mesh_fleet(keys_fleet):
         assert plan.sshd.drop_in is None and plan.mesh[0].certificate is None
         assert len(plan.known_hosts) == 2 * keys_fleet.nodes  # a line per node and host key
         state = fleet_mod.parse_bundle(
-            "deploy_state", keys_fleet.converged[node.name].deploy_state, ["root"]
+            "deploy_state",
+            keys_fleet.converged[node.name].deploy_state,
+            ["root"],
+            blocks=cluster_blocks(keys_fleet.cluster),
         )
         assert (
             state["sshd_mesh"]["drop_in"] is None and state["mesh_user:root"]["certificate"] is None

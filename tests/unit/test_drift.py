@@ -21,6 +21,7 @@ from trainfleet.compare import (
     explain,
 )
 from trainfleet.keystore import KeyStore
+from trainfleet.plan import cluster_blocks
 
 NODES = ["n1", "n2", "n3"]
 
@@ -230,7 +231,9 @@ def test_drift_names_a_changed_launcher_and_hosts_line_and_shows_what_changed(tm
     (launch / "torchrun.sh").write_text(script.replace(changed, changed + " --max-restarts 9", 1))
     users = fleet.cluster.mesh_users
     fingerprints = {
-        name: fleet_mod.parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+        name: fleet_mod.parse_bundle(
+            "fingerprint", a.fingerprint, users, a.targets, cluster_blocks(fleet.cluster)
+        )
         for name, a in fleet.converged.items()
     }
     files = LauncherFiles()

@@ -69,10 +69,6 @@ def _run_lint_imports(cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-# Until the merge of #27's branches: facts/fingerprint.py's Gathered (trainfleet.plan), facts'
-# `printable` (trainfleet.verdicts), runtime/inventory.py and controller.py (pyinfra; used by
-# inventories/) move. strict: once they hold, this marker must go.
-@pytest.mark.xfail(strict=True, reason="known violations, fixed when #27's branches merge")
 def test_the_import_contracts_hold():
     result = _run_lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -5,14 +5,16 @@ nothing) or is refused with the file byte-identical."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api.exceptions import FactProcessError
 
 from facts.fingerprint import FactBundle
 from facts.hosts_facts import HOSTS_PURPOSE
-from facts.managed_block_facts import ManagedBlock, split_sections
+from facts.managed_block_facts import ManagedBlock, block_answer, file_command, split_sections
 from facts.openmpi_facts import MCA_PURPOSE
 from facts.pdsh_facts import PDSH_PURPOSE
 from facts.ssh_mesh_facts import AUTHORIZED_PURPOSE, CONFIG_PURPOSE, KNOWN_HOSTS_PURPOSE
@@ -167,3 +169,71 @@ def test_file_contents_cannot_forge_the_bundles_sections(tmp_path):
     assert result["first"]["block"] == ["forged"]  # the user's own file, read as it is
     _, raw = split_sections(output.split("\n")[:-1], "--trainfleet-fingerprint--")
     assert sorted(raw) == ["first", "second"] and all(len(lines) == 1 for lines in raw.values())
+
+
+def _answer(path: Path, purpose: str, expect: list[str]) -> tuple[list[str], object]:
+    """``tf_block``'s answer for ``path`` (asked for ``expect``), as printed and as read."""
+    fact = ManagedBlock()
+    command = fact.command(path=str(path), purpose=purpose, expect=expect).get_raw_value()
+    result = subprocess.run(["sh", "-c", command], capture_output=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().split("\n")[:-1]
+    return lines, fact.process(lines)
+
+
+@pytest.mark.parametrize(("managed", "state"), CASES, ids=[f"{m} | {s}" for m, s in CASES])
+def test_a_block_asked_by_digest_reads_as_the_whole_file_does(tmp_path, managed, state):
+    """Issue #27: every file state read with the plan's block asked for. A node holding that
+    block answers its digest, never its lines; any other answers the whole file. Either way
+    the fact is the whole file's (block, user lines and their numbers, brokenness); the
+    Python twin the controller benchmark answers with prints exactly what the shell does."""
+    purpose, _ = MANAGED[managed]
+    original, _ = states(purpose)[state]
+    target = tmp_path / "file"
+    if original is not None:
+        target.write_bytes(original.replace(b"\nold\n", b"\nnew line 1\nnew line 2\n"))
+    whole = read(target, purpose)
+    lines, asked = _answer(target, purpose, NEW)
+    digested = any(line.startswith("block ") for line in lines)
+    if whole["broken"] is None:  # a broken file may answer a digest: it reads broken all the same
+        assert digested == (whole["block"] == NEW and not whole["link"])
+    for key in ("exists", "block", "outside", "broken", "link"):
+        assert asked[key] == whole[key], key
+    if digested and whole["broken"] is None:
+        assert (
+            asked["text"] is None
+            and "new line" not in base64.b64decode(lines[1].split()[4]).decode()
+        )
+        assert block_change(str(target), purpose, asked, NEW) == []  # nothing to rewrite
+    elif not digested:  # a differing block comes back whole
+        assert asked["text"] == whole["text"]
+    file_line = read_file_lines_of(target)
+    assert (block_answer(file_line, purpose, NEW) if file_line else lines) == lines
+
+
+def read_file_lines_of(path: Path) -> str | None:
+    """The plain ``tf_file`` line of ``path`` (None: no such file)."""
+    if not path.exists():
+        return None
+    result = subprocess.run(
+        ["sh", "-c", file_command(str(path)).get_raw_value()], capture_output=True
+    )
+    return result.stdout.decode().split("\n")[0]
+
+
+def test_a_digest_not_asked_for_fails_the_read(tmp_path):
+    """A digest answer that is not the planned block's, or not a digest, never passes."""
+    target = tmp_path / "hosts"
+    b, e = markers(HOSTS_PURPOSE)
+    target.write_text(f"{b}\nnew line 1\nnew line 2\n{e}\n")
+    lines, _ = _answer(target, HOSTS_PURPOSE, NEW)
+    fact = ManagedBlock()
+    fact.command(path=str(target), purpose=HOSTS_PURPOSE, expect=["other"])
+    with pytest.raises(FactProcessError, match="not the one asked for"):
+        fact.process(lines)
+    fact.command(path=str(target), purpose=HOSTS_PURPOSE, expect=NEW)
+    for bad in ("block x", f"{lines[0]} extra", lines[0][:-1] + "g"):
+        with pytest.raises(FactProcessError):
+            fact.process([bad, lines[1]])
+    with pytest.raises(FactProcessError):  # a digest that came with the block's lines
+        fact.process([lines[0], read_file_lines_of(target)])

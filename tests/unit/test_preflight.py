@@ -661,7 +661,7 @@ def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails()
 def test_the_ssh_stage_reads_one_bundled_probe_per_node_and_a_cut_off_answer_is_no_pass():
     from pyinfra.api.exceptions import FactProcessError
 
-    from facts.fingerprint import MeshProofs
+    from runtime.bundle import MeshProofs
 
     fact = MeshProofs()
     command = fact.command(users=["root", "alice"], peers=["gpu-a01", "gpu-a02"]).get_raw_value()

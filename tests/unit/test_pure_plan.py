@@ -16,11 +16,11 @@ from bench.controller import fleet as fleet_mod
 from bench.controller.record import load
 from checks import drift_check, hygiene_stage, mesh_stage
 from checks.preflight_report import PreflightReport
-from facts.fingerprint import plan_inputs
+from runtime.bundle import plan_inputs
 from tests.unit.test_plan import public_key
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
-from trainfleet.plan import plan_cluster
+from trainfleet.plan import cluster_blocks, plan_cluster
 
 # -- a guard: any write to the file system while it is armed fails the test ----------------------
 
@@ -135,7 +135,9 @@ def _stores(fleet: fleet_mod.Fleet, tmp_path: Path, which: str) -> Path:
 def _fingerprints(fleet: fleet_mod.Fleet) -> dict[str, Any]:
     users = fleet.cluster.mesh_users
     return {
-        name: fleet_mod.parse_bundle("fingerprint", a.fingerprint, users, a.targets)
+        name: fleet_mod.parse_bundle(
+            "fingerprint", a.fingerprint, users, a.targets, cluster_blocks(fleet.cluster)
+        )
         for name, a in fleet.converged.items()
     }
 

@@ -2,7 +2,7 @@
 
 Each capability module declares what the machinery loops over (``PARTS``):
 
-+ ``deploy_sections(users)``: the bundle sections the deploy and the plan read, section ->
++ ``deploy_sections(users, blocks)``: the bundle sections the deploy and the plan read, section ->
   (fact name, arguments); ``check_sections(users, peers)``: those only checks read
 + ``plan_part(ctx, node)``: its NodePlan attributes, from the PlanContext built once per run
 + ``observe(fingerprint, node_plan, cluster)`` and ``expect(node_plan)``: drift's properties

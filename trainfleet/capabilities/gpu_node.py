@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
 from trainfleet.model import Cluster, Node
@@ -323,7 +323,7 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
 # ---- the capability ------------------------------------------------------------------------
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {"gpu_node": ("GpuNodeState", {})}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.model import Cluster, Node
@@ -25,17 +25,26 @@ class HostsPlan:
     names: dict[str, str]  # every cluster name, lower-case -> the address it must resolve to
 
 
+def hosts_lines(cluster: Cluster) -> list[str]:
+    """The /etc/hosts block: every node's address and names (the spec alone decides it)."""
+    return render_lines("hosts/hosts_block.j2", entries=cluster.hosts_entries())
+
+
 def hosts_plan(cluster: Cluster) -> HostsPlan:
     """The cluster's /etc/hosts block, the same on every node (built once per run)."""
     entries = cluster.hosts_entries()
     return HostsPlan(
-        lines=render_lines("hosts/hosts_block.j2", entries=entries),
+        lines=hosts_lines(cluster),
         names={name.lower(): address for address, names in entries for name in names},
     )
 
 
-def deploy_sections(users: list[str]) -> Sections:
-    return {"hostname": ("HostnameState", {"path": "/etc/hostname"}), "hosts": ("HostsBlock", {})}
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+    expect = {} if blocks.get("hosts") is None else {"expect": blocks["hosts"]}
+    return {
+        "hostname": ("HostnameState", {"path": "/etc/hostname"}),
+        "hosts": ("HostsBlock", expect),  # by digest where the node holds the planned block
+    }
 
 
 def check_sections(users: list[str], peers: list[str]) -> Sections:

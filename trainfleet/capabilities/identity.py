@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT
 from trainfleet.model import Cluster, Node
 
@@ -17,7 +17,7 @@ MAJORITY = ("os", "kernel", "gpu driver")
 UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {}
 
 

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from trainfleet.capabilities.nccl_env import derived
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.hccl import render_rank_table
@@ -146,7 +146,7 @@ def rank_table_part(
     return table + "\n", []
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {"launchers": ("LauncherFiles", {"directory": LAUNCH_DIR}), "npus": ("NpuDeviceIps", {})}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster, Node
@@ -50,7 +50,7 @@ def env_string(env: dict[str, str]) -> str:
     )
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {"network": ("NcclNetwork", {}), "nccl_files": ("NcclEnvFiles", {})}
 
 

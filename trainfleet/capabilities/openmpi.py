@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.defaults import MCA_FILE
 from trainfleet.model import Cluster, Node
@@ -97,7 +97,7 @@ def mpi_plan(derived: dict[str, Derived], cluster: Cluster) -> MpiPlan:
     )
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {"openmpi": ("OpenMpiState", {"users": list(users)})}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import content, digest
 from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
@@ -22,8 +22,14 @@ def genders_lines(nodes: list[str]) -> list[str]:
     return [f"{name} trainfleet" for name in nodes]
 
 
-def deploy_sections(users: list[str]) -> Sections:
-    return {"pdsh": ("PdshState", {})}
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+    # genders and machines by digest where the node holds the planned blocks
+    return {
+        "pdsh": (
+            "PdshState",
+            {"genders": blocks.get("genders"), "machines": blocks.get("machines")},
+        )
+    }
 
 
 def check_sections(users: list[str], peers: list[str]) -> Sections:

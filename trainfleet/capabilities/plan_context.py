@@ -61,3 +61,7 @@ class PlanContext:
 # A capability's bundle sections: section -> (the fact's name in facts/fingerprint.py's FACTS,
 # its arguments). The core names facts, it never imports them.
 Sections = dict[str, tuple[str, dict[str, Any]]]
+# The cluster-wide blocks the plan wants, known from the spec alone
+# (trainfleet.plan.cluster_blocks): a node holding one answers its digest. Empty: no
+# expectation (every line comes back).
+Blocks = Mapping[str, list[str] | None]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from trainfleet import certificates, mesh
-from trainfleet.capabilities.plan_context import Gathered, PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, Gathered, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.defaults import REVOKED_KEYS, SSH_MAIN_CONF, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
 from trainfleet.key_material import NO_CA, KeyMaterial, KeyPair
@@ -219,7 +219,7 @@ def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) ->
     return False
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {
         "host_keys": ("SshHostKeys", {}),
         "sshd_mesh": ("SshdMesh", {}),

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from trainfleet.capabilities.plan_context import PlanContext, Sections
+from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, PYTHON_PREFIX
 from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.model import Cluster, Node
@@ -89,7 +89,7 @@ def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> S
     )
 
 
-def deploy_sections(users: list[str]) -> Sections:
+def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     return {"stack": ("StackVersions", {"venv": VENV_DIR})}
 
 
