@@ -25,6 +25,7 @@ def shell(script: str, *args: object, prefix: Sequence[str | QuoteString] = ()) 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"  # the facts' scripts, beside them
 
 
-def script(name: str) -> str:
-    """The text of ``facts/scripts/<name>`` (modules read theirs once, at import)."""
-    return (SCRIPTS / name).read_text(encoding="utf-8")
+def script(name: str, folder: Path = SCRIPTS) -> str:
+    """The text of ``<folder>/<name>``, by default ``facts/scripts/<name>`` (modules read theirs
+    once, at import; operations/remote.py's ``script`` reads operations/scripts/)."""
+    return (folder / name).read_text(encoding="utf-8")

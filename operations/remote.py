@@ -32,12 +32,14 @@ import base64
 import hashlib
 import uuid
 from io import BytesIO
+from pathlib import Path
 
 from pyinfra.api import FileUploadCommand, QuoteString, StringCommand
 from pyinfra.api.command import PyinfraCommand
 from pyinfra.context import ctx_host
 
 from facts.managed_block_facts import USER_ENV_FN
+from facts.shell import script as read_script
 from facts.shell import shell
 from trainfleet.defaults import RUN_DIR
 
@@ -46,150 +48,41 @@ USER_TIMEOUT = 60  # seconds a step running as a user may take (a FIFO planted t
 ABSENT = "absent"  # expected state of a file that must not exist yet
 ANY = "any"  # whole files trainfleet owns: no user bytes to protect
 
+SCRIPTS = Path(__file__).resolve().parent / "scripts"  # the operations' scripts, beside them
+
+
+def script(name: str) -> str:
+    """The text of ``operations/scripts/<name>`` (modules read theirs once, at import)."""
+    return read_script(name, SCRIPTS)
+
+
 # The root-only run directory: made if missing, else it must be root's real 0700 directory.
-RUN_DIR_SCRIPT = r"""
-r=$1
-if [ ! -e "$r" ] && [ ! -L "$r" ]; then mkdir -m 700 "$r" 2>/dev/null || true; fi
-if [ -L "$r" ] || [ ! -d "$r" ] || [ "$(stat -c '%u %a' "$r")" != "0 700" ]; then
-  echo "trainfleet: $r must be a directory owned by root with mode 700 (remove it and re-run)" >&2; exit 1
-fi
-"""  # noqa: E501 (sent to nodes byte for byte)
+RUN_DIR_SCRIPT = script("remote_run_dir.sh")
 
 # A sudo login's upload directory ($2: the login user): made by root in /run, where nobody
 # else can make a name, owned by that user alone; anything else there is refused.
-UPLOAD_DIR_SCRIPT = r"""
-u=/run/trainfleet-upload.$2
-if [ ! -e "$u" ] && [ ! -L "$u" ]; then install -d -m 700 -o "$2" -g "$(id -g -- "$2")" "$u" 2>/dev/null || true; fi
-if [ -L "$u" ] || [ ! -d "$u" ] || [ "$(stat -c '%U %a' "$u")" != "$2 700" ]; then
-  echo "trainfleet: $u must be a directory owned by $2 with mode 700 (remove it and re-run)" >&2; exit 1
-fi
-"""  # noqa: E501 (sent to nodes byte for byte)
+UPLOAD_DIR_SCRIPT = script("remote_upload_dir.sh")
 
 # Runs as root: the run dir, the node lock, then the writer (as the user where one is named,
 # with only a fixed environment: USER_ENV_FN).
-_LOCKED = (
-    RUN_DIR_SCRIPT
-    + USER_ENV_FN
-    + r"""
-exec 9>>"$r/lock"
-if ! flock -w "$TF_LOCK_WAIT" 9; then
-  echo "trainfleet: another trainfleet run holds this node's lock: $(cat "$r/holder" 2>/dev/null || echo unknown); gave up after $TF_LOCK_WAIT s" >&2
-  exit 1
-fi
-c=${SSH_CLIENT:-local}
-printf 'controller %s, since %s\n' "${c%% *}" "$(date '+%Y-%m-%dT%H:%M:%S%z')" > "$r/holder"
-shift
-if [ -n "$TF_STAGED" ]; then exec 0<"$TF_STAGED"; rm -f -- "$TF_STAGED"; fi
-if [ -n "$TF_AS" ]; then
-  command -v setpriv >/dev/null 2>&1 || { echo "trainfleet: setpriv (util-linux) is needed to write as $TF_AS" >&2; exit 1; }
-  as_user() {
-    tf_user_env "$TF_AS" timeout "$TF_USER_TIMEOUT" setpriv --reuid="$TF_AS" --regid="$(id -g -- "$TF_AS")" \
-      --init-groups sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
-  }
-  # The user's process gets no variable of root's: inline content comes on its stdin.
-  if [ -n "${TF_DATA:-}" ]; then printf '%s' "$TF_DATA" | as_user "$@"; else as_user "$@"; fi
-else
-  sh -c "$TF_SCRIPT" trainfleet "$@" 9>&-
-fi
-"""  # noqa: E501 (sent to nodes byte for byte)
-)
+_LOCKED = RUN_DIR_SCRIPT + USER_ENV_FN + script("remote_locked.sh")
 
 # Root writes only where nobody else can change the path: every existing directory from the
 # file's up to / is root's; the file's own (or the one its new parents are made in) is
 # writable by root alone; above it, a sticky directory is allowed (only root can rename a
 # root-owned entry in it).
-_ROOT_SAFE_DIR = r"""
-root_safe_dir() {
-  p=$(readlink -m -- "$1"); first=1
-  while :; do
-    if [ -e "$p" ]; then
-      set -- $(stat -c '%u %a' -- "$p")
-      [ "$1" = 0 ] || fail "$p is not owned by root: root does not write where another user can"
-      if [ $(( 0$2 & 022 )) -ne 0 ]; then
-        if [ $first = 1 ] || [ $(( 0$2 & 01000 )) -eq 0 ]; then fail "$p is writable by others: root does not write there"; fi
-      fi
-      first=0
-    fi
-    [ "$p" = / ] && break
-    p=${p%/*}; [ -n "$p" ] || p=/
-  done
-}
-"""  # noqa: E501 (sent to nodes byte for byte)
+_ROOT_SAFE_DIR = script("remote_root_safe_dir.sh")
 
 # Root follows a link (``/root/.ssh/config -> ../dotfiles/ssh_config``) only where nobody else
 # can change where it leads: walked one name at a time from /, every directory on the way, each
 # link met (the first and any it leads through) and the file at the end are owned by root, and
 # every directory and the file are writable by root alone (no sticky exception: a chain
 # through /tmp is refused). Prints the file at the end; the link stays a link.
-_ROOT_LINK = r"""
-only_roots="root follows a link only through root's own files and directories"
-root_only() {
-  set -- $(stat -c '%u %a' -- "$1") "$1"
-  [ "$1" = 0 ] && [ $(( 0$2 & 022 )) -eq 0 ] && return 0
-  fail "is a symbolic link through $3, which is not root's alone: $only_roots"
-}
-root_link() {
-  rest=$1; cur=; n=0
-  root_only /
-  while [ -n "$rest" ]; do
-    case $rest in /*) rest=${rest#/}; continue ;; esac
-    c=${rest%%/*}; case $rest in */*) rest=${rest#*/} ;; *) rest= ;; esac
-    case $c in .) continue ;; ..) cur=${cur%/*}; continue ;; esac
-    p=$cur/$c
-    if [ -L "$p" ]; then
-      n=$((n + 1)); [ $n -le 40 ] || fail "has too many levels of symbolic links"
-      [ "$(stat -c %u -- "$p")" = 0 ] || fail "is a symbolic link through $p, a link not owned by root: $only_roots"
-      t=$(readlink -- "$p"); case $t in /*) cur= ;; esac
-      rest=$t${rest:+/$rest}
-    elif [ -e "$p" ]; then root_only "$p"; cur=$p
-    elif [ -n "$rest" ]; then fail "is a dangling symbolic link"
-    else cur=$p
-    fi
-  done
-  printf '%s\n' "$cur"
-}
-"""  # noqa: E501 (sent to nodes byte for byte)
+_ROOT_LINK = script("remote_root_link.sh")
 
 # The writer: $1 path, $2 expected sha256 | absent | any, $3 mode of a new file, $4 mode of new
 # directories; content base64 in $TF_DATA, or on stdin when $TF_DATA is empty.
-_WRITE = (
-    r"""set -eu
-fail() { echo "trainfleet: $f: $*; nothing was changed" >&2; exit 1; }
-f=$1; want=$2; mode=$3; dmode=$4
-cd /
-"""
-    + _ROOT_SAFE_DIR
-    + _ROOT_LINK
-    + r"""
-if [ -L "$f" ]; then
-  if [ "$(id -u)" = 0 ]; then f=$(root_link "$f") || exit 1
-  else f=$(readlink -f -- "$f") || fail "is a dangling symbolic link"; fi
-fi
-d=${f%/*}; [ -n "$d" ] || d=/
-[ "$(id -u)" != 0 ] || root_safe_dir "$d"
-if [ -e "$f" ] && [ ! -f "$f" ]; then fail "is not a regular file"; fi
-case $want in
-  absent) [ ! -e "$f" ] || fail "appeared after it was read (run again)" ;;
-  any) ;;
-  *) [ -f "$f" ] && [ "$(sha256sum < "$f" | cut -d' ' -f1)" = "$want" ] || fail "changed after it was read (run again)" ;;
-esac
-[ -d "$d" ] || mkdir -p -m "$dmode" -- "$d"
-t=$(mktemp -- "$d/.trainfleet.XXXXXX") || fail "cannot make a temp file in $d"
-trap 'rm -f -- "$t"' EXIT
-if [ -n "${TF_DATA:-}" ]; then printf '%s' "$TF_DATA" | base64 -d > "$t"; else base64 -d > "$t"; fi
-if [ -e "$f" ]; then
-  chmod "$(stat -c %a -- "$f")" "$t"
-  if [ "$(id -u)" = 0 ]; then
-    chown -h "$(stat -c %u:%g -- "$f")" "$t"
-    if command -v chcon >/dev/null 2>&1; then chcon --reference="$f" "$t" 2>/dev/null || true; fi
-  fi
-else
-  chmod "$mode" "$t"
-fi
-mv -f -- "$t" "$f"
-trap - EXIT
-"""  # noqa: E501 (sent to nodes byte for byte)
-)
+_WRITE = script("remote_write_args.sh") + _ROOT_SAFE_DIR + _ROOT_LINK + script("remote_write.sh")
 
 # Linux caps one argument at 128 KiB: larger contents (known hosts of hundreds of nodes)
 # are uploaded instead of travelling on the command line.

@@ -11,20 +11,12 @@ from pyinfra.api import StringCommand, operation
 
 from facts.shell import shell
 from facts.shm_facts import SHMID_MAX, Segment, StaleSharedMemory
+from operations.remote import script
 from runtime.gather import fact
 
 # Remove each segment only if it is still unattached at this moment: a process that
 # attached since the fact was read keeps its segment. Ids are digits only, checked here too.
-_REMOVE = r"""
-for id in "$@"; do
-  case $id in ''|*[!0-9]*) echo "refused $id (not a shmid)"; continue ;; esac
-  if awk -v id="$id" '$2 == id && $7 == 0 { found = 1 } END { exit !found }' /proc/sysvipc/shm; then
-    ipcrm -m "$id" && echo "removed $id"
-  else
-    echo "kept $id (attached again, or gone)"
-  fi
-done
-"""
+_REMOVE = script("shm_remove.sh")
 
 
 @operation()

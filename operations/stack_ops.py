@@ -18,7 +18,7 @@ from pyinfra.api import OperationValueError, QuoteString, StringCommand, operati
 
 from facts.stack_facts import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
 from operations.packages_ops import APT, held, or_fail, rpm_ensure
-from operations.remote import FailCommand, fail_command, write_file_command
+from operations.remote import FailCommand, fail_command, script, write_file_command
 from runtime.gather import fact, lent
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
@@ -35,35 +35,7 @@ TORCH_INDEX = "https://download.pytorch.org/whl"
 # check that the keyring inside holds exactly one key, fingerprint $2, and only then dpkg -i it.
 # mktemp -d: a fresh 0700 directory of root's under an unguessable name, so no other user can
 # place, swap or read the file between the download, the check and the install.
-_KEYRING = r"""set -eu
-url=$1 want=$2 proto=$3
-fail() { echo "trainfleet: cuda keyring: $*; nothing installed" >&2; exit 1; }
-d=$(mktemp -d) || fail "cannot make a temp directory"
-trap 'rm -rf "$d"' EXIT
-deb=$d/cuda-keyring.deb
-if [ "$proto" = file ]; then
-  cp -- "${url#file://}" "$deb" || fail "cannot read $url"
-elif command -v curl >/dev/null 2>&1; then
-  curl -fsSL --proto "=$proto" --proto-redir "=$proto" -o "$deb" "$url" || fail "cannot download $url"
-else
-  wget -q -O "$deb" "$url" || fail "cannot download $url"
-fi
-dpkg-deb -x "$deb" "$d/x" 2>/dev/null || fail "$url is not a .deb"
-key=$d/x/usr/share/keyrings/cuda-archive-keyring.gpg
-{ [ -f "$key" ] && [ ! -L "$key" ]; } || fail "$url has no /usr/share/keyrings/cuda-archive-keyring.gpg"
-if command -v gpg >/dev/null 2>&1; then
-  mkdir -m 700 "$d/gnupg"
-  got=$(gpg --homedir "$d/gnupg" --batch --no-options --with-colons --import-options show-only \
-        --import "$key" 2>/dev/null | awk -F: '$1 == "pub" {p = 1} $1 == "fpr" && p {print $10; p = 0}')
-  gpgconf --homedir "$d/gnupg" --kill all >/dev/null 2>&1 || true
-elif command -v sq >/dev/null 2>&1; then
-  got=$(sq inspect "$key" 2>/dev/null | sed -n 's/^ *Fingerprint: *//p' | tr -d ' ' | tr a-f A-F)
-else
-  fail "neither gpg nor sq is installed to check its key (apt-get install gpg)"
-fi
-[ "$got" = "$want" ] || fail "$url holds the key(s) [$(echo $got)], not exactly $want"
-DEBIAN_FRONTEND=noninteractive dpkg -i --force-confold "$deb"
-"""  # noqa: E501 (sent to nodes byte for byte)
+_KEYRING = script("stack_cuda_keyring.sh")
 
 
 def _fact(venv: str = VENV_DIR) -> StackVersionsT:
