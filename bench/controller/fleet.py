@@ -36,10 +36,9 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from facts.hosts_facts import HOSTS_PURPOSE
+from facts.fingerprint import Parts
 from facts.managed_block_facts import block_answer, file_text, read_file_line
 from facts.openmpi_facts import MCA_PURPOSE
-from facts.pdsh_facts import PDSH_PURPOSE
 from facts.ssh_mesh_facts import (
     _HOST_CERT_PATHS,
     AUTHORIZED_PURPOSE,
@@ -49,14 +48,13 @@ from facts.ssh_mesh_facts import (
 from runtime.bundle import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from runtime.inventory import host_data
 from trainfleet.blocks import split_block, with_block
+from trainfleet.capabilities import CAPABILITIES
 from trainfleet.defaults import (
     MESH_PROBE_PARALLEL,
     MESH_PROBE_TIMEOUT,
     NCCL_CONF,
     NCCL_ENVIRONMENT,
     NCCL_PROFILE,
-    PDSH_GENDERS,
-    PDSH_MACHINES,
     SYSTEM_KNOWN_HOSTS,
 )
 from trainfleet.key_preparation import prepare_keys
@@ -64,7 +62,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import ENV_PURPOSE
-from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, genders_lines, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
@@ -424,6 +422,23 @@ def mesh_proof(peers: list[str]) -> str:
     return joined([f"probing {len(peers)}", *(f"ok {peer} " for peer in peers)])
 
 
+def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict[str, str]:
+    """What each capability says a converged node holds (``converged(plan)``), as the section's
+    fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
+    node's own). The other sections are rewritten by hand in ``converged_sections``: sshd_mesh,
+    mesh_user:*, mesh_proof:*, nccl_files, launchers, openmpi, gpu_node, identity, nccl_seen."""
+    out = {}
+    for capability in CAPABILITIES:
+        for section, value in capability.converged(plan).items():
+            fact_cls, kwargs = parts.get(section, (None, {}))
+            if not hasattr(fact_cls, "answer"):
+                continue
+            fact = fact_cls()
+            fact.command(**kwargs)  # the arguments the answer depends on (a digest asked for)
+            out[section] = joined(fact.answer(value, text_lines(base[section])))
+    return out
+
+
 def converged_sections(
     base: dict[str, str],
     recorded: Recorded,
@@ -432,37 +447,18 @@ def converged_sections(
     plan: NodePlan,
     peers: list[str],
     everyone: list[str],
+    parts: Parts,
 ) -> tuple[dict[str, str], str]:
     """Every section of a converged node (deploy sections and the fingerprint's own) from
     ``base``, its ``machine_sections``, with the mesh proof of ``peers``; and the proof of
-    ``everyone`` (the full N x N probe)."""
-    out = dict(base)
-    out["hosts"] = map_files(
-        base["hosts"],
-        {"/etc/hosts": lambda line: converged_block(line, HOSTS_PURPOSE, plan.hosts.lines)},
-    )
+    ``everyone`` (the full N x N probe). ``parts``: the bundle's sections with their facts, as
+    the deploy asks for them (``registry_answers``)."""
+    out = {**base, **registry_answers(base, plan, parts)}
     if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
         sshd = plan.sshd
         out["sshd_mesh"] = sshd_mesh_text(
             sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
         )
-    out["known_hosts"] = map_files(
-        base["known_hosts"],
-        {
-            "/etc/ssh/ssh_known_hosts": lambda line: with_plan_block(
-                line, KNOWN_HOSTS_PURPOSE, plan.known_hosts
-            )
-        },
-    )
-    out["pdsh"] = map_files(
-        base["pdsh"],
-        {
-            PDSH_GENDERS: lambda line: converged_block(
-                line, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
-            ),
-            PDSH_MACHINES: lambda line: converged_block(line, PDSH_PURPOSE, list(plan.pdsh_nodes)),
-        },
-    )
     out["nccl_files"] = map_files(
         base["nccl_files"],
         {
@@ -647,12 +643,13 @@ def build(
     names = [n.name for n in cluster.nodes]
     stride = probe_stride(nodes, 0)
     order = list(sections(users, []))
+    parts = sections(users, [], cluster_blocks(cluster))  # as the deploy and drift ask
     converged, fresh = {}, {}
     for node in cluster.nodes:
         mine = machines[node.name]
         targets = probe_targets(names, node.name, stride)
         texts, full_proof = converged_sections(
-            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names
+            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names, parts
         )
         full_texts = {**texts, **{f"mesh_proof:{user}": full_proof for user in users}}
         converged[node.name] = Answers(

@@ -1,0 +1,59 @@
+"""Each fact's ``answer``: what a converged node prints, read back by the fact's own
+``process``, is the value it was made from (the controller benchmark derives its nodes'
+answers from the capabilities' ``converged`` through these)."""
+
+from __future__ import annotations
+
+from facts.hosts_facts import HOSTS_PURPOSE
+from facts.managed_block_facts import ManagedBlock, file_line
+from facts.pdsh_facts import PdshState
+from trainfleet.blocks import markers
+from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_RCMD_DEFAULT
+
+HOSTS = ["198.18.0.1      node0001.lab node0001", "198.18.0.2      node0002.lab node0002"]
+OLD = ["198.18.0.9      stale.lab stale"]
+
+
+def _with(purpose: str, before: list[str], block: list[str]) -> str:
+    begin, end = markers(purpose)
+    return "".join(f"{line}\n" for line in [*before, begin, *block, end])
+
+
+def _hosts(expect: list[str] | None) -> ManagedBlock:
+    fact = ManagedBlock()
+    fact.command(path="/etc/hosts", purpose=HOSTS_PURPOSE, expect=expect)
+    return fact
+
+
+def test_a_managed_block_answers_the_block_in_the_recorded_file_whole_or_by_digest():
+    recorded = [file_line("/etc/hosts", _with(HOSTS_PURPOSE, ["127.0.0.1 localhost"], OLD))]
+    for expect in (None, HOSTS):
+        fact = _hosts(expect)
+        state = fact.process(fact.answer({"block": HOSTS, "outside": []}, recorded))
+        assert state["block"] == HOSTS
+        assert state["outside"] == [(1, "127.0.0.1 localhost")]
+        assert (state["text"] is None) == (expect is not None)  # by digest: nothing to rewrite
+    # a file with no block yet gets it appended, the user's lines kept
+    fact = _hosts(None)
+    answer = fact.answer({"block": HOSTS}, [file_line("/etc/hosts", "127.0.0.1 localhost")])
+    assert fact.process(answer)["block"] == HOSTS
+
+
+def test_pdsh_answers_its_blocks_and_keeps_the_recorded_rest():
+    names = ["node0001", "node0002"]
+    genders = [f"{name} trainfleet" for name in names]
+    recorded = [
+        "id debian",
+        "pdsh /usr/bin/pdsh",
+        file_line(PDSH_RCMD_DEFAULT, "ssh\n"),
+        file_line("/etc/profile.d/trainfleet-pdsh.sh", None),
+        file_line(PDSH_GENDERS, _with("pdsh nodes", [], ["old trainfleet"])),
+        file_line(PDSH_MACHINES, _with("pdsh nodes", [], ["old"])),
+    ]
+    value = {"genders": {"block": genders}, "machines": {"block": names}}
+    for genders_expect, machines_expect in ((None, None), (genders, names), (genders, None)):
+        fact = PdshState()
+        fact.command(genders=genders_expect, machines=machines_expect)
+        state = fact.process(fact.answer(value, recorded))
+        assert state["genders"]["block"] == genders and state["machines"]["block"] == names
+        assert state["installed"] and state["rcmd_default"] == "ssh"
