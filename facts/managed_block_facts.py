@@ -111,6 +111,12 @@ def decode_lines(encoded: str) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+def encode_lines(lines: list[str]) -> str:
+    """``decode_lines``' inverse: the lines as one base64 line."""
+    text = "".join(f"{line}\n" for line in lines)
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode()
+
+
 class FileRead(TypedDict):
     state: str  # regular | missing | other
     link: bool  # the path is a symbolic link (state is its target's)

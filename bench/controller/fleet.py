@@ -52,16 +52,12 @@ from trainfleet.capabilities import CAPABILITIES
 from trainfleet.defaults import (
     MESH_PROBE_PARALLEL,
     MESH_PROBE_TIMEOUT,
-    NCCL_CONF,
-    NCCL_ENVIRONMENT,
-    NCCL_PROFILE,
     SYSTEM_KNOWN_HOSTS,
 )
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import ENV_PURPOSE
 from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
@@ -426,7 +422,7 @@ def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict
     """What each capability says a converged node holds (``converged(plan)``), as the section's
     fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
     node's own). The other sections are rewritten by hand in ``converged_sections``: sshd_mesh,
-    mesh_user:*, mesh_proof:*, nccl_files, launchers, openmpi, gpu_node, identity, nccl_seen."""
+    mesh_user:*, mesh_proof:*, launchers, openmpi, gpu_node, identity, nccl_seen."""
     out = {}
     for capability in CAPABILITIES:
         for section, value in capability.converged(plan).items():
@@ -459,16 +455,6 @@ def converged_sections(
         out["sshd_mesh"] = sshd_mesh_text(
             sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
         )
-    out["nccl_files"] = map_files(
-        base["nccl_files"],
-        {
-            NCCL_PROFILE: lambda line: whole_file(NCCL_PROFILE, plan.nccl.profile),
-            NCCL_ENVIRONMENT: lambda line: with_plan_block(
-                line, ENV_PURPOSE, plan.nccl.environment
-            ),
-            NCCL_CONF: lambda line: with_plan_block(line, ENV_PURPOSE, plan.nccl.nccl_conf),
-        },
-    )
     out["launchers"] = _launchers(base["launchers"], plan)
     out["openmpi"] = _openmpi(base["openmpi"], plan)
     if plan.gpu.memlock_conf is not None:

@@ -6,9 +6,18 @@ from __future__ import annotations
 
 from facts.hosts_facts import HOSTS_PURPOSE
 from facts.managed_block_facts import ManagedBlock, file_line
+from facts.nccl_env_facts import NcclEnvFiles
 from facts.pdsh_facts import PdshState
 from trainfleet.blocks import markers
-from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_RCMD_DEFAULT
+from trainfleet.defaults import (
+    NCCL_CONF,
+    NCCL_ENVIRONMENT,
+    NCCL_PROFILE,
+    PDSH_GENDERS,
+    PDSH_MACHINES,
+    PDSH_RCMD_DEFAULT,
+)
+from trainfleet.nccl import ENV_PURPOSE
 
 HOSTS = ["198.18.0.1      node0001.lab node0001", "198.18.0.2      node0002.lab node0002"]
 OLD = ["198.18.0.9      stale.lab stale"]
@@ -57,3 +66,24 @@ def test_pdsh_answers_its_blocks_and_keeps_the_recorded_rest():
         state = fact.process(fact.answer(value, recorded))
         assert state["genders"]["block"] == genders and state["machines"]["block"] == names
         assert state["installed"] and state["rcmd_default"] == "ssh"
+
+
+def test_nccl_files_answer_the_profile_and_both_blocks():
+    env = ["NCCL_SOCKET_IFNAME==eth1", "NCCL_IB_DISABLE=1"]
+    recorded = [
+        file_line(NCCL_PROFILE, None),
+        file_line(NCCL_ENVIRONMENT, _with(ENV_PURPOSE, ['PATH="/usr/bin"'], ["NCCL_OLD=1"])),
+        file_line(NCCL_CONF, "# the admin's\n"),
+    ]
+    value = {
+        "profile": "export NCCL_IB_DISABLE=1\n",
+        "environment": {"block": env, "outside": []},
+        "nccl_conf": {"block": env[:1], "outside": []},
+    }
+    fact = NcclEnvFiles()
+    state = fact.process(fact.answer(value, recorded))
+    assert state["profile"] == value["profile"]
+    assert state["environment"]["block"] == env
+    assert state["environment"]["outside"] == [(1, 'PATH="/usr/bin"')]
+    assert state["nccl_conf"]["block"] == env[:1]
+    assert state["nccl_conf"]["outside"] == [(1, "# the admin's")]
