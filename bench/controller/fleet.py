@@ -38,7 +38,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from facts.fingerprint import Parts
 from facts.managed_block_facts import block_answer, file_text, read_file_line
-from facts.openmpi_facts import MCA_PURPOSE
 from facts.ssh_mesh_facts import (
     _HOST_CERT_PATHS,
     AUTHORIZED_PURPOSE,
@@ -355,40 +354,6 @@ def _mesh_user(text: str, user: Any) -> str:
     )
 
 
-def _openmpi(text: str, plan: NodePlan) -> str:
-    def inner(lines: list[str]) -> list[str]:
-        return [
-            with_plan_block(line, MCA_PURPOSE, plan.mpi.lines, top=True)
-            if line.startswith("file params ")
-            else line
-            for line in lines
-        ]
-
-    return joined(
-        [
-            _user_part(line, inner, 5)
-            if line.startswith("user ") and len(line.split(" ")) == 6
-            else line
-            for line in text_lines(text)
-        ]
-    )
-
-
-def _launchers(text: str, plan: NodePlan) -> str:
-    files = {
-        name: (mode, sha256(content)) for name, (content, mode) in plan.launchers.files.items()
-    }
-    out = []
-    for line in text_lines(text):
-        _, _, name = line.split(" ", 2)
-        if name in files:
-            mode, digest = files.pop(name)
-            line = f"{mode} {digest} {name}"
-        out.append(line)
-    out += [f"{mode} {digest} {name}" for name, (mode, digest) in sorted(files.items())]
-    return joined(out)
-
-
 def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str:
     """The NCCL variables every shell sees are the plan's; the session's own address is the
     node's."""
@@ -422,7 +387,7 @@ def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict
     """What each capability says a converged node holds (``converged(plan)``), as the section's
     fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
     node's own). The other sections are rewritten by hand in ``converged_sections``: sshd_mesh,
-    mesh_user:*, mesh_proof:*, launchers, openmpi, gpu_node, identity, nccl_seen."""
+    mesh_user:*, mesh_proof:*, gpu_node, identity, nccl_seen."""
     out = {}
     for capability in CAPABILITIES:
         for section, value in capability.converged(plan).items():
@@ -455,8 +420,6 @@ def converged_sections(
         out["sshd_mesh"] = sshd_mesh_text(
             sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
         )
-    out["launchers"] = _launchers(base["launchers"], plan)
-    out["openmpi"] = _openmpi(base["openmpi"], plan)
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
         out["gpu_node"] = map_files(

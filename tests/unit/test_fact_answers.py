@@ -5,8 +5,10 @@ answers from the capabilities' ``converged`` through these)."""
 from __future__ import annotations
 
 from facts.hosts_facts import HOSTS_PURPOSE
-from facts.managed_block_facts import ManagedBlock, file_line
+from facts.launchers_facts import LauncherFiles
+from facts.managed_block_facts import ManagedBlock, encode_lines, file_line
 from facts.nccl_env_facts import NcclEnvFiles
+from facts.openmpi_facts import MCA_PURPOSE, OpenMpiState
 from facts.pdsh_facts import PdshState
 from trainfleet.blocks import markers
 from trainfleet.defaults import (
@@ -87,3 +89,30 @@ def test_nccl_files_answer_the_profile_and_both_blocks():
     assert state["environment"]["outside"] == [(1, 'PATH="/usr/bin"')]
     assert state["nccl_conf"]["block"] == env[:1]
     assert state["nccl_conf"]["outside"] == [(1, "# the admin's")]
+
+
+def test_openmpi_answers_each_users_block_first_in_the_recorded_file():
+    block = ["btl_tcp_if_include = eth1"]
+    user_file = [file_line("params", "# the user's\n")]
+    recorded = [
+        "version mpirun (Open MPI) 4.1.4",
+        f"user root 0 root {encode_lines(['/root'])} {encode_lines(user_file)}",
+        "user ghost nouser",
+    ]
+    value = {"users": {"root": {"exists": True, "params": {"block": block}}}}
+    state = OpenMpiState().process(OpenMpiState().answer(value, recorded))
+    root = state["users"]["root"]
+    assert root["params"]["block"] == block and root["home"] == "/root"
+    assert root["params"]["text"].startswith(markers(MCA_PURPOSE)[0])  # first in the file
+    assert root["params"]["outside"] == [(len(block) + 3, "# the user's")]
+    assert state["version"] == "4.1.4" and not state["users"]["ghost"]["exists"]
+
+
+def test_launchers_answer_the_planned_files_and_keep_the_others():
+    recorded = ["644 " + "a" * 64 + " hostfile", "755 " + "b" * 64 + " old.sh"]
+    value = {
+        "hostfile": {"mode": "644", "sha256": "c" * 64},
+        "torchrun.sh": {"mode": "755", "sha256": "d" * 64},
+    }
+    files = LauncherFiles().process(LauncherFiles().answer(value, recorded))
+    assert files == {**value, "old.sh": {"mode": "755", "sha256": "b" * 64}}
