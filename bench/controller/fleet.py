@@ -5,10 +5,12 @@ replaced by what trainfleet's plan says a converged node holds: names, /etc/host
 known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
 variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
 in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
-and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's
-own block functions, as
-operations/managed_block_ops.py writes them, and sent in the facts' own framing. Everything is
-built once per N, before any timed run; the runs only look answers up.
+and each mesh user's certificate. Where a section's fact can answer a value (its ``answer``),
+the answer is derived from the registry: what each capability's ``converged(plan)`` says the
+node holds, written into the recorded files as operations/managed_block_ops.py writes them
+(``registry_answers``: hosts, known_hosts, pdsh, nccl_files, launchers, openmpi); the other
+sections are still rewritten here by hand, in the facts' own framing. Everything is built once
+per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
 certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
@@ -37,7 +39,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from facts.fingerprint import Parts
-from facts.managed_block_facts import block_answer, file_text, read_file_line
+from facts.managed_block_facts import file_line, with_block_line, with_files
 from facts.ssh_mesh_facts import (
     _HOST_CERT_PATHS,
     AUTHORIZED_PURPOSE,
@@ -106,28 +108,6 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False) -> str:
-    """A ``file NAME ...`` line whose file holds ``block`` where operations/managed_block_ops.py
-    would put it (the recorded file's other bytes kept)."""
-    name, read = read_file_line(line)
-    new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
-    return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
-
-
-def converged_block(line: str, purpose: str, block: list[str]) -> str:
-    """What a node whose file holds the plan's cluster-wide ``block`` answers when the bundle
-    asks for it by digest (facts/managed_block_facts.py ``tf_block``)."""
-    return "\n".join(block_answer(with_plan_block(line, purpose, block), purpose, block))
-
-
-def whole_file(name: str, text: str | bytes) -> str:
-    return f"file {name} regular - {b64(text)}"
-
-
-def missing_file(name: str) -> str:
-    return f"file {name} missing -"
-
-
 def sshd_mesh_text(
     drop_in: str | None = None,
     revoked_keys: bytes | None = None,
@@ -144,28 +124,12 @@ def sshd_mesh_text(
         [
             f"include {'yes' if includes_drop_ins else 'no'}",
             f"client_include {'yes' if includes_drop_ins else 'no'}",
-            whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
-            whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
-            (
-                whole_file("client_drop_in", client_drop_in)
-                if client_drop_in is not None
-                else missing_file("client_drop_in")
-            ),
-            *(
-                whole_file(path, certificates[path]) if path in certificates else missing_file(path)
-                for path in _HOST_CERT_PATHS
-            ),
+            file_line("drop_in", drop_in),
+            file_line("krl", revoked_keys),
+            file_line("client_drop_in", client_drop_in),
+            *(file_line(path, certificates.get(path)) for path in _HOST_CERT_PATHS),
         ]
     )
-
-
-def map_files(text: str, rewrite: dict[str, Callable[[str], str]]) -> str:
-    """``text`` with each ``file NAME`` line whose NAME is in ``rewrite`` replaced."""
-    out = []
-    for line in text_lines(text):
-        name = line.split(" ", 2)[1] if line.startswith("file ") else None
-        out.append(rewrite[name](line) if name in rewrite else line)
-    return joined(out)
 
 
 def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
@@ -259,7 +223,7 @@ def _with_certificate_parts(texts: dict[str, str]) -> dict[str, str]:
         return (
             lines
             if any(line.startswith("file certificate ") for line in lines)
-            else [*lines, missing_file("certificate")]
+            else [*lines, file_line("certificate", None)]
         )
 
     for name, text in texts.items():
@@ -334,15 +298,11 @@ def _mesh_user(text: str, user: Any) -> str:
                 )
                 line = " ".join(fields)
             elif line.startswith("file authorized_keys "):
-                line = with_plan_block(line, AUTHORIZED_PURPOSE, user.authorized)
+                line = with_block_line(line, AUTHORIZED_PURPOSE, user.authorized)
             elif line.startswith("file config "):
-                line = with_plan_block(line, CONFIG_PURPOSE, user.config, top=True)
+                line = with_block_line(line, CONFIG_PURPOSE, user.config, top=True)
             elif line.startswith("file certificate "):
-                line = (
-                    whole_file("certificate", user.certificate)
-                    if user.certificate
-                    else missing_file("certificate")
-                )
+                line = file_line("certificate", user.certificate or None)
             out.append(line)
         return out
 
@@ -422,8 +382,11 @@ def converged_sections(
         )
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
-        out["gpu_node"] = map_files(
-            base["gpu_node"], {"memlock_conf": lambda line: whole_file("memlock_conf", memlock)}
+        out["gpu_node"] = joined(
+            with_files(
+                text_lines(base["gpu_node"]),
+                {"memlock_conf": lambda line: [file_line("memlock_conf", memlock)]},
+            )
         )
     for user in plan.mesh:
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
