@@ -8,9 +8,9 @@ in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates,
 and each mesh user's certificate. Where a section's fact can answer a value (its ``answer``),
 the answer is derived from the registry: what each capability's ``converged(plan)`` says the
 node holds, written into the recorded files as operations/managed_block_ops.py writes them
-(``registry_answers``: hosts, known_hosts, pdsh, nccl_files, launchers, openmpi); the other
-sections are still rewritten here by hand, in the facts' own framing. Everything is built once
-per N, before any timed run; the runs only look answers up.
+(``registry_answers``: hosts, known_hosts, sshd_mesh, pdsh, nccl_files, launchers, openmpi);
+the other sections are still rewritten here by hand, in the facts' own framing. Everything is
+built once per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
 certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
@@ -41,10 +41,10 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from facts.fingerprint import Parts
 from facts.managed_block_facts import file_line, with_block_line, with_files
 from facts.ssh_mesh_facts import (
-    _HOST_CERT_PATHS,
     AUTHORIZED_PURPOSE,
     CONFIG_PURPOSE,
     KNOWN_HOSTS_PURPOSE,
+    SshdMesh,
 )
 from runtime.bundle import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from runtime.inventory import host_data
@@ -116,20 +116,19 @@ def sshd_mesh_text(
     client_drop_in: str | None = None,
 ) -> str:
     """What SshdMesh's script (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``) prints on a node holding
-    these
-    files: ``include`` (sshd's and ssh's), no other ``RevokedKeys`` or ``RevokedHostKeys``, then
-    sshd's drop-in, KRL, ssh's drop-in and every host certificate path."""
-    certificates = certificates or {}
-    return joined(
-        [
-            f"include {'yes' if includes_drop_ins else 'no'}",
-            f"client_include {'yes' if includes_drop_ins else 'no'}",
-            file_line("drop_in", drop_in),
-            file_line("krl", revoked_keys),
-            file_line("client_drop_in", client_drop_in),
-            *(file_line(path, certificates.get(path)) for path in _HOST_CERT_PATHS),
-        ]
-    )
+    these files, sshd and ssh including their drop-in directories or not, no other
+    ``RevokedKeys`` or ``RevokedHostKeys``."""
+    value = {
+        "includes_drop_ins": includes_drop_ins,
+        "other_revoked_keys": [],
+        "certificates": certificates or {},
+        "drop_in": drop_in,
+        "revoked_keys": revoked_keys,
+        "client_includes_drop_ins": includes_drop_ins,
+        "other_revoked_host_keys": [],
+        "client_drop_in": client_drop_in,
+    }
+    return joined(SshdMesh().answer(value, []))
 
 
 def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
@@ -346,7 +345,7 @@ def mesh_proof(peers: list[str]) -> str:
 def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict[str, str]:
     """What each capability says a converged node holds (``converged(plan)``), as the section's
     fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
-    node's own). The other sections are rewritten by hand in ``converged_sections``: sshd_mesh,
+    node's own). The other sections are rewritten by hand in ``converged_sections``:
     mesh_user:*, mesh_proof:*, gpu_node, identity, nccl_seen."""
     out = {}
     for capability in CAPABILITIES:
@@ -375,11 +374,6 @@ def converged_sections(
     ``everyone`` (the full N x N probe). ``parts``: the bundle's sections with their facts, as
     the deploy asks for them (``registry_answers``)."""
     out = {**base, **registry_answers(base, plan, parts)}
-    if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
-        sshd = plan.sshd
-        out["sshd_mesh"] = sshd_mesh_text(
-            sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
-        )
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
         out["gpu_node"] = joined(

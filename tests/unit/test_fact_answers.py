@@ -10,6 +10,7 @@ from facts.managed_block_facts import ManagedBlock, encode_lines, file_line
 from facts.nccl_env_facts import NcclEnvFiles
 from facts.openmpi_facts import MCA_PURPOSE, OpenMpiState
 from facts.pdsh_facts import PdshState
+from facts.ssh_mesh_facts import _HOST_CERT_PATHS, SshdMesh
 from trainfleet.blocks import markers
 from trainfleet.defaults import (
     NCCL_CONF,
@@ -116,3 +117,22 @@ def test_launchers_answer_the_planned_files_and_keep_the_others():
     }
     files = LauncherFiles().process(LauncherFiles().answer(value, recorded))
     assert files == {**value, "old.sh": {"mode": "755", "sha256": "b" * 64}}
+
+
+def test_sshd_mesh_answers_the_plans_files_and_settings():
+    certificate = "ssh-ed25519-cert-v01@openssh.com AAAA root@node0001"
+    value = {
+        "includes_drop_ins": True,
+        "other_revoked_keys": ["/etc/ssh/sshd_config.d/admin.conf"],
+        "certificates": {path: None for path in _HOST_CERT_PATHS}
+        | {_HOST_CERT_PATHS[2]: certificate},
+        "drop_in": b"HostCertificate /etc/ssh/x\n",
+        "revoked_keys": b"\x00krl",
+        "client_includes_drop_ins": False,
+        "other_revoked_host_keys": [],
+        "client_drop_in": None,
+    }
+    answer = SshdMesh().answer(
+        {**value, "certificates": {_HOST_CERT_PATHS[2]: certificate + "\n"}}, []
+    )
+    assert SshdMesh().process(answer) == value
