@@ -184,3 +184,15 @@ class NcclEnvSeen(FactBase[NcclEnvSeenT]):
                 key, value = line.split("=", 1)
                 target[key] = value
         return seen
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints where each shell sees ``value``'s variables (sorted), the
+        rest of ``recorded``'s environment kept (the controller benchmark's converged node)."""
+        seen = {"@non-login": value["non_login"], "@login": value["login"]}
+        out: list[str] = []
+        for line in recorded:
+            if line in seen:
+                out += [line, *(f"{k}={v}" for k, v in sorted(seen[line].items()))]
+            elif not line.startswith(("NCCL_", "GLOO_", "UCX_")):
+                out.append(line)
+        return out

@@ -8,7 +8,8 @@ in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates,
 and each mesh user's certificate. Where a section's fact can answer a value (its ``answer``),
 the answer is derived from the registry: what each capability's ``converged(plan)`` says the
 node holds, written into the recorded files as operations/managed_block_ops.py writes them
-(``registry_answers``: hosts, known_hosts, sshd_mesh, pdsh, nccl_files, launchers, openmpi);
+(``registry_answers``: hosts, known_hosts, sshd_mesh, pdsh, nccl_files, nccl_seen, launchers,
+openmpi);
 the other sections are still rewritten here by hand, in the facts' own framing. Everything is
 built once per N, before any timed run; the runs only look answers up.
 
@@ -63,7 +64,6 @@ from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
-NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 # How each bundle's command is told apart (pyinfra's fake connector: substring, first match wins).
 FINGERPRINT_KEY = f"{MARK} identity"  # NodeFingerprint only
 DEPLOY_STATE_KEY = f"{MARK} hostname"  # DeployState (NodeFingerprint is matched before it)
@@ -260,7 +260,7 @@ def machine_sections(
     base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, fresh: bool
 ) -> dict[str, str]:
     """The parts that are this machine whatever trainfleet did: names a fresh node boots with,
-    host keys, network."""
+    host keys, network, the address its shells' ssh session came to."""
     # A fresh lab node boots with a DHCP-style name (lab/netns.py: ip-198-18-0-11).
     old, new = (
         (f"ip-{recorded.address.replace('.', '-')}", f"ip-{node.address.replace('.', '-')}")
@@ -272,7 +272,19 @@ def machine_sections(
         "hostname": _hostname(base["hostname"], old, new),
         "host_keys": joined(mine.host_keys),
         "network": _network(base["network"], recorded, node, mine),
+        # a check's section: the fresh node's recording has none
+        **(
+            {"nccl_seen": _session(base["nccl_seen"], recorded, node)}
+            if "nccl_seen" in base
+            else {}
+        ),
     }
+
+
+def _session(text: str, recorded: Recorded, node: Node) -> str:
+    """The shells' environment with the ssh session's own address the node's."""
+    address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
+    return joined([address.sub(node.address, line) for line in text_lines(text)])
 
 
 def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: int) -> str:
@@ -313,20 +325,6 @@ def _mesh_user(text: str, user: Any) -> str:
     )
 
 
-def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str:
-    """The NCCL variables every shell sees are the plan's; the session's own address is the
-    node's."""
-    planned = [f"{k}={v}" for k, v in sorted(plan.nccl.env.items())]
-    address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
-    out: list[str] = []
-    for line in text_lines(text):
-        if line.startswith("@"):
-            out += [line, *planned]
-        elif not line.startswith(NCCL_PREFIXES):
-            out.append(address.sub(node.address, line))
-    return joined(out)
-
-
 def _identity(text: str, mine: Machine) -> str:
     values = {"boot_id": mine.boot_id, "machine_id": mine.machine_id}
     return joined(
@@ -346,7 +344,7 @@ def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict
     """What each capability says a converged node holds (``converged(plan)``), as the section's
     fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
     node's own). The other sections are rewritten by hand in ``converged_sections``:
-    mesh_user:*, mesh_proof:*, gpu_node, identity, nccl_seen."""
+    mesh_user:*, mesh_proof:*, gpu_node, identity."""
     out = {}
     for capability in CAPABILITIES:
         for section, value in capability.converged(plan).items():
@@ -386,7 +384,6 @@ def converged_sections(
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
         out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
     out["identity"] = _identity(base["identity"], mine)
-    out["nccl_seen"] = _nccl_seen(base["nccl_seen"], plan, recorded, node)
     return out, mesh_proof(everyone)
 
 

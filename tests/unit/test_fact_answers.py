@@ -7,7 +7,7 @@ from __future__ import annotations
 from facts.hosts_facts import HOSTS_PURPOSE
 from facts.launchers_facts import LauncherFiles
 from facts.managed_block_facts import ManagedBlock, encode_lines, file_line
-from facts.nccl_env_facts import NcclEnvFiles
+from facts.nccl_env_facts import NcclEnvFiles, NcclEnvSeen
 from facts.openmpi_facts import MCA_PURPOSE, OpenMpiState
 from facts.pdsh_facts import PdshState
 from facts.ssh_mesh_facts import _HOST_CERT_PATHS, SshdMesh
@@ -136,3 +136,11 @@ def test_sshd_mesh_answers_the_plans_files_and_settings():
         {**value, "certificates": {_HOST_CERT_PATHS[2]: certificate + "\n"}}, []
     )
     assert SshdMesh().process(answer) == value
+
+
+def test_nccl_seen_answers_the_planned_variables_in_both_shells_and_keeps_the_rest():
+    recorded = ["@non-login", "NCCL_OLD=1", "HOME=/root", "@login", "UCX_NET_DEVICES=eth9"]
+    env = {"NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1"}
+    answer = NcclEnvSeen().answer({"non_login": env, "login": env}, recorded)
+    assert "HOME=/root" in answer
+    assert NcclEnvSeen().process(answer) == {"non_login": env, "login": env}
