@@ -3,7 +3,7 @@ the text of the few files drift found changed."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, StringCommand
 
@@ -39,6 +39,20 @@ class LauncherFiles(FactBase[dict[str, FileSum]]):
             mode, sha, name = line.split(" ", 2)
             files[name] = {"mode": mode, "sha256": sha}
         return files
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What a node answers once ``value``'s files are in the directory ``recorded`` lists:
+        theirs in the recorded order, others the node holds kept, new ones last by name (the
+        controller benchmark's converged node)."""
+        files = dict(value)
+        out = []
+        for line in recorded:
+            name = line.split(" ", 2)[2]
+            if name in files:
+                mine = files.pop(name)
+                line = f"{mine['mode']} {mine['sha256']} {name}"
+            out.append(line)
+        return out + [f"{f['mode']} {f['sha256']} {name}" for name, f in sorted(files.items())]
 
     @staticmethod
     def default() -> dict[str, FileSum]:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
-from trainfleet.blocks import BrokenBlock, Split, markers, split_block
+from trainfleet.blocks import BrokenBlock, Split, markers, split_block, with_block
 
 SECTION = "--trainfleet-section--"
 
@@ -110,6 +111,12 @@ def decode_lines(encoded: str) -> list[str]:
     return lines[:-1] if lines[-1] == "" else lines
 
 
+def encode_lines(lines: list[str]) -> str:
+    """``decode_lines``' inverse: the lines as one base64 line."""
+    text = "".join(f"{line}\n" for line in lines)
+    return base64.b64encode(text.encode("utf-8", "surrogateescape")).decode()
+
+
 class FileRead(TypedDict):
     state: str  # regular | missing | other
     link: bool  # the path is a symbolic link (state is its target's)
@@ -133,6 +140,43 @@ def read_file_line(line: str) -> tuple[str, FileRead]:
         except binascii.Error as exc:
             raise FactProcessError(f"{fields[1]}: unreadable file content ({exc})") from exc
     return fields[1], {"state": fields[2], "link": fields[3] == "link", "data": data}
+
+
+def file_line(name: str, data: str | bytes | None, link: bool = False) -> str:
+    """The ``tf_file`` line of a file holding ``data`` (None: missing): ``read_file_line``'s
+    inverse (a converged node's answer, for the controller benchmark)."""
+    state = "link" if link else "-"
+    if data is None:
+        return f"file {name} missing {state}"
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    return f"file {name} regular {state} {base64.b64encode(raw).decode()}"
+
+
+def with_block_line(line: str, purpose: str, block: list[str], top: bool = False) -> str:
+    """The ``tf_file`` line ``line`` once ``block`` is written in its file as
+    operations/managed_block_ops.py writes it (the file's other bytes kept)."""
+    name, read = read_file_line(line)
+    new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
+    return file_line(name, new, read["link"])
+
+
+def block_file_answer(
+    line: str, purpose: str, block: list[str], expect: list[str] | None, top: bool = False
+) -> list[str]:
+    """What ``tf_block`` (``expect`` asked for) or ``tf_file`` (None) prints once ``block`` is
+    written in the file ``line`` carries."""
+    new = with_block_line(line, purpose, block, top)
+    return [new] if expect is None else block_answer(new, purpose, expect)
+
+
+def with_files(lines: list[str], answers: dict[str, Callable[[str], list[str]]]) -> list[str]:
+    """``lines`` with each ``file NAME`` line whose NAME is in ``answers`` replaced by what
+    ``answers[NAME]`` makes of it."""
+    out: list[str] = []
+    for line in lines:
+        name = line.split(" ", 2)[1] if line.startswith("file ") else None
+        out += answers[name](line) if name in answers else [line]
+    return out
 
 
 def read_file_lines(lines: list[str]) -> dict[str, FileRead]:
@@ -350,3 +394,15 @@ class ManagedBlock(FactBase[BlockState]):
             (read,) = files.values()
             return block_state(read, self.purpose)
         return block_or_digest(output, self.path, self.purpose, self.expect)
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What a node answers this command once ``value``'s block is written in its file as
+        ``recorded`` holds it (the controller benchmark's converged node)."""
+        return with_files(
+            recorded,
+            {
+                self.path: lambda line: block_file_answer(
+                    line, self.purpose, value["block"], self.expect
+                )
+            },
+        )

@@ -3,11 +3,20 @@ processes actually see."""
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, StringCommand
 
-from facts.managed_block_facts import FILE_FN, BlockState, block_state, file_text, read_file_lines
+from facts.managed_block_facts import (
+    FILE_FN,
+    BlockState,
+    block_state,
+    file_line,
+    file_text,
+    read_file_lines,
+    with_block_line,
+    with_files,
+)
 from facts.shell import script, shell
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
@@ -125,6 +134,22 @@ class NcclEnvFiles(FactBase[NcclEnvFilesT]):
             "nccl_conf": block_state(files.get(NCCL_CONF), ENV_PURPOSE),
         }
 
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What a node answers once ``value``'s profile and blocks are written in the files
+        ``recorded`` holds (the controller benchmark's converged node)."""
+
+        def block(key: str) -> Any:
+            return lambda line: [with_block_line(line, ENV_PURPOSE, value[key]["block"])]
+
+        return with_files(
+            recorded,
+            {
+                NCCL_PROFILE: lambda line: [file_line(NCCL_PROFILE, value["profile"])],
+                NCCL_ENVIRONMENT: block("environment"),
+                NCCL_CONF: block("nccl_conf"),
+            },
+        )
+
 
 _SEEN_SCRIPT = script("nccl_env_seen.sh")
 
@@ -159,3 +184,15 @@ class NcclEnvSeen(FactBase[NcclEnvSeenT]):
                 key, value = line.split("=", 1)
                 target[key] = value
         return seen
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints where each shell sees ``value``'s variables (sorted), the
+        rest of ``recorded``'s environment kept (the controller benchmark's converged node)."""
+        seen = {"@non-login": value["non_login"], "@login": value["login"]}
+        out: list[str] = []
+        for line in recorded:
+            if line in seen:
+                out += [line, *(f"{k}={v}" for k, v in sorted(seen[line].items()))]
+            elif not line.startswith(("NCCL_", "GLOO_", "UCX_")):
+                out.append(line)
+        return out

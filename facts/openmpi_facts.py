@@ -3,7 +3,7 @@ parameter file (``~/.openmpi/mca-params.conf``) split around trainfleet's block.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -14,7 +14,9 @@ from facts.managed_block_facts import (
     BlockState,
     block_state,
     decode_lines,
+    encode_lines,
     read_file_lines,
+    with_block_line,
 )
 from facts.shell import script, shell
 from trainfleet.defaults import MCA_FILE  # noqa: F401  (operations read it from here)
@@ -101,6 +103,26 @@ class OpenMpiState(FactBase[OpenMpiT]):
                 "params": block_state(files["params"], MCA_PURPOSE),
             }
         return {"version": _version(version), "users": users}
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What a node answers once each of ``value``'s users' parameter files holds its block
+        (written first, as operations/openmpi_ops.py writes it) in the file ``recorded`` holds
+        (the controller benchmark's converged node; version and homes are the node's own)."""
+        out = []
+        for line in recorded:
+            fields = line.split(" ")
+            params = value["users"].get(fields[1]) if len(fields) == 6 else None
+            if fields[0] == "user" and params is not None:
+                fields[5] = encode_lines(
+                    [
+                        with_block_line(each, MCA_PURPOSE, params["params"]["block"], top=True)
+                        if each.startswith("file params ")
+                        else each
+                        for each in decode_lines(fields[5])
+                    ]
+                )
+            out.append(" ".join(fields))
+        return out
 
     @staticmethod
     def default() -> OpenMpiT:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -10,9 +11,11 @@ from facts.managed_block_facts import (
     BLOCK_FN,
     BlockState,
     block_args,
+    block_file_answer,
     block_or_digest,
     file_text,
     read_file_lines,
+    with_files,
 )
 from facts.os_release_facts import OS_FAMILY_SH
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
@@ -98,3 +101,22 @@ class PdshState(FactBase[PdshStateT]):
             "genders": block_or_digest(output, PDSH_GENDERS, PDSH_PURPOSE, expect[PDSH_GENDERS]),
             "machines": block_or_digest(output, PDSH_MACHINES, PDSH_PURPOSE, expect[PDSH_MACHINES]),
         }
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What a node answers this command once ``value``'s genders and machines blocks are
+        written in its files as ``recorded`` holds them (the controller benchmark's converged
+        node; the rest of ``recorded`` is the node's own)."""
+        expect = getattr(self, "expect", {PDSH_GENDERS: None, PDSH_MACHINES: None})
+
+        def answer(path: str, key: str) -> Callable[[str], list[str]]:
+            return lambda line: block_file_answer(
+                line, PDSH_PURPOSE, value[key]["block"], expect[path]
+            )
+
+        return with_files(
+            recorded,
+            {
+                PDSH_GENDERS: answer(PDSH_GENDERS, "genders"),
+                PDSH_MACHINES: answer(PDSH_MACHINES, "machines"),
+            },
+        )

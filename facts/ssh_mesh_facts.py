@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
@@ -15,6 +15,7 @@ from facts.managed_block_facts import (
     FileRead,
     block_state,
     decode_lines,
+    file_line,
     read_file_lines,
 )
 from facts.shell import script, shell
@@ -259,6 +260,24 @@ class SshdMesh(FactBase[SshdMeshT]):
                 else None
             ),
         }
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints on a node holding ``value``'s files and settings (the
+        controller benchmark's converged node: all of it is the plan's, ``recorded`` unused)."""
+
+        def yes(key: str) -> str:
+            return "yes" if value[key] else "no"
+
+        return [
+            f"include {yes('includes_drop_ins')}",
+            *(f"revoked_keys_in {path}" for path in value["other_revoked_keys"]),
+            f"client_include {yes('client_includes_drop_ins')}",
+            *(f"revoked_host_keys_in {path}" for path in value["other_revoked_host_keys"]),
+            file_line("drop_in", value["drop_in"]),
+            file_line("krl", value["revoked_keys"]),
+            file_line("client_drop_in", value["client_drop_in"]),
+            *(file_line(path, value["certificates"].get(path)) for path in _HOST_CERT_PATHS),
+        ]
 
 
 # Probe every peer as the mesh user: BatchMode (no password prompt), host keys checked

@@ -5,9 +5,12 @@ replaced by what trainfleet's plan says a converged node holds: names, /etc/host
 known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
 variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
 in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
-and each mesh user's certificate. Files are rebuilt from the recorded bytes with trainfleet's
-own block functions, as
-operations/managed_block_ops.py writes them, and sent in the facts' own framing. Everything is
+and each mesh user's certificate. Where a section's fact can answer a value (its ``answer``),
+the answer is derived from the registry: what each capability's ``converged(plan)`` says the
+node holds, written into the recorded files as operations/managed_block_ops.py writes them
+(``registry_answers``: hosts, known_hosts, sshd_mesh, pdsh, nccl_files, nccl_seen, launchers,
+openmpi);
+the other sections are still rewritten here by hand, in the facts' own framing. Everything is
 built once per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
@@ -36,39 +39,31 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from facts.hosts_facts import HOSTS_PURPOSE
-from facts.managed_block_facts import block_answer, file_text, read_file_line
-from facts.openmpi_facts import MCA_PURPOSE
-from facts.pdsh_facts import PDSH_PURPOSE
+from facts.fingerprint import Parts
+from facts.managed_block_facts import file_line, with_block_line, with_files
 from facts.ssh_mesh_facts import (
-    _HOST_CERT_PATHS,
     AUTHORIZED_PURPOSE,
     CONFIG_PURPOSE,
     KNOWN_HOSTS_PURPOSE,
+    SshdMesh,
 )
 from runtime.bundle import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
 from runtime.inventory import host_data
 from trainfleet.blocks import split_block, with_block
+from trainfleet.capabilities import CAPABILITIES
 from trainfleet.defaults import (
     MESH_PROBE_PARALLEL,
     MESH_PROBE_TIMEOUT,
-    NCCL_CONF,
-    NCCL_ENVIRONMENT,
-    NCCL_PROFILE,
-    PDSH_GENDERS,
-    PDSH_MACHINES,
     SYSTEM_KNOWN_HOSTS,
 )
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import ENV_PURPOSE
-from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, genders_lines, plan_cluster
+from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
-NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 # How each bundle's command is told apart (pyinfra's fake connector: substring, first match wins).
 FINGERPRINT_KEY = f"{MARK} identity"  # NodeFingerprint only
 DEPLOY_STATE_KEY = f"{MARK} hostname"  # DeployState (NodeFingerprint is matched before it)
@@ -113,28 +108,6 @@ def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def with_plan_block(line: str, purpose: str, block: list[str], top: bool = False) -> str:
-    """A ``file NAME ...`` line whose file holds ``block`` where operations/managed_block_ops.py
-    would put it (the recorded file's other bytes kept)."""
-    name, read = read_file_line(line)
-    new = with_block(split_block(file_text(read) or "", purpose), purpose, block, top=top)
-    return f"file {name} regular {'link' if read['link'] else '-'} {b64(new)}"
-
-
-def converged_block(line: str, purpose: str, block: list[str]) -> str:
-    """What a node whose file holds the plan's cluster-wide ``block`` answers when the bundle
-    asks for it by digest (facts/managed_block_facts.py ``tf_block``)."""
-    return "\n".join(block_answer(with_plan_block(line, purpose, block), purpose, block))
-
-
-def whole_file(name: str, text: str | bytes) -> str:
-    return f"file {name} regular - {b64(text)}"
-
-
-def missing_file(name: str) -> str:
-    return f"file {name} missing -"
-
-
 def sshd_mesh_text(
     drop_in: str | None = None,
     revoked_keys: bytes | None = None,
@@ -143,36 +116,19 @@ def sshd_mesh_text(
     client_drop_in: str | None = None,
 ) -> str:
     """What SshdMesh's script (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``) prints on a node holding
-    these
-    files: ``include`` (sshd's and ssh's), no other ``RevokedKeys`` or ``RevokedHostKeys``, then
-    sshd's drop-in, KRL, ssh's drop-in and every host certificate path."""
-    certificates = certificates or {}
-    return joined(
-        [
-            f"include {'yes' if includes_drop_ins else 'no'}",
-            f"client_include {'yes' if includes_drop_ins else 'no'}",
-            whole_file("drop_in", drop_in) if drop_in is not None else missing_file("drop_in"),
-            whole_file("krl", revoked_keys) if revoked_keys is not None else missing_file("krl"),
-            (
-                whole_file("client_drop_in", client_drop_in)
-                if client_drop_in is not None
-                else missing_file("client_drop_in")
-            ),
-            *(
-                whole_file(path, certificates[path]) if path in certificates else missing_file(path)
-                for path in _HOST_CERT_PATHS
-            ),
-        ]
-    )
-
-
-def map_files(text: str, rewrite: dict[str, Callable[[str], str]]) -> str:
-    """``text`` with each ``file NAME`` line whose NAME is in ``rewrite`` replaced."""
-    out = []
-    for line in text_lines(text):
-        name = line.split(" ", 2)[1] if line.startswith("file ") else None
-        out.append(rewrite[name](line) if name in rewrite else line)
-    return joined(out)
+    these files, sshd and ssh including their drop-in directories or not, no other
+    ``RevokedKeys`` or ``RevokedHostKeys``."""
+    value = {
+        "includes_drop_ins": includes_drop_ins,
+        "other_revoked_keys": [],
+        "certificates": certificates or {},
+        "drop_in": drop_in,
+        "revoked_keys": revoked_keys,
+        "client_includes_drop_ins": includes_drop_ins,
+        "other_revoked_host_keys": [],
+        "client_drop_in": client_drop_in,
+    }
+    return joined(SshdMesh().answer(value, []))
 
 
 def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
@@ -266,7 +222,7 @@ def _with_certificate_parts(texts: dict[str, str]) -> dict[str, str]:
         return (
             lines
             if any(line.startswith("file certificate ") for line in lines)
-            else [*lines, missing_file("certificate")]
+            else [*lines, file_line("certificate", None)]
         )
 
     for name, text in texts.items():
@@ -304,7 +260,7 @@ def machine_sections(
     base: dict[str, str], recorded: Recorded, node: Node, mine: Machine, fresh: bool
 ) -> dict[str, str]:
     """The parts that are this machine whatever trainfleet did: names a fresh node boots with,
-    host keys, network."""
+    host keys, network, the address its shells' ssh session came to."""
     # A fresh lab node boots with a DHCP-style name (lab/netns.py: ip-198-18-0-11).
     old, new = (
         (f"ip-{recorded.address.replace('.', '-')}", f"ip-{node.address.replace('.', '-')}")
@@ -316,7 +272,19 @@ def machine_sections(
         "hostname": _hostname(base["hostname"], old, new),
         "host_keys": joined(mine.host_keys),
         "network": _network(base["network"], recorded, node, mine),
+        # a check's section: the fresh node's recording has none
+        **(
+            {"nccl_seen": _session(base["nccl_seen"], recorded, node)}
+            if "nccl_seen" in base
+            else {}
+        ),
     }
+
+
+def _session(text: str, recorded: Recorded, node: Node) -> str:
+    """The shells' environment with the ssh session's own address the node's."""
+    address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
+    return joined([address.sub(node.address, line) for line in text_lines(text)])
 
 
 def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: int) -> str:
@@ -341,15 +309,11 @@ def _mesh_user(text: str, user: Any) -> str:
                 )
                 line = " ".join(fields)
             elif line.startswith("file authorized_keys "):
-                line = with_plan_block(line, AUTHORIZED_PURPOSE, user.authorized)
+                line = with_block_line(line, AUTHORIZED_PURPOSE, user.authorized)
             elif line.startswith("file config "):
-                line = with_plan_block(line, CONFIG_PURPOSE, user.config, top=True)
+                line = with_block_line(line, CONFIG_PURPOSE, user.config, top=True)
             elif line.startswith("file certificate "):
-                line = (
-                    whole_file("certificate", user.certificate)
-                    if user.certificate
-                    else missing_file("certificate")
-                )
+                line = file_line("certificate", user.certificate or None)
             out.append(line)
         return out
 
@@ -359,54 +323,6 @@ def _mesh_user(text: str, user: Any) -> str:
             for line in text_lines(text)
         ]
     )
-
-
-def _openmpi(text: str, plan: NodePlan) -> str:
-    def inner(lines: list[str]) -> list[str]:
-        return [
-            with_plan_block(line, MCA_PURPOSE, plan.mpi.lines, top=True)
-            if line.startswith("file params ")
-            else line
-            for line in lines
-        ]
-
-    return joined(
-        [
-            _user_part(line, inner, 5)
-            if line.startswith("user ") and len(line.split(" ")) == 6
-            else line
-            for line in text_lines(text)
-        ]
-    )
-
-
-def _launchers(text: str, plan: NodePlan) -> str:
-    files = {
-        name: (mode, sha256(content)) for name, (content, mode) in plan.launchers.files.items()
-    }
-    out = []
-    for line in text_lines(text):
-        _, _, name = line.split(" ", 2)
-        if name in files:
-            mode, digest = files.pop(name)
-            line = f"{mode} {digest} {name}"
-        out.append(line)
-    out += [f"{mode} {digest} {name}" for name, (mode, digest) in sorted(files.items())]
-    return joined(out)
-
-
-def _nccl_seen(text: str, plan: NodePlan, recorded: Recorded, node: Node) -> str:
-    """The NCCL variables every shell sees are the plan's; the session's own address is the
-    node's."""
-    planned = [f"{k}={v}" for k, v in sorted(plan.nccl.env.items())]
-    address = re.compile(rf"(?<![\d.]){re.escape(recorded.address)}(?![\d])")
-    out: list[str] = []
-    for line in text_lines(text):
-        if line.startswith("@"):
-            out += [line, *planned]
-        elif not line.startswith(NCCL_PREFIXES):
-            out.append(address.sub(node.address, line))
-    return joined(out)
 
 
 def _identity(text: str, mine: Machine) -> str:
@@ -424,6 +340,23 @@ def mesh_proof(peers: list[str]) -> str:
     return joined([f"probing {len(peers)}", *(f"ok {peer} " for peer in peers)])
 
 
+def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict[str, str]:
+    """What each capability says a converged node holds (``converged(plan)``), as the section's
+    fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
+    node's own). The other sections are rewritten by hand in ``converged_sections``:
+    mesh_user:*, mesh_proof:*, gpu_node, identity."""
+    out = {}
+    for capability in CAPABILITIES:
+        for section, value in capability.converged(plan).items():
+            fact_cls, kwargs = parts.get(section, (None, {}))
+            if not hasattr(fact_cls, "answer"):
+                continue
+            fact = fact_cls()
+            fact.command(**kwargs)  # the arguments the answer depends on (a digest asked for)
+            out[section] = joined(fact.answer(value, text_lines(base[section])))
+    return out
+
+
 def converged_sections(
     base: dict[str, str],
     recorded: Recorded,
@@ -432,59 +365,25 @@ def converged_sections(
     plan: NodePlan,
     peers: list[str],
     everyone: list[str],
+    parts: Parts,
 ) -> tuple[dict[str, str], str]:
     """Every section of a converged node (deploy sections and the fingerprint's own) from
     ``base``, its ``machine_sections``, with the mesh proof of ``peers``; and the proof of
-    ``everyone`` (the full N x N probe)."""
-    out = dict(base)
-    out["hosts"] = map_files(
-        base["hosts"],
-        {"/etc/hosts": lambda line: converged_block(line, HOSTS_PURPOSE, plan.hosts.lines)},
-    )
-    if plan.sshd is not None:  # the plan's host certificates, drop-in and KRL (none in a key mesh)
-        sshd = plan.sshd
-        out["sshd_mesh"] = sshd_mesh_text(
-            sshd.drop_in, sshd.revoked_keys, sshd.certificates, client_drop_in=sshd.client_drop_in
-        )
-    out["known_hosts"] = map_files(
-        base["known_hosts"],
-        {
-            "/etc/ssh/ssh_known_hosts": lambda line: with_plan_block(
-                line, KNOWN_HOSTS_PURPOSE, plan.known_hosts
-            )
-        },
-    )
-    out["pdsh"] = map_files(
-        base["pdsh"],
-        {
-            PDSH_GENDERS: lambda line: converged_block(
-                line, PDSH_PURPOSE, genders_lines(plan.pdsh_nodes)
-            ),
-            PDSH_MACHINES: lambda line: converged_block(line, PDSH_PURPOSE, list(plan.pdsh_nodes)),
-        },
-    )
-    out["nccl_files"] = map_files(
-        base["nccl_files"],
-        {
-            NCCL_PROFILE: lambda line: whole_file(NCCL_PROFILE, plan.nccl.profile),
-            NCCL_ENVIRONMENT: lambda line: with_plan_block(
-                line, ENV_PURPOSE, plan.nccl.environment
-            ),
-            NCCL_CONF: lambda line: with_plan_block(line, ENV_PURPOSE, plan.nccl.nccl_conf),
-        },
-    )
-    out["launchers"] = _launchers(base["launchers"], plan)
-    out["openmpi"] = _openmpi(base["openmpi"], plan)
+    ``everyone`` (the full N x N probe). ``parts``: the bundle's sections with their facts, as
+    the deploy asks for them (``registry_answers``)."""
+    out = {**base, **registry_answers(base, plan, parts)}
     if plan.gpu.memlock_conf is not None:
         memlock = plan.gpu.memlock_conf
-        out["gpu_node"] = map_files(
-            base["gpu_node"], {"memlock_conf": lambda line: whole_file("memlock_conf", memlock)}
+        out["gpu_node"] = joined(
+            with_files(
+                text_lines(base["gpu_node"]),
+                {"memlock_conf": lambda line: [file_line("memlock_conf", memlock)]},
+            )
         )
     for user in plan.mesh:
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
         out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
     out["identity"] = _identity(base["identity"], mine)
-    out["nccl_seen"] = _nccl_seen(base["nccl_seen"], plan, recorded, node)
     return out, mesh_proof(everyone)
 
 
@@ -647,12 +546,13 @@ def build(
     names = [n.name for n in cluster.nodes]
     stride = probe_stride(nodes, 0)
     order = list(sections(users, []))
+    parts = sections(users, [], cluster_blocks(cluster))  # as the deploy and drift ask
     converged, fresh = {}, {}
     for node in cluster.nodes:
         mine = machines[node.name]
         targets = probe_targets(names, node.name, stride)
         texts, full_proof = converged_sections(
-            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names
+            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names, parts
         )
         full_texts = {**texts, **{f"mesh_proof:{user}": full_proof for user in users}}
         converged[node.name] = Answers(

@@ -18,6 +18,7 @@ from bench.controller.measure import pyinfra_args
 from bench.controller.record import load
 from bench.run import PYINFRA, REPO, parse_results
 from facts.hosts_facts import HOSTS_PURPOSE
+from facts.managed_block_facts import with_block_line
 from runtime.bundle import DeployState, NodeFingerprint
 from trainfleet.mesh import probe_targets
 from trainfleet.plan import cluster_blocks
@@ -138,7 +139,7 @@ def test_one_nodes_hosts_block_is_named_by_drift(fleet):
     lines[at] = fleet_mod.b64(
         fleet_mod.joined(
             [
-                fleet_mod.with_plan_block(line, HOSTS_PURPOSE, block)
+                with_block_line(line, HOSTS_PURPOSE, block)
                 for line in fleet_mod.text_lines(section)
                 if not line.startswith("block ")
             ]
