@@ -107,15 +107,8 @@ class NodeFingerprint(FactBundle):
          "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
     """
 
-    def parts(  # type: ignore[override]
-        self,
-        users: list[str],
-        peers: list[str],
-        hosts: Blocks = None,
-        genders: Blocks = None,
-        machines: Blocks = None,
-    ) -> Parts:
-        return sections(users, peers, {"hosts": hosts, "genders": genders, "machines": machines})
+    def parts(self, users: list[str], peers: list[str], **blocks: Blocks) -> Parts:  # type: ignore[override]
+        return sections(users, peers, blocks)
 
     def command(  # type: ignore[override]
         self,
@@ -125,6 +118,7 @@ class NodeFingerprint(FactBundle):
         genders: Blocks = None,
         machines: Blocks = None,
     ) -> StringCommand:
+        # pyinfra reads command()'s signature (getcallargs): the blocks are named here, once
         blocks = {"hosts": hosts, "genders": genders, "machines": machines}
         return super().command(users=users, peers=peers, **blocks)
 
@@ -160,14 +154,8 @@ class DeployState(FactBundle):
         {"hostname": {...}, "hosts": {...}, "stack": {...}, "mesh_user:root": {...}, ...}
     """
 
-    def parts(  # type: ignore[override]
-        self,
-        users: list[str],
-        hosts: Blocks = None,
-        genders: Blocks = None,
-        machines: Blocks = None,
-    ) -> Parts:
-        return deploy_sections(users, {"hosts": hosts, "genders": genders, "machines": machines})
+    def parts(self, users: list[str], **blocks: Blocks) -> Parts:  # type: ignore[override]
+        return deploy_sections(users, blocks)
 
     def command(  # type: ignore[override]
         self,
