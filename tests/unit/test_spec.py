@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from trainfleet import Cluster, SpecError, parse_spec
-from trainfleet.schema import reference_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -317,13 +316,6 @@ def test_check_command_accepts_the_example_and_prints_json():
     result = run_cli("check", "--json", "inventories/prod.yml")
     assert result.returncode == 0, result.stderr
     assert '"master": "gpu-a01"' in result.stdout
-
-
-def test_readme_spec_reference_matches_the_schema():
-    readme = (REPO / "README.md").read_text()
-    assert reference_markdown().strip() in readme, (
-        "README's spec reference is stale: paste `python -m trainfleet schema`"
-    )
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,7 @@ def sshd_part(
             "the cluster CA is being replaced (keys rotate-ca) and this run does not reach "
             "every node: deploy the whole cluster at once (a node moved alone would be cut off "
             "from the others); a node that is down: take it out of the spec for now, "
-            "put it back once it is up (README, The SSH mesh)"
+            "put it back once it is up (docs/ssh_mesh.md)"
         )
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
