@@ -9,10 +9,19 @@ import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from checks.collective_verdicts import collective_problems, isolate, rank_failure
+from checks.fabric_verdicts import ib_port_problems, mtu_problems, nccl_socket_problems
+from checks.hygiene_verdicts import hygiene_problems, shm_warnings
+from trainfleet import Cluster
 from trainfleet.__main__ import main as trainfleet_main
+from trainfleet.capabilities.openmpi import tcp_include
+from trainfleet.compare import Finding
+from trainfleet.hccl import rank_table
+from trainfleet.nccl import Derived, cluster_interface, gid_disagreement, ib_settings
 from trainfleet.schema import env_name_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -407,3 +416,178 @@ def test_nccl_env_takes_only_the_names_the_page_lists() -> None:
         assert env_name_problem(f"{prefix}X") is None
     for name in ("LD_LIBRARY_PATH", "PYTHONPATH"):
         assert name in entry and env_name_problem(name) is not None
+
+
+# ---- the examples the page prints are what trainfleet prints ------------------------------------
+
+THREE = Cluster.parse("""\
+nodes:
+  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}
+  - {name: gpu-a02, address: 192.0.2.12, gpus: 8}
+  - {name: gpu-a03, address: 192.0.2.13, gpus: 8}
+""")
+
+
+def _port(device: str, state: str, mtu: int = 4096) -> dict[str, Any]:
+    return {
+        "device": device,
+        "port": 1,
+        "link_layer": "InfiniBand",
+        "state": state,
+        "gids": [],
+        "active_mtu": mtu,
+    }
+
+
+def _network(address: str, *ports: dict[str, Any]) -> dict[str, Any]:
+    iface = {
+        "name": "eth0",
+        "addresses": [address],
+        "cidrs": [f"{address}/24"],
+        "bridge": False,
+        "mtu": 9000,
+    }
+    return {"interfaces": [iface], "ib_ports": list(ports)}
+
+
+def _roce(device: str, *v2: int) -> dict[str, Any]:
+    gids = [
+        {
+            "index": i,
+            "type": "RoCE_v2",
+            "gid": "0000:0000:0000:0000:0000:ffff:c000:020b",
+            "ndev": "ens1",
+        }
+        for i in v2
+    ]
+    return {
+        "device": device,
+        "port": 1,
+        "link_layer": "Ethernet",
+        "state": "4:ACTIVE",
+        "gids": gids,
+    }
+
+
+def _examples() -> list[str]:
+    """Each example the page shows, made by the function that prints it, with the page's
+    values: the page holds each one word for word."""
+    seen = {
+        "gpu-a01": {"port_holder": 'users:(("python",pid=4242,fd=3))', "hostname": "node"},
+        "gpu-a02": {
+            "hostname": "node",
+            "visible_gpus": 4,
+            "cuda_visible_devices": "0,1,2,3",
+            "env": {},
+        },
+        "gpu-a03": {"hostname": "gpu-a03"},
+    }
+    hygiene = hygiene_problems(
+        THREE, seen, {"gpu-a02": {"NCCL_SOCKET_IFNAME": "=eth0"}}, {"gpu-a02": 16}
+    )
+    no_smi = hygiene_problems(THREE, {"gpu-a03": {"hostname": "gpu-a03"}}, {}, {})
+    networks = {
+        "gpu-a01": _network("192.0.2.11", _port("mlx5_0", "4:ACTIVE"), _port("mlx5_1", "4:ACTIVE")),
+        "gpu-a02": _network(
+            "192.0.2.12", _port("mlx5_0", "4:ACTIVE", 1024), _port("mlx5_1", "1:DOWN")
+        ),
+        "gpu-a03": _network("192.0.2.13", _port("mlx5_0", "4:ACTIVE"), _port("mlx5_1", "4:ACTIVE")),
+    }
+    active = {"gpu-a02": {"ib_ports": [_port("mlx5_0", "4:ACTIVE")]}}
+    stale = [{"shmid": 32769 + i, "bytes": 32 * 2**20, "idle_seconds": 7200} for i in range(3)]
+    missing = {"gpu-a02": [[] for _ in range(8)]}
+    rendezvous = {
+        "step": "timeout",
+        "stage": "rendezvous",
+        "joined": list(range(8)),
+        "missing": list(range(8, 16)),
+    }
+    unique = Finding("gpu-a01", "hostname", "unique", "node", "also on gpu-a02")
+    not_seen = Finding(
+        "gpu-a02", "NCCL env (non-login ssh)", "spec", "none", "GLOO_SOCKET_IFNAME=eth0 ..."
+    )
+    failed = [
+        {"step": "joined"},
+        {"step": "exit", "code": 1},
+        {"step": "stderr", "text": "torch.distributed.DistBackendError: NCCL error ..."},
+    ]
+    return [
+        *(
+            f"preflight: {p}"
+            for p in hygiene
+            if "NCCL_SOCKET_IFNAME" not in p.cause
+            and p.cause
+            != "its hostname 'node' is also "
+            "the hostname of gpu-a01"  # the page shows one of the pair
+        ),
+        *(p.cause for p in hygiene if "NCCL_SOCKET_IFNAME" in p.cause),
+        *(f"preflight: {p}" for p in no_smi),
+        *(p.cause for p in ib_port_problems(THREE, networks)),
+        *(p.cause for p in mtu_problems(THREE, networks)),
+        *(
+            f"preflight: {p}"
+            for p in nccl_socket_problems(
+                THREE, {"gpu-a02": [["h:1:1 [0] NCCL INFO Using network Socket"]]}, active
+            )
+        ),
+        *(
+            f"preflight: {p}"
+            for p in nccl_socket_problems(THREE, {"gpu-a02": [["NCCL INFO Init COMPLETE"]]}, active)
+        ),
+        *(w.cause for w in shm_warnings({"gpu-a01": {"stale_shm": stale}}, SHM_HINT)),
+        *(
+            f"preflight: {p}"
+            for p in collective_problems(THREE, {"gpu-a01": [[rendezvous]], **missing})
+            if p.node == "gpu-a02"
+        ),
+        isolate(THREE, {"gpu-a02": False, "gpu-a03": True})[0].cause,
+        f"local rank 3 (GPU 3): {rank_failure(failed)}",
+        str(unique),
+        str(not_seen),
+        cluster_interface(
+            [{"name": "eth0", "addresses": ["10.0.0.5"], "bridge": False}], "192.0.2.12"
+        )[1]
+        or "",
+        cluster_interface(
+            [{"name": "docker0", "addresses": ["192.0.2.12"], "bridge": True}], "192.0.2.12"
+        )[1]
+        or "",
+        *ib_settings([_roce("mlx5_0")])[2],
+        *ib_settings([_roce("mlx5_0", 1), _roce("mlx5_1", 3)])[2],
+        gid_disagreement({"gpu-a01": 3, "gpu-a02": 1}) or "",
+        tcp_include(
+            {
+                "gpu-a01": Derived(interface="eth0", network="192.0.2.0/24"),
+                "gpu-a02": Derived(interface="ens1f0"),
+            }
+        )[1]
+        or "",
+        *(_refusal(servers) for servers in RANK_TABLE_REFUSED),
+    ]
+
+
+SHM_HINT = "pyinfra -y <inventory> deploy/shm_cleanup.py"
+RANK_TABLE_REFUSED = (
+    [
+        ("npu-01", "192.0.2.21", [(0, "192.168.10.21")]),
+        ("npu-02", "192.0.2.22", [(0, "192.168.10.21")]),
+    ],
+    [
+        ("npu-01", "192.0.2.21", [(d, f"192.168.10.{d + 1}") for d in range(8)]),
+        ("npu-02", "192.0.2.22", [(d, f"192.168.20.{d + 1}") for d in range(4)]),
+    ],
+)
+
+
+def _refusal(servers: list[Any]) -> str:
+    with pytest.raises(ValueError) as refused:
+        rank_table(servers)
+    return f"launcher files not written: rank table: {refused.value}"
+
+
+def test_the_examples_are_what_trainfleet_prints() -> None:
+    page = _flat(_text())
+    examples = _examples()
+    assert all(examples)
+    for example in examples:
+        assert _flat(example) in page, f"{PAGE.name} does not show, word for word: {example}"
