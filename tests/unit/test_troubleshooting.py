@@ -1,7 +1,9 @@
 """docs/troubleshooting.md stays true: every failure of issue #28's list has an entry holding the
 message as users paste it; each entry names the command that deals with it, quotes trainfleet's
-words, and the code really has them (a file that holds the phrase, or a constant that does).
-Removing an entry, or renaming the verdict or constant an entry cites, fails here."""
+words, and the code really has them (a file that holds the phrase, or a constant that does);
+the examples it prints are made here by the functions that print them; what an entry says
+trainfleet does not do, the product's code indeed never mentions. Removing an entry, or renaming
+or rewording the verdict or constant an entry cites, fails here."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from typing import Any
 
 import pytest
 
+from checks.bandwidth_verdicts import bandwidth_problems
 from checks.collective_verdicts import collective_problems, isolate, rank_failure
 from checks.fabric_verdicts import ib_port_problems, mtu_problems, nccl_socket_problems
 from checks.hygiene_verdicts import hygiene_problems, shm_warnings
+from checks.smoke_verdicts import smoke_problems
 from trainfleet import Cluster
 from trainfleet.__main__ import main as trainfleet_main
 from trainfleet.capabilities.openmpi import tcp_include
@@ -541,6 +545,8 @@ def _examples() -> list[str]:
             if p.node == "gpu-a02"
         ),
         isolate(THREE, {"gpu-a02": False, "gpu-a03": True})[0].cause,
+        f"preflight: {smoke_problems(THREE, 'colossalai', {'gpu-a01': SMOKE_OUT})[8]}",
+        *(p.cause for p in bandwidth_problems(RING, 20.0) if p.node == "gpu-a01"),
         f"local rank 3 (GPU 3): {rank_failure(failed)}",
         str(unique),
         str(not_seen),
@@ -567,6 +573,14 @@ def _examples() -> list[str]:
 
 
 SHM_HINT = "pyinfra -y <inventory> deploy/shm_cleanup.py"
+SMOKE_OUT = ["stderr ...", "exit 1"]  # what colossalai.sh left on the master: its status, stderr
+# four nodes in a ring, one slow link between two nodes that reach the floor with their other peer
+RING = {
+    ("gpu-a01", "gpu-a02"): 3.1,
+    ("gpu-a02", "gpu-a03"): 22.0,
+    ("gpu-a03", "gpu-a04"): 22.5,
+    ("gpu-a04", "gpu-a01"): 21.8,
+}
 RANK_TABLE_REFUSED = (
     [
         ("npu-01", "192.0.2.21", [(0, "192.168.10.21")]),
