@@ -163,7 +163,7 @@ def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> di
         data = {}
     grammar = TOP_GRAMMAR if section is SPEC else keys_grammar(section)
     if not isinstance(data, dict):
-        ctx.refuse(path, f"must be a mapping, got {type_name(type(data))}", grammar)
+        ctx.refuse(path, f"must be a mapping, got {type_name(type(data))} {_shown(data)}", grammar)
         return _defaults(section)
     result: dict[str, Any] = {}
     for key in data:

@@ -474,18 +474,20 @@ def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
 # -- every refusal names what the key accepts: the reference's own words (Key.accepts) --------
 
 
-def _every_key() -> list[tuple[tuple[str | int, ...], Key]]:
+def _every_entry() -> list[tuple[tuple[str | int, ...], Key | Section]]:
+    """Every key and section of the spec (a node's under nodes[0]), with its path."""
+
     def walk(section: Section, path: tuple[str | int, ...]):
         for name, key in section.keys.items():
+            yield (*path, name), key
             if isinstance(key, Section):
                 yield from walk(key, (*path, name))
-            else:
-                yield (*path, name), key
 
     return [*walk(SPEC, ()), *walk(NODE, ("nodes", 0))]
 
 
-EVERY_KEY = _every_key()
+EVERY_KEY = [(p, k) for p, k in _every_entry() if isinstance(k, Key)]
+EVERY_SECTION = [(p, k) for p, k in _every_entry() if isinstance(k, Section)]
 
 
 def _with(path: tuple[str | int, ...], value: object) -> str:
@@ -532,6 +534,14 @@ def test_a_value_of_the_wrong_type_is_refused_naming_what_the_key_accepts(path, 
     assert _refused(path, value) == [
         f"{dotted(path)}: must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}, got "
         f"{type_name(type(value))} {value!r}; accepts: {key.accepts}"
+    ]
+
+
+@pytest.mark.parametrize("path, section", EVERY_SECTION, ids=[dotted(p) for p, _ in EVERY_SECTION])
+def test_a_section_that_is_no_mapping_is_refused_naming_its_keys(path, section):
+    assert _refused(path, "x") == [
+        f"{dotted(path)}: must be a mapping, got string 'x'; accepts: a mapping of "
+        + ", ".join(section.keys)
     ]
 
 
