@@ -1,4 +1,4 @@
-"""``python -m trainfleet``: offline tools of the controller.
+"""``trainfleet`` (or ``python -m trainfleet``): offline tools of the controller.
 
 - ``check SPEC...``: validate specs without contacting any host
 - ``schema``: print the spec reference
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
@@ -20,7 +21,9 @@ from trainfleet.spec import EXIT_BAD_SPEC, SpecError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainfleet")
+    """The ``trainfleet`` console script (pyproject's ``[project.scripts]``) and
+    ``python -m trainfleet``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog=_prog())
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate spec files without contacting any host")
     check.add_argument("specs", nargs="+")
@@ -84,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cluster.master.name}"
             )
     return status
+
+
+def _prog() -> str:
+    """How the user called us, for usage lines: ``-m`` runs this file as ``__main__.py``, whose
+    name would read badly; the console script is ``trainfleet``."""
+    return "python -m trainfleet" if Path(sys.argv[0]).name == "__main__.py" else "trainfleet"
 
 
 def _keys(args: argparse.Namespace) -> int:

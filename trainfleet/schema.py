@@ -777,6 +777,11 @@ def type_name(t: type | tuple[type, ...]) -> str:
     return names.get(t, t.__name__)
 
 
+def keys_grammar(section: Section) -> str:
+    """What a section accepts, for its errors: the keys the reference lists under it."""
+    return f"a mapping of {', '.join(section.keys)}"
+
+
 def reference_markdown() -> str:
     """The README's spec reference, generated from the schema above."""
     out: list[str] = []

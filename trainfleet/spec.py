@@ -1,7 +1,8 @@
 """Load and validate a cluster spec (YAML) before any host is touched.
 
 Every problem becomes one line ``FILE:LINE: KEY: what is wrong``; all of them are
-reported at once, and callers exit with status 2 (see ``SpecError``).
+reported at once, and callers exit with status 2 (see ``SpecError``). A value the key's grammar
+refuses also says what the key accepts, in the words of the reference (``Key.accepts``).
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ import yaml
 
 from trainfleet.driver_pins import driver_for_cuda_problem
 from trainfleet.schema import (
+    CLUSTER,
     NODE,
     SPEC,
+    STACK,
+    Check,
     Key,
     Section,
     cluster_name_problem,
+    keys_grammar,
     normalized_dist,
     type_name,
 )
@@ -31,6 +36,17 @@ EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
 
 PathT = tuple[str | int, ...]
+
+# What YAML 1.1 (PyYAML's safe_load) reads as a boolean when unquoted, in any of three cases.
+YAML_BOOLEANS = "on, off, yes, no, true and false"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
+
+NODES_GRAMMAR = (
+    f"a list of nodes, each {keys_grammar(NODE)} "
+    f"({' and '.join(n for n, k in NODE.keys.items() if isinstance(k, Key) and k.required)} "
+    "required)"
+)
+TOP_GRAMMAR = f"{keys_grammar(SPEC)}, nodes"
 
 
 class SpecError(Exception):
@@ -46,11 +62,31 @@ class _Ctx:
     file: str
     lines: dict[PathT, int]
     problems: list[str]
+    booleans: dict[PathT, str]  # the word of each YAML boolean, as written (`on`)
 
     def add(self, path: PathT, message: str) -> None:
         line = self._line_of(path)
         where = f"{self.file}:{line}" if line else self.file
         self.problems.append(f"{where}: {dotted(path) or '(top level)'}: {message}")
+
+    def refuse(self, path: PathT, message: str, grammar: str, subject: str = "") -> None:
+        """A value its key's grammar refuses: what is wrong, then what the key (``subject``, when
+        not the key at ``path``) accepts."""
+        sep = " " if message.endswith("?") else "; "  # after a question, a sentence of its own
+        self.add(path, f"{message}{sep}{subject + ' ' if subject else ''}accepts: {grammar}")
+
+    def boolean_hint(self, path: PathT, value: Any, check: Check | None) -> str:
+        """Where a string is wanted, a YAML boolean is most likely an unquoted word (`ib: on`):
+        say so, and whether that word, quoted, would do (``check``: the grammar it would meet)."""
+        if not isinstance(value, bool):
+            return ""
+        word = self.booleans.get(path, str(value).lower())
+        fits = [w for w in dict.fromkeys((word, word.lower())) if check is None or not check(w)]
+        fix = f': "{fits[0]}"' if fits else f", but {word!r} is not accepted either"
+        return (
+            f" (YAML reads {YAML_BOOLEANS} unquoted as booleans: quote such a word where a string "
+            f"is meant{fix})"
+        )
 
     def _line_of(self, path: PathT) -> int | None:
         while path not in self.lines and path:
@@ -72,11 +108,20 @@ def dotted(path: PathT) -> str:
     return out
 
 
-def _line_map(document: yaml.Node) -> tuple[dict[PathT, int], list[tuple[PathT, int, int]]]:
-    """Map each key path of a composed YAML document to its 1-based line; also return every
-    repeated mapping key as (path, line, first line): YAML loaders keep the last silently."""
+@dataclass
+class _LineMap:
+    lines: dict[PathT, int]  # each key path -> its 1-based line
+    repeated: list[tuple[PathT, int, int]]  # (path, line, first line) of each repeated key
+    booleans: dict[PathT, str]  # each boolean scalar's path -> the word as written
+
+
+def _line_map(document: yaml.Node) -> _LineMap:
+    """Map each key path of a composed YAML document to its 1-based line; also collect every
+    repeated mapping key (YAML loaders keep the last silently) and the words YAML took for
+    booleans."""
     lines: dict[PathT, int] = {}
     repeated: list[tuple[PathT, int, int]] = []
+    booleans: dict[PathT, str] = {}
     seen: set[int] = set()  # aliased nodes are walked once: no blow-up on nested aliases
 
     def walk(node: yaml.Node, path: PathT) -> None:
@@ -98,9 +143,11 @@ def _line_map(document: yaml.Node) -> tuple[dict[PathT, int], list[tuple[PathT, 
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
                 walk(item, path + (i,))
+        elif node.tag == _BOOL_TAG:
+            booleans.setdefault(path, node.value)
 
     walk(document, ())
-    return lines, repeated
+    return _LineMap(lines, repeated, booleans)
 
 
 def _type_ok(value: Any, expected: type | tuple[type, ...]) -> bool:
@@ -114,23 +161,30 @@ def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> di
     """Return the section with defaults filled in; record problems in ctx."""
     if data is None:
         data = {}
+    grammar = TOP_GRAMMAR if section is SPEC else keys_grammar(section)
     if not isinstance(data, dict):
-        ctx.add(path, f"must be a mapping, got {type_name(type(data))}")
+        ctx.refuse(path, f"must be a mapping, got {type_name(type(data))} {_shown(data)}", grammar)
         return _defaults(section)
     result: dict[str, Any] = {}
     for key in data:
         if key not in section.keys and not (section is SPEC and key == "nodes"):
             allowed = list(section.keys) + (["nodes"] if section is SPEC else [])
             near = difflib.get_close_matches(str(key), allowed, n=1)
-            hint = f"; did you mean {near[0]!r}?" if near else f"; valid keys: {', '.join(allowed)}"
-            ctx.add(path + (str(key),), f"unknown key{hint}")
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            # What the section takes, named: the unknown key is not what accepts it.
+            ctx.refuse(
+                path + (str(key),),
+                f"unknown key{hint}",
+                grammar,
+                subject=dotted(path) or "the spec",
+            )
     for name, key in section.keys.items():
         sub = path + (name,)
         if isinstance(key, Section):
             result[name] = _validate_section(key, data.get(name), sub, ctx)
         elif name not in data:
             if key.required:
-                ctx.add(path, f"missing required key {name!r}")
+                ctx.refuse(path, f"missing required key {name!r}", key.accepts, subject=name)
             result[name] = _copy(key.default)
         else:
             result[name] = _validate_value(key, data[name], sub, ctx)
@@ -139,22 +193,37 @@ def _validate_section(section: Section, data: Any, path: PathT, ctx: _Ctx) -> di
 
 def _validate_value(key: Key, value: Any, path: PathT, ctx: _Ctx) -> Any:
     if not _type_ok(value, key.type):
-        ctx.add(
-            path, f"must be a {type_name(key.type)}, got {type_name(type(value))} {_shown(value)}"
+        types = key.type if isinstance(key.type, tuple) else (key.type,)
+        hint = ctx.boolean_hint(path, value, key.check) if str in types else ""
+        ctx.refuse(
+            path,
+            f"must be {_a(type_name(key.type))}, got {type_name(type(value))} {_shown(value)}"
+            + hint,
+            key.accepts,
         )
         return _copy(key.default)
     if key.items is not None:
-        bad = [v for v in value if not _type_ok(v, key.items)]
+        bad = [(i, v) for i, v in enumerate(value) if not _type_ok(v, key.items)]
         if bad:
-            ctx.add(path, f"every item must be a {type_name(key.items)}, got {_shown(bad[0])}")
+            i, item = bad[0]
+            hint = ctx.boolean_hint(path + (i,), item, key.each) if key.items is str else ""
+            ctx.refuse(
+                path,
+                f"every item must be {_a(type_name(key.items))}, got {_shown(item)}{hint}",
+                key.accepts,
+            )
             return _copy(key.default)
     if value is not None and key.check is not None:
         problem = key.check(value)
         if problem:
-            ctx.add(path, problem)
+            ctx.refuse(path, problem, key.accepts)
     if key.each is not None or key.each_key is not None:
         _validate_entries(key, value, path, ctx)
     return value
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
 
 def _shown(value: Any) -> str:
@@ -171,14 +240,15 @@ def _validate_entries(key: Key, value: list[Any] | dict[Any, Any], path: PathT, 
     if isinstance(value, list):
         for i, item in enumerate(value):
             if key.each is not None and (problem := key.each(item)):
-                ctx.add(path + (i,), problem)
+                hint = ctx.boolean_hint(path + (i,), item, key.each)
+                ctx.refuse(path + (i,), problem + hint, key.accepts)
         return
     for name, item in value.items():
-        problem = (key.each_key(name) if key.each_key else None) or (
-            key.each(item) if key.each else None
-        )
-        if problem:
-            ctx.add(path + (str(name),), problem)
+        sub = path + (str(name),)
+        if key.each_key and (problem := key.each_key(name)):
+            ctx.refuse(sub, problem, key.accepts)
+        elif key.each and (problem := key.each(item)):
+            ctx.refuse(sub, problem + ctx.boolean_hint(sub, item, key.each), key.accepts)
 
 
 def _defaults(section: Section) -> dict[str, Any]:
@@ -194,17 +264,21 @@ def _copy(value: Any) -> Any:
 
 def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
     if "nodes" not in data:
-        ctx.add((), "missing required key 'nodes' (the list of servers)")
+        ctx.refuse((), "missing required key 'nodes' (the list of servers)", NODES_GRAMMAR)
         return []
     raw = data["nodes"]
     if raw is None:
-        ctx.add(("nodes",), "no nodes: the spec needs at least one entry under 'nodes'")
+        ctx.refuse(
+            ("nodes",), "no nodes: the spec needs at least one entry under 'nodes'", NODES_GRAMMAR
+        )
         return []
     if not isinstance(raw, list):
-        ctx.add(("nodes",), f"must be a list of nodes, got {type_name(type(raw))}")
+        ctx.refuse(
+            ("nodes",), f"must be a list of nodes, got {type_name(type(raw))}", NODES_GRAMMAR
+        )
         return []
     if not raw:
-        ctx.add(("nodes",), "is empty: the spec needs at least one node")
+        ctx.refuse(("nodes",), "is empty: the spec needs at least one node", NODES_GRAMMAR)
         return []
     nodes = [_validate_section(NODE, item, ("nodes", i), ctx) for i, item in enumerate(raw)]
     # Per-node sections are overrides: keep only what the node sets, so the
@@ -328,7 +402,10 @@ def _ssh_user_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
 
 def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
     """A pinned driver older than the pinned CUDA needs is refused here, with both versions;
-    without a toolkit pin, the CUDA that torch's wheels are built for (``cu124``: 12.4)."""
+    without a toolkit pin, the CUDA that torch's wheels are built for (``cu124``: 12.4).
+    Only between pins their grammar accepts: a refused one is reported once, at its key."""
+    if not all(_grammatical(STACK.keys[name], stack[name]) for name in ("cuda", "driver")):
+        return
     cuda = stack["cuda"]
     variant = stack["torch_cuda"]
     if not cuda and isinstance(variant, str) and re.fullmatch(r"cu[0-9]{3,4}", variant, re.ASCII):
@@ -337,6 +414,10 @@ def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
         ctx.add(
             ("stack", "driver"), problem + ("" if stack["cuda"] else f" (torch_cuda: {variant})")
         )
+
+
+def _grammatical(key: Key | Section, value: Any) -> bool:
+    return isinstance(key, Key) and (value is None or key.check is None or not key.check(value))
 
 
 def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:
@@ -350,16 +431,20 @@ def parse_spec(text: str, file: str = DEFAULT_SOURCE) -> dict[str, Any]:
         raise SpecError(
             [f"{where}: (top level): not valid YAML: {getattr(exc, 'problem', exc)}"]
         ) from None
-    lines, repeated = _line_map(document) if document else ({}, [])
-    ctx = _Ctx(file=file, lines=lines, problems=[])
-    for path, line, first in repeated:
+    found = _line_map(document) if document else _LineMap({}, [], {})
+    ctx = _Ctx(file=file, lines=found.lines, problems=[], booleans=found.booleans)
+    for path, line, first in found.repeated:
         ctx.problems.append(
             f"{file}:{line}: {dotted(path)}: repeated key (also line {first}); give each key once"
         )
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        ctx.add((), f"the spec must be a mapping with a 'nodes' list, got {type_name(type(data))}")
+        ctx.refuse(
+            (),
+            f"the spec must be a mapping with a 'nodes' list, got {type_name(type(data))}",
+            TOP_GRAMMAR,
+        )
         raise SpecError(ctx.problems)
     spec = _validate_section(SPEC, data, (), ctx)
     spec["nodes"] = _validate_nodes(data, ctx)
@@ -376,8 +461,10 @@ def _name_from_file(file: str, ctx: _Ctx) -> str:
     name = "spec" if file == DEFAULT_SOURCE else Path(file).stem
     problem = cluster_name_problem(name)
     if problem:
-        ctx.add(
-            ("cluster", "name"), f"not set, and the spec file's name is no cluster name: {problem}"
+        ctx.refuse(
+            ("cluster", "name"),
+            f"not set, and the spec file's name is no cluster name: {problem}",
+            CLUSTER.keys["name"].accepts,
         )
     return name
 

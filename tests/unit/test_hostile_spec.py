@@ -589,7 +589,7 @@ def test_a_cluster_name_from_a_hostile_file_name_is_refused(tmp_path):
     assert found == [
         f"{path}:1: cluster.name: not set, and the spec file's name is no cluster name: "
         "'prod cluster' is not a valid cluster name (1-64 letters, digits and '._-', "
-        "starting with a letter or digit)"
+        "starting with a letter or digit); accepts: `[A-Za-z0-9][A-Za-z0-9._-]{0,63}`"
     ]
 
 

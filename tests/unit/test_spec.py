@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trainfleet import Cluster, SpecError, parse_spec
+from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
+from trainfleet.schema import NODE, SPEC, Key, Section, type_name
+from trainfleet.spec import dotted
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,11 +66,20 @@ def test_the_example_prod_spec_is_valid():
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("nodes: []\n", "bad.yml:1: nodes: is empty"),
+        (
+            "nodes: []\n",
+            "bad.yml:1: nodes: is empty: the spec needs at least one node; accepts: a list of "
+            "nodes, each a mapping of name, address, gpus, npus, ssh, nccl (name and address "
+            "required)",
+        ),
         ("cluster: {}\n", "bad.yml:1: (top level): missing required key 'nodes'"),
         ("nodes:\n", "bad.yml:1: nodes: no nodes"),
         ("nodes: gpu-a01\n", "nodes: must be a list of nodes, got string"),
-        ("- 1\n- 2\n", "the spec must be a mapping"),
+        (
+            "- 1\n- 2\n",
+            "bad.yml:1: (top level): the spec must be a mapping with a 'nodes' list, got list; "
+            "accepts: a mapping of cluster, ssh, stack, nccl, openmpi, gpu, preflight, nodes",
+        ),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: a\n    address: 192.0.2.2\n",
             "bad.yml:4: nodes[1].name: duplicate name 'a' (also nodes[0])",
@@ -95,7 +109,11 @@ def test_the_example_prod_spec_is_valid():
             "nodes:\n  - name: a\n    address: 192.0.2.300\n",
             "nodes[0].address: '192.0.2.300' is not an IPv4 or IPv6 address",
         ),
-        ("nodes:\n  - name: a\n", "bad.yml:2: nodes[0]: missing required key 'address'"),
+        (
+            "nodes:\n  - name: a\n",
+            "bad.yml:2: nodes[0]: missing required key 'address'; address accepts: IPv4 or IPv6, "
+            "canonical form, no scope id",
+        ),
         ("nodes:\n  - address: 192.0.2.1\n", "nodes[0]: missing required key 'name'"),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: -1\n",
@@ -103,15 +121,16 @@ def test_the_example_prod_spec_is_valid():
         ),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: eight\n",
-            "nodes[0].gpus: must be a integer, got string 'eight'",
+            "nodes[0].gpus: must be an integer, got string 'eight'; accepts: 0 or more",
         ),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpus: true\n",
-            "nodes[0].gpus: must be a integer, got boolean",
+            "nodes[0].gpus: must be an integer, got boolean True; accepts: 0 or more",
         ),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n    gpu: 8\n",
-            "bad.yml:4: nodes[0].gpu: unknown key; did you mean 'gpus'?",
+            "bad.yml:4: nodes[0].gpu: unknown key; did you mean 'gpus'? nodes[0] accepts: a "
+            "mapping of name, address, gpus, npus, ssh, nccl",
         ),
         (
             "clustr: {}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
@@ -135,7 +154,8 @@ def test_the_example_prod_spec_is_valid():
         ),
         (
             "cluster:\n  mesh_users: [root, 3]\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
-            "cluster.mesh_users: every item must be a string, got 3",
+            "cluster.mesh_users: every item must be a string, got 3; accepts: user names "
+            "`[a-z_][a-z0-9_-]{0,31}`, each once",
         ),
         (
             "stack:\n  cuda: 12\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
@@ -143,7 +163,8 @@ def test_the_example_prod_spec_is_valid():
         ),
         (
             "stack:\n  cuda: '12.x'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
-            "bad.yml:2: stack.cuda: '12.x' is not a valid version (expected the form '12.4')",
+            "bad.yml:2: stack.cuda: '12.x' is not a valid version (expected the form '12.4'); "
+            "accepts: `12.4`, `12.4.1`",
         ),
         (
             "stack:\n  torch: 'latest'\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
@@ -198,7 +219,7 @@ def test_the_example_prod_spec_is_valid():
         ),
         (
             "nccl:\n  ib: maybe\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
-            "nccl.ib: 'maybe' must be 'auto' or 'disable'",
+            "bad.yml:2: nccl.ib: 'maybe' must be 'auto' or 'disable'; accepts: `auto` or `disable`",
         ),
         (
             "nccl:\n  env: {FOO: 1}\nnodes:\n  - {name: a, address: 192.0.2.1}\n",
@@ -240,7 +261,8 @@ def test_the_example_prod_spec_is_valid():
 def test_a_bad_spec_is_rejected_with_file_line_and_key(text, expected):
     found = problems(text)
     assert any(expected in p for p in found), found
-    assert all(p.startswith("bad.yml") for p in found)
+    # Each names the file and a line, then the key (the test's name says so; not the file alone).
+    assert all(re.match(r"bad\.yml:[0-9]+: [^ ].*?: ", p) for p in found), found
 
 
 def test_every_problem_is_reported_at_once():
@@ -368,7 +390,8 @@ def test_check_command_accepts_the_example_and_prints_json():
         ("gpu: {fabric_manager: yes}\n", "gpu.fabric_manager: must be a string"),
         (
             "preflight: {min_busbw_gbps: true}\n",
-            "preflight.min_busbw_gbps: must be a integer or number or null",
+            "preflight.min_busbw_gbps: must be an integer or number or null, got boolean True; "
+            "accepts: a number above 0",
         ),
         ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
     ],
@@ -396,6 +419,21 @@ def test_a_sudo_login_is_accepted_cluster_wide_or_per_node():
     assert any("nodes[0].ssh.user: 'ops' is not root" in p for p in found), found
 
 
+ONE_NODE = "nodes: [{name: a, address: 192.0.2.1}]\n"
+
+
+def test_a_pin_its_grammar_refuses_is_reported_once_at_its_key():
+    # Not again by the rule between the driver and CUDA pins (which read 'x' as a version).
+    assert problems(f"stack: {{cuda: 'x', driver: '550'}}\n{ONE_NODE}") == [
+        "bad.yml:1: stack.cuda: 'x' is not a valid version (expected the form '12.4'); "
+        "accepts: `12.4`, `12.4.1`"
+    ]
+    assert problems(f"stack: {{cuda: '12.4', driver: '55'}}\n{ONE_NODE}") == [
+        "bad.yml:1: stack.driver: '55' is not a valid version (expected the form '550.54.15'); "
+        "accepts: `550`, `550.54.15`"
+    ]
+
+
 @pytest.mark.parametrize(
     "driver, cuda",
     [
@@ -407,7 +445,183 @@ def test_a_sudo_login_is_accepted_cluster_wide_or_per_node():
     ],
 )
 def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
-    parse_spec(
-        f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\nnodes:\n  - {{name: a, address: "
-        "192.0.2.1}\n"
-    )
+    def stack(driver: str) -> str:
+        return f"stack: {{cuda: '{cuda}', driver: '{driver}'}}\n{ONE_NODE}"
+
+    # The case is what it claims: at or above the minimum (a branch judged by its branch).
+    needed = MIN_DRIVER_FOR_CUDA[int(cuda.split(".")[0])]
+    have = driver_key(driver)
+    assert have >= driver_key(needed)[: len(have) if len(have) == 1 else None]
+    spec = parse_spec(stack(driver))
+    assert (spec["stack"]["driver"], spec["stack"]["cuda"]) == (driver, cuda)
+    # Accepted at the boundary, not for want of a check: the release and the branch just below
+    # the minimum are refused, naming both versions.
+    *head, last = needed.split(".")
+    for below in (".".join([*head, str(int(last) - 1)]), str(int(head[0]) - 1)):
+        assert problems(stack(below)) == [
+            f"bad.yml:1: stack.driver: driver {below} is older than CUDA {cuda} needs "
+            f"({needed} or newer)"
+        ]
+
+
+# -- every refusal names what the key accepts: the reference's own words (Key.accepts) --------
+
+
+def _every_entry() -> list[tuple[tuple[str | int, ...], Key | Section]]:
+    """Every key and section of the spec (a node's under nodes[0]), with its path."""
+
+    def walk(section: Section, path: tuple[str | int, ...]):
+        for name, key in section.keys.items():
+            yield (*path, name), key
+            if isinstance(key, Section):
+                yield from walk(key, (*path, name))
+
+    return [*walk(SPEC, ()), *walk(NODE, ("nodes", 0))]
+
+
+EVERY_KEY = [(p, k) for p, k in _every_entry() if isinstance(k, Key)]
+EVERY_SECTION = [(p, k) for p, k in _every_entry() if isinstance(k, Section)]
+
+
+def _with(path: tuple[str | int, ...], value: object) -> str:
+    """A valid spec that meets the rules between keys (a sudo login, the pins other pins need)
+    with ``value`` at ``path``: YAML that reads back as written (yaml.safe_dump quotes)."""
+    spec: dict = {
+        "ssh": {"become": "sudo"},
+        "stack": {"cuda": "12.4", "torch": "2.4.1", "torch_cuda": "cu124"},
+        "nodes": [{"name": "a", "address": "192.0.2.1"}, {"name": "b", "address": "192.0.2.2"}],
+    }
+    here = spec
+    for part in path[:-1]:
+        here = here.setdefault(part, {}) if isinstance(part, str) else here[part]
+    here[path[-1]] = value
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def _wrong_type(key: Key) -> object:
+    types = key.type if isinstance(key.type, tuple) else (key.type,)
+    return next(v for v in ([1], "x") if type(v) not in types)
+
+
+def _off_grammar(key: Key) -> object:
+    """A value of the key's type its grammar refuses: a control character in any string."""
+    types = key.type if isinstance(key.type, tuple) else (key.type,)
+    if str in types:
+        return "x\x07"
+    if int in types:
+        return -1
+    return ["x\x07"] if list in types else {"x\x07": "1"}
+
+
+def _refused(path: tuple[str | int, ...], value: object) -> list[str]:
+    found = problems(_with(path, value))
+    assert all(re.match(r"bad\.yml:[0-9]+: ", p) and len(p.splitlines()) == 1 for p in found)
+    # Without the FILE:LINE prefix.
+    return [p.split(": ", 1)[1] for p in found if p.split(": ")[1].startswith(dotted(path))]
+
+
+@pytest.mark.parametrize("path, key", EVERY_KEY, ids=[dotted(p) for p, _ in EVERY_KEY])
+def test_a_value_of_the_wrong_type_is_refused_naming_what_the_key_accepts(path, key):
+    value = _wrong_type(key)
+    wanted = type_name(key.type)
+    assert _refused(path, value) == [
+        f"{dotted(path)}: must be {'an' if wanted[0] in 'aeiou' else 'a'} {wanted}, got "
+        f"{type_name(type(value))} {value!r}; accepts: {key.accepts}"
+    ]
+
+
+@pytest.mark.parametrize("path, section", EVERY_SECTION, ids=[dotted(p) for p, _ in EVERY_SECTION])
+def test_a_section_that_is_no_mapping_is_refused_naming_its_keys(path, section):
+    assert _refused(path, "x") == [
+        f"{dotted(path)}: must be a mapping, got string 'x'; accepts: a mapping of "
+        + ", ".join(section.keys)
+    ]
+
+
+@pytest.mark.parametrize(
+    "path, key",
+    [(p, k) for p, k in EVERY_KEY if k.check or k.each or k.each_key],
+    ids=[dotted(p) for p, k in EVERY_KEY if k.check or k.each or k.each_key],
+)
+def test_a_value_its_grammar_refuses_names_what_the_key_accepts(path, key):
+    found = _refused(path, _off_grammar(key))
+    assert len(found) == 1, found
+    assert found[0].endswith(f"; accepts: {key.accepts}"), found
+
+
+# -- YAML 1.1 booleans: `ib: on` is True to PyYAML; say so, and what the key accepts -----------
+
+QUOTE = (
+    "(YAML reads on, off, yes, no, true and false unquoted as booleans: quote such a word where "
+)
+
+
+@pytest.mark.parametrize("word", ["on", "On", "ON", "off", "yes", "NO", "true", "False"])
+def test_a_yaml_boolean_for_nccl_ib_says_it_wants_auto_or_disable_and_quotes(word):
+    value = word.lower() in ("on", "yes", "true")
+    assert problems(f"nccl:\n  ib: {word}\n{ONE_NODE}") == [
+        f"bad.yml:2: nccl.ib: must be a string, got boolean {value} {QUOTE}a string is meant, "
+        f"but {word!r} is not accepted either); accepts: `auto` or `disable`"
+    ]
+
+
+def test_a_quoted_on_for_nccl_ib_is_no_answer_either_the_accepted_values_are():
+    assert problems(f'nccl:\n  ib: "on"\n{ONE_NODE}') == [
+        "bad.yml:2: nccl.ib: 'on' must be 'auto' or 'disable'; accepts: `auto` or `disable`"
+    ]
+    # The same per node.
+    assert problems("nodes: [{name: a, address: 192.0.2.1, nccl: {ib: off}}]\n") == [
+        f"bad.yml:1: nodes[0].nccl.ib: must be a string, got boolean False {QUOTE}a string is "
+        "meant, but 'off' is not accepted either); accepts: `auto` or `disable`"
+    ]
+
+
+@pytest.mark.parametrize(
+    "text, expected, quoted",
+    [
+        (
+            "gpu:\n  fabric_manager: off\n",
+            "bad.yml:2: gpu.fabric_manager: must be a string, got boolean False "
+            f'{QUOTE}a string is meant: "off"); accepts: `auto`, `off`',
+            "gpu:\n  fabric_manager: 'off'\n",
+        ),
+        (  # `Off` quoted would be refused: the word the key takes is suggested
+            "gpu:\n  peermem: Off\n",
+            "bad.yml:2: gpu.peermem: must be a string, got boolean False "
+            f'{QUOTE}a string is meant: "off"); accepts: `auto`, `off`',
+            "gpu:\n  peermem: 'off'\n",
+        ),
+        (
+            "cluster:\n  mesh_users: [root, yes]\n",
+            "bad.yml:2: cluster.mesh_users: every item must be a string, got True "
+            f'{QUOTE}a string is meant: "yes"); accepts: user names `[a-z_][a-z0-9_-]{{0,31}}`, '
+            "each once",
+            "cluster:\n  mesh_users: [root, 'yes']\n",
+        ),
+        (
+            "nccl:\n  env: {NCCL_IB_DISABLE: no}\n",
+            "bad.yml:2: nccl.env.NCCL_IB_DISABLE: value must be a string or integer, got bool "
+            f'{QUOTE}a string is meant: "no"); accepts: names '
+            "`(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or "
+            "`[A-Za-z0-9_.,:=^/%+@ -]*`, no leading/trailing space, no marker text",
+            "nccl:\n  env: {NCCL_IB_DISABLE: 'no'}\n",
+        ),
+        (
+            "stack:\n  cuda: yes\n",
+            "bad.yml:2: stack.cuda: must be a string or null, got boolean True "
+            f"{QUOTE}a string is meant, but 'yes' is not accepted either); accepts: `12.4`, "
+            "`12.4.1`",
+            None,
+        ),
+    ],
+)
+def test_a_yaml_boolean_where_a_string_is_wanted_says_what_to_write(text, expected, quoted):
+    assert problems(text + ONE_NODE) == [expected]
+    if quoted:  # the word suggested, quoted, is accepted
+        parse_spec(quoted + ONE_NODE)
+
+
+def test_a_yaml_boolean_where_no_string_is_accepted_gets_no_quoting_advice():
+    assert problems("nodes: [{name: a, address: 192.0.2.1, gpus: yes}]\n") == [
+        "bad.yml:1: nodes[0].gpus: must be an integer, got boolean True; accepts: 0 or more"
+    ]

@@ -1,0 +1,78 @@
+"""The `trainfleet` console script: installed with the package, the same main (and subcommands) as
+`python -m trainfleet`."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import pkgutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from trainfleet.__main__ import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _missing(what: str) -> None:
+    """`make test` installs the package (`pip install -e '.[test]'`): in CI a missing script is a
+    failure, elsewhere (a venv installed before the script existed) a skip."""
+    assert not os.environ.get("CI"), f"{what} is missing: make venv installs it"
+    pytest.skip(f"{what} is not installed (pip install -e '.[test]')")
+
+
+def test_the_console_script_is_declared_and_resolves_to_main():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"trainfleet": "trainfleet.__main__:main"}
+    assert pkgutil.resolve_name(scripts["trainfleet"]) is main
+
+
+def test_the_installed_entry_point_is_the_same_main():
+    found = importlib.metadata.entry_points(group="console_scripts", name="trainfleet")
+    if not found:
+        _missing("the trainfleet entry point")
+    (entry,) = found
+    assert entry.value == "trainfleet.__main__:main"
+    assert entry.load() is main
+
+
+def _installed() -> Path:
+    script = Path(sys.executable).parent / "trainfleet"
+    if not script.exists():
+        _missing(str(script))
+    return script
+
+
+def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    # This checkout's package, whichever checkout the venv was installed from.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [str(a) for a in argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120
+    )
+
+
+def test_the_installed_script_checks_the_example_spec():
+    result = _run(_installed(), "check", "inventories/prod.yml")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "inventories/prod.yml: ok: 2 nodes, 16 GPUs, master gpu-a01\n"
+
+
+def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
+    script = _run(_installed(), "--help")
+    module = _run(sys.executable, "-m", "trainfleet", "--help")
+    assert script.returncode == module.returncode == 0, script.stderr + module.stderr
+    assert script.stdout.startswith("usage: trainfleet [-h] {check,schema,keys}")
+    assert module.stdout.startswith("usage: python -m trainfleet [-h] {check,schema,keys}")
+    assert script.stdout.replace("trainfleet", "T") == module.stdout.replace(
+        "python -m trainfleet", "T"
+    )
+
+
+def test_python_m_trainfleet_still_runs_main():
+    result = _run(sys.executable, "-m", "trainfleet", "check", "inventories/prod.yml")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "inventories/prod.yml: ok: 2 nodes, 16 GPUs, master gpu-a01\n"
