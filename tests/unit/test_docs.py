@@ -49,7 +49,8 @@ def anchors(page: Path) -> set[str]:
         while (candidate := base if n == 0 else f"{base}-{n}") in found:
             n += 1
         found.add(candidate)
-    return found
+    # Explicit anchors (`<a id="hang"></a>`): short, stable names for long message headings.
+    return found | set(re.findall(r'<a id="([^"]+)">', page.read_text()))
 
 
 def relative(target: str) -> bool:
