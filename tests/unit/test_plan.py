@@ -98,14 +98,17 @@ def fresh_sshd() -> dict:
 
 
 def three_node_plan(
-    tmp_path: Path, networks: dict[str, dict] | None = None, mesh_mode: str = "certificates"
+    tmp_path: Path,
+    networks: dict[str, dict] | None = None,
+    mesh_mode: str = "certificates",
+    family: str = "debian",
 ) -> tuple[Cluster, ClusterPlan]:
     cluster = Cluster.parse(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
     gathered = Gathered(
         networks=networks,
         host_keys={n.name: [public_key()] for n in cluster.nodes},
-        os_families={n.name: "debian" for n in cluster.nodes},
+        os_families={n.name: family for n in cluster.nodes},
         sshd={n.name: fresh_sshd() for n in cluster.nodes},
     )
     return cluster, planned(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
@@ -276,6 +279,39 @@ def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operation
         "openmpi params (alice)",
         "package libnccl2",
     } <= set(expected)
+
+
+# The packages SPEC's stack pins, spelled out as NVIDIA's repositories name them (not worked out by
+# trainfleet.pins): cuda 12.4 is the toolkit meta-package at whatever 12.4 release the repository
+# has; NCCL's runtime and headers at exactly 2.21.5-1, the build for CUDA 12.4.
+SPEC_PACKAGES = {
+    "debian": {
+        "cuda-toolkit-12-4": None,
+        "libnccl2": "2.21.5-1+cuda12.4",
+        "libnccl-dev": "2.21.5-1+cuda12.4",
+    },
+    "rhel": {
+        "cuda-toolkit-12-4": None,
+        "libnccl": "2.21.5-1+cuda12.4",
+        "libnccl-devel": "2.21.5-1+cuda12.4",
+    },
+}
+
+
+@pytest.mark.parametrize("family", SPEC_PACKAGES)
+def test_the_deploy_installs_and_drift_expects_exactly_the_packages_the_spec_pins(
+    tmp_path, monkeypatch, family
+):
+    cluster, plan = three_node_plan(tmp_path, family=family)
+    pins = SPEC_PACKAGES[family]
+    for node in cluster.nodes:
+        (software,) = deploy_calls(monkeypatch, cluster, node.name, plan)["stack.software"]
+        assert software["stack"].packages == pins, node.name
+        expected = expect(plan.nodes[node.name])
+        assert {prop: value for prop, value in expected.items() if prop.startswith("package ")} == {
+            **{f"package {name}": version for name, version in pins.items() if version},
+            **{f"package {name} hold": "held" for name in pins},
+        }, node.name
 
 
 def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
