@@ -10,9 +10,10 @@ toolkit's own bundled driver (550.54.14 for 12.4) is not the floor.
 from __future__ import annotations
 
 import re
+from types import MappingProxyType
 
 # CUDA major -> the oldest driver that runs every release of it (Linux x86_64).
-MIN_DRIVER_FOR_CUDA = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+MIN_DRIVER_FOR_CUDA = MappingProxyType({11: "450.80.02", 12: "525.60.13", 13: "580.65.06"})
 
 _VERSION = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", re.ASCII)
 

@@ -7,6 +7,7 @@ them, drift expects them.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -15,8 +16,10 @@ from trainfleet.schema import normalized_dist
 
 # Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>;
 # OpenMPI's mpirun (its libraries come with it as dependencies).
-_NCCL = {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
-_OPENMPI = {"debian": "openmpi-bin", "rhel": "openmpi"}
+_NCCL = MappingProxyType(
+    {"debian": ("libnccl2", "libnccl-dev"), "rhel": ("libnccl", "libnccl-devel")}
+)
+_OPENMPI = MappingProxyType({"debian": "openmpi-bin", "rhel": "openmpi"})
 # The names package_pins gives, as a regex.
 PINNED_PACKAGES = r"^(cuda-toolkit-|libcudnn|libnccl|openmpi|cuda-drivers)"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,21 +12,123 @@ REPO = Path(__file__).resolve().parents[2]
 PYINFRA = str(Path(sys.executable).with_name("pyinfra"))
 
 
-def pyinfra(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYINFRA, *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+def pyinfra(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYINFRA, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        env={**os.environ, **env},
+    )
 
 
-def test_prod_inventory_has_every_node_with_strict_host_keys():
-    # debug-inventory prints the inventory and exits before pyinfra connects to anything.
-    result = pyinfra("--json", "inventories/prod.py", "debug-inventory")
+def hosts_pyinfra_sees(inventory: str, **env: str) -> list[dict]:
+    """Each host of ``inventory`` as pyinfra loads it: name, groups and data. debug-inventory
+    prints the inventory and exits before pyinfra connects to anything."""
+    result = pyinfra("--json", inventory, "debug-inventory", **env)
     assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    hosts = data["hosts"] if "hosts" in data else data
-    text = json.dumps(hosts)
-    assert "gpu-a01" in text and "gpu-a02" in text
-    assert "192.0.2.11" in text
-    assert '"ssh_strict_host_key_checking": "yes"' in text
-    assert "Connecting" not in result.stderr
+    assert "Connecting" not in result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def test_prod_inventory_is_every_node_of_prod_yml_in_rank_order_with_strict_host_keys(tmp_path):
+    home = tmp_path / "home"  # the spec's ~/.ssh paths, expanded where this test knows
+    spec = str(REPO / "inventories/prod.yml")
+    ssh = {
+        "ssh_user": "root",
+        "ssh_port": 22,
+        "ssh_strict_host_key_checking": "yes",
+        "trainfleet_spec": spec,
+        "ssh_key": f"{home}/.ssh/id_ed25519",
+        "ssh_known_hosts_file": f"{home}/.ssh/known_hosts",
+    }
+    assert hosts_pyinfra_sees("inventories/prod.py", HOME=str(home)) == [
+        {
+            "name": "gpu-a01",
+            "groups": ["nodes", "prod"],
+            "data": {
+                **ssh,
+                "ssh_hostname": "192.0.2.11",
+                "trainfleet_node": "gpu-a01",
+                "trainfleet_rank": 0,
+                "trainfleet_gpus": 8,
+            },
+        },
+        {
+            "name": "gpu-a02",
+            "groups": ["nodes", "prod"],
+            "data": {
+                **ssh,
+                "ssh_hostname": "192.0.2.12",
+                "trainfleet_node": "gpu-a02",
+                "trainfleet_rank": 1,
+                "trainfleet_gpus": 8,
+            },
+        },
+    ]
+
+
+LAB_SPEC = """\
+cluster: {name: lab, domain: lab.trainfleet.test, mesh_users: [root]}
+ssh: {user: ops, become: sudo, key: LAB/id_ed25519, known_hosts: LAB/known_hosts}
+nodes:
+  - {name: node1, address: 198.18.0.11, gpus: 0}
+  - {name: node2, address: 198.18.0.12, gpus: 0, ssh: {user: root, become: null, port: 2222}}
+"""
+
+
+def test_the_lab_inventory_is_the_lab_specs_nodes_with_their_login_and_sudo(tmp_path):
+    """The lab's inventory over a lab state dir this test writes (no lab is up): a sudo login on
+    one node, root on another port on the other."""
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    (lab / "spec.yml").write_text(LAB_SPEC.replace("LAB", str(lab)))
+    common = {
+        "ssh_strict_host_key_checking": "yes",
+        "trainfleet_spec": str(lab / "spec.yml"),
+        "trainfleet_gpus": 0,
+        "ssh_key": f"{lab}/id_ed25519",
+        "ssh_known_hosts_file": f"{lab}/known_hosts",
+    }
+    assert hosts_pyinfra_sees("inventories/lab.py", TRAINFLEET_LAB_DIR=str(lab)) == [
+        {
+            "name": "node1",
+            "groups": ["nodes", "lab"],
+            "data": {
+                **common,
+                "ssh_hostname": "198.18.0.11",
+                "ssh_user": "ops",
+                "ssh_port": 22,
+                "trainfleet_node": "node1",
+                "trainfleet_rank": 0,
+                "_sudo": True,
+                "_preserve_sudo_env": True,
+            },
+        },
+        {
+            "name": "node2",
+            "groups": ["nodes", "lab"],
+            "data": {
+                **common,
+                "ssh_hostname": "198.18.0.12",
+                "ssh_user": "root",
+                "ssh_port": 2222,
+                "trainfleet_node": "node2",
+                "trainfleet_rank": 1,
+            },
+        },
+    ]
+
+
+def test_the_lab_inventory_without_a_lab_stops_with_status_2(tmp_path):
+    result = pyinfra(
+        "--json", "inventories/lab.py", "debug-inventory", TRAINFLEET_LAB_DIR=str(tmp_path)
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.stderr.splitlines()[-1] == (
+        "trainfleet: the lab is not up; start it with `python -m lab up 3`"
+    )
 
 
 def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
@@ -46,18 +149,12 @@ def test_a_bad_spec_stops_pyinfra_with_status_2_before_connecting(tmp_path):
 
 
 def test_a_bad_drift_probe_setting_stops_pyinfra_with_status_2_before_connecting():
-    env = {
-        **__import__("os").environ,
-        "TRAINFLEET_DRIFT_STRIDE": "1",
-        "TRAINFLEET_DRIFT_MESH": "all",
-    }
-    result = subprocess.run(
-        [PYINFRA, "-y", "inventories/prod.py", "deploy/drift.py"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        env=env,
+    result = pyinfra(
+        "-y",
+        "inventories/prod.py",
+        "deploy/drift.py",
+        TRAINFLEET_DRIFT_STRIDE="1",
+        TRAINFLEET_DRIFT_MESH="all",
     )
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert "trainfleet: TRAINFLEET_DRIFT_MESH is 'all': use full or sampled" in result.stderr

@@ -6,9 +6,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
-import pkgutil
 import runpy
-import types
 from pathlib import Path
 
 import pytest
@@ -98,14 +96,17 @@ def fresh_sshd() -> dict:
 
 
 def three_node_plan(
-    tmp_path: Path, networks: dict[str, dict] | None = None, mesh_mode: str = "certificates"
+    tmp_path: Path,
+    networks: dict[str, dict] | None = None,
+    mesh_mode: str = "certificates",
+    family: str = "debian",
 ) -> tuple[Cluster, ClusterPlan]:
     cluster = Cluster.parse(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
     gathered = Gathered(
         networks=networks,
         host_keys={n.name: [public_key()] for n in cluster.nodes},
-        os_families={n.name: "debian" for n in cluster.nodes},
+        os_families={n.name: family for n in cluster.nodes},
         sshd={n.name: fresh_sshd() for n in cluster.nodes},
     )
     return cluster, planned(cluster, gathered, KeyStore(cluster.name, root=tmp_path / "keys"))
@@ -278,6 +279,39 @@ def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operation
     } <= set(expected)
 
 
+# The packages SPEC's stack pins, spelled out as NVIDIA's repositories name them (not worked out by
+# trainfleet.pins): cuda 12.4 is the toolkit meta-package at whatever 12.4 release the repository
+# has; NCCL's runtime and headers at exactly 2.21.5-1, the build for CUDA 12.4.
+SPEC_PACKAGES = {
+    "debian": {
+        "cuda-toolkit-12-4": None,
+        "libnccl2": "2.21.5-1+cuda12.4",
+        "libnccl-dev": "2.21.5-1+cuda12.4",
+    },
+    "rhel": {
+        "cuda-toolkit-12-4": None,
+        "libnccl": "2.21.5-1+cuda12.4",
+        "libnccl-devel": "2.21.5-1+cuda12.4",
+    },
+}
+
+
+@pytest.mark.parametrize("family", SPEC_PACKAGES)
+def test_the_deploy_installs_and_drift_expects_exactly_the_packages_the_spec_pins(
+    tmp_path, monkeypatch, family
+):
+    cluster, plan = three_node_plan(tmp_path, family=family)
+    pins = SPEC_PACKAGES[family]
+    for node in cluster.nodes:
+        (software,) = deploy_calls(monkeypatch, cluster, node.name, plan)["stack.software"]
+        assert software["stack"].packages == pins, node.name
+        expected = expect(plan.nodes[node.name])
+        assert {prop: value for prop, value in expected.items() if prop.startswith("package ")} == {
+            **{f"package {name}": version for name, version in pins.items() if version},
+            **{f"package {name} hold": "held" for name in pins},
+        }, node.name
+
+
 def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
     _, plan = three_node_plan(tmp_path)
     first, *others = plan.nodes.values()
@@ -371,21 +405,40 @@ def test_a_plan_without_the_key_store_plans_no_mesh_and_creates_no_key(tmp_path,
     assert not any(tmp_path.iterdir())
 
 
-def _modules(package: types.ModuleType) -> list[types.ModuleType]:
-    return [
-        importlib.import_module(f"{package.__name__}.{info.name}")
-        for info in pkgutil.iter_modules(package.__path__)
-    ]
+# Programs that run on nodes, each in a process of its own, never imported by the controller (which
+# lacks what they import, or runs them only there): their module state lives and dies with one run.
+NODE_PROGRAMS = {
+    "trainfleet.smoke.train": "the smoke job, run by the node's venv python; imports torch",
+    "facts.scripts": "fact scripts, run on nodes by the fact bundle",
+    "checks.preflight_stages": "preflight stage scripts, run on nodes",
+}
 
 
-@pytest.mark.parametrize("package", ["operations", "facts", "checks", "runtime"])
+def _module_names(package: str) -> list[str]:
+    """Every module in the package's folder and its subfolders, found as files (not through the
+    imports, which would miss a folder without ``__init__.py`` or a module nothing imports)."""
+    return sorted(
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for path in (ROOT / package).rglob("*.py")
+    )
+
+
+def _node_program(name: str) -> str | None:
+    return next((p for p in NODE_PROGRAMS if name == p or name.startswith(f"{p}.")), None)
+
+
+@pytest.mark.parametrize("package", ["trainfleet", "operations", "facts", "checks", "runtime"])
 def test_no_module_holds_mutable_state(package):
     """Run-time state lives on pyinfra's State: a module-level dict, list or set is refused
     (constants are tuples or read-only mappings)."""
+    names = _module_names(package)
+    skipped = {_node_program(name) for name in names} - {None}
+    assert skipped == {p for p in NODE_PROGRAMS if p.startswith(f"{package}.")}  # none stale
     found = [
-        f"{module.__name__}.{name}"
-        for module in _modules(importlib.import_module(package))
-        for name, value in vars(module).items()
-        if isinstance(value, (dict, list, set, bytearray)) and not name.startswith("__")
+        f"{name}.{attr}"
+        for name in names
+        if not _node_program(name)
+        for attr, value in vars(importlib.import_module(name)).items()
+        if isinstance(value, (dict, list, set, bytearray)) and not attr.startswith("__")
     ]
     assert found == []
