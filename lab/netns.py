@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import stat
@@ -22,6 +23,8 @@ from pathlib import Path
 
 import yaml
 
+from lab.image import ensure_image, install_image, mkdirs_like_host
+
 STATE_DIR = Path(os.environ.get("TRAINFLEET_LAB_DIR", "/var/lib/trainfleet-lab"))
 BRIDGE = "tflab0"
 PREFIX = "tflab-"
@@ -30,6 +33,7 @@ BRIDGE_ADDRESS = f"{SUBNET}.1"
 FIRST_HOST = 11
 MAX_NODES = 32
 BOOT_SCRIPT = Path(__file__).with_name("boot.sh")
+ROOT_DOTFILES = Path("/usr/share/base-files")  # root's .bashrc and .profile on Debian
 REQUIRED_COMMANDS = (
     "ip",
     "unshare",
@@ -74,21 +78,6 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
             f"`{' '.join(args)}` failed: {result.stderr.strip() or result.stdout.strip()}"
         )
     return result
-
-
-def _mkdirs_like_host(upper: Path, relative: str) -> Path:
-    """Create UPPER/relative with the host's modes, so e.g. /root stays 0700 in the node."""
-    target = upper
-    host = Path("/")
-    for part in Path(relative).parts:
-        target, host = target / part, host / part
-        if not target.exists():
-            target.mkdir()
-            if host.is_dir():
-                st = host.stat()
-                os.chmod(target, stat.S_IMODE(st.st_mode))
-                os.chown(target, st.st_uid, st.st_gid)
-    return target
 
 
 def _whiteout(path: Path) -> None:
@@ -203,9 +192,12 @@ class Lab:
         _run("ip", "link", "set", BRIDGE, "up")
         Path(f"/proc/sys/net/ipv6/conf/{BRIDGE}/disable_ipv6").write_text("1\n")
         operator_key = (self.state_dir / "id_ed25519.pub").read_text()
+        image = ensure_image()
         for node in nodes:
             self._network(node, decoy)
             self._prepare_layer(node, operator_key)
+            if image:
+                install_image(image, node.dir / "upper")
             node.pid = self._boot(node)
             self._save(nodes)
         self._wait_for_ssh(nodes)
@@ -269,7 +261,7 @@ class Lab:
         upper = node.dir / "upper"
         for sub in ("upper", "work", "root"):
             (node.dir / sub).mkdir(parents=True)
-        ssh_dir = _mkdirs_like_host(upper, "etc/ssh")
+        ssh_dir = mkdirs_like_host(upper, "etc/ssh")
         for lower_key in Path("/etc/ssh").glob("ssh_host_*"):
             _whiteout(ssh_dir / lower_key.name)
         for kind in ("ed25519", "ecdsa"):
@@ -282,18 +274,24 @@ class Lab:
             )
         (upper / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
         (upper / "etc/hostname").write_text("ip-" + node.address.replace(".", "-") + "\n")
-        # A fresh server's root has only the operator's key; the host's ~/.ssh stays hidden.
-        root_ssh = _mkdirs_like_host(upper, "root/.ssh")
+        # A fresh server's root home: Debian's own dotfiles and the operator's key, nothing of
+        # the host's (its ~/.ssh, and a ~/.bashrc that may run pyenv or conda on every login).
+        root = mkdirs_like_host(upper, "root")
+        os.setxattr(root, "trusted.overlay.opaque", b"y")
+        for name in ("bashrc", "profile"):
+            skeleton = ROOT_DOTFILES / f"dot.{name}"
+            if skeleton.is_file():
+                shutil.copyfile(skeleton, root / f".{name}")
+        root_ssh = mkdirs_like_host(upper, "root/.ssh")
         os.chmod(root_ssh, 0o700)
-        os.setxattr(root_ssh, "trusted.overlay.opaque", b"y")
         authorized = root_ssh / "authorized_keys"
         authorized.write_text(operator_key)
         os.chmod(authorized, 0o600)
         # Lab nodes are throwaway: dpkg need not fsync, and man-db need not reindex (3x faster).
-        dpkg_cfg = _mkdirs_like_host(upper, "etc/dpkg/dpkg.cfg.d")
+        dpkg_cfg = mkdirs_like_host(upper, "etc/dpkg/dpkg.cfg.d")
         (dpkg_cfg / "trainfleet-lab").write_text("force-unsafe-io\n")
         if Path("/var/lib/man-db/auto-update").exists():
-            _whiteout(_mkdirs_like_host(upper, "var/lib/man-db") / "auto-update")
+            _whiteout(mkdirs_like_host(upper, "var/lib/man-db") / "auto-update")
 
     def _boot(self, node: LabNode) -> int:
         log = open(node.dir / "node.log", "ab")
