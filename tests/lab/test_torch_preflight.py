@@ -196,7 +196,12 @@ def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
         ">/dev/null 2>&1 & echo $!",
     ).strip()
     try:
-        time.sleep(1)
+        # Listening before the preflight looks (the event, not a guessed delay), within 10 s.
+        lab.ssh(
+            "node1",
+            "for i in $(seq 100); do ss -Hltn 'sport = :29500' | grep -q . && exit 0; "
+            "sleep 0.1; done; exit 1",
+        )
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
         (problem,) = [p for p in problems(report) if p[1] == "hygiene"]

@@ -20,6 +20,7 @@ from checks.collective_verdicts import collective_problems, isolate, rank_failur
 from checks.fabric_verdicts import ib_port_problems, mtu_problems, nccl_socket_problems
 from checks.hygiene_verdicts import hygiene_problems, shm_warnings
 from checks.smoke_verdicts import smoke_problems
+from tests.unit.test_gpu_node import port
 from trainfleet import Cluster
 from trainfleet.__main__ import main as trainfleet_main
 from trainfleet.capabilities.openmpi import tcp_include
@@ -432,17 +433,6 @@ nodes:
 """)
 
 
-def _port(device: str, state: str, mtu: int = 4096) -> dict[str, Any]:
-    return {
-        "device": device,
-        "port": 1,
-        "link_layer": "InfiniBand",
-        "state": state,
-        "gids": [],
-        "active_mtu": mtu,
-    }
-
-
 def _network(address: str, *ports: dict[str, Any]) -> dict[str, Any]:
     iface = {
         "name": "eth0",
@@ -491,13 +481,13 @@ def _examples() -> list[str]:
     )
     no_smi = hygiene_problems(THREE, {"gpu-a03": {"hostname": "gpu-a03"}}, {}, {})
     networks = {
-        "gpu-a01": _network("192.0.2.11", _port("mlx5_0", "4:ACTIVE"), _port("mlx5_1", "4:ACTIVE")),
+        "gpu-a01": _network("192.0.2.11", port("mlx5_0", "4:ACTIVE"), port("mlx5_1", "4:ACTIVE")),
         "gpu-a02": _network(
-            "192.0.2.12", _port("mlx5_0", "4:ACTIVE", 1024), _port("mlx5_1", "1:DOWN")
+            "192.0.2.12", port("mlx5_0", "4:ACTIVE", 1024), port("mlx5_1", "1:DOWN")
         ),
-        "gpu-a03": _network("192.0.2.13", _port("mlx5_0", "4:ACTIVE"), _port("mlx5_1", "4:ACTIVE")),
+        "gpu-a03": _network("192.0.2.13", port("mlx5_0", "4:ACTIVE"), port("mlx5_1", "4:ACTIVE")),
     }
-    active = {"gpu-a02": {"ib_ports": [_port("mlx5_0", "4:ACTIVE")]}}
+    active = {"gpu-a02": {"ib_ports": [port("mlx5_0", "4:ACTIVE")]}}
     stale = [{"shmid": 32769 + i, "bytes": 32 * 2**20, "idle_seconds": 7200} for i in range(3)]
     missing = {"gpu-a02": [[] for _ in range(8)]}
     rendezvous = {
