@@ -10,6 +10,7 @@ node's disk when they differ: a stale image costs time, never correctness.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -55,11 +56,17 @@ def ensure_image(image: Path = IMAGE_DIR) -> Path | None:
     """The image layer, built if missing or stale; None where this host has no apt."""
     if not shutil.which("apt-cache"):
         return None
+    image.parent.mkdir(parents=True, exist_ok=True)
+    with open(image.parent / ".lab-image.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two labs coming up at once build it once
+        return _build(image)
+
+
+def _build(image: Path) -> Path:
     signature = _signature()
     stamp = image / ".signature"
     if stamp.is_file() and stamp.read_text() == signature:
         return image
-    image.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=".lab-image-", dir=image.parent))
     os.chmod(build, 0o755)
     cache = mkdirs_like_host(build, APT_CACHE)

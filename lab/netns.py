@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -27,7 +28,11 @@ from lab.image import ensure_image, install_image, mkdirs_like_host
 
 STATE_DIR = Path(os.environ.get("TRAINFLEET_LAB_DIR", "/var/lib/trainfleet-lab"))
 BRIDGE = "tflab0"
-PREFIX = "tflab-"
+# A second lab runs beside the first only in its own controller namespace (tests/run_suite.py),
+# under its own state dir and prefix: namespace names are global to the machine.
+PREFIX = os.environ.get("TRAINFLEET_LAB_PREFIX", "tflab-")
+if not re.fullmatch(r"[a-z][a-z0-9]{0,6}-", PREFIX):  # a veth name is at most 15 characters
+    raise SystemExit(f"TRAINFLEET_LAB_PREFIX={PREFIX!r}: 1-7 lowercase letters/digits, then '-'")
 SUBNET = "198.18.0"
 BRIDGE_ADDRESS = f"{SUBNET}.1"
 FIRST_HOST = 11
