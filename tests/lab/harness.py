@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import testinfra
 import yaml
 
 from lab.lab_stack import launch_stack
@@ -203,6 +205,34 @@ class LabController:
             assert result.returncode == 0, f"{node}: {command}: {result.stderr}"
         return result.stdout
 
+    def host(self, node: str, user: str = "root") -> testinfra.host.Host:
+        """``node`` as testinfra sees it, over the lab's own SSH: the operator's key, host keys
+        verified against the lab's known_hosts, no prompt, and no master connection left behind
+        (ControlPersist off). Tests read node state through its modules: ``host.file(path)``,
+        ``host.package(name)``, ``host.socket(spec)``, ``host.user(name)``."""
+        return testinfra.get_host(
+            f"ssh://{user}@{self.lab.node(node).address}",
+            ssh_identity_file=str(self.lab.key),
+            ssh_extra_args=(
+                f"-o UserKnownHostsFile={self.lab.known_hosts} -o StrictHostKeyChecking=yes "
+                "-o BatchMode=yes -o LogLevel=ERROR"
+            ),
+            controlpersist=0,
+        )
+
+    def wait_for_login(self, node: str, timeout: float = 30.0) -> None:
+        """Until ``node``'s sshd lets the operator in with the host key the lab's known_hosts
+        now lists (after a restart or a new host key): the event itself, not a fixed sleep."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.ssh(node, "true", timeout=10)
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
     def copy_tree(self, node: str, local: Path, remote: str) -> None:
         """Copy a local directory's contents to ``remote`` on ``node`` (tar over the same SSH)."""
         address = self.lab.node(node).address
@@ -229,22 +259,12 @@ class LabController:
         )
 
     def read(self, node: str, paths: list[str]) -> dict[str, str | None]:
-        """Several files of a node in one SSH round trip: {path: content, or None if missing}."""
-        sep = "--8<-- trainfleet test --8<--"
-        script = "; ".join(
-            f"echo '{sep} {p}'; cat '{p}' 2>/dev/null || echo '{sep} missing'" for p in paths
-        )
-        out: dict[str, str | None] = {}
-        current = None
-        for line in self.ssh(node, script).splitlines(keepends=True):
-            if line.startswith(sep + " missing"):
-                out[current] = None
-            elif line.startswith(sep):
-                current = line[len(sep) + 1 :].strip()
-                out[current] = ""
-            else:
-                out[current] += line
-        return out
+        """Several files of a node, through testinfra: {path: content, or None if missing}."""
+        host = self.host(node)
+        return {
+            path: file.content_string if file.exists else None
+            for path, file in ((path, host.file(path)) for path in paths)
+        }
 
     def spec_inventory(
         self,

@@ -170,8 +170,12 @@ def test_a_duplicate_hostname_is_named_on_both_nodes(converged):
 
 def test_a_copied_machine_id_is_named_on_both_nodes(converged):
     lab = converged.lab
-    original = lab.ssh("node2", "cat /etc/machine-id")
-    lab.ssh("node2", "cat > /etc/machine-id", input=lab.ssh("node1", "cat /etc/machine-id"))
+    original = lab.host("node2").file("/etc/machine-id").content_string
+    lab.ssh(
+        "node2",
+        "cat > /etc/machine-id",
+        input=lab.host("node1").file("/etc/machine-id").content_string,
+    )
     run, report = drift_run()
     assert run.returncode != 0
     assert {("node1", "machine-id"), ("node2", "machine-id")} <= findings(report)

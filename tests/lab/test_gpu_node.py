@@ -52,8 +52,9 @@ def test_the_memlock_file_is_written_once_and_a_non_login_ssh_session_gets_unlim
     assert sorted(converged.first.changed()[OP]) == NODES
     assert OP not in converged.second.changed()  # deploy_twice: the re-run changed nothing at all
     for node in NODES:
-        assert lab.read(node, [MEMLOCK_CONF])[MEMLOCK_CONF] == memlock_conf(MEMLOCK), node
-        assert lab.ssh(node, f"stat -c '%U %a' {MEMLOCK_CONF}").strip() == "root 644"
+        conf = lab.host(node).file(MEMLOCK_CONF)
+        assert conf.content_string == memlock_conf(MEMLOCK), node
+        assert (conf.user, conf.group, conf.mode) == ("root", "root", 0o644), node
         # what ranks started over ssh (pdsh, mpirun, DeepSpeed's runner) get: a non-login session
         assert lab.ssh(node, "ulimit -l; ulimit -H -l").split() == [MEMLOCK, MEMLOCK], node
 

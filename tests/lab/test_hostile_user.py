@@ -97,10 +97,10 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         assert lab.ssh(node, SNAPSHOT) == before[node], f"{node}: something of root's changed"
         assert lab.ssh(node, "true") == ""  # root still logs in
     # The dotfiles link stays a link; its target, hers, holds the block above her lines.
-    assert (
-        lab.ssh("node3", "readlink /home/alice/.ssh/config") == "/home/alice/dotfiles/ssh_config\n"
-    )
-    config = lab.ssh("node3", "cat /home/alice/dotfiles/ssh_config")
+    node3 = lab.host("node3")
+    her_link = node3.file("/home/alice/.ssh/config")
+    assert her_link.is_symlink and her_link.linked_to == "/home/alice/dotfiles/ssh_config"
+    config = node3.file("/home/alice/dotfiles/ssh_config").content_string
     assert config.startswith("# BEGIN trainfleet managed block: ssh mesh hosts")
     assert config.endswith("Host *\n    ServerAliveInterval 30\n")
     # Her mesh works on node3: she reaches node3 itself by name with the cluster key.
@@ -109,10 +109,13 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         == "mesh-ok\n"
     )
     # Root's dotfiles link too stays a link; its target, root's, holds the block above root's lines.
-    assert lab.ssh(
-        "node3", "readlink /root/.ssh/config; stat -c '%U %a' /root/dotfiles/ssh_config"
-    ) == ("../dotfiles/ssh_config\nroot 600\n")
-    assert lab.ssh("node3", "cat /root/dotfiles/ssh_config").startswith(
+    roots_link, roots_config = (
+        node3.file("/root/.ssh/config"),
+        node3.file("/root/dotfiles/ssh_config"),
+    )
+    assert roots_link.is_symlink and roots_link.linked_to == roots_config.path
+    assert (roots_config.user, roots_config.mode) == ("root", 0o600)
+    assert roots_config.content_string.startswith(
         "# BEGIN trainfleet managed block: ssh mesh hosts"
     )
 
@@ -125,7 +128,7 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
     ] == {"node3": "ok"}
     seen = dict(
         line.split("=", 1)
-        for line in lab.ssh("node3", "cat /home/alice/ssh-env").splitlines()
+        for line in node3.file("/home/alice/ssh-env").content_string.splitlines()
         if "=" in line
     )
     assert ROOT_ENV not in seen and seen["PATH"] == USER_PATH and seen["HOME"] == "/home/alice", (
@@ -141,10 +144,8 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         "[node3] trainfleet: /root/.ssh/config: is a symbolic link through /home/alice, which is "
         "not root's alone" in refused.stderr
     ), refused.describe()
-    assert (
-        lab.ssh("node3", "cat /home/alice/theirs; readlink /root/.ssh/config")
-        == "Host *\n/home/alice/theirs\n"
-    )
+    assert node3.file("/home/alice/theirs").content_string == "Host *\n"
+    assert roots_link.is_symlink and roots_link.linked_to == "/home/alice/theirs"
 
 
 def test_a_race_on_the_temp_files_in_her_home_gives_her_nothing(hostile):

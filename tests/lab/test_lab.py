@@ -89,7 +89,10 @@ def test_cli_up_status_ssh_and_down_leave_nothing(lab):
 
 def test_nodes_are_isolated_servers_with_their_own_identity(lab):
     lab.fresh(2)
-    ids = {node: lab.ssh(node, "cat /etc/machine-id").strip() for node in ("node1", "node2")}
+    ids = {
+        node: lab.host(node).file("/etc/machine-id").content_string.strip()
+        for node in ("node1", "node2")
+    }
     assert len(set(ids.values())) == 2
     assert (
         Path("/etc/machine-id").read_text().strip() not in ids.values()
@@ -97,7 +100,7 @@ def test_nodes_are_isolated_servers_with_their_own_identity(lab):
         else True
     )
     host_keys = {
-        node: lab.ssh(node, "cat /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+        node: lab.host(node).file("/etc/ssh/ssh_host_ed25519_key.pub").content_string.split()[1]
         for node in ("node1", "node2")
     }
     assert len(set(host_keys.values())) == 2
@@ -111,7 +114,7 @@ def test_nodes_are_isolated_servers_with_their_own_identity(lab):
     )
     assert node1[-5:] == ["1", "700", "0", "authorized_keys", node1[-1]]
     # PID namespace: the node sees only its own processes, its init is PID 1.
-    assert lab.ssh("node1", "cat /proc/1/comm").strip() == "tini"
+    assert lab.host("node1").process.get(pid=1).comm == "tini"
     # /proc/sys is the host's: read-only in nodes.
     assert (
         "Read-only"

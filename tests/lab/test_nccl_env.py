@@ -47,7 +47,7 @@ def test_every_node_sees_the_cluster_interface_in_login_and_non_login_shells(ncc
     for node in NODES:
         assert seen[node]["non_login"] == EXPECTED, node
         assert seen[node]["login"] == EXPECTED, node
-        conf = nccl.lab.ssh(node, "cat /etc/nccl.conf")
+        conf = nccl.lab.host(node).file("/etc/nccl.conf").content_string
         assert "NCCL_SOCKET_IFNAME==eth0\n" in conf and "GLOO_SOCKET_IFNAME" not in conf
 
 
@@ -81,7 +81,9 @@ def test_launchers_forward_only_what_is_the_same_on_every_node(nccl):
 
 def test_an_interface_the_node_lacks_fails_that_node_and_writes_nothing(nccl, tmp_path):
     lab = nccl.lab
-    before = lab.ssh("node3", "cat /etc/profile.d/trainfleet-nccl.sh /etc/nccl.conf")
+    files = ["/etc/profile.d/trainfleet-nccl.sh", "/etc/nccl.conf"]
+    before = lab.read("node3", files)
+    assert all(before.values()), before
     variant = lab.spec_inventory(
         tmp_path, node_settings={"node3": {"nccl": {"socket_ifname": "=ens9"}}}
     )
@@ -93,5 +95,5 @@ def test_an_interface_the_node_lacks_fails_that_node_and_writes_nothing(nccl, tm
         "node3"
     ]
     assert "[node3]" in run.stderr and "names ens9, which this node does not have" in run.stderr
-    assert lab.ssh("node3", "cat /etc/profile.d/trainfleet-nccl.sh /etc/nccl.conf") == before
+    assert lab.read("node3", files) == before
     deploy_twice(LAB_INVENTORY, DEPLOY)

@@ -46,8 +46,9 @@ def test_the_deploy_installs_exactly_the_pinned_openmpi_and_holds_it(mpi):
     lab = mpi.lab
     assert sorted(mpi.first.changed()[STACK_OP]) == NODES
     for node in NODES:
-        assert lab.ssh(node, "dpkg-query -W -f='${Version}' openmpi-bin") == OPENMPI
-        assert "openmpi-bin" in lab.ssh(node, "apt-mark showhold").split()
+        host = lab.host(node)
+        assert host.package("openmpi-bin").version == OPENMPI
+        assert "openmpi-bin" in host.check_output("apt-mark showhold").split()
         assert lab.ssh(node, "mpirun --version | head -n 1").strip() == "mpirun (Open MPI) 4.1.4"
     drift = pyinfra(mpi.inventory, "deploy/drift.py")
     assert drift.returncode == 0, drift.describe()
@@ -61,7 +62,7 @@ def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(m
     lab = mpi.lab
     assert sorted(mpi.first.changed()[OP]) == NODES
     for node in NODES:
-        lines = lab.ssh(node, f"cat {MCA_FILE}").splitlines()
+        lines = lab.host(node).file(MCA_FILE).content_string.splitlines()
         assert "btl_tcp_if_include = eth0" in lines and "oob_tcp_if_include = eth0" in lines
         # OpenMPI itself, not our parser: ompi_info reports the value and that it came from a file.
         info = lab.ssh(
@@ -69,13 +70,13 @@ def test_every_node_pins_openmpi_to_the_cluster_interface_and_openmpi_reads_it(m
         )
         assert "btl_tcp_if_include:value:eth0" in info, info
         assert "btl_tcp_if_include:source:file" in info, info
-    assert lab.ssh("node2", f"tail -n 1 {MCA_FILE}").strip() == USER_LINE
+    assert lab.host("node2").file(MCA_FILE).content_string.splitlines()[-1] == USER_LINE
 
 
 def test_mpirun_from_node1_runs_a_rank_on_every_node_despite_the_decoy(mpi):
     lab = mpi.lab
     assert "eno1" in lab.ssh("node1", "ip -o -4 addr show")  # the NIC no peer can reach is there
-    script = lab.ssh("node1", "cat /etc/trainfleet/launch/mpirun.sh")
+    script = lab.host("node1").file("/etc/trainfleet/launch/mpirun.sh").content_string
     assert "--mca btl_tcp_if_include eth0 --mca oob_tcp_if_include eth0" in script
     out = lab.ssh("node1", EVERY_RANK, timeout=120)
     assert sorted(out.splitlines()) == [f"{node} eth0" for node in NODES]
@@ -117,10 +118,10 @@ def test_differing_interface_names_pin_openmpi_to_the_cluster_subnet(mpi):
 
     assert sorted(first.changed()[OP]) == NODES
     for node in NODES:
-        assert "btl_tcp_if_include = 198.18.0.0/24" in lab.ssh(node, f"cat {MCA_FILE}").splitlines()
-    assert "--mca oob_tcp_if_include 198.18.0.0/24" in lab.ssh(
-        "node1", "cat /etc/trainfleet/launch/mpirun.sh"
-    )
+        mca = lab.host(node).file(MCA_FILE).content_string.splitlines()
+        assert "btl_tcp_if_include = 198.18.0.0/24" in mca
+    launcher = lab.host("node1").file("/etc/trainfleet/launch/mpirun.sh")
+    assert "--mca oob_tcp_if_include 198.18.0.0/24" in launcher.content_string
     out = lab.ssh("node1", EVERY_RANK, timeout=120)
     # UCX_NET_DEVICES differs now, so it is not forwarded: each rank has its own node's value.
     assert sorted(out.splitlines()) == ["node1 eth0", "node2 eth0", "node3 ens5"]

@@ -54,7 +54,10 @@ def mesh(lab):
     lab.fresh(3)
     lab.ssh("node2", "cat >> /root/.ssh/authorized_keys", input=USER_KEY)
     lab.ssh("node2", "cat > /root/.ssh/config && chmod 600 /root/.ssh/config", input=USER_CONFIG)
-    before = {f: lab.ssh("node2", f"cat /root/.ssh/{f}") for f in ("authorized_keys", "config")}
+    node2 = lab.host("node2")
+    before = {
+        f: node2.file(f"/root/.ssh/{f}").content_string for f in ("authorized_keys", "config")
+    }
     first, second = deploy_twice(LAB_INVENTORY, DEPLOY)
     return SimpleNamespace(lab=lab, before=before, first=first, second=second)
 
@@ -70,18 +73,17 @@ def test_mesh_pdsh_and_launchers_converge_keep_user_content_and_rerun_changes_no
     )
     assert proof == {src: {dst: "ok" for dst in NODES} for src in NODES}
     # The user's own key and Host entry are byte-for-byte where they were.
-    after_keys = lab3.ssh("node2", "cat /root/.ssh/authorized_keys")
-    after_config = lab3.ssh("node2", "cat /root/.ssh/config")
+    node2 = lab3.host("node2")
+    after_keys = node2.file("/root/.ssh/authorized_keys").content_string
+    after_config = node2.file("/root/.ssh/config").content_string
     assert after_keys.startswith(before["authorized_keys"])
     assert outside_block(after_keys, "ssh mesh keys") == before["authorized_keys"].splitlines()
     assert outside_block(after_config, "ssh mesh hosts") == before["config"].splitlines()
     # Keys: 0600 on the nodes and in the controller's store, never printed.
-    assert lab3.ssh("node1", "stat -c '%a %U' /root/.ssh /root/.ssh/id_trainfleet").split() == [
-        "700",
-        "root",
-        "600",
-        "root",
-    ]
+    node1 = lab3.host("node1")
+    ssh_dir, key = node1.file("/root/.ssh"), node1.file("/root/.ssh/id_trainfleet")
+    assert ssh_dir.is_directory and (ssh_dir.user, ssh_dir.mode) == ("root", 0o700)
+    assert key.is_file and (key.user, key.mode) == ("root", 0o600)
     store = KeyStore("lab")
     for node in NODES:
         private = store.keypair("root", node).private
@@ -118,7 +120,7 @@ def test_launcher_files_match_the_spec_on_every_node(mesh):
             in files["torchrun.sh"]
         )
         assert "--hostfile /etc/trainfleet/launch/hostfile -np 3" in files["mpirun.sh"]
-        assert lab3.ssh(node, "stat -c %a /etc/trainfleet/launch/torchrun.sh").strip() == "755"
+        assert lab3.host(node).file("/etc/trainfleet/launch/torchrun.sh").mode == 0o755
 
 
 def test_an_unreachable_node_is_named_and_converges_on_a_later_run(mesh, tmp_path):
@@ -165,7 +167,8 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
     deploy_twice(lab3.spec_inventory(tmp_path, keep=["node1", "node2"]), DEPLOY)
 
     for node in ("node1", "node2"):
-        assert node3_key not in lab3.ssh(node, "cat /root/.ssh/authorized_keys")
+        host = lab3.host(node)
+        assert node3_key not in host.file("/root/.ssh/authorized_keys").content_string
         # Its key (and so its still valid certificate) is refused by every remaining node's sshd.
         assert (
             lab3.ssh(
@@ -175,7 +178,7 @@ def test_a_removed_node_loses_its_key_everywhere(mesh, tmp_path):
             ).split()[-1]
             == "rc=1"
         )
-        assert "Host node3" not in lab3.ssh(node, "cat /root/.ssh/config")
+        assert "Host node3" not in host.file("/root/.ssh/config").content_string
         assert "node3" not in lab3.ssh(node, "pdsh -a hostname")
     readmit(lab3, "node3")  # its host keys were revoked when it left the spec
     deploy_twice(LAB_INVENTORY, DEPLOY)  # back to the whole cluster

@@ -83,7 +83,7 @@ def test_every_node_has_exactly_the_pinned_versions_not_the_newest(pinned):
     policy = lab.ssh("node1", "apt-cache policy libnccl2")
     assert f"Candidate: {nvidia_repo.NEWER['libnccl2']}" in policy
     assert (
-        lab.ssh("node1", "cat /etc/apt/sources.list.d/cuda-debian12-x86_64.list")
+        lab.host("node1").file("/etc/apt/sources.list.d/cuda-debian12-x86_64.list").content_string
         == f"deb [signed-by={nvidia_repo.KEYRING}] file://{MIRROR}/debian12/x86_64/ /\n"
     )
 
@@ -139,9 +139,8 @@ def test_gcc_11_is_selected_beside_the_default_12(pinned):
             "11",
             "12",
         ]
-        assert (
-            lab.ssh(node, "readlink -f /usr/bin/gcc").strip() == "/usr/bin/x86_64-linux-gnu-gcc-11"
-        )
+        gcc = lab.host(node).file("/usr/bin/gcc")
+        assert gcc.linked_to == "/usr/bin/x86_64-linux-gnu-gcc-11"
 
 
 def test_a_node_moved_off_its_pin_is_refused_unchanged_then_moved_back_when_allowed(

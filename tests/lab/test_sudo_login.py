@@ -95,15 +95,12 @@ def test_the_whole_deploy_drift_and_preflight_run_as_a_sudo_admin_twice_without_
         assert lab.ssh(node, "hostname", user=ADMIN).strip() == node
         # The mesh user's key, written through sudo as the user, is the user's and 0600;
         # nothing was left in the upload directory the secret went through.
-        assert (
-            lab.ssh(node, "stat -c '%U %a' ~/.ssh/id_trainfleet", user=ADMIN).strip()
-            == f"{ADMIN} 600"
-        )
-        assert lab.ssh(node, f"ls -A /run/trainfleet-upload.{ADMIN}", user=ADMIN).strip() == ""
-        assert (
-            lab.ssh(node, f"stat -c '%U %a' /run/trainfleet-upload.{ADMIN}", user=ADMIN).strip()
-            == f"{ADMIN} 700"
-        )
+        host = lab.host(node, user=ADMIN)
+        key = host.file(f"{host.user().home}/.ssh/id_trainfleet")
+        assert key.is_file and (key.user, key.mode) == (ADMIN, 0o600)
+        upload = host.file(f"/run/trainfleet-upload.{ADMIN}")
+        assert upload.is_directory and (upload.user, upload.mode) == (ADMIN, 0o700)
+        assert host.check_output("ls -A -- %s", upload.path) == ""  # dotfiles included
     # The admin's mesh: every node reaches every node by name, host keys verified.
     assert lab.ssh("node1", "ssh -o BatchMode=yes node3 hostname", user=ADMIN).strip() == "node3"
 

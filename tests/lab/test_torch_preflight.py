@@ -334,7 +334,7 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
             input="".join(_plant("/tmp", m) for m in PLANTED_BY_USER),
         )
         lab.ssh(node, "sh", input="".join(_plant("/root", m) for m in PLANTED_IN_ROOTS_HOME))
-        assert lab.ssh(node, "stat -c %U /tmp/json.py").strip() == "mallory"
+        assert lab.host(node).file("/tmp/json.py").user == "mallory"
     try:
         run, report, _ = preflight(inventory)
         ran = {node: lab.ssh(node, "ls /tmp/PWNED-* 2>/dev/null || true").split() for node in NODES}
@@ -344,7 +344,8 @@ def test_modules_a_node_user_planted_in_tmp_or_roots_home_never_run(torch_lab):
         assert report["stages"] == HEALTHY_STAGES
         for node in NODES:
             # The private working directories are made under a root-only directory and removed.
-            assert lab.ssh(node, "stat -c '%u %a %F' /run/trainfleet").strip() == "0 700 directory"
+            run_dir = lab.host(node).file("/run/trainfleet")
+            assert run_dir.is_directory and (run_dir.uid, run_dir.mode) == (0, 0o700)
             # (the deploy's node lock and its holder note, plain files, stay there)
             assert (
                 lab.ssh(
