@@ -9,12 +9,14 @@ import shlex
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
 
 from checks.preflight_check import report_path
-from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, deploy_twice, pyinfra
+from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, pyinfra
 
 NODES = ["node1", "node2", "node3"]
 PREFLIGHT = "deploy/preflight.py"
+ENVIRONMENT = "/etc/environment"
 BOUND = 60  # seconds: the issue's limit for naming any of these faults
 HEALTHY_STAGES = {
     "hygiene": "ok",
@@ -40,6 +42,22 @@ def preflight(inventory: str):
 
 def problems(report) -> list[tuple[str, str, str]]:
     return [(p["node"], p["stage"], p["cause"]) for p in report["problems"]]
+
+
+@contextmanager
+def environment_edited(lab, inventory: str, node: str, sed: str):
+    """/etc/environment on ``node`` with a fault in it for the block's length; then byte for
+    byte as it was, which the deploy must find converged (it changes nothing), instead of a
+    deploy twice that would re-converge a lab the fault never left."""
+    before = lab.host(node).file(ENVIRONMENT).content_string
+    lab.ssh(node, f"sed -i {shlex.quote(sed)} {ENVIRONMENT}")
+    assert lab.host(node).file(ENVIRONMENT).content_string != before, "the fault changed nothing"
+    try:
+        yield
+    finally:
+        lab.ssh(node, f"cat > {ENVIRONMENT}", input=before)
+        again = pyinfra(inventory, "deploy/cluster.py")
+        assert again.returncode == 0 and again.changed() == {}, again.describe()
 
 
 def assert_nothing_left_running(lab):
@@ -113,12 +131,13 @@ def test_an_impossible_bandwidth_floor_names_every_pair_on_both_its_nodes(torch_
 
 def test_the_naive_interface_on_one_node_is_named(torch_lab):
     lab, inventory = torch_lab
-    lab.ssh(
+    with environment_edited(
+        lab,
+        inventory,
         "node2",
-        "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/; "
-        "s/^NCCL_SOCKET_IFNAME==eth0$/NCCL_SOCKET_IFNAME==eno1/' /etc/environment",
-    )
-    try:
+        "s/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/; "
+        "s/^NCCL_SOCKET_IFNAME==eth0$/NCCL_SOCKET_IFNAME==eno1/",
+    ):
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
         found = problems(report)
@@ -132,8 +151,6 @@ def test_the_naive_interface_on_one_node_is_named(torch_lab):
         # covered in tests/unit/test_preflight.py).
         assert {node for node, _, _ in found} == {"node2"}
         assert {n for hosts in run.errors().values() for n in hosts} == {"node2"}
-    finally:
-        deploy_twice(inventory, "deploy/cluster.py")
     assert_nothing_left_running(lab)
 
 
@@ -238,15 +255,12 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
 
 def test_missing_gloo_and_nccl_variables_in_one_nodes_non_login_environment_are_named(torch_lab):
     lab, inventory = torch_lab
-    lab.ssh("node3", "sed -i '/^\\(NCCL\\|GLOO\\)_/d' /etc/environment")
-    try:
+    with environment_edited(lab, inventory, "node3", "/^\\(NCCL\\|GLOO\\)_/d"):
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
         hygiene = [p for p in problems(report) if p[1] == "hygiene"]
         assert {p[0] for p in hygiene} == {"node3"}
         assert any("GLOO_SOCKET_IFNAME is 'missing'" in p[2] for p in hygiene)
-    finally:
-        deploy_twice(inventory, "deploy/cluster.py")
 
 
 def test_a_different_torch_on_one_node_is_named(torch_lab):
@@ -289,10 +303,9 @@ def test_one_node_down_is_named_without_waiting_for_a_collective(torch_lab):
 def test_an_interrupted_preflight_leaves_nothing_running(torch_lab):
     lab, inventory = torch_lab
     # A collective that cannot complete (node2 bound to its decoy NIC), interrupted mid-way.
-    lab.ssh(
-        "node2", "sed -i 's/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/' /etc/environment"
-    )
-    try:
+    with environment_edited(
+        lab, inventory, "node2", "s/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=eno1/"
+    ):
         proc = subprocess.Popen(
             [PYINFRA, "-y", inventory, PREFLIGHT],
             cwd=REPO,
@@ -313,8 +326,6 @@ def test_an_interrupted_preflight_leaves_nothing_running(torch_lab):
         while time.monotonic() < deadline and any(lab.ssh(n, LEFTOVERS).strip() for n in NODES):
             time.sleep(1)
         assert_nothing_left_running(lab)
-    finally:
-        deploy_twice(inventory, "deploy/cluster.py")
 
 
 def _plant(directory: str, module: str) -> str:
