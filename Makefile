@@ -88,7 +88,7 @@ lint: venv
 
 test: venv lint host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m tests.run_suite  # shards at once (unit, and each lab shard with its own lab); prints the slowest
 
 bench: venv host-deps
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'

@@ -10,6 +10,33 @@ import pytest
 from tests.lab.harness import LabController
 
 HERE = Path(__file__).resolve().parent
+# Set by tests/run_suite.py: an open descriptor of the cpuacct.usage file of this shard's CPU
+# group, which holds every process the shard starts, the lab nodes' included (a descriptor: `ip
+# netns exec` mounts a /sys without the cgroup file systems). Each lab test's CPU is read from it.
+CPU_USAGE = os.environ.get("TRAINFLEET_SUITE_CPU_FD")
+_cpu_by_test: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    return int(os.pread(int(CPU_USAGE), 64, 0)) / 1e9  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _cpu_seconds() if CPU_USAGE else 0.0
+    yield
+    if CPU_USAGE:  # setup (a module's lab, the first time) + call + teardown
+        _cpu_by_test[item.nodeid] = _cpu_seconds() - before
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _cpu_by_test:
+        terminalreporter.write_sep("=", "most CPU (the test's lab nodes and pyinfra included)")
+        ranked = sorted(_cpu_by_test.items(), key=lambda kv: kv[1], reverse=True)
+        for nodeid, seconds in ranked[:15]:
+            terminalreporter.write_line(f"{seconds:.2f}s cpu      {nodeid}")
+
+
 # Modules that share the torch-converged lab, in the order they run: last and back to back, so
 # the stack is installed once per session (a `lab.fresh()` between them would install it again).
 # test_sudo_login hardens that lab (root refused), so it runs last of all.
