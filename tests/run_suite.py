@@ -1,16 +1,17 @@
 """``make test``'s pytest: the suite in shards run at once, each lab shard with a lab of its own.
 
-The lab tests wait far more than they compute (SSH round trips, sshd restarts, installs, the
-preflight's bounded collectives: a whole run uses about a quarter of two cores), so the lab
-modules are split into shards that run side by side, and the unit tests run beside them. The
-first lab shard runs in this machine's network namespace exactly as ``pytest`` alone would;
-every other one runs inside a network namespace this runner creates (its own bridge, the same
-198.18.0.0/24 addresses, so tests name the same nodes), under its own lab state dir and
+A lab test waits more than it computes (SSH round trips, sshd restarts, the preflight's bounded
+collectives), so the lab modules are split into shards that run side by side, until the CPU is
+the limit (measured: the machine about 90% busy); the unit tests start when a first lab shard
+ends. The first lab shard runs in this machine's network namespace exactly as ``pytest`` alone
+would; every other one runs inside a network namespace this runner creates (its own bridge, the
+same 198.18.0.0/24 addresses, so tests name the same nodes), under its own lab state dir and
 namespace prefix. The torch lab's modules share one converged lab, so they stay in one shard.
 
 Usage: ``python -m tests.run_suite [PYTEST ARGS...]`` (every shard gets the args; root needed
-for the lab). Each shard's output is printed whole once it ends, then the suite's slowest tests
-and one closing line, ``N passed, N failed, N skipped``. Exit status: the worst of the shards.
+for the lab). Each shard's output is printed whole once it ends, then the suite's slowest tests,
+the lab tests that used the most CPU, how busy the machine was, and one closing line,
+``N passed, N failed, N skipped``. Exit status: the worst of the shards.
 """
 
 from __future__ import annotations
@@ -36,11 +37,15 @@ class Shard:
     deferred: bool = False  # started only once a first shard has ended
 
 
+def _lab(*modules: str) -> tuple[str, ...]:
+    return tuple(f"tests/lab/{module}" for module in modules)
+
+
 def lab_shard(letter: str, *modules: str) -> Shard:
     """A lab shard beside the first: its own controller namespace, lab state and prefix."""
     return Shard(
         f"lab-{letter}",
-        tuple(f"tests/lab/{module}" for module in modules),
+        _lab(*modules),
         netns=f"tflabctl{letter}",
         env={
             "TRAINFLEET_LAB_DIR": f"/var/lib/trainfleet-lab-{letter}",
@@ -56,14 +61,11 @@ def lab_shard(letter: str, *modules: str) -> Shard:
 SHARDS = (
     Shard(
         "torch",  # one torch install, then every launcher and preflight on it
-        tuple(
-            f"tests/lab/{module}"
-            for module in (
-                "test_launchers.py",
-                "test_torch_preflight.py",
-                "test_torch_stack.py",
-                "test_sudo_login.py",
-            )
+        _lab(
+            "test_launchers.py",
+            "test_torch_preflight.py",
+            "test_torch_stack.py",
+            "test_sudo_login.py",
         ),
     ),
     lab_shard(
@@ -89,7 +91,6 @@ SHARDS = (
 
 
 DURATION = re.compile(r"^(\d+\.\d+)s (call|setup|teardown|cpu) +(\S+)$")
-CPU_KINDS = ("cpuacct",)
 OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)\b")
 
 
@@ -97,17 +98,8 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
-def _argv(shard: Shard, extra: list[str]) -> list[str]:
-    pytest = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "--durations=15",
-        *extra,
-        *shard.paths,
-    ]
-    return ["ip", "netns", "exec", shard.netns, *pytest] if shard.netns else pytest
+def _in_netns(shard: Shard, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", shard.netns, *argv] if shard.netns else argv
 
 
 class CpuGroups:
@@ -117,53 +109,52 @@ class CpuGroups:
     the suite's wall time better than an even split between shards (measured). Where cgroups
     cannot be made, shards run without, and the CPU figures are left out."""
 
-    ROOT = Path("/sys/fs/cgroup")
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
 
     def __init__(self, shards: tuple[Shard, ...]):
-        self.paths: dict[str, list[Path]] = {}
+        self.paths: dict[str, Path] = {}
         self.fds: list[int] = []
         for shard in shards:
-            paths = [self.ROOT / kind / f"trainfleet-suite-{shard.name}" for kind in CPU_KINDS]
+            path = self.ROOT / f"trainfleet-suite-{shard.name}"
             try:
-                for path in paths:
-                    if path.is_dir():
-                        path.rmdir()  # left by an interrupted run: empty, or this fails
-                    path.mkdir()
+                if path.is_dir():
+                    path.rmdir()  # left by an interrupted run: empty, or this fails
+                path.mkdir()
             except OSError as exc:
                 print(f"run_suite: no CPU accounting groups ({exc}); no CPU figures")
                 self.remove()
                 return
-            self.paths[shard.name] = paths
+            self.paths[shard.name] = path
 
     def enter(self, shard: Shard):
-        """A preexec function: the shard's process joins its groups before pytest starts."""
-        paths = self.paths.get(shard.name, [])
+        """A preexec function: the shard's process joins its group before pytest starts."""
+        path = self.paths.get(shard.name)
 
         def join() -> None:
-            for path in paths:
+            if path:
                 (path / "cgroup.procs").write_text(str(os.getpid()))
 
         return join
 
     def usage_fd(self, shard: Shard) -> int | None:
         """A descriptor of the shard's CPU use, which its lab tests read (tests/lab/conftest.py)."""
-        paths = self.paths.get(shard.name)
-        if not paths:
+        path = self.paths.get(shard.name)
+        if not path:
             return None
-        fd = os.open(paths[0] / "cpuacct.usage", os.O_RDONLY)
+        fd = os.open(path / "cpuacct.usage", os.O_RDONLY)
         self.fds.append(fd)
         return fd
 
     def seconds(self, name: str) -> float | None:
-        paths = self.paths.get(name)
-        return int((paths[0] / "cpuacct.usage").read_text()) / 1e9 if paths else None
+        path = self.paths.get(name)
+        return int((path / "cpuacct.usage").read_text()) / 1e9 if path else None
 
     def remove(self) -> list[str]:
         """Remove every group; what could not be removed (a process still in it) is named."""
         for fd in self.fds:
             os.close(fd)
         self.fds, left = [], []
-        for path in (p for paths in self.paths.values() for p in paths):
+        for path in self.paths.values():
             try:
                 path.rmdir()
             except FileNotFoundError:
@@ -221,9 +212,8 @@ def main(argv: list[str]) -> int:
             _ip("-n", netns, "link", "set", "lo", "up")
         for shard in SHARDS:  # what an interrupted run left of a shard's lab (make test's
             if shard.env:  # own `lab down` sees only the first's)
-                down = [sys.executable, "-m", "lab", "down"]
                 subprocess.run(
-                    ["ip", "netns", "exec", shard.netns, *down] if shard.netns else down,
+                    _in_netns(shard, [sys.executable, "-m", "lab", "down"]),
                     cwd=REPO,
                     env={**os.environ, **shard.env},
                     capture_output=True,
@@ -235,7 +225,11 @@ def main(argv: list[str]) -> int:
             with open(log, "w") as out:
                 running[shard.name] = (
                     subprocess.Popen(
-                        _argv(shard, argv),
+                        _in_netns(
+                            shard,
+                            [sys.executable, "-m", "pytest", "-q", "--durations=15", *argv]
+                            + list(shard.paths),
+                        ),
                         cwd=REPO,
                         env={
                             **os.environ,
@@ -296,7 +290,8 @@ def main(argv: list[str]) -> int:
         for key, count in _outcomes(log).items():
             totals[key] = totals.get(key, 0) + count
     failed = totals.get("failed", 0) + totals.get("errors", 0)
-    failed += sum(1 for name, code in codes.items() if code != 0 and not _outcomes(logs[name]))
+    # a shard that failed without pytest's closing line (a crash), or groups left in use
+    failed += sum(1 for name, code in codes.items() if code and not _outcomes(logs.get(name, "")))
     busy = busy_seconds() - busy
     print(
         f"--- the machine was busy {busy:.0f} CPU seconds of {wall * os.cpu_count():.0f} "

@@ -13,20 +13,22 @@ HERE = Path(__file__).resolve().parent
 # Set by tests/run_suite.py: an open descriptor of the cpuacct.usage file of this shard's CPU
 # group, which holds every process the shard starts, the lab nodes' included (a descriptor: `ip
 # netns exec` mounts a /sys without the cgroup file systems). Each lab test's CPU is read from it.
-CPU_USAGE = os.environ.get("TRAINFLEET_SUITE_CPU_FD")
+CPU_FD = int(os.environ.get("TRAINFLEET_SUITE_CPU_FD", "-1"))
 _cpu_by_test: dict[str, float] = {}
 
 
 def _cpu_seconds() -> float:
-    return int(os.pread(int(CPU_USAGE), 64, 0)) / 1e9  # type: ignore[arg-type]
+    return int(os.pread(CPU_FD, 64, 0)) / 1e9
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    before = _cpu_seconds() if CPU_USAGE else 0.0
-    yield
-    if CPU_USAGE:  # setup (a module's lab, the first time) + call + teardown
-        _cpu_by_test[item.nodeid] = _cpu_seconds() - before
+    if CPU_FD < 0:
+        yield
+        return
+    before = _cpu_seconds()
+    yield  # setup (a module's lab, the first time) + call + teardown
+    _cpu_by_test[item.nodeid] = _cpu_seconds() - before
 
 
 def pytest_terminal_summary(terminalreporter):

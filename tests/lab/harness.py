@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
@@ -167,6 +168,21 @@ class LabController:
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
 
+    def _ssh_options(self) -> list[str]:
+        """The operator's key, host keys verified against the lab's known_hosts, no prompt."""
+        return [
+            "-i",
+            str(self.lab.key),
+            "-o",
+            f"UserKnownHostsFile={self.lab.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+
     def ssh(
         self,
         node: str,
@@ -179,21 +195,7 @@ class LabController:
         """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return
         stdout."""
         address = self.lab.node(node).address
-        argv = [
-            "ssh",
-            "-i",
-            str(self.lab.key),
-            "-o",
-            f"UserKnownHostsFile={self.lab.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "LogLevel=ERROR",
-            f"{user}@{address}",
-            command,
-        ]
+        argv = ["ssh", *self._ssh_options(), f"{user}@{address}", command]
         result = subprocess.run(
             argv,
             capture_output=True,
@@ -206,17 +208,12 @@ class LabController:
         return result.stdout
 
     def host(self, node: str, user: str = "root") -> testinfra.host.Host:
-        """``node`` as testinfra sees it, over the lab's own SSH: the operator's key, host keys
-        verified against the lab's known_hosts, no prompt, and no master connection left behind
-        (ControlPersist off). Tests read node state through its modules: ``host.file(path)``,
-        ``host.package(name)``, ``host.socket(spec)``, ``host.user(name)``."""
+        """``node`` as testinfra sees it, over the same SSH as ``ssh``, with no master
+        connection left behind (ControlPersist off). Tests read node state through its modules:
+        ``host.file(path)``, ``host.package(name)``, ``host.process``, ``host.user()``."""
         return testinfra.get_host(
             f"ssh://{user}@{self.lab.node(node).address}",
-            ssh_identity_file=str(self.lab.key),
-            ssh_extra_args=(
-                f"-o UserKnownHostsFile={self.lab.known_hosts} -o StrictHostKeyChecking=yes "
-                "-o BatchMode=yes -o LogLevel=ERROR"
-            ),
+            ssh_extra_args=shlex.join(self._ssh_options()),
             controlpersist=0,
         )
 
@@ -239,16 +236,7 @@ class LabController:
         tar = subprocess.Popen(["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE)
         argv = [
             "ssh",
-            "-i",
-            str(self.lab.key),
-            "-o",
-            f"UserKnownHostsFile={self.lab.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "LogLevel=ERROR",
+            *self._ssh_options(),
             f"root@{address}",
             f"mkdir -p '{remote}' && tar -C '{remote}' -xf -",
         ]
@@ -260,11 +248,8 @@ class LabController:
 
     def read(self, node: str, paths: list[str]) -> dict[str, str | None]:
         """Several files of a node, through testinfra: {path: content, or None if missing}."""
-        host = self.host(node)
-        return {
-            path: file.content_string if file.exists else None
-            for path, file in ((path, host.file(path)) for path in paths)
-        }
+        files = {path: self.host(node).file(path) for path in paths}
+        return {path: file.content_string if file.exists else None for path, file in files.items()}
 
     def spec_inventory(
         self,

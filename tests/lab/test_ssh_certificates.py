@@ -87,6 +87,19 @@ def assert_every_login_worked(logs: dict[str, list[str]], restarts: dict[str, in
     )
 
 
+def deploy_while_probing(lab):
+    """The lab's deploy with every node's prober logging in throughout: the run, each prober's
+    lines, and how often each node's sshd restarted meanwhile."""
+    before = sshd_restarts(lab)
+    start_probers(lab)
+    try:
+        move = pyinfra(LAB_INVENTORY, DEPLOY)
+    finally:
+        logs = stop_probers(lab)
+    restarts = {node: count - before[node] for node, count in sshd_restarts(lab).items()}
+    return move, logs, restarts
+
+
 def stop_probers(lab) -> dict[str, list[str]]:
     """Each node's probe lines, once its prober has finished its last round."""
     for node in NODES:
@@ -153,15 +166,7 @@ def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working
     )  # ed25519 + ecdsa per node
     offered_before = offered_host_key_algorithms(lab, "node2", "node1")
 
-    restarts = sshd_restarts(lab)
-    start_probers(lab)
-    try:
-        move = pyinfra(
-            LAB_INVENTORY, DEPLOY
-        )  # the lab's spec says nothing: certificates, the default
-    finally:
-        logs = stop_probers(lab)
-    restarts = {n: count - restarts[n] for n, count in sshd_restarts(lab).items()}
+    move, logs, restarts = deploy_while_probing(lab)  # the lab's spec says nothing: certificates
     assert move.returncode == 0, move.describe()
     again = pyinfra(LAB_INVENTORY, DEPLOY)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
@@ -427,13 +432,7 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     new_ca = KeyStore("lab").certificate_authority().public.split()[1]
     assert new_ca != old_ca
 
-    restarts = sshd_restarts(lab)
-    start_probers(lab)
-    try:
-        move = pyinfra(LAB_INVENTORY, DEPLOY)
-    finally:
-        logs = stop_probers(lab)
-    restarts = {n: count - restarts[n] for n, count in sshd_restarts(lab).items()}
+    move, logs, restarts = deploy_while_probing(lab)
     assert move.returncode == 0, move.describe()
     again = pyinfra(LAB_INVENTORY, DEPLOY)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
