@@ -136,3 +136,38 @@ def test_venv_packages_are_read_by_their_normal_names_and_a_malformed_line_is_dr
     )
     assert seen["venv_packages"] == {"jinja2": "3.1.6", "typing-extensions": "4.16.0"}
     assert seen["torch"]["version"] == "2.13.0+cpu"
+
+
+@pytest.mark.parametrize("cuda", [None, "12.4"])
+def test_without_a_gpu_device_torch_is_read_from_its_files_not_imported(cuda, tmp_path):
+    """On a node with no /dev/nvidiactl (the lab, a CPU node) the script reads torch's version
+    and CUDA build from its dist-info and torch/version.py (the real file of torch 2.13.0+cpu,
+    its ``cuda`` line changed for a CUDA build): importing torch costs seconds of CPU per node
+    per run and can only say that no GPU is there."""
+    assert not os.path.exists("/dev/nvidiactl"), "this test needs a machine without a GPU"
+    venv = tmp_path / "venv"
+    subprocess.run(["python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    info = site / "torch-2.13.0+cpu.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n")
+    (site / "torch").mkdir()
+    marker = tmp_path / "imported"
+    (site / "torch" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    real = (FIXTURES.parent / "torch_files" / "version_2.13.0+cpu.py.txt").read_text()
+    if cuda:
+        real = real.replace("cuda: Optional[str] = None", f"cuda: Optional[str] = {cuda!r}")
+    (site / "torch" / "version.py").write_text(real)
+    command = StackVersions().command(venv=str(venv)).get_raw_value()
+    result = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    fact = StackVersions().process(result.stdout.splitlines())
+    assert fact["venv"] is True and fact["venv_packages"]["torch"] == "2.13.0+cpu"
+    assert fact["torch"] == {
+        "version": "2.13.0+cpu",
+        "cuda": cuda,
+        "gpu": False,
+        "cudnn": None,
+        "nccl": None,
+    }
+    assert not marker.exists(), "torch was imported"
