@@ -17,6 +17,7 @@ from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
 from facts.gpu_node_facts import GpuNodeState
+from facts.hardware_facts import HardwareState
 from facts.hosts_facts import HOSTS_PURPOSE, HostnameState
 from facts.launchers_facts import LauncherFiles
 from facts.managed_block_facts import ManagedBlock, decode_lines, split_sections
@@ -108,6 +109,7 @@ FACTS: Mapping[str, tuple[type[FactBase], dict[str, Any]]] = MappingProxyType(
         "StackVersions": (StackVersions, {}),
         "OpenMpiState": (OpenMpiState, {}),
         "GpuNodeState": (GpuNodeState, {}),
+        "HardwareState": (HardwareState, {}),
     }
 )
 

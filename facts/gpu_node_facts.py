@@ -8,15 +8,13 @@ import binascii
 import re
 from types import MappingProxyType
 from typing import TypedDict
-from xml.etree.ElementTree import Element, ParseError
 
-from defusedxml import DefusedXmlException
-from defusedxml.ElementTree import fromstring
 from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import FILE_FN, file_text, read_file_lines
 from facts.shell import script, shell
 from facts.stack_facts import lock_name
+from trainfleet.hw.smi_xml import smi_root, text
 from trainfleet.text import printable
 
 MEMLOCK_CONF = "/etc/security/limits.d/90-trainfleet-memlock.conf"
@@ -29,13 +27,6 @@ SMI_TIMEOUT = 20  # seconds: nvidia-smi hangs on a wedged GPU; the run must not
 # A missing tool or file prints its own "absent" line or nothing: never a passing value.
 _SCRIPT = FILE_FN + script("gpu_node.sh")
 
-# nvidia-smi -q -x prints a DTD *reference* without an internal subset, always the same line
-# (`<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">`, v10..v13 by driver): exactly that
-# line after the XML declaration is dropped, then the parser refuses every DTD, so an internal
-# subset (an entity, a billion laughs) or any other DOCTYPE fails the read, never expands.
-_SMI_DOCTYPE = re.compile(
-    rb'\A(<\?xml [^>]*\?>\s*)<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v[0-9]+\.dtd">'
-)
 _SYSTEM_TIME = re.compile(r"([0-9.]+) seconds (fast|slow) of NTP time")
 _TIMESYNC_OFFSET = re.compile(r"([+-]?[0-9.]+)(us|ms|s|min)$")
 _SCALE = MappingProxyType({"us": 0.001, "ms": 1.0, "s": 1000.0, "min": 60000.0})
@@ -82,11 +73,6 @@ class GpuNodeStateT(TypedDict):
     clock: ClockT
 
 
-def _text(element: Element | None, path: str) -> str | None:
-    found = None if element is None else element.findtext(path)
-    return None if found is None else found.strip()
-
-
 def read_smi_xml(encoded: str) -> tuple[str | None, list[GpuT]]:
     """The driver and each GPU's persistence mode and fabric state from ``nvidia-smi -q -x``
     (base64), each from its own element; raise ValueError for anything else."""
@@ -94,24 +80,17 @@ def read_smi_xml(encoded: str) -> tuple[str | None, list[GpuT]]:
         data = base64.b64decode(encoded.strip(), validate=True)
     except binascii.Error as exc:
         raise ValueError(f"not base64 ({exc})") from exc
-    try:
-        root = fromstring(_SMI_DOCTYPE.sub(rb"\1", data, count=1), forbid_dtd=True)
-    except DefusedXmlException as exc:
-        raise ValueError(f"XML with a DTD or entities refused ({type(exc).__name__})") from exc
-    except ParseError as exc:
-        raise ValueError(f"not XML ({exc})") from exc
-    if root.tag != "nvidia_smi_log":
-        raise ValueError(f"not nvidia-smi's XML (root <{root.tag[:40]}>)")
+    root = smi_root(data)
     gpus: list[GpuT] = [
         {
             "bus": (gpu.get("id") or "").strip(),
-            "persistence": _text(gpu, "persistence_mode"),
-            "fabric_state": _text(gpu.find("fabric"), "state"),
-            "fabric_status": _text(gpu.find("fabric"), "status"),
+            "persistence": text(gpu, "persistence_mode"),
+            "fabric_state": text(gpu.find("fabric"), "state"),
+            "fabric_status": text(gpu.find("fabric"), "status"),
         }
         for gpu in root.findall("gpu")
     ]
-    return _text(root, "driver_version"), gpus
+    return text(root, "driver_version"), gpus
 
 
 class GpuNodeState(FactBase[GpuNodeStateT]):

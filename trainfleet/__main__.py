@@ -5,6 +5,8 @@
 - ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store;
   ``keys readmit SPEC NODE...``: take back host keys revoked under a node's name;
   ``keys ca|rotate-ca SPEC``: the cluster's SSH certificate authority
+- ``diagnose DIR [--spec SPEC] [--json]``: judge a hardware capture offline (exit 0: clean,
+  1: findings, 2: bad input)
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from trainfleet.compare import printable
+from trainfleet.diagnose import CaptureError, judge
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.schema import reference_markdown
@@ -44,7 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
     keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
+    diagnose = sub.add_parser(
+        "diagnose",
+        help="judge a hardware capture (pyinfra INVENTORY deploy/capture.py) offline: "
+        "exit 0 clean, 1 findings, 2 bad input",
+    )
+    diagnose.add_argument("capture", help="the capture's directory (one folder per node)")
+    diagnose.add_argument("--spec", help="the cluster's spec: each node's GPU count")
+    diagnose.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
+
+    if args.command == "diagnose":
+        return _diagnose(args)
 
     if args.command == "schema":
         print(reference_markdown())
@@ -87,6 +102,28 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cluster.master.name}"
             )
     return status
+
+
+def _diagnose(args: argparse.Namespace) -> int:
+    cluster = None
+    try:
+        if args.spec:
+            cluster = Cluster.load(args.spec)
+        report = judge(Path(args.capture), cluster)
+    except SpecError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return EXIT_BAD_SPEC
+    except CaptureError as exc:
+        for problem in exc.problems:
+            print(printable(problem), file=sys.stderr)
+        return EXIT_BAD_SPEC
+    if args.json:
+        print(report.dumps())
+    else:
+        print(report.table())
+        for finding in report.findings:
+            print(printable(f"[{finding.node}] {finding}"))
+    return 1 if report.findings else 0
 
 
 def _prog() -> str:

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
 ABSENT = "absent"
+HEALTHY = "none"  # a health gate's value on a node that passes it: nothing found
 DIFF_LINES = 40  # a finding's diff, at most (a whole rewritten file is named, not printed)
 DIFF_WIDTH = 160  # characters of one diff line
 
@@ -31,7 +32,7 @@ def digest(lines: list[str] | str | None) -> str:
 class Finding:
     node: str
     property: str
-    kind: str  # spec | majority | tie | unique | unreachable
+    kind: str  # spec | majority | tie | unique | health | unreachable
     observed: str
     expected: str | None = None
     files: tuple[str, ...] = ()  # the managed files that differ (a spec finding on content)
@@ -42,6 +43,8 @@ class Finding:
             return f"{self.node}: cannot be read ({self.observed})"
         if self.kind == "unique":
             return f"{self.property} {self.observed!r} is not unique ({self.expected})"
+        if self.kind == "health":
+            return f"{self.property}: {self.observed}"
         if self.kind == "tie":
             return f"{self.property}: no majority ({self.expected})"
         if self.kind == "majority":
@@ -225,9 +228,10 @@ def compare(
     unreachable: dict[str, str] | None = None,
 ) -> Report:
     """Findings of (a) each node against the spec, (b) nodes against each other for
-    properties that must be identical, (c) properties that must be unique."""
+    properties that must be identical, (c) properties that must be unique, (d) health gates
+    (a node that reports one must report ``none``)."""
     report = Report(cluster=cluster, nodes=list(nodes), observed=observed)
-    identical, unique = identical_prefixes(), unique_properties()
+    identical, unique, health = identical_prefixes(), unique_properties(), health_prefixes()
     for node, reason in (unreachable or {}).items():
         report.findings.append(Finding(node, "reachable", "unreachable", reason))
     for node, props in expected.items():
@@ -241,6 +245,12 @@ def compare(
         values = {node: props[prop] for node, props in observed.items() if prop in props}
         if prop in unique:
             report.findings += _duplicates(prop, values)
+        elif prop.startswith(health):
+            report.findings += [
+                Finding(node, prop, "health", value, HEALTHY)
+                for node, value in values.items()
+                if value != HEALTHY and (node, prop) not in spec_findings
+            ]
         elif prop.startswith(identical):
             report.findings += [
                 f for f in majority(prop, values) if (f.node, f.property) not in spec_findings
@@ -257,6 +267,13 @@ def identical_prefixes() -> tuple[str, ...]:
     from trainfleet.capabilities import MAJORITY
 
     return MAJORITY
+
+
+def health_prefixes() -> tuple[str, ...]:
+    """The health gates: the union of the capabilities' ``HEALTH``."""
+    from trainfleet.capabilities import HEALTH
+
+    return HEALTH
 
 
 def unique_properties() -> tuple[str, ...]:

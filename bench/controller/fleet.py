@@ -56,6 +56,7 @@ from trainfleet.defaults import (
     MESH_PROBE_TIMEOUT,
     SYSTEM_KNOWN_HOSTS,
 )
+from trainfleet.hw.sources import CMDLINE, CPUINFO, DMESG, INFINIBAND, LSPCI, NVLINK, SMI_XML, TOPO
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
@@ -131,6 +132,27 @@ def sshd_mesh_text(
     return joined(SshdMesh().answer(value, []))
 
 
+def hardware_text() -> str:
+    """What HardwareState's script (facts/scripts/hardware.sh, drift's ``check`` mode) prints on a
+    lab node, which recorded.json predates: no GPU tools, no HCA, so no lspci or kernel log;
+    the kernel's command line and CPU flags, a lab node's being its host's (read here)."""
+
+    def ok(name: str, text: str) -> str:
+        return f"src {name} ok {base64.b64encode(text.encode()).decode()}"
+
+    flags = [x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")]
+    return joined(
+        [
+            *(f"src {n} absent" for n in (SMI_XML, NVLINK, TOPO)),
+            f"src {LSPCI} skipped",
+            f"src {DMESG} skipped",
+            ok(CMDLINE, Path("/proc/cmdline").read_text().rstrip("\n")),
+            ok(CPUINFO, flags[0] if flags else ""),
+            f"src {INFINIBAND} absent",
+        ]
+    )
+
+
 def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
     """A bundle's stdout lines: each section's marker, then its output as ONE base64 line.
     ``memo`` shares the encoded line of a text every node has (one object, pickled once)."""
@@ -204,7 +226,7 @@ class Recorded:
             address=lab["address"],
             spec=lab["spec"],
             fresh=_with_certificate_parts(dict(document["fresh"]["deploy_state"])),
-            converged=_with_certificate_parts(converged),
+            converged={"hardware": hardware_text(), **_with_certificate_parts(converged)},
         )
 
     def key_kinds(self) -> list[str]:

@@ -4,9 +4,12 @@ and property, then cleared by re-running deploy/cluster.py."""
 from __future__ import annotations
 
 import json
+import shutil
+import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -71,6 +74,47 @@ def test_the_full_mesh_probe_runs_on_request_and_the_sampled_one_rotates(converg
     }
     rotations = [drift_run()[1]["mesh_probe"]["rotation"] for _ in range(2)]
     assert rotations == [0, 1]
+
+
+def test_a_hardware_capture_changes_nothing_and_diagnose_judges_it(converged):
+    before = {n: converged.lab.ssh(n, MANAGED) for n in NODES}
+    run = pyinfra(LAB_INVENTORY, "deploy/capture.py")
+    assert run.returncode == 0, run.describe()
+    assert run.changed() == {} and run.errors() == {}
+    (line,) = [x for x in run.stderr.splitlines() if "--> Hardware capture of lab: " in x]
+    capture = Path(line.split(": ", 1)[1])
+    try:
+        assert sorted(p.name for p in capture.iterdir()) == NODES
+        assert stat.S_IMODE(capture.stat().st_mode) == 0o700
+        for node in NODES:
+            sources = dict(
+                line.split(" ", 1)
+                for line in (capture / node / "sources.txt").read_text().splitlines()
+            )
+            # a lab node: no GPU tools, its kernel log and command line whole
+            assert sources["nvidia-smi-q.xml"] == "absent"
+            assert sources["cmdline"] == sources["cpuinfo"] == "ok"
+            assert (capture / node / "cpuinfo").read_text().startswith("processor")
+        judged = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "trainfleet",
+                "diagnose",
+                str(capture),
+                "--spec",
+                str(converged.lab.lab.spec),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+        )
+        assert judged.returncode == 0, judged.stdout + judged.stderr
+        assert "no drift: 3 nodes match the spec and each other" in judged.stdout
+    finally:
+        shutil.rmtree(capture)
+    assert {n: converged.lab.ssh(n, MANAGED) for n in NODES} == before
 
 
 @pytest.mark.parametrize("deploy", [CLUSTER, DRIFT])

@@ -65,8 +65,8 @@ def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
     script = _run(_installed(), "--help")
     module = _run(sys.executable, "-m", "trainfleet", "--help")
     assert script.returncode == module.returncode == 0, script.stderr + module.stderr
-    assert script.stdout.startswith("usage: trainfleet [-h] {check,schema,keys}")
-    assert module.stdout.startswith("usage: python -m trainfleet [-h] {check,schema,keys}")
+    assert script.stdout.startswith("usage: trainfleet [-h] {check,schema,keys,diagnose}")
+    assert module.stdout.startswith("usage: python -m trainfleet [-h] {check,schema,keys,diagnose}")
     assert script.stdout.replace("trainfleet", "T") == module.stdout.replace(
         "python -m trainfleet", "T"
     )

@@ -595,3 +595,15 @@ def test_the_examples_are_what_trainfleet_prints() -> None:
     assert all(examples)
     for example in examples:
         assert _flat(example) in page, f"{PAGE.name} does not show, word for word: {example}"
+
+
+def test_the_messages_captured_on_a_real_gpu_machine_are_in_their_captures():
+    """Each entry that cites a capture of tests/fixtures/hardware/h100_device quotes a line that
+    capture holds (the H100 machine's PyTorch and NCCL said it so)."""
+    cited = re.findall(
+        r"\(`(tests/fixtures/hardware/h100_device/[^`]+)`\):\s*`([^`]+)`", PAGE.read_text()
+    )
+    assert len(cited) == 3, cited
+    for path, message in cited:
+        text = (ROOT / path).read_text()
+        assert message.replace("\n", " ") in text.replace("\n", " "), (path, message)

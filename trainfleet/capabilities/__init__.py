@@ -8,7 +8,8 @@ Each capability module declares what the machinery loops over (``PARTS``):
 + ``observe(fingerprint, node_plan, cluster)`` and ``expect(node_plan)``: drift's properties
 + ``found_contents(fingerprint, users)`` and ``wanted_contents(node_plan)``: its managed files
 + ``MAJORITY``: the property prefixes every node must share (majority vote); ``UNIQUE``: the
-  properties no two nodes may share
+  properties no two nodes may share; ``HEALTH``: the health gates, properties every node that
+  reports them must report as ``none``
 + ``converged(node_plan)``: what a converged node answers, section -> the parsed fact value
 """
 
@@ -18,6 +19,7 @@ from types import ModuleType
 
 from trainfleet.capabilities import (
     gpu_node,
+    hardware,
     hosts,
     identity,
     launchers,
@@ -38,6 +40,7 @@ CAPABILITIES: tuple[ModuleType, ...] = (
     stack,
     openmpi,
     gpu_node,
+    hardware,
     identity,
 )
 PARTS = (
@@ -50,12 +53,15 @@ PARTS = (
     "wanted_contents",
     "MAJORITY",
     "UNIQUE",
+    "HEALTH",
     "converged",
 )
 # Properties every node must share: the majority vote names the odd node.
 MAJORITY = tuple(dict.fromkeys(p for cap in CAPABILITIES for p in cap.MAJORITY))
 # Properties no two nodes may share: drift names every node that shares one.
 UNIQUE = tuple(p for cap in CAPABILITIES for p in cap.UNIQUE)
+# Health gates: every node that reports one must report "none" (drift names each that does not).
+HEALTH = tuple(p for cap in CAPABILITIES for p in cap.HEALTH)
 
 
 def missing_parts(capability: ModuleType) -> list[str]:

@@ -35,6 +35,7 @@ MAJORITY = (
     "persistence mode",
 )
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 FABRIC_READY = (
     "Completed",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 MAJORITY = ("hosts block",)
 UNIQUE = ("hostname",)  # no two nodes may share these
+HEALTH: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

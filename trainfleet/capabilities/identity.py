@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 MAJORITY = ("os", "kernel", "gpu driver")
 UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
+HEALTH: tuple[str, ...] = ()
 
 
 def deploy_sections(users: list[str], blocks: Blocks) -> Sections:

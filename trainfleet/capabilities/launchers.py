@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 MAJORITY: tuple[str, ...] = ()
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType(

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 MAJORITY: tuple[str, ...] = ()  # a node's interface is its own; the spec is what counts
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 UNREAD = "the node's network could not be read"
 

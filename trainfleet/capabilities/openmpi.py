@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 MAJORITY: tuple[str, ...] = ()
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")

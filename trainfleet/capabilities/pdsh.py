@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 MAJORITY = ("pdsh nodes",)
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 
 def genders_lines(nodes: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 MAJORITY = ("known_hosts block", "authorized_keys")
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

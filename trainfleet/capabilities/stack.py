@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
 UNIQUE: tuple[str, ...] = ()
+HEALTH: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

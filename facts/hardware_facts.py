@@ -1,0 +1,96 @@
+"""Facts of a node's hardware: its raw sources in one command (``HardwareSources``, what a
+capture saves) and what they say as plain data (``HardwareState``, what drift compares;
+trainfleet/hw parses both the same way)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from pyinfra.api import FactBase, StringCommand
+
+from facts.shell import script, shell
+from trainfleet.hw.kernel_log import GREP
+from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS, read_hardware
+
+SMI_TIMEOUT = 20  # seconds: nvidia-smi hangs on a wedged GPU; the run must not
+_SCRIPT = script("hardware.sh")
+
+
+def _decode(encoded: str) -> str:
+    try:
+        data = base64.b64decode(encoded.strip(), validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not base64 ({exc})") from exc
+    return data.decode("utf-8", "replace")
+
+
+class HardwareSources(FactBase[dict[str, Any]]):
+    """
+    A node's hardware sources, each a tool's whole output (``nvidia-smi -q -x``, ``nvidia-smi
+    nvlink -s``, ``nvidia-smi topo -m``, ``lspci -vvv``, the kernel log, ``/proc/cmdline``) and
+    the InfiniBand sysfs tree, with what became of each (``ok``, ``absent``, ``exit N``,
+    ``skipped``). Nothing is changed on the node.
+
+    + mode: ``check`` (drift: the kernel log's matching lines only; lspci and the log only on
+      nodes with a GPU or HCA) or ``capture`` (everything, whole)
+    + timeout: seconds each nvidia-smi may take
+    + root: prefix of the sysfs and /proc files read ("" on nodes; tests point it at fixture trees)
+
+    .. code:: python
+
+        {"status": {"nvidia-smi-q.xml": "ok", "lspci-vvv.txt": "absent", ...},
+         "files": {"nvidia-smi-q.xml": "<?xml ...",
+                   "sys-class-infiniband/mlx5_0/fw_ver": "28.39.1002"}}
+    """
+
+    def command(
+        self, mode: str = "check", timeout: int = SMI_TIMEOUT, root: str = ""
+    ) -> StringCommand:
+        if mode not in ("check", "capture"):
+            raise ValueError(f"mode {mode!r}: check or capture")
+        return shell(_SCRIPT, mode, int(timeout), GREP, root)
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        status: dict[str, str] = {}
+        files: dict[str, str] = {}
+        for line in output:
+            tag, _, rest = line.partition(" ")
+            if tag == "src":
+                name, _, how = rest.partition(" ")
+                if name not in SOURCES or name in status:
+                    raise ValueError(f"source {name[:40]!r} unknown or given twice")
+                state, _, encoded = how.partition(" ")
+                if state == "ok":
+                    status[name] = "ok"
+                    if name != INFINIBAND:
+                        files[name] = _decode(encoded)
+                elif STATUS.fullmatch(how.strip()):
+                    status[name] = how.strip()
+                else:
+                    raise ValueError(f"source {name}: status {how[:40]!r}")
+            elif tag == "ib":
+                path, _, value = rest.partition(" ")
+                if IB_PATH.fullmatch(path):  # the kernel's names only; anything else is dropped
+                    files[f"{INFINIBAND}/{path}"] = value
+        return {"status": status, "files": files}
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {"status": {}, "files": {}}
+
+
+class HardwareState(HardwareSources):
+    """
+    What a node's hardware sources say (trainfleet.hw.sources.read_hardware): its GPUs, kernel
+    events, PCI devices, NVLinks, IOMMU settings and InfiniBand HCAs; a source not read is None.
+    """
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        raw = super().process(output)
+        return read_hardware(raw["status"], raw["files"])
+
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return read_hardware({}, {})

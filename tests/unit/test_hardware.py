@@ -1,0 +1,438 @@
+"""Hardware truth from real captures (tests/fixtures/hardware, each with its source): the
+parsers, the fact's script run over the same files, and the verdicts, drift's and
+``trainfleet diagnose``'s alike. Clusters are copies of one real node, one line changed per
+fault."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from facts.hardware_facts import HardwareSources, HardwareState
+from trainfleet.__main__ import main
+from trainfleet.capabilities import hardware
+from trainfleet.diagnose import CaptureError, judge
+from trainfleet.hw import cmdline, infiniband, kernel_log, lspci, nvlink, smi_xml
+from trainfleet.hw.sources import SOURCES, STATUS_FILE, read_hardware
+
+HW = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
+H100 = HW / "h100_device"  # one H100 SXM5 in a KVM guest, captured by capture_on_gpu_machine.sh
+GPU_CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_node" / "captures"
+HGX_LSPCI = HW / "lspci" / "lspci-vvv_gpud-hgx-h100_acs-srcvalid-and-downgraded.txt"
+IB_TREE = HW / "infiniband" / "sys-class-infiniband-h100.0"
+# the device capture's sources, as a capture saves them (sources.txt: each one's status)
+H100_SOURCES = {
+    "nvidia-smi-q.xml": "ok",
+    "nvidia-smi-nvlink-s.txt": "ok",
+    "nvidia-smi-topo-m.txt": "ok",
+    "lspci-vvv.txt": "ok",
+    "dmesg.txt": "ok",
+    "cmdline": "ok",
+    "sys-class-infiniband": "absent",
+}
+
+
+def read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+# ---- the parsers -----------------------------------------------------------------------------
+
+
+def test_the_h100s_own_xml_reads_as_one_healthy_gpu_at_full_link():
+    (gpu,) = smi_xml.gpus(smi_xml.smi_root(H100.joinpath("nvidia-smi-q.xml").read_bytes()))
+    assert gpu["bus"] == "00000000:00:06.0" and gpu["model"] == "NVIDIA H100 80GB HBM3"
+    assert (gpu["vbios"], gpu["ecc_mode"], gpu["mig_mode"]) == (
+        "96.00.DA.00.0C",
+        "Enabled",
+        "Disabled",
+    )
+    assert (gpu["width"], gpu["max_width"], gpu["gen"], gpu["max_gen"]) == (16, 16, 5, 5)
+    assert gpu["uncorrectable"] == 0 and gpu["row_remap_pending"] is False
+    assert gpu["fabric"] == {"state": "N/A", "status": "N/A", "clique": "N/A", "cluster": "N/A"}
+
+
+def test_a_t4_trained_at_x8_of_x16_and_an_a100_in_mig_mode_read_as_they_are():
+    t4 = GPU_CAPTURES / "nvidia-smi-q-x_tesla-t4_515.105.01.xml"
+    (gpu,) = smi_xml.gpus(smi_xml.smi_root(t4.read_bytes()))
+    assert (gpu["width"], gpu["max_width"]) == (8, 16)
+    a100 = GPU_CAPTURES / "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03.xml"
+    (gpu,) = smi_xml.gpus(smi_xml.smi_root(a100.read_bytes()))
+    assert gpu["mig_mode"] == "Enabled" and gpu["reset_required"] is False
+
+
+def test_xids_are_read_from_the_start_of_a_kernel_line_in_every_stamp_format():
+    found = kernel_log.read(read(HW / "dmesg" / "dmesg_gpud_xid48-63-94-peermem.log"))
+    assert [x["xid"] for x in found["xids"]][:3] == [48, 63, 94]
+    assert {x["pci"] for x in found["xids"]} == {"0000:19:00"}
+    gsp = kernel_log.read(read(HW / "dmesg" / "dmesg_gpud-dell-xe9680_xid119-gsp-timeout.log"))
+    assert {(x["pci"], x["xid"]) for x in gsp["xids"]} == {("0000:9b:00", 119)}
+    boot = kernel_log.read(read(HW / "dmesg" / "dmesg_gpud-hgx_boot-mlx5-cx7-nvswitch.log"))
+    assert boot["xids"] == [] and boot["fallen"] == []
+    mine = kernel_log.read(read(H100 / "dmesg.txt"))
+    assert mine == {"xids": [], "sxids": [], "fallen": [], "hypervisor": "KVM"}
+
+
+def test_a_process_named_like_an_xid_cannot_forge_one():
+    # the kernel starts a segfault line with the process name, cut to 15 characters
+    forged = "[ 9.1] NVRM: Xid (PCI:[4242]: segfault at 0 ip 0 sp 0 error 4"
+    later = '[ 9.2] audit: comm="NVRM: Xid (PCI:0000:19:00): 79, x"'
+    assert kernel_log.read(f"{forged}\n{later}\n")["xids"] == []
+
+
+def test_the_application_xids_are_not_the_nodes_fault():
+    xids = [{"pci": "p", "xid": n} for n in (13, 31, 43, 45, 48, 79, 999)]
+    assert [x["xid"] for x in kernel_log.hardware_xids(xids)] == [48, 79, 999]
+    assert kernel_log.xid_name(999) == "Xid 999 (not in the catalogue)"
+
+
+def test_the_hgx_h100_lspci_has_eight_gpus_four_nvswitches_and_acs_only_off_their_path():
+    devices = lspci.devices(read(HGX_LSPCI))
+    gpus = [d for d in devices if lspci.is_gpu(d)]
+    assert len(gpus) == 8 and all(d["link_sta"] == {"speed": "32GT/s", "width": 16} for d in gpus)
+    assert sum(d["class"] == "Bridge" and "NVIDIA" in d["name"] for d in devices) == 4
+    above = {b["address"] for g in gpus for b in lspci.bridges_above(g, devices)}
+    assert "0000:17:01.0" in above
+    acs = {d["address"] for d in devices if lspci.acs_enabled(d)}
+    assert acs == {"0000:00:0c.0", "0000:00:0e.0"} | {f"0000:82:0{i}.0" for i in range(4)}
+    assert not acs & above  # ACS is on above the NVSwitches, not on any GPU's or NIC's path
+
+
+def test_the_infiniband_tree_reads_every_hca_port_and_counter():
+    files = {
+        p.relative_to(IB_TREE).as_posix(): p.read_text() for p in IB_TREE.rglob("*") if p.is_file()
+    }
+    hcas = infiniband.hcas(files)
+    assert sorted(hcas) == [f"mlx5_{i}" for i in (0, 1, 4, 5, 6, 7, 8, 9)] + ["mlx5_bond_0"]
+    port = hcas["mlx5_0"]["ports"]["1"]
+    assert (hcas["mlx5_0"]["fw"], port["state"], port["phys_state"]) == (
+        "28.41.1000",
+        "4: ACTIVE",
+        "5: LinkUp",
+    )
+    assert hcas["mlx5_1"]["ports"]["1"]["counters"]["link_downed"] == 255
+
+
+def test_nvlinks_all_active_and_all_inactive():
+    a100 = nvlink.links(
+        read(HW / "nvidia_smi" / "nvidia-smi-nvlink-s_gpud-a100-sxm4-8gpu_all-active.txt")
+    )
+    assert sorted(a100) == list(range(8)) and set(a100[3].values()) == {"25 GB/s"}
+    assert len(a100[3]) == 12
+    down = read(HW / "nvidia_smi" / "nvidia-smi-nvlink-s_azurehpc-a100_all-links-inactive.txt")
+    assert nvlink.links(down) == {6: {}}
+    assert hardware._nvlinks({"nvlinks": nvlink.links(down)}) == {"NVLink GPU 6": "no link active"}
+
+
+def test_iommu_and_the_hypervisor_flag():
+    assert cmdline.iommu(read(H100 / "cmdline")) == []
+    assert cmdline.iommu("ro intel_iommu=on iommu=pt quiet") == ["intel_iommu=on", "iommu=pt"]
+    assert cmdline.hypervisor_flag("flags\t\t: fpu vme hypervisor lahf_lm\n")
+    assert not cmdline.hypervisor_flag("flags\t\t: fpu vme lahf_lm\n")
+
+
+# ---- the fact: its script over the same files --------------------------------------------------
+
+
+def stubs(tmp: Path, xml: Path = H100 / "nvidia-smi-q.xml") -> Path:
+    """nvidia-smi, lspci and dmesg that print real captures (the node's tools stand-ins)."""
+    bin_ = tmp / "bin"
+    bin_.mkdir()
+    tools = {
+        "nvidia-smi": f"""case "$*" in
+  "-q -x") cat '{xml}' ;;
+  "nvlink -s") cat '{H100 / "nvidia-smi-nvlink-s.txt"}' ;;
+  "topo -m") cat '{H100 / "nvidia-smi-topo-m.txt"}' ;;
+  *) exit 2 ;;
+esac""",
+        "lspci": f"cat '{H100 / 'lspci-vvv.txt'}'",
+        "dmesg": f"cat '{H100 / 'dmesg.txt'}'",
+    }
+    for name, body in tools.items():
+        (bin_ / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_ / name).chmod(0o755)
+    root = tmp / "root"
+    (root / "proc").mkdir(parents=True)
+    shutil.copy(H100 / "cmdline", root / "proc" / "cmdline")
+    (root / "proc" / "cpuinfo").write_text("")
+    shutil.copytree(IB_TREE, root / "sys" / "class" / "infiniband")
+    return tmp
+
+
+def run_script(tmp: Path, mode: str) -> list[str]:
+    command = HardwareSources().command(mode=mode, root=str(tmp / "root")).get_raw_value()
+    result = subprocess.run(
+        ["/bin/sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": f"{tmp / 'bin'}:/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_the_script_sends_each_source_whole_and_the_kernel_lines_drift_reads(tmp_path):
+    out = run_script(stubs(tmp_path), "capture")
+    raw = HardwareSources().process(out)
+    assert raw["files"]["nvidia-smi-q.xml"] == read(H100 / "nvidia-smi-q.xml")
+    assert raw["files"]["lspci-vvv.txt"] == read(H100 / "lspci-vvv.txt")
+    assert raw["files"]["dmesg.txt"] == read(H100 / "dmesg.txt")
+    assert raw["status"]["cpuinfo"] == "ok" and raw["status"]["sys-class-infiniband"] == "ok"
+    tree = {p.relative_to(IB_TREE).as_posix() for p in IB_TREE.rglob("*") if p.is_file()}
+    read_back = {k.split("/", 1)[1] for k in raw["files"] if k.startswith("sys-class-infiniband/")}
+    assert read_back == {p for p in tree if "/ports/" in p or p.count("/") == 1}
+    check = HardwareSources().process(run_script(tmp_path, "check"))
+    assert check["files"]["dmesg.txt"] == "[    0.000000] Hypervisor detected: KVM\n"
+    # the live read and the capture judge alike
+    assert (
+        HardwareState().process(out)["gpus"] == read_hardware(raw["status"], raw["files"])["gpus"]
+    )
+
+
+def test_a_node_without_gpus_or_hcas_sends_only_its_command_line(tmp_path):
+    root = tmp_path / "root"
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cmdline").write_text("ro quiet\n")
+    (root / "proc" / "cpuinfo").write_text("flags\t\t: fpu\n")
+    (tmp_path / "bin").mkdir()
+    state = HardwareState().process(run_script(tmp_path, "check"))
+    assert state["status"]["nvidia-smi-q.xml"] == "absent"
+    assert state["status"]["dmesg.txt"] == "skipped" and state["gpus"] is None
+    assert hardware.observed(state) == {
+        "IOMMU (kernel command line)": "kernel default",
+        "machine": "bare metal",  # no hypervisor flag
+    }
+
+
+def test_forged_or_unknown_framing_is_refused_or_dropped():
+    with pytest.raises(ValueError, match="unknown or given twice"):
+        HardwareSources().process(["src ../../etc/passwd ok eA=="])
+    with pytest.raises(ValueError, match="status"):
+        HardwareSources().process(["src cmdline fine"])
+    raw = HardwareSources().process(["src cmdline ok eA==", "ib ../../../etc/x 1", "ib a/fw_ver 2"])
+    assert raw["files"] == {"cmdline": "x", "sys-class-infiniband/a/fw_ver": "2"}
+
+
+# ---- verdicts on a cluster of copies -----------------------------------------------------------
+
+
+def capture(tmp: Path, nodes: int = 4, faults: dict | None = None) -> Path:
+    """A capture of ``nodes`` copies of the H100 node; ``faults``: node -> (file, old line, new
+    line), one line changed."""
+    root = tmp / "capture"
+    for i in range(1, nodes + 1):
+        folder = root / f"node{i}"
+        folder.mkdir(parents=True)
+        for name, status in H100_SOURCES.items():
+            if status == "ok":
+                shutil.copy(H100 / name, folder / name)
+        (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in H100_SOURCES.items()))
+    for node, (name, old, new) in (faults or {}).items():
+        path = root / node / name
+        text = read(path)
+        assert text.count(old) == 1, (name, old)
+        path.write_text(text.replace(old, new))
+    return root
+
+
+def findings(report) -> list[tuple[str, str, str, str]]:
+    return [(f.node, f.property, f.kind, f.observed) for f in report.findings]
+
+
+def test_identical_healthy_nodes_have_no_finding(tmp_path):
+    report = judge(capture(tmp_path))
+    assert findings(report) == []
+    assert report.observed["node1"]["machine"] == "virtual machine (KVM)"
+    assert report.observed["node1"]["GPU PCIe link degraded"] == "none"
+    assert "PCIe ACS above GPUs/NICs" not in report.observed["node1"]  # a VM's ACS: its host's
+
+
+@pytest.mark.parametrize(
+    ("fault", "prop", "kind", "seen"),
+    [
+        (
+            ("nvidia-smi-q.xml", "<current_link_width>16x</", "<current_link_width>8x</"),
+            "GPU PCIe link degraded",
+            "health",
+            "GPU 00000000:00:06.0 x8 of x16",
+        ),
+        (
+            ("nvidia-smi-q.xml", "<remapped_row_pending>No<", "<remapped_row_pending>Yes<"),
+            "GPU memory errors",
+            "health",
+            "GPU 00000000:00:06.0: row remap pending (reset the GPU)",
+        ),
+        (
+            (
+                "nvidia-smi-q.xml",
+                "<dram_uncorrectable>0</dram_uncorrectable>\n\t\t\t</volatile>",
+                "<dram_uncorrectable>2</dram_uncorrectable>\n\t\t\t</volatile>",
+            ),
+            "GPU memory errors",
+            "health",
+            "GPU 00000000:00:06.0: 2 uncorrectable ECC errors since the driver loaded",
+        ),
+        (
+            (
+                "nvidia-smi-q.xml",
+                "<status>N/A</status>\n\t\t\t<cliqueId>",
+                "<status>Insufficient Resources</status>\n\t\t\t<cliqueId>",
+            ),
+            "NVLink fabric problems",
+            "health",
+            "GPU 00000000:00:06.0: N/A/Insufficient Resources",
+        ),
+        (
+            (
+                "nvidia-smi-q.xml",
+                "<vbios_version>96.00.DA.00.0C<",
+                "<vbios_version>96.00.99.00.01<",
+            ),
+            "GPU VBIOS",
+            "majority",
+            "96.00.99.00.01",
+        ),
+        (
+            # one kernel line replaced by a real Xid 48 line (gpud's dmesg, its stamp format)
+            (
+                "dmesg.txt",
+                "[    0.000000] Hypervisor detected: KVM\n",
+                "[    0.000000] Hypervisor detected: KVM\n"
+                "2024-11-15T12:02:03,470068+00:00 NVRM: Xid (PCI:0000:00:06): 48, "
+                "pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has "
+                "been detected on GPU in the framebuffer at partition 6, subpartition 0.\n",
+            ),
+            "GPU Xid since boot",
+            "health",
+            "0000:00:06: Xid 48 (double-bit ECC error) x1",
+        ),
+    ],
+    ids=["x8", "row-remap", "ecc", "fabric", "vbios", "xid48"],
+)
+def test_one_fault_names_its_node_slot_and_what_differs(tmp_path, fault, prop, kind, seen):
+    report = judge(capture(tmp_path, faults={"node3": fault}))
+    assert findings(report) == [("node3", prop, kind, seen)]
+
+
+def test_the_spec_counts_each_nodes_gpus_and_misses_a_node_not_captured(tmp_path):
+    spec = tmp_path / "spec.yml"
+    spec.write_text(
+        "cluster: {name: hgx}\nnodes:\n"
+        + "".join(f"  - {{name: node{i}, address: 192.0.2.{i}, gpus: 1}}\n" for i in (1, 2, 3))
+        + "  - {name: node5, address: 192.0.2.5, gpus: 8}\n"
+    )
+    from trainfleet.model import Cluster
+
+    report = judge(capture(tmp_path, nodes=3), Cluster.load(spec))
+    assert findings(report) == [("node5", "reachable", "unreachable", "not in the capture")]
+    spec.write_text(spec.read_text().replace("gpus: 1}\n", "gpus: 8}\n", 1))
+    report = judge(capture(tmp_path / "again", nodes=3), Cluster.load(spec))
+    assert ("node1", "GPU count", "spec", "1") in findings(report)
+
+
+def test_the_cli_exits_0_clean_1_findings_2_bad_input(tmp_path, capsys):
+    clean = capture(tmp_path / "a")
+    assert main(["diagnose", str(clean)]) == 0
+    assert "no drift: 4 nodes" in capsys.readouterr().out
+    bad = capture(
+        tmp_path / "b",
+        faults={
+            "node2": ("nvidia-smi-q.xml", "<current_link_width>16x</", "<current_link_width>4x</")
+        },
+    )
+    assert main(["diagnose", str(bad), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [(f["node"], f["property"]) for f in report["findings"]] == [
+        ("node2", "GPU PCIe link degraded")
+    ]
+    (clean / "node4" / "dmesg.txt").unlink()
+    assert main(["diagnose", str(clean)]) == 2
+    err = capsys.readouterr().err
+    assert f"{clean / 'node4' / 'dmesg.txt'}: cannot be read" in err and "Traceback" not in err
+    assert main(["diagnose", str(tmp_path / "nowhere")]) == 2
+
+
+def test_a_capture_that_is_not_one_is_refused_naming_the_file(tmp_path):
+    root = capture(tmp_path, nodes=1)
+    (root / "node1" / STATUS_FILE).write_text("nvidia-smi-q.xml fine\n")
+    with pytest.raises(CaptureError, match=r"sources.txt:1: not '<source> <status>'"):
+        judge(root)
+    (root / "node1" / STATUS_FILE).write_text("cmdline ok\n")
+    (root / "node1" / "cmdline").unlink()
+    (root / "node1" / "cmdline").symlink_to("/etc/passwd")
+    with pytest.raises(CaptureError, match="cmdline: cannot be read"):
+        judge(root)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CaptureError, match="no node folders"):
+        judge(empty)
+
+
+def test_an_unreadable_source_fails_the_gates_it_feeds(tmp_path):
+    hw = read_hardware(
+        {**H100_SOURCES, "dmesg.txt": "exit 1"},
+        {name: read(H100 / name) for name, s in H100_SOURCES.items() if s == "ok"},
+    )
+    props = hardware.observed(hw)
+    assert props["GPU Xid since boot"] == "unreadable (dmesg.txt: exit 1)"
+    assert set(SOURCES) == set(hw["status"])
+
+
+def change_in_block(text: str, device: str, old: str, new: str) -> str:
+    """``text`` with the first ``old`` line after ``device``'s header changed: one line."""
+    head, _, block = text.partition(f"\n{device} ")
+    assert old in block, (device, old)
+    return f"{head}\n{device} {block.replace(old, new, 1)}"
+
+
+def bare_metal_hgx(lspci_text: str) -> dict:
+    """gpud's HGX H100 (its lspci -vvv and boot log: bare metal) with the H100's XML."""
+    files = {
+        "nvidia-smi-q.xml": read(H100 / "nvidia-smi-q.xml"),
+        "lspci-vvv.txt": lspci_text,
+        "dmesg.txt": read(HW / "dmesg" / "dmesg_gpud-hgx_boot-mlx5-cx7-nvswitch.log"),
+    }
+    return read_hardware({name: "ok" for name in files}, files)
+
+
+def test_acs_on_a_switch_port_above_a_gpu_is_named_on_bare_metal():
+    text = read(HGX_LSPCI)
+    props = hardware.observed(bare_metal_hgx(text))
+    assert props["machine"] == "bare metal" and props["NVSwitches"] == "4"
+    assert props["PCIe ACS above GPUs/NICs"] == "none"  # on above the NVSwitches only
+    acs_off = (
+        "ACSCtl:\tSrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
+    )
+    acs_on = (
+        "ACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
+    )
+    faulty = change_in_block(text, "17:01.0", acs_off, acs_on)  # the port above GPU 19:00.0
+    props = hardware.observed(bare_metal_hgx(faulty))
+    assert props["PCIe ACS above GPUs/NICs"] == (
+        "0000:17:01.0 above 0000:19:00.0: SrcValid ReqRedir CmpltRedir"
+    )
+
+
+def test_a_nic_trained_at_x8_is_named_and_lspci_without_root_is_unreadable():
+    text = read(HGX_LSPCI)
+    faulty = change_in_block(
+        text,
+        "1a:00.0",
+        "LnkSta:\tSpeed 32GT/s (ok), Width x16 (ok)",
+        "LnkSta:\tSpeed 32GT/s (ok), Width x8 (downgraded)",
+    )
+    props = hardware.observed(bare_metal_hgx(faulty))
+    assert props["GPU PCIe link degraded"] == "NIC 0000:1a:00.0 x8 of x16"
+    denied = change_in_block(
+        text,
+        "17:01.0",
+        "\tCapabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00",
+        "\tCapabilities: <access denied>",
+    )
+    props = hardware.observed(bare_metal_hgx(denied))
+    assert props["PCIe ACS above GPUs/NICs"].startswith("unreadable (lspci could not read")

@@ -1,0 +1,84 @@
+"""The kernel log since boot (``dmesg``): NVIDIA Xid and NVSwitch SXid events, GPUs fallen off
+the bus, and whether the kernel runs under a hypervisor.
+
+A kernel line is matched from its start (after dmesg's ``[seconds]`` stamp): a process name the
+kernel prints at the start of a line (``NAME[PID]: segfault at ...``) is at most 15 characters,
+too short to pass for ``NVRM: Xid (PCI:...): N,``, and anything a user's text puts later in a
+line is not its start.
+"""
+
+from __future__ import annotations
+
+import re
+from types import MappingProxyType
+from typing import Any
+
+# What each Xid means and what it asks for, after NVIDIA's Xid catalogue
+# (docs.nvidia.com/deploy/xid-errors) and the classifications of leptonai/gpud
+# (components/accelerator/nvidia/xid) and Azure/azurehpc-health-checks (check_xid.sh).
+# "application": the job's own fault (a bug, an illegal address); the GPU is fine and the node
+# stays in. Everything else is the hardware's or the driver's: the node is named.
+XID_CATALOGUE: MappingProxyType[int, tuple[str, str]] = MappingProxyType(
+    {
+        13: ("graphics engine exception", "application"),
+        31: ("GPU memory page fault", "application"),
+        43: ("GPU stopped processing", "application"),
+        45: ("preemptive cleanup after earlier errors", "application"),
+        48: ("double-bit ECC error", "reset the GPU"),
+        61: ("internal micro-controller breakpoint/warning", "reset the GPU"),
+        62: ("internal micro-controller halt", "reset the GPU"),
+        63: ("ECC page retirement or row remapping recorded", "reset the GPU to apply"),
+        64: ("ECC page retirement or row remapping failed", "replace the GPU"),
+        74: ("NVLink error", "reset the GPU; check the NVLink"),
+        79: ("GPU has fallen off the bus", "reboot; check PCIe, power, the GPU"),
+        92: ("high single-bit ECC error rate", "watch; replace the GPU if it persists"),
+        94: ("contained ECC error", "restart the job; reset the GPU"),
+        95: ("uncontained ECC error", "reset the GPU"),
+        119: ("GSP RPC timeout", "reset the GPU"),
+        120: ("GSP error", "reset the GPU"),
+        121: ("C2C link error", "reset the GPU"),
+        140: ("unrecovered ECC error", "reset the GPU"),
+        154: ("GPU recovery action changed", "do what nvidia-smi -q says (reset or reboot)"),
+    }
+)
+APPLICATION = "application"
+
+# dmesg's stamps: "[  12.345678]", "-T"'s "[Sun Feb 23 16:24:18 2025]", "--time-format iso"'s
+# "2024-11-15T12:02:03,470068+00:00 "
+_STAMP = re.compile(r"\A(?:\[[^\]]{1,40}\] ?|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:,.+-]{8,40} )")
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,4})\b")
+_SXID = re.compile(r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5})\b")
+_FALLEN = re.compile(r"NVRM: GPU at PCI:([0-9A-Fa-f:.]{7,16}): GPU has fallen off the bus")
+_HYPERVISOR = re.compile(r"Hypervisor detected: ([A-Za-z0-9 _-]{1,40})$")
+
+# The lines the parser reads (``grep -E``): drift's live read keeps only these, the rest of a
+# long log never leaves the node; a capture keeps the whole log.
+GREP = r"NVRM: Xid|SXid \(PCI|fallen off the bus|Hypervisor detected"
+
+
+def read(log: str) -> dict[str, Any]:
+    """``{"xids": [{"pci", "xid"}], "sxids": [...], "fallen": [pci], "hypervisor": str|None}``
+    in the log's order."""
+    xids, sxids, fallen, hypervisor = [], [], [], None
+    for line in log.splitlines():
+        message = _STAMP.sub("", line, count=1)
+        if found := _XID.match(message):
+            xids.append({"pci": found.group(1).lower(), "xid": int(found.group(2))})
+        elif found := _SXID.match(message):
+            sxids.append({"pci": found.group(1).lower(), "xid": int(found.group(2))})
+        elif found := _FALLEN.match(message):
+            fallen.append(found.group(1).lower())
+        elif found := _HYPERVISOR.match(message):
+            hypervisor = found.group(1).strip()
+    return {"xids": xids, "sxids": sxids, "fallen": fallen, "hypervisor": hypervisor}
+
+
+def xid_name(xid: int) -> str:
+    meaning = XID_CATALOGUE.get(xid)
+    return f"Xid {xid} ({meaning[0]})" if meaning else f"Xid {xid} (not in the catalogue)"
+
+
+def hardware_xids(xids: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The Xids that are not the application's (unknown ones included: a check that cannot
+    classify an event names it)."""
+    return [x for x in xids if XID_CATALOGUE.get(x["xid"], ("", ""))[1] != APPLICATION]
