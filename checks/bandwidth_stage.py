@@ -16,10 +16,12 @@ from checks.bandwidth_verdicts import (
 )
 from checks.collective_stage import backend_of, collective_command
 from checks.collective_verdicts import rank_layout
+from checks.counters_verdicts import Counters, counter_problems, read_counters
 from checks.preflight_report import PreflightReport
 from checks.rank_output import node_steps
-from checks.stage_runner import BOUNDS, refusals, run_everywhere
-from trainfleet.model import Cluster
+from checks.stage_runner import BOUNDS, refusals, run_everywhere, shell_stage, stage_script
+from trainfleet.hw.infiniband import ERROR_COUNTERS
+from trainfleet.model import Cluster, Node
 
 # The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
 # busbw flattens from a few hundred MiB), small enough that gloo on CPU nodes takes seconds.
@@ -62,7 +64,12 @@ def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str |
     return [], f"a single node with {what}: no link to measure"
 
 
-def run_bandwidth(state: State, cluster: Cluster, report: PreflightReport) -> None:
+def run_bandwidth(
+    state: State,
+    cluster: Cluster,
+    report: PreflightReport,
+    networks: dict[str, Any] | None = None,
+) -> None:
     """Bus bandwidth of a timed all_reduce per node pair, round by round; with the spec's floor
     (``preflight.min_busbw_gbps``) the slow node or link is named, without one it is reported."""
     backend = backend_of(cluster)
@@ -79,6 +86,8 @@ def run_bandwidth(state: State, cluster: Cluster, report: PreflightReport) -> No
         details["note"] = skipped
         report.stages["bandwidth"] = "skipped"
         return
+    with_hcas = [n for n in cluster.nodes if ((networks or {}).get(n.name) or {}).get("ib_ports")]
+    before = _counters(state, with_hcas)
     measured: dict[tuple[str, ...], float] = {}
     for pairs in rounds:
         out = run_everywhere(
@@ -94,9 +103,25 @@ def run_bandwidth(state: State, cluster: Cluster, report: PreflightReport) -> No
             measured[pair] = figures["busbw_gbps"]
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     report.problems += bandwidth_problems(measured, floor)
+    report.problems += counter_problems(before, _counters(state, with_hcas))
     report.stages["bandwidth"] = (
         "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
     )
+
+
+COUNTERS = stage_script("counters.sh")
+
+
+def _counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
+    """The InfiniBand error counters of ``nodes`` (those the hygiene stage found HCA ports on),
+    one command each."""
+    if not nodes:
+        return {}
+    names = " ".join(ERROR_COUNTERS)
+    out = run_everywhere(
+        state, {n.name: shell_stage(COUNTERS, names, "", bound=10) for n in nodes}, 10
+    )
+    return {node: read_counters(lines) for node, lines in out.items()}
 
 
 def bandwidth_lines(details: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ from pyinfra.api import State, StringCommand
 
 from checks.collective_verdicts import collective_problems, isolate, rank_failure, rank_layout
 from checks.fabric_verdicts import nccl_socket_problems
+from checks.nccl_decisions import nccl_decision_problems
 from checks.preflight_report import PreflightReport
 from checks.rank_output import node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
@@ -87,7 +88,11 @@ def run_collective(
     problems = refusals("collective", out) + collective_problems(cluster, steps)
     report.problems += problems
     if backend == "nccl" and not problems:
-        report.problems += nccl_socket_problems(cluster, nccl_logs(steps), networks)
+        logs = nccl_logs(steps)
+        report.problems += nccl_socket_problems(cluster, logs, networks)
+        seen, odd = nccl_decision_problems(cluster, logs, networks)
+        report.details["collective"]["nccl"] = seen
+        report.problems += odd
     return not problems
 
 

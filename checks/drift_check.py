@@ -26,6 +26,7 @@ from trainfleet.compare import (
     ABSENT,
     PYTHON_PREFIX,
     Content,
+    Finding,
     Report,
     absent_everywhere_else,
     compare,
@@ -34,6 +35,7 @@ from trainfleet.compare import (
 )
 from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.driver_pins import satisfies_driver
+from trainfleet.hw import ledger
 from trainfleet.key_material import KeyMaterial
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (
@@ -47,6 +49,7 @@ from trainfleet.model import Cluster
 from trainfleet.pins import satisfies
 from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
 
+LEDGER = "hardware ledger"  # drift's property for a node whose parts changed since the last run
 MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
 REPORT_BYTES = 256 * 2**20  # the most of the last report read back (1024 nodes: a few MB)
 Contents = dict[str, dict[str, Content]]  # property -> managed file -> its content
@@ -274,8 +277,69 @@ def _report(state, cluster: Cluster) -> Report:
         lambda changed: _read_launchers(state, changed),
     )
     report.mesh_probe = probe
+    before = read_ledger(cluster.name, logger.warning)
+    seen = {name: ledger.parts(fp.get("hardware")) for name, fp in reachable.items()}
+    for name, now in seen.items():
+        found = ledger.changes(before[name], now) if name in before else []
+        report.observed[name][LEDGER] = (
+            "; ".join(found) if found else "as recorded" if name in before else "first reading"
+        )
+    report.findings += ledger_findings(before, seen)
     _publish(report)
+    write_ledger(cluster.name, before, seen)
     return report
+
+
+def ledger_findings(
+    before: dict[str, dict[str, str]], seen: dict[str, dict[str, str]]
+) -> list[Finding]:
+    """A finding per node whose parts changed since the ledger's last reading of it (a node the
+    ledger has not seen yet is recorded, not named)."""
+    return [
+        Finding(node, LEDGER, "changed", "; ".join(found), "as recorded")
+        for node, now in seen.items()
+        if node in before and (found := ledger.changes(before[node], now))
+    ]
+
+
+def ledger_path(cluster: str) -> Path:
+    """``.trainfleet/reports/hardware-ledger-<cluster>.json``, beside the drift report."""
+    return report_file("hardware-ledger", cluster)
+
+
+def read_ledger(cluster: str, warn: Callable[[str], None]) -> dict[str, dict[str, str]]:
+    """The ledger's last readings (none yet: empty); one that is not a ledger is set aside
+    with a warning, and the run records anew."""
+    path = ledger_path(cluster)
+    try:
+        data = json.loads(path.read_bytes()[:REPORT_BYTES])
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, RecursionError) as exc:
+        warn(f"drift: {path} cannot be read ({str(exc)[:80]}); it is recorded anew")
+        return {}
+    nodes = data.get("nodes") if isinstance(data, dict) else None
+    if not (
+        isinstance(nodes, dict)
+        and all(
+            isinstance(p, dict) and all(isinstance(v, str) for v in p.values())
+            for p in nodes.values()
+        )
+    ):
+        warn(f"drift: {path} is not a hardware ledger; it is recorded anew")
+        return {}
+    return nodes
+
+
+def write_ledger(
+    cluster: str, before: dict[str, dict[str, str]], seen: dict[str, dict[str, str]]
+) -> None:
+    """Record this run's parts (atomically; the controller's own file)."""
+    path = ledger_path(cluster)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"nodes": ledger.updated(before, seen)}, indent=1, sort_keys=True))
+    tmp.replace(path)
 
 
 def _read_launchers(state, changed: dict[str, list[str]]) -> dict[str, dict[str, str | None]]:

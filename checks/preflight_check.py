@@ -106,7 +106,7 @@ def _collective_stages(
             "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
         )
     if finished:  # (NCCL over sockets is measured too: the figure shows what it costs)
-        run_bandwidth(state, cluster, report)
+        run_bandwidth(state, cluster, report, networks)
     else:
         report.stages["bandwidth"] = "skipped"
 

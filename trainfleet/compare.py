@@ -32,7 +32,7 @@ def digest(lines: list[str] | str | None) -> str:
 class Finding:
     node: str
     property: str
-    kind: str  # spec | majority | tie | unique | health | unreachable
+    kind: str  # spec | majority | tie | unique | health | changed | unreachable
     observed: str
     expected: str | None = None
     files: tuple[str, ...] = ()  # the managed files that differ (a spec finding on content)
@@ -43,7 +43,7 @@ class Finding:
             return f"{self.node}: cannot be read ({self.observed})"
         if self.kind == "unique":
             return f"{self.property} {self.observed!r} is not unique ({self.expected})"
-        if self.kind == "health":
+        if self.kind in ("health", "changed"):
             return f"{self.property}: {self.observed}"
         if self.kind == "tie":
             return f"{self.property}: no majority ({self.expected})"

@@ -19,8 +19,13 @@ for pid in $pids; do
   wait "$pid"; rc=$?
   { head -c 65536 "out.$i"; echo; } | grep -v '^$' | sed "s/^/$i /"
   if [ "$rc" != 0 ]; then status=$rc; echo "$i exit $rc"; tail -n 3 "err.$i" | cut -c1-400 | sed "s/^/$i stderr /"; fi
-  grep -E 'NCCL INFO (Using (internal )?[Nn]etwork|NET/(IB|Socket) ?: ?Using|(Channel|Ring) .* via NET/)' "nccl.$i" 2>/dev/null \
-    | head -n 8 | cut -c1-300 | sed "s/^/$i nccl /"
+  # what NCCL decided (checks/fabric_verdicts.py, checks/nccl_decisions.py), each kind bounded:
+  # its version, net plugin, network and GPUDirect RDMA; its network channels; its channels
+  # between the node's GPUs
+  { grep -m 12 -E 'NCCL INFO (NCCL version|NET/Plugin|Using (internal )?[Nn]etwork|NET/(IB|Socket) ?: ?(Using|GPU Direct RDMA)|.*NVLS)' "nccl.$i"
+    grep -m 8 -E 'NCCL INFO (Channel|Ring) .* via NET/' "nccl.$i"
+    grep -m 4 -E 'NCCL INFO (Channel|Ring) .* via (P2P|SHM)' "nccl.$i"; } 2>/dev/null \
+    | cut -c1-300 | sed "s/^/$i nccl /"
   i=$((i + 1))
 done
 exit "$status"

@@ -48,6 +48,7 @@ RECORDED |= {
     )
     or "kernel default",
     "machine": "virtual machine" if _FLAGS and "hypervisor" in _FLAGS[0].split() else "bare metal",
+    "IB HCAs": "none",
 }
 # The plan's verdicts and the values a converged node of the fleet's spec shows, spelled out.
 NCCL_SEEN = (

@@ -206,6 +206,7 @@ def test_a_node_without_gpus_or_hcas_sends_only_its_command_line(tmp_path):
     assert hardware.observed(state) == {
         "IOMMU (kernel command line)": "kernel default",
         "machine": "bare metal",  # no hypervisor flag
+        "IB HCAs": "none",
     }
 
 
@@ -436,3 +437,60 @@ def test_a_nic_trained_at_x8_is_named_and_lspci_without_root_is_unreadable():
     )
     props = hardware.observed(bare_metal_hgx(denied))
     assert props["PCIe ACS above GPUs/NICs"].startswith("unreadable (lspci could not read")
+
+
+# ---- the ledger: parts by slot across runs -------------------------------------------------------
+
+
+def h100_hardware(serial: str | None = None) -> dict:
+    files = {name: read(H100 / name) for name, s in H100_SOURCES.items() if s == "ok"}
+    if serial:
+        files["nvidia-smi-q.xml"] = files["nvidia-smi-q.xml"].replace(
+            "<serial>1652524109717</serial>", f"<serial>{serial}</serial>"
+        )
+    return read_hardware(H100_SOURCES, files)
+
+
+def test_the_ledger_records_parts_by_slot_and_names_a_swapped_gpu(tmp_path, monkeypatch):
+    from checks import drift_check
+    from trainfleet.hw import ledger
+
+    before = ledger.parts(h100_hardware())
+    assert before == {
+        "GPU 00000000:00:06.0 serial": "1652524109717",
+        "GPU 00000000:00:06.0 UUID": "GPU-a1c7a0b2-a74d-02d5-4041-02e08bd3f0cd",
+        "GPU 00000000:00:06.0 VBIOS": "96.00.DA.00.0C",
+    }
+    swapped = ledger.parts(h100_hardware(serial="1652524109999"))
+    assert ledger.changes(before, swapped) == [
+        "GPU 00000000:00:06.0 serial: 1652524109717 -> 1652524109999"
+    ]
+    ib = {
+        p.relative_to(IB_TREE).as_posix(): p.read_text() for p in IB_TREE.rglob("*") if p.is_file()
+    }
+    hcas = ledger.parts({"infiniband": infiniband.hcas(ib)})
+    assert hcas["HCA mlx5_0 firmware"] == "28.41.1000" and len(hcas) == 18
+    assert hardware._infiniband({"status": {}, "infiniband": infiniband.hcas(ib)})["IB HCAs"] == (
+        "9: mlx5_0, mlx5_1, mlx5_4, mlx5_5, mlx5_6, mlx5_7, mlx5_8, mlx5_9, mlx5_bond_0"
+    )
+    # kept on the controller across runs: a node first read is recorded, a swap is named once
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path))
+    warnings: list[str] = []
+    assert drift_check.read_ledger("c", warnings.append) == {}
+    drift_check.write_ledger("c", {}, {"node1": before, "node2": before})
+    recorded = drift_check.read_ledger("c", warnings.append)
+    found = drift_check.ledger_findings(recorded, {"node1": before, "node2": swapped})
+    assert [(f.node, f.property, f.kind, str(f)) for f in found] == [
+        (
+            "node2",
+            "hardware ledger",
+            "changed",
+            "hardware ledger: GPU 00000000:00:06.0 serial: 1652524109717 -> 1652524109999",
+        )
+    ]
+    drift_check.write_ledger("c", recorded, {"node2": swapped})
+    assert drift_check.read_ledger("c", warnings.append) == {"node1": before, "node2": swapped}
+    drift_check.ledger_path("c").write_text('{"nodes": {"node1": ["not", "parts"]}}')
+    assert drift_check.read_ledger("c", warnings.append) == {} and warnings == [
+        f"drift: {drift_check.ledger_path('c')} is not a hardware ledger; it is recorded anew"
+    ]

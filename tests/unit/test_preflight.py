@@ -1137,8 +1137,11 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
         collective_stage.run_collective(None, cluster, report, networks) is True
     )  # every rank finished
     assert [(p.node, p.cause[:60]) for p in report.problems] == [
-        ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1")
+        ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1"),
+        # IB, but no channel line says GPUDirect RDMA (the quoted log has none): fails closed
+        ("gpu-a01", "nvidia_peermem is wanted here (an IB/RoCE port is active) bu"),
     ]
+    assert "with GPUDirect RDMA not logged" in report.problems[1].cause
 
 
 # ---- an InfiniBand port down on one node while its peers' are active --------------------------
@@ -1462,3 +1465,61 @@ def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_nod
         "a": {"ssh_host_ed25519_key-cert.pub": good, "root's certificate": cert("user", ["root"])}
     }
     assert certificate_verdicts(cluster, good_held, now, ca_public)[1] == []
+
+
+def test_the_collective_passes_on_what_nccl_decided_from_its_own_log(
+    planted, monkeypatch, tmp_path
+):
+    """The real collective command, its "python" a stand-in that leaves the INFO log NCCL 2.28.9
+    wrote on an H100 (tests/fixtures/hardware/h100_device) where NCCL_DEBUG_FILE points: the
+    lines NCCL's decisions are read from reach the controller."""
+    from checks.collective_stage import nccl_logs
+    from checks.nccl_decisions import decisions
+
+    _, cwd = planted
+    log = (
+        Path(__file__).resolve().parents[1]
+        / "fixtures/hardware/h100_device/nccl-1rank-info-all.log"
+    )
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(
+        f'#!/bin/sh\ncp {log} "$NCCL_DEBUG_FILE"\necho \'{{"step": "done"}}\'\n'
+    )
+    (venv / "bin" / "python").chmod(0o755)
+    _use_venv(monkeypatch, str(venv))
+    command = collective_stage.collective_command(0, 1, 1, "127.0.0.1", 1, "nccl", 5)
+    steps = rank_output.node_steps(_run_stage(command, cwd).stdout.splitlines(), 1)
+    (lines,) = nccl_logs({"h": steps})["h"]
+    assert decisions([lines]) == {
+        "NCCL version": "2.28.9+cuda13.0",
+        "net plugin": "none found (NCCL's own)",
+        "GPUDirect RDMA": "disabled for eth0",
+        "transport within the node": "not logged",
+    }
+    assert any("Using network Socket" in line for line in lines)
+
+
+def test_error_counters_are_read_around_the_rounds_on_the_nodes_with_hcas_and_growth_is_named(
+    monkeypatch,
+):
+    lab = Cluster.parse(
+        "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
+    )
+    calls: list[list[str]] = []
+    counters = iter([["ib mlx5_0 1 symbol_error 0"], ["ib mlx5_0 1 symbol_error 7"]])
+
+    def run_everywhere(state, commands, seconds):
+        calls.append(sorted(commands))
+        if "counters" in next(iter(commands.values())).get_raw_value():
+            return {"node2": next(counters)}
+        return {node: _bandwidth_lines(i, 2, 0.02) for i, node in enumerate(commands)}
+
+    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(bandwidth_stage, "COUNTERS", "# counters\n" + bandwidth_stage.COUNTERS)
+    report = PreflightReport(cluster="lab", nodes=["node1", "node2"])
+    ports = {"node2": {"ib_ports": [{"device": "mlx5_0", "port": 1, "state": "4: ACTIVE"}]}}
+    bandwidth_stage.run_bandwidth(None, lab, report, {"node1": {"ib_ports": []}, **ports})
+    assert calls == [["node2"], ["node1", "node2"], ["node2"]]  # before, the round, after
+    assert [(p.stage, p.node) for p in report.problems] == [("bandwidth", "node2")]
+    assert "mlx5_0 port 1 symbol_error 0 -> 7" in report.problems[0].cause

@@ -75,6 +75,12 @@ def active_ports(network: Mapping[str, Any] | None) -> list[str]:
     )
 
 
+def peermem_wanted(gpu: Mapping[str, Any], gpus: int, network: Mapping[str, Any] | None) -> bool:
+    """nvidia_peermem belongs on a GPU node with an active IB/RoCE port (``gpu.peermem: auto``):
+    GPUDirect RDMA needs it."""
+    return gpus > 0 and gpu.get("peermem", "auto") == "auto" and bool(active_ports(network))
+
+
 def fabric_manager_package(family: str | None, driver: str) -> str | None:
     """NVIDIA's CUDA repository names it per driver branch on apt (``nvidia-fabricmanager-550``)
     and once on dnf (``nvidia-fabric-manager``, the version selects the branch)."""
@@ -129,7 +135,7 @@ def gpu_part(
         memlock_conf=None if memlock is None else memlock_conf(memlock),
         persistence=gpu_node and bool(gpu.get("persistence", True)),
         fabric_manager=fabric,
-        peermem=gpu_node and gpu.get("peermem", "auto") == "auto" and bool(active_ports(network)),
+        peermem=peermem_wanted(gpu, gpus, network),
         driver=stack.get("driver") if gpu_node else None,
         max_clock_offset_ms=int(gpu.get("max_clock_offset_ms", 100)),
         problems=problems,

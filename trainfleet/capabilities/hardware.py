@@ -189,6 +189,11 @@ def _nvlinks(hw: Mapping[str, Any]) -> dict[str, str]:
 
 def _infiniband(hw: Mapping[str, Any]) -> dict[str, str]:
     props = {}
+    if hw["status"].get(INFINIBAND) == "absent":
+        props["IB HCAs"] = NONE
+    elif hw["infiniband"] is not None:  # a node missing an HCA its peers have is named here
+        names = sorted(hw["infiniband"])
+        props["IB HCAs"] = f"{len(names)}: {', '.join(names)}" if names else NONE
     for name, hca in sorted((hw["infiniband"] or {}).items()):
         props[f"IB {name} firmware"] = hca["fw"] or "not reported"
         props[f"IB {name} board"] = hca["board"] or "not reported"
