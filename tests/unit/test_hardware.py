@@ -494,3 +494,239 @@ def test_the_ledger_records_parts_by_slot_and_names_a_swapped_gpu(tmp_path, monk
     assert drift_check.read_ledger("c", warnings.append) == {} and warnings == [
         f"drift: {drift_check.ledger_path('c')} is not a hardware ledger; it is recorded anew"
     ]
+
+
+# ---- deploy/capture.py's own command on the H100 machine: live read and capture judge alike ------
+
+CAPTURED = HW / "h100_capture"  # HardwareSources' stdout there, capture and check modes
+
+
+def raw_lines(name: str) -> list[str]:
+    return (CAPTURED / name).read_text().splitlines()
+
+
+def captured_node(root: Path, node: str, faults: tuple[tuple[str, str, str], ...] = ()) -> None:
+    """``node``'s folder in the capture ``root``, as deploy/capture.py writes it from the H100's
+    capture output (``faults``: (source, old line, new line), one line each)."""
+    from checks.capture_save import write_node
+
+    raw = HardwareSources().process(raw_lines("hardware-capture.out"))
+    for name, old, new in faults:
+        assert raw["files"][name].count(old) == 1, (name, old)
+        raw["files"][name] = raw["files"][name].replace(old, new)
+    write_node(root / node, raw)
+
+
+def live_read(faults: tuple[tuple[str, str, str], ...] = ()) -> dict:
+    """What drift's live read of the H100 gives (its check-mode output), the same lines changed
+    in the sources it carries."""
+    import base64
+
+    lines = []
+    for line in raw_lines("hardware-check.out"):
+        tag, name, state, *rest = line.split(" ") + [""]
+        for source, old, new in faults:
+            if (tag, name, state) == ("src", source, "ok"):
+                text = base64.b64decode(rest[0]).decode().replace(old, new)
+                line = f"src {name} ok {base64.b64encode(text.encode()).decode()}"
+        lines.append(line)
+    return HardwareState().process(lines)
+
+
+H100_PROPS = {
+    "IOMMU (kernel command line)": "kernel default",
+    "machine": "virtual machine (KVM)",
+    "GPU count": "1",
+    "GPU model": "1 x NVIDIA H100 80GB HBM3",
+    "GPU VBIOS": "96.00.DA.00.0C",
+    "GPU ECC mode": "Enabled",
+    "GPU MIG mode": "Disabled",
+    "GPU PCIe max": "gen5 x16",
+    "GPU memory errors": "none",
+    "NVLink fabric problems": "none",
+    "GPU PCIe link degraded": "none",
+    "GPU Xid since boot": "none",
+    "NVSwitches": "0",
+    "GPU-NIC affinity": "0000:00:06.0: none",
+    "IB HCAs": "none",
+}
+
+
+def test_the_h100_read_live_and_from_its_capture_gives_the_same_properties(tmp_path):
+    captured_node(tmp_path / "capture", "h100")
+    (from_capture,) = read_capture_dir(tmp_path / "capture").values()
+    assert hardware.observed(live_read()) == hardware.observed(from_capture) == H100_PROPS
+    written = tmp_path / "capture" / "h100"
+    assert (written / "nvidia-smi-q.xml").read_text().startswith('<?xml version="1.0" ?>')
+    assert (written / "lspci-vvv.txt").read_text().startswith("00:00.0 Host bridge")
+    assert (written / STATUS_FILE).read_text().splitlines()[-1] == "sys-class-infiniband absent"
+
+
+def read_capture_dir(path: Path) -> dict:
+    from trainfleet.diagnose import read_capture
+
+    return read_capture(path)
+
+
+FAULTS = {
+    "node2": (("nvidia-smi-q.xml", "<current_link_width>16x</", "<current_link_width>8x</"),),
+    "node3": (("nvidia-smi-q.xml", "<remapped_row_failure>No<", "<remapped_row_failure>Yes<"),),
+    "node4": (("cmdline", "pci=realloc=off", "pci=realloc=off intel_iommu=on iommu=pt"),),
+}
+NAMED = [
+    ("node2", "GPU PCIe link degraded", "health", "GPU 00000000:00:06.0 x8 of x16"),
+    ("node3", "GPU memory errors", "health", "GPU 00000000:00:06.0: row remap failed"),
+    ("node4", "IOMMU (kernel command line)", "majority", "intel_iommu=on iommu=pt"),
+]
+
+
+def test_diagnose_names_each_fault_of_a_four_node_capture_as_drift_does_live(tmp_path, capsys):
+    from trainfleet.compare import compare
+
+    root = tmp_path / "capture"
+    for node in ("node1", "node2", "node3", "node4"):
+        captured_node(root, node, FAULTS.get(node, ()))
+    assert main(["diagnose", str(root), "--json"]) == 1
+    offline = json.loads(capsys.readouterr().out)
+    named = [(f["node"], f["property"], f["kind"], f["observed"]) for f in offline["findings"]]
+    assert named == NAMED
+    # drift's live path: the check-mode output, the same lines changed, its observe and compare
+    nodes = ["node1", "node2", "node3", "node4"]
+    live = {
+        n: hardware.observe({"hardware": live_read(FAULTS.get(n, ()))}, None, None) for n in nodes
+    }
+    report = compare("c", nodes, live, {n: {} for n in nodes})
+    assert findings(report) == NAMED
+    assert report.observed == {n: offline["nodes"][n]["properties"] for n in nodes}
+
+
+def judged(nodes: dict[str, dict]) -> list[tuple[str, str, str, str]]:
+    """Drift's comparison of nodes' hardware as plain data (no spec)."""
+    from trainfleet.compare import compare
+
+    observed = {n: hardware.observed(hw) for n, hw in nodes.items()}
+    return findings(compare("c", list(nodes), observed, {n: {} for n in nodes}))
+
+
+def test_an_nvlink_down_on_one_gpu_of_one_node_is_named_by_gpu_index():
+    a100 = read(HW / "nvidia_smi" / "nvidia-smi-nvlink-s_gpud-a100-sxm4-8gpu_all-active.txt")
+    gpu3 = a100.index("GPU 3:")
+    down = a100[:gpu3] + a100[gpu3:].replace("Link 5: 25 GB/s", "Link 5: <inactive>", 1)
+
+    def node(text: str) -> dict:
+        return {**h100_hardware(), "nvlinks": nvlink.links(text)}
+
+    assert judged({"n1": node(a100), "n2": node(a100), "n3": node(down)}) == [
+        ("n3", "NVLink GPU 3", "majority", "11 at 25 GB/s; inactive: links 5")
+    ]
+    assert judged({"n1": node(a100), "n2": node(a100)}) == []
+
+
+def test_an_hca_on_other_firmware_and_a_port_down_are_named_by_hca_and_port():
+    tree = {
+        p.relative_to(IB_TREE).as_posix(): p.read_text() for p in IB_TREE.rglob("*") if p.is_file()
+    }
+    old_fw = {**tree, "mlx5_5/fw_ver": tree["mlx5_5/fw_ver"].replace("28.41.1000", "28.39.1002")}
+    down = {**tree, "mlx5_7/ports/1/state": "1: DOWN", "mlx5_7/ports/1/phys_state": "3: Disabled"}
+
+    def node(files: dict) -> dict:
+        return {**h100_hardware(), "infiniband": infiniband.hcas(files)}
+
+    assert judged({"n1": node(tree), "n2": node(old_fw), "n3": node(down), "n4": node(tree)}) == [
+        ("n2", "IB mlx5_5 firmware", "majority", "28.39.1002"),
+        ("n3", "IB mlx5_7:1 link", "majority", "1: DOWN, 3: Disabled, InfiniBand"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "prop", "kind", "seen"),
+    [
+        (
+            "<current_ecc>Enabled</",
+            "<current_ecc>Disabled</",
+            "GPU ECC mode",
+            "majority",
+            "Disabled",
+        ),
+        (
+            "<current_link_gen>5</",
+            "<current_link_gen>3</",
+            "GPU PCIe link degraded",
+            "health",
+            "GPU 00000000:00:06.0 gen3 of gen5 in P0",
+        ),
+        (
+            "<current_mig>Disabled</",
+            "<current_mig>Enabled</",
+            "GPU MIG mode",
+            "majority",
+            "Enabled",
+        ),
+    ],
+    ids=["ecc-off", "gen3-in-p0", "mig-on"],
+)
+def test_modes_and_a_downtrained_generation_in_p0(old, new, prop, kind, seen):
+    xml = read(H100 / "nvidia-smi-q.xml")
+    assert xml.count(old) == 1
+    odd = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": xml.replace(old, new)})
+    same = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": xml})
+    nodes = {"n1": same, "n2": same, "n3": odd}
+    assert [f for f in judged(nodes) if f[1] == prop] == [("n3", prop, kind, seen)]
+
+
+def test_a_reset_required_on_an_a100_is_a_memory_gate():
+    a100 = read(GPU_CAPTURES / "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03.xml")
+    assert a100.count("<reset_required>No</reset_required>") == 1
+    hw = read_hardware(
+        {"nvidia-smi-q.xml": "ok"},
+        {"nvidia-smi-q.xml": a100.replace("<reset_required>No<", "<reset_required>Yes<")},
+    )
+    assert hardware.observed(hw)["GPU memory errors"].endswith(": reset required")
+
+
+def test_gpu_nic_affinity_comes_from_the_pcie_switches_and_a_moved_nic_is_named():
+    text = read(HGX_LSPCI)
+    props = hardware.observed(bare_metal_hgx(text))
+    assert props["GPU-NIC affinity"].startswith(
+        "0000:19:00.0: 0000:1a:00.0, 0000:1b:00.0, 0000:1b:00.1; 0000:3b:00.0: 0000:3c:00.0; "
+    )
+    # the ConnectX-7 beside GPU 3b:00.0 seated in a slot behind GPU 5d:00.0's switch instead
+    assert text.count("\n3c:00.0 ") == 1
+    moved = text.replace("\n3c:00.0 ", "\n5f:00.0 ")
+    nodes = {"n1": bare_metal_hgx(text), "n2": bare_metal_hgx(moved), "n3": bare_metal_hgx(text)}
+    ((node, prop, kind, seen),) = [f for f in judged(nodes) if f[1] == "GPU-NIC affinity"]
+    assert (node, kind) == ("n2", "majority")
+    assert "0000:3b:00.0: none; " in seen and "0000:5d:00.0: 0000:5e:00.0, 0000:5f:00.0" in seen
+
+
+def test_a_missing_hca_and_a_missing_nvswitch_are_named_by_the_counts():
+    tree = {
+        p.relative_to(IB_TREE).as_posix(): p.read_text() for p in IB_TREE.rglob("*") if p.is_file()
+    }
+    short = {path: text for path, text in tree.items() if not path.startswith("mlx5_8/")}
+    text = read(HGX_LSPCI)
+    switch = next(x for x in text.splitlines() if x.startswith("84:00.0 Bridge"))
+    lost = text.replace(
+        f"\n{switch}\n", f"\n{switch.replace('Bridge', 'Non-VGA unclassified device')}\n"
+    )
+
+    def node(pci: str, ib: dict) -> dict:
+        return {**bare_metal_hgx(pci), "infiniband": infiniband.hcas(ib)}
+
+    got = judged({"n1": node(text, tree), "n2": node(text, short), "n3": node(lost, tree)})
+    assert [(n, p, v) for n, p, _, v in got if p in ("IB HCAs", "NVSwitches")] == [
+        ("n2", "IB HCAs", "8: mlx5_0, mlx5_1, mlx5_4, mlx5_5, mlx5_6, mlx5_7, mlx5_9, mlx5_bond_0"),
+        ("n3", "NVSwitches", "3"),
+    ]
+
+
+def test_a_page_retirement_pending_on_a_t4_is_a_memory_gate():
+    t4 = read(GPU_CAPTURES / "nvidia-smi-q-x_tesla-t4_515.105.01.xml")
+    assert t4.count("<pending_retirement>No</pending_retirement>") == 1
+    changed = t4.replace("<pending_retirement>No<", "<pending_retirement>Yes<")
+    hw = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": changed})
+    assert hardware.observed(hw)["GPU memory errors"].endswith(
+        ": page retirement pending (reset the GPU)"
+    )
+    healthy = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": t4})
+    assert hardware.observed(healthy)["GPU memory errors"] == "none"

@@ -34,6 +34,7 @@ MAJORITY = (
     "NVLink GPU ",
     "NVLink fabric",
     "NVSwitches",
+    "GPU-NIC affinity",
     "IB ",
     "machine",
     "IOMMU",
@@ -175,6 +176,18 @@ def _acs(hw: Mapping[str, Any]) -> str | None:
     return "; ".join(found) or NONE
 
 
+def _affinity(devices: list[dict[str, Any]]) -> str:
+    """Each GPU's NICs behind the same PCIe switch, from lspci's bridges (``none``: it reaches
+    every NIC through the CPU's root complex)."""
+    gpus = [d for d in devices if lspci.is_gpu(d)]
+    return (
+        "; ".join(
+            f"{g['address']}: {', '.join(lspci.nics_beside(g, devices)) or 'none'}" for g in gpus
+        )
+        or NONE
+    )
+
+
 def _nvlinks(hw: Mapping[str, Any]) -> dict[str, str]:
     props = {}
     for index, links in sorted((hw["nvlinks"] or {}).items()):
@@ -229,6 +242,7 @@ def observed(hw: Mapping[str, Any] | None) -> dict[str, str]:
         if (acs := _acs(hw)) is not None:
             props["PCIe ACS above GPUs/NICs"] = acs
         if hw["pci"] is not None:
+            props["GPU-NIC affinity"] = _affinity(hw["pci"])
             props["NVSwitches"] = str(
                 sum(1 for d in hw["pci"] if d["class"] == "Bridge" and "NVIDIA" in d["name"])
             )

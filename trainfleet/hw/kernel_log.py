@@ -48,7 +48,7 @@ APPLICATION = "application"
 _STAMP = re.compile(r"\A(?:\[[^\]]{1,40}\] ?|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:,.+-]{8,40} )")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,4})\b")
 _SXID = re.compile(r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5})\b")
-_FALLEN = re.compile(r"NVRM: GPU at PCI:([0-9A-Fa-f:.]{7,16}): GPU has fallen off the bus")
+_FALLEN = re.compile(r"NVRM: GPU (?:at PCI:)?([0-9A-Fa-f:.]{7,16}):? GPU has fallen off the bus")
 _HYPERVISOR = re.compile(r"Hypervisor detected: ([A-Za-z0-9 _-]{1,40})$")
 
 # The lines the parser reads (``grep -E``): drift's live read keeps only these, the rest of a

@@ -90,3 +90,22 @@ def bridges_above(device: dict[str, Any], every: list[dict[str, Any]]) -> list[d
 def acs_enabled(device: dict[str, Any]) -> list[str]:
     """The redirecting ACS bits set on a bridge (empty: none, or no ACS capability)."""
     return [bit for bit in ACS_REDIRECTS if (device["acs"] or {}).get(bit)]
+
+
+SWITCH_PORTS = ("Upstream Port", "Downstream Port")
+
+
+def nics_beside(gpu: dict[str, Any], every: list[dict[str, Any]]) -> list[str]:
+    """The NICs that share a PCIe switch with ``gpu`` (nvidia-smi topo's PIX or PXB: traffic
+    between them need not cross the CPU's root complex, as GPUDirect RDMA wants)."""
+    switches = {b["address"] for b in bridges_above(gpu, every) if b["port"] in SWITCH_PORTS}
+    return sorted(
+        d["address"]
+        for d in every
+        if is_nic(d)
+        and any(
+            b["address"] in switches
+            for b in bridges_above(d, every)
+            if b["port"] == "Upstream Port"
+        )
+    )
