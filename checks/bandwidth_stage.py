@@ -86,8 +86,12 @@ def run_bandwidth(
         details["note"] = skipped
         report.stages["bandwidth"] = "skipped"
         return
-    with_hcas = [n for n in cluster.nodes if ((networks or {}).get(n.name) or {}).get("ib_ports")]
-    before = _counters(state, with_hcas)
+    watched = [
+        n
+        for n in cluster.nodes
+        if n.gpus > 0 or ((networks or {}).get(n.name) or {}).get("ib_ports")
+    ]
+    before = _counters(state, watched)
     measured: dict[tuple[str, ...], float] = {}
     for pairs in rounds:
         out = run_everywhere(
@@ -103,7 +107,9 @@ def run_bandwidth(
             measured[pair] = figures["busbw_gbps"]
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     report.problems += bandwidth_problems(measured, floor)
-    report.problems += counter_problems(before, _counters(state, with_hcas))
+    report.problems += counter_problems(
+        before, _counters(state, watched), [n.name for n in watched]
+    )
     report.stages["bandwidth"] = (
         "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
     )
@@ -113,14 +119,15 @@ COUNTERS = stage_script("counters.sh")
 
 
 def _counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
-    """The InfiniBand error counters of ``nodes`` (those the hygiene stage found HCA ports on),
-    one command each."""
+    """The InfiniBand error counters and GPUs' PCIe replay counters of ``nodes`` (those with
+    GPUs, or HCA ports the hygiene stage found), one command each."""
     if not nodes:
         return {}
     names = " ".join(ERROR_COUNTERS)
-    out = run_everywhere(
-        state, {n.name: shell_stage(COUNTERS, names, "", bound=10) for n in nodes}, 10
-    )
+    commands = {
+        n.name: shell_stage(COUNTERS, names, "", "gpu" if n.gpus else "", bound=30) for n in nodes
+    }
+    out = run_everywhere(state, commands, 30)
     return {node: read_counters(lines) for node, lines in out.items()}
 
 

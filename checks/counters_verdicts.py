@@ -1,13 +1,17 @@
-"""Error counters under trainfleet's own load: each InfiniBand port's error counters read
-before and after the preflight's bandwidth stage; a port whose errors grew while the stage
-drove traffic through it is named (symbol errors, link downs and recoveries, receive errors:
-a link that flaps or degrades under load passes an idle check). Plain functions."""
+"""Error counters under trainfleet's own load: each InfiniBand port's error counters and each
+GPU's PCIe replay counter read before and after the preflight's bandwidth stage; a port or GPU
+whose errors grew while the stage drove traffic through it is named (symbol errors, link downs
+and recoveries, receive errors, PCIe replays: a link that flaps or degrades under load passes
+an idle check). Plain functions."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 
 from checks.preflight_report import Problem
+from trainfleet.hw import smi_xml
 from trainfleet.hw.infiniband import ERROR_COUNTERS
 from trainfleet.text import printable
 
@@ -15,22 +19,50 @@ _LINE = re.compile(r"ib ([A-Za-z0-9_]{1,32}) ([0-9]{1,3}) ([A-Za-z0-9_]{1,64}) (
 Counters = dict[tuple[str, str, str], int]  # (HCA, port, counter) -> value
 
 
+PCIE = "PCIe"  # the "port" of a GPU's replay counter
+
+
 def read_counters(lines: list[str]) -> Counters:
-    """``counters.sh``'s lines as numbers (anything else is not a counter line)."""
+    """``counters.sh``'s lines as numbers (anything else is not a counter line; an
+    nvidia-smi document that cannot be read gives no GPU counter)."""
     found: Counters = {}
     for line in lines:
         if (m := _LINE.fullmatch(line.strip())) and m.group(3) in ERROR_COUNTERS:
             found[(m.group(1), m.group(2), m.group(3))] = int(m.group(4))
+        elif line.startswith("smi "):
+            try:
+                gpus = smi_xml.gpus(smi_xml.smi_root(base64.b64decode(line[4:], validate=True)))
+            except (ValueError, binascii.Error):
+                continue
+            for gpu in gpus:
+                if gpu["replays"] is not None:
+                    found[(gpu["bus"], PCIE, "replays")] = gpu["replays"]
     return found
 
 
-def counter_problems(before: dict[str, Counters], after: dict[str, Counters]) -> list[Problem]:
-    """A port whose error counter grew between the two readings, per node. A counter that went
-    down was reset (or wrapped) in between: nothing can be said of it."""
-    problems = []
+def counter_problems(
+    before: dict[str, Counters], after: dict[str, Counters], watched: list[str] | None = None
+) -> list[Problem]:
+    """A port whose error counter grew between the two readings, per node; a ``watched`` node
+    (one with GPUs or HCA ports) whose counters could not be read either time fails: the check
+    saw nothing there. A counter that went down was reset (or wrapped) in between: nothing can
+    be said of it."""
+    problems = [
+        Problem(
+            "bandwidth",
+            node,
+            "its error counters (InfiniBand, PCIe replays) could not be read "
+            + ("before" if not before.get(node) else "after")
+            + " the bandwidth stage: whether its links held under load is unknown",
+        )
+        for node in watched or []
+        if not before.get(node) or not after.get(node)
+    ]
     for node, now in after.items():
         grew = [
-            f"{printable(hca, 32)} port {port} {name} {before[node][key]} -> {value}"
+            f"GPU {printable(hca, 32)} PCIe replays {before[node][key]} -> {value}"
+            if port == PCIE
+            else f"{printable(hca, 32)} port {port} {name} {before[node][key]} -> {value}"
             for key, value in sorted(now.items())
             if key in before.get(node, {}) and value > before[node][key]
             for hca, port, name in [key]
@@ -40,10 +72,11 @@ def counter_problems(before: dict[str, Counters], after: dict[str, Counters]) ->
                 Problem(
                     "bandwidth",
                     node,
-                    "InfiniBand error counters grew under the bandwidth stage's load: "
+                    "error counters grew under the bandwidth stage's load: "
                     + "; ".join(grew)
-                    + ": the link degrades under traffic (reseat or replace the cable or "
-                    "transceiver; check the switch port)",
+                    + ": the link degrades under traffic (InfiniBand: reseat or replace the "
+                    "cable or transceiver, check the switch port; PCIe: reseat the GPU, check "
+                    "its riser and slot)",
                 )
             )
     return problems

@@ -278,7 +278,10 @@ def _report(state, cluster: Cluster) -> Report:
     )
     report.mesh_probe = probe
     before = read_ledger(cluster.name, logger.warning)
-    seen = {name: ledger.parts(fp.get("hardware")) for name, fp in reachable.items()}
+    seen = {
+        name: ledger.read_now(before.get(name, {}), fp.get("hardware"))
+        for name, fp in reachable.items()
+    }
     for name, now in seen.items():
         found = ledger.changes(before[name], now) if name in before else []
         report.observed[name][LEDGER] = (
@@ -338,7 +341,11 @@ def write_ledger(
     path = ledger_path(cluster)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"nodes": ledger.updated(before, seen)}, indent=1, sort_keys=True))
+    tmp.unlink(missing_ok=True)
+    # serial numbers: the controller user's alone, as the captures are
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as file:
+        file.write(json.dumps({"nodes": ledger.updated(before, seen)}, indent=1, sort_keys=True))
     tmp.replace(path)
 
 

@@ -21,13 +21,18 @@ from trainfleet.text import printable
 
 NOT_LOGGED = "not logged"
 _VERSION = re.compile(r"(?:^|NCCL INFO )NCCL version ([0-9][0-9A-Za-z.+_-]{0,40})")
-_NO_PLUGIN = re.compile(r"NET/Plugin ?: ?(?:Could not find: libnccl-net|.*No plugin found)")
+_NO_PLUGIN = re.compile(r"NET/Plugin ?: ?(?:Could not find: .*libnccl-net|.*No plugin found)")
 _LOADED = re.compile(r"NET/Plugin ?: ?Loaded net plugin (.{1,60}?)(?: \(v[0-9]+\))?\s*$")
-_NET_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9/]+ : .* via NET/([^ ]+)")
+# "via NET/IB/0/GDRDMA", "via NET/AWS Libfabric/0" (a plugin's name may hold a space)
+_NET_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9/]+ : .* via NET/(.+?)\s*$")
 _GDR_OFF = re.compile(r"GPU Direct RDMA Disabled for HCA [0-9]+ '([A-Za-z0-9_.:-]{1,32})'")
 _LOCAL_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9/]+ : .* via (P2P/[A-Za-z/]+|SHM\S*)")
-_NVLS = re.compile(r"NCCL INFO .*\bNVLS\b.*(?:enabled|support)", re.IGNORECASE)
+_NVLS = re.compile(r"NCCL INFO NVLS multicast support is available")
 PROPERTIES = ("NCCL version", "net plugin", "GPUDirect RDMA", "transport within the node")
+# Every rank logs these: a node whose log lacks them while its peers' have them is named.
+# Old NCCL prints its version on the world's rank 0 alone, and a one-GPU node has no channel
+# between its GPUs: there, "not logged" is no difference.
+EVERY_RANK = ("net plugin", "GPUDirect RDMA")
 
 
 def decisions(ranks: list[list[str]]) -> dict[str, str]:
@@ -78,7 +83,9 @@ def nccl_decision_problems(
     seen = {node: decisions(ranks) for node, ranks in logs.items() if ranks}
     problems = []
     for prop in PROPERTIES:
-        values = {node: d[prop] for node, d in seen.items() if d[prop] != NOT_LOGGED}
+        values = {
+            node: d[prop] for node, d in seen.items() if d[prop] != NOT_LOGGED or prop in EVERY_RANK
+        }
         for finding in majority(prop, values):
             others = (
                 "no majority: " + finding.expected

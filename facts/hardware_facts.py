@@ -92,5 +92,6 @@ class HardwareState(HardwareSources):
         return read_hardware(raw["status"], raw["files"])
 
     @staticmethod
-    def default() -> dict[str, Any]:
-        return read_hardware({}, {})
+    def default() -> None:
+        """No output at all (the script always prints every source's line): unreadable."""
+        return None

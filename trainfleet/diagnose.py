@@ -62,6 +62,8 @@ def read_node(folder: Path, problems: list[str]) -> tuple[dict[str, str], dict[s
             problems.append(f"{folder / STATUS_FILE}:{number}: not '<source> <status>': {line!r}")
             continue
         status[name] = state
+    if listing is not None and (unsaid := [n for n in SOURCES if n not in status]):
+        problems.append(f"{folder / STATUS_FILE}: says nothing of {', '.join(unsaid)}")
     files: dict[str, str] = {}
     for name, state in status.items():
         if state != "ok":
@@ -79,7 +81,14 @@ def _tree(root: Path, problems: list[str]) -> dict[str, str]:
         problems.append(f"{root}: not a directory")
         return {}
     found = {}
-    for directory, _dirs, names in os.walk(root):
+
+    def unreadable(exc: OSError) -> None:
+        problems.append(f"{exc.filename}: cannot be read ({exc.strerror})")
+
+    for directory, dirs, names in os.walk(root, onerror=unreadable):
+        for name in dirs:
+            if (Path(directory) / name).is_symlink():  # os.walk would skip it: a port vanishes
+                problems.append(f"{Path(directory) / name}: a link, not a directory")
         for name in names:
             path = Path(directory) / name
             relative = path.relative_to(root).as_posix()
@@ -94,7 +103,11 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
     if not directory.is_dir():
         raise CaptureError([f"{directory}: not a directory"])
     nodes = {}
-    for folder in sorted(directory.iterdir()):
+    try:
+        folders = sorted(directory.iterdir())
+    except OSError as exc:
+        raise CaptureError([f"{directory}: cannot be read ({exc.strerror})"]) from exc
+    for folder in folders:
         if folder.is_symlink() or not folder.is_dir():
             continue
         if not NODE_NAME.fullmatch(folder.name):

@@ -12,8 +12,9 @@ run() {
     echo "src $n exit $r"
   fi
 }
-# drift's live read keeps the kernel lines the checks read; a capture keeps the whole log
-kernel() { d=$(dmesg) || return $?; printf '%s\n' "$d" | grep -E "$pattern"; return 0; }
+# drift's live read keeps the kernel lines the checks read (the last 2000: a flood stays
+# bounded); a capture keeps the whole log
+kernel() { d=$(dmesg) || return $?; printf '%s\n' "$d" | grep -E "$pattern" | tail -n 2000; return 0; }
 gpu=no ib=no
 for d in "$root"/sys/class/infiniband/*; do [ -e "$d" ] && ib=yes; done
 if command -v nvidia-smi >/dev/null 2>&1; then

@@ -50,3 +50,39 @@ def test_a_port_whose_symbol_errors_grew_under_load_is_named_and_static_counts_a
     assert read_counters(["ib mlx5_0 1 symbol_error 3", "ib ../x 1 symbol_error 3", "junk"]) == {
         ("mlx5_0", "1", "symbol_error"): 3
     }
+
+
+def test_a_gpu_whose_pcie_replays_grew_under_load_is_named(tmp_path):
+    """On a GPU node the script also sends nvidia-smi -q -x (here the H100's real document, its
+    replay_counter 2; then the same with one line changed: 40)."""
+    xml = TREE.parents[1] / "h100_device" / "nvidia-smi-q.xml"
+    after = tmp_path / "after.xml"
+    text = xml.read_text()
+    assert text.count("<replay_counter>2</replay_counter>") == 1
+    after.write_text(text.replace("<replay_counter>2<", "<replay_counter>40<"))
+    (tmp_path / "bin").mkdir()
+    smi = tmp_path / "bin" / "nvidia-smi"
+
+    def read_with(document: Path) -> dict:
+        smi.write_text(f"#!/bin/sh\ncat '{document}'\n")
+        smi.chmod(0o755)
+        out = subprocess.run(
+            ["sh", "-c", COUNTERS, "trainfleet", " ".join(ERROR_COUNTERS), str(tmp_path), "gpu"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+            env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"},
+        )
+        return read_counters(out.stdout.splitlines())
+
+    before = read_with(xml)
+    assert before == {("00000000:00:06.0", "PCIe", "replays"): 2}
+    (problem,) = counter_problems({"g": before}, {"g": read_with(after)})
+    assert "GPU 00000000:00:06.0 PCIe replays 2 -> 40" in problem.cause
+    assert read_counters(["smi not-base64!"]) == {}
+
+
+def test_a_watched_node_whose_counters_could_not_be_read_fails():
+    (problem,) = counter_problems({"n1": {}}, {"n1": {}}, ["n1"])
+    assert problem.node == "n1" and "could not be read before the bandwidth stage" in problem.cause

@@ -38,18 +38,6 @@ RECORDED = {
     "memlock (non-login ssh)": "8192",  # the lab's hard limit, which its spec asks for
     "memlock set elsewhere": "none",
 }
-# The hardware section, which recorded.json predates: the fleet answers it as a lab node of this
-# host would (bench/controller/fleet.py ``hardware_text``), its kernel command line and CPU flags.
-_CMDLINE = open("/proc/cmdline").read().split()
-_FLAGS = [x for x in open("/proc/cpuinfo").read().splitlines() if x.startswith("flags")]
-RECORDED |= {
-    "IOMMU (kernel command line)": " ".join(
-        w for w in _CMDLINE if w.split("=")[0] in ("intel_iommu", "amd_iommu", "iommu")
-    )
-    or "kernel default",
-    "machine": "virtual machine" if _FLAGS and "hypervisor" in _FLAGS[0].split() else "bare metal",
-    "IB HCAs": "none",
-}
 # The plan's verdicts and the values a converged node of the fleet's spec shows, spelled out.
 NCCL_SEEN = (
     "GLOO_SOCKET_IFNAME=eth0 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME==eth0 UCX_NET_DEVICES=eth0"

@@ -33,6 +33,7 @@ H100_SOURCES = {
     "dmesg.txt": "ok",
     "cmdline": "ok",
     "sys-class-infiniband": "absent",
+    "cpuinfo": "absent",  # not captured on that machine (its capture script predates it)
 }
 
 
@@ -203,11 +204,7 @@ def test_a_node_without_gpus_or_hcas_sends_only_its_command_line(tmp_path):
     state = HardwareState().process(run_script(tmp_path, "check"))
     assert state["status"]["nvidia-smi-q.xml"] == "absent"
     assert state["status"]["dmesg.txt"] == "skipped" and state["gpus"] is None
-    assert hardware.observed(state) == {
-        "IOMMU (kernel command line)": "kernel default",
-        "machine": "bare metal",  # no hypervisor flag
-        "IB HCAs": "none",
-    }
+    assert hardware.observed(state) == {}  # a CPU node without HCAs: nothing of it to compare
 
 
 def test_forged_or_unknown_framing_is_refused_or_dropped():
@@ -312,8 +309,18 @@ def test_identical_healthy_nodes_have_no_finding(tmp_path):
             "health",
             "0000:00:06: Xid 48 (double-bit ECC error) x1",
         ),
+        (
+            (
+                "nvidia-smi-q.xml",
+                "<state>N/A</state>\n\t\t\t<status>N/A</status>\n\t\t\t<cliqueId>",
+                "<state>In Progress</state>\n\t\t\t<status>N/A</status>\n\t\t\t<cliqueId>",
+            ),
+            "NVLink fabric problems",
+            "health",
+            "GPU 00000000:00:06.0: In Progress/N/A",
+        ),
     ],
-    ids=["x8", "row-remap", "ecc", "fabric", "vbios", "xid48"],
+    ids=["x8", "row-remap", "ecc", "fabric", "vbios", "xid48", "fabric-state"],
 )
 def test_one_fault_names_its_node_slot_and_what_differs(tmp_path, fault, prop, kind, seen):
     report = judge(capture(tmp_path, faults={"node3": fault}))
@@ -534,6 +541,7 @@ def live_read(faults: tuple[tuple[str, str, str], ...] = ()) -> dict:
 
 
 H100_PROPS = {
+    "hardware sources": "none",
     "IOMMU (kernel command line)": "kernel default",
     "machine": "virtual machine (KVM)",
     "GPU count": "1",
@@ -730,3 +738,17 @@ def test_a_page_retirement_pending_on_a_t4_is_a_memory_gate():
     )
     healthy = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": t4})
     assert hardware.observed(healthy)["GPU memory errors"] == "none"
+
+
+def test_a_timed_out_nvidia_smi_keeps_the_ledgers_gpus_and_a_sources_list_must_be_whole(tmp_path):
+    from trainfleet.hw import ledger
+
+    before = ledger.parts(h100_hardware())
+    timed_out = read_hardware({**H100_SOURCES, "nvidia-smi-q.xml": "exit 124"}, {})
+    assert ledger.read_now(before, timed_out) == before  # not "gone": unread
+    assert hardware.observed(timed_out)["hardware sources"].startswith("nvidia-smi-q.xml: exit 124")
+    root = capture(tmp_path, nodes=1)
+    status = root / "node1" / STATUS_FILE
+    status.write_text("".join(x for x in status.read_text().splitlines(True) if "dmesg" not in x))
+    with pytest.raises(CaptureError, match="sources.txt: says nothing of dmesg.txt"):
+        judge(root)

@@ -14,7 +14,7 @@ from trainfleet.model import Cluster
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "nccl_debug"
 H100 = FIXTURES / "hardware" / "h100_device"
-_HOST = re.compile(r"^(?:\[[0-9,]+\]<stdout>:|\[[0-9]+\] )?([A-Za-z0-9_.-]+):[0-9]+:[0-9]+ ")
+_HOST = re.compile(r"^(?:\[[0-9,]+\]<stdout>:|\[[0-9]+\] )?([A-Za-z0-9_.<>-]+):[0-9]+:[0-9]+ ")
 
 
 def by_host(name: str) -> dict[str, list[str]]:
@@ -68,7 +68,7 @@ def test_two_nodes_whose_nccl_builds_differ_are_both_named(tmp_path):
     )
     assert seen["agzen-master"]["NCCL version"] == "2.25.1+cuda12.4"
     assert seen["agzen-worker"]["NCCL version"] == "2.25.1+cuda12.1"
-    named = [(p.node, p.cause) for p in problems]
+    named = [(p.node, p.cause) for p in problems if "NCCL version" in p.cause]
     assert [node for node, _ in named] == ["agzen-master", "agzen-worker"]
     assert all(
         "NCCL's NCCL version here is" in cause and "no majority" in cause for _, cause in named
@@ -135,3 +135,29 @@ def test_peermem_wanted_and_gdr_disabled_on_ib_is_named_and_sockets_are_not_this
     sockets = {"h": [(H100 / "nccl-1rank-info-all.log").read_text().splitlines()]}
     _, none = nccl_decision_problems(cluster(tmp_path, ["h"]), sockets, {"h": IB})
     assert none == []  # sockets despite an active port: nccl_socket_problems names that
+
+
+def test_a_node_whose_gpus_talk_over_shared_memory_instead_of_p2p_is_named(tmp_path):
+    (lines,) = by_host("nccl-952_socket_channels.log").values()
+    assert decisions([lines])["transport within the node"] == "P2P/IPC/read"
+    odd = changed(
+        lines,
+        "Channel 04/0 : 9[1] -> 10[2] via P2P/IPC/read",
+        "Channel 04/0 : 9[1] -> 10[2] via SHM/direct/direct",
+    )
+    logs = {"node1": [lines], "node2": [odd], "node3": [lines]}
+    _, problems = nccl_decision_problems(cluster(tmp_path, list(logs)), logs, {})
+    assert [(p.node, p.cause) for p in problems] == [
+        (
+            "node2",
+            "NCCL's transport within the node here is 'P2P/IPC/read, SHM/direct/direct', "
+            "'P2P/IPC/read' on the other nodes",
+        )
+    ]
+
+
+def test_a_plugin_named_in_the_environment_but_missing_and_a_plugin_network_with_a_space():
+    missing = (H100 / "nccl-1rank-plugin-missing.log").read_text().splitlines()
+    assert decisions([missing])["net plugin"] == "none found (NCCL's own)"
+    efa = (LOGS / "nccl-efa_aws_libfabric_ring.log").read_text().splitlines()
+    assert decisions([efa])["GPUDirect RDMA"] == "on 0 of 3 NET channels"  # AWS Libfabric/0

@@ -1116,7 +1116,7 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
     ib = [
         line
         for line in nccl_log("nccl-2.19.3_dgxh100_roce.log")
-        if "NET/IB" in line or "Using network" in line
+        if "NET/" in line or "Using network" in line
     ]
 
     def run_everywhere(state, commands, seconds):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.hw import kernel_log, lspci
-from trainfleet.hw.sources import DMESG, INFINIBAND, LSPCI, NVLINK, SMI_XML, SOURCES
+from trainfleet.hw.sources import CMDLINE, DMESG, INFINIBAND, LSPCI, NVLINK, SMI_XML, SOURCES
 from trainfleet.model import Cluster, Node
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ MAJORITY = (
 UNIQUE: tuple[str, ...] = ()
 # Health gates: every node that reports one must report "none".
 HEALTH = (
+    "hardware sources",  # the section, and each source a node's checks depend on, was read
     "GPU PCIe link degraded",
     "GPU memory errors",
     "GPU Xid since boot",
@@ -68,7 +69,7 @@ def _set(values: list[Any]) -> str:
 
 def gpu_node(hw: Mapping[str, Any]) -> bool:
     """nvidia-smi is there (its answer may still be unreadable): the GPU checks apply."""
-    return hw["status"].get(SMI_XML) not in ("absent", "skipped", "not read")
+    return hw["status"].get(SMI_XML) not in ("absent", "skipped")
 
 
 def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
@@ -93,13 +94,9 @@ def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
         for g in gpus
         if g["fabric"] and {g["fabric"]["state"], g["fabric"]["status"]} - {None, "N/A"}
     ]
-    if fabrics:
+    if fabrics:  # State/Status only: CliqueId and ClusterUUID differ between NVLink domains
         props["NVLink fabric"] = _set(
-            [
-                f"{g['fabric']['state']}/{g['fabric']['status']}, clique {g['fabric']['clique']}, "
-                f"cluster {g['fabric']['cluster']}"
-                for g in fabrics
-            ]
+            [f"{g['fabric']['state']}/{g['fabric']['status']}" for g in fabrics]
         )
     bad = [
         f"GPU {g['bus']}: {g['fabric']['state']}/{g['fabric']['status']}"
@@ -108,6 +105,19 @@ def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
     ]
     props["NVLink fabric problems"] = "; ".join(bad) or NONE
     return props
+
+
+# The sources a GPU node's (or an HCA node's) checks read: one that failed fails the node, even
+# where the properties it feeds would simply be missing (a majority vote counts only the nodes
+# that have a property). nvidia-smi topo -m is captured, not judged; cpuinfo's flags line is a
+# hint (arm64 has none).
+GPU_SOURCES = (SMI_XML, NVLINK, LSPCI, DMESG, CMDLINE)
+HCA_SOURCES = (LSPCI, DMESG, CMDLINE, INFINIBAND)
+
+
+def _sources(hw: Mapping[str, Any], names: tuple[str, ...]) -> str:
+    failed = [f"{name}: {hw['problems'][name]}" for name in names if name in hw["problems"]]
+    return "; ".join(failed) or NONE
 
 
 def _memory(gpu: Mapping[str, Any]) -> str:
@@ -123,6 +133,8 @@ def _memory(gpu: Mapping[str, Any]) -> str:
     ):
         if gpu[key]:
             found.append(words)
+    if gpu["recovery_action"] not in (None, "None", "N/A"):
+        found.append(f"recovery action {gpu['recovery_action']}")
     return f"GPU {gpu['bus']}: {', '.join(found)}" if found else ""
 
 
@@ -203,7 +215,7 @@ def _nvlinks(hw: Mapping[str, Any]) -> dict[str, str]:
 def _infiniband(hw: Mapping[str, Any]) -> dict[str, str]:
     props = {}
     if hw["status"].get(INFINIBAND) == "absent":
-        props["IB HCAs"] = NONE
+        props["IB HCAs"] = NONE  # (only GPU nodes get here without HCAs)
     elif hw["infiniband"] is not None:  # a node missing an HCA its peers have is named here
         names = sorted(hw["infiniband"])
         props["IB HCAs"] = f"{len(names)}: {', '.join(names)}" if names else NONE
@@ -222,8 +234,12 @@ def observed(hw: Mapping[str, Any] | None) -> dict[str, str]:
     """A node's hardware properties from its plain data (``read_hardware``); None: the
     section could not be read."""
     if hw is None:
-        return {"hardware": "unreadable"}
+        return {"hardware sources": "unreadable (no hardware section in the node's answer)"}
     props: dict[str, str] = {}
+    hcas = hw["status"].get(INFINIBAND) == "ok"
+    if not (gpu_node(hw) or hcas):  # a CPU node without HCAs: none of this is its to share
+        return props
+    props["hardware sources"] = _sources(hw, GPU_SOURCES if gpu_node(hw) else HCA_SOURCES)
     if hw["iommu"] is not None:
         props["IOMMU (kernel command line)"] = " ".join(hw["iommu"]) or "kernel default"
     if hw["kernel"] is not None or hw["cpu_hypervisor"] is not None:
@@ -304,6 +320,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "pstate": "P0",
             "width": 16,
             "max_width": 16,
+            "replays": 0,
             "gen": 5,
             "max_gen": 5,
             "uncorrectable": 0,
@@ -311,6 +328,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "row_remap_failure": False,
             "retirement_pending": False,
             "reset_required": False,
+            "recovery_action": "None",
             "fabric": None,
         }
         for i in range(plan.node.gpus)

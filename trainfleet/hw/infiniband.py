@@ -48,7 +48,7 @@ def hcas(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
         )
         counter = match.group(5) or match.group(6)
         if counter:
-            if value.isdigit():
+            if re.fullmatch(r"[0-9]{1,20}", value):
                 port["counters"][counter] = int(value)
         else:
             port[match.group(4)] = value

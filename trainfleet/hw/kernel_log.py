@@ -4,7 +4,10 @@ the bus, and whether the kernel runs under a hypervisor.
 A kernel line is matched from its start (after dmesg's ``[seconds]`` stamp): a process name the
 kernel prints at the start of a line (``NAME[PID]: segfault at ...``) is at most 15 characters,
 too short to pass for ``NVRM: Xid (PCI:...): N,``, and anything a user's text puts later in a
-line is not its start.
+line is not its start. This holds for util-linux's dmesg, which indents the continuation lines
+of a record that holds a newline; busybox's stamps each line, so there a file name with a
+newline in a logged message could start a line. The log reaches back to its oldest record the
+kernel's ring buffer still holds, not always to boot.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ APPLICATION = "application"
 _STAMP = re.compile(r"\A(?:\[[^\]]{1,40}\] ?|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:,.+-]{8,40} )")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,4})\b")
 _SXID = re.compile(r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5})\b")
-_FALLEN = re.compile(r"NVRM: GPU (?:at PCI:)?([0-9A-Fa-f:.]{7,16}):? GPU has fallen off the bus")
+_FALLEN = re.compile(
+    r"NVRM: GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?):? "
+    r"GPU has fallen off the bus"
+)
 _HYPERVISOR = re.compile(r"Hypervisor detected: ([A-Za-z0-9 _-]{1,40})$")
 
 # The lines the parser reads (``grep -E``): drift's live read keeps only these, the rest of a

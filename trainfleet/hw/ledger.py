@@ -28,6 +28,19 @@ def parts(hw: Mapping[str, Any] | None) -> dict[str, str]:
     return found
 
 
+def read_now(before: Mapping[str, str], hw: Mapping[str, Any] | None) -> dict[str, str]:
+    """A node's parts this run, with the last reading kept for what a failed source could not
+    tell (nvidia-smi timed out: its GPUs are not gone)."""
+    now = parts(hw)
+    problems = (hw or {}).get("problems", {})
+    kept = [
+        prefix
+        for prefix, source in (("GPU ", "nvidia-smi-q.xml"), ("HCA ", "sys-class-infiniband"))
+        if hw is None or source in problems
+    ]
+    return {**{p: v for p, v in before.items() if p.startswith(tuple(kept))}, **now}
+
+
 def changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
     """What changed between two readings of one node's parts: ``GPU ... serial: A -> B``; a slot
     that emptied or filled since (``gone``) too. A slot whose part was never read is not one."""

@@ -26,10 +26,17 @@ def smi_root(data: bytes) -> Element:
         root = fromstring(_SMI_DOCTYPE.sub(rb"\1", data, count=1), forbid_dtd=True)
     except DefusedXmlException as exc:
         raise ValueError(f"XML with a DTD or entities refused ({type(exc).__name__})") from exc
-    except ParseError as exc:
-        raise ValueError(f"not XML ({exc})") from exc
+    except (ParseError, LookupError, UnicodeError) as exc:  # LookupError: an unknown encoding
+        raise ValueError(f"not XML ({str(exc)[:80]})") from exc
     if root.tag != "nvidia_smi_log":
         raise ValueError(f"not nvidia-smi's XML (root <{root.tag[:40]}>)")
+    # A process name is a user's text inside the document: should nvidia-smi ever let markup
+    # through it, a GPU could be added; never more GPUs than nvidia-smi says are attached (fewer:
+    # ``-i`` asked for some; a hidden one is below the spec's count).
+    attached = (root.findtext("attached_gpus") or "").strip()
+    held = len(root.findall("gpu"))
+    if not attached.isdigit() or held > int(attached):
+        raise ValueError(f"attached_gpus says {attached[:8]!r}, the document holds {held} GPUs")
     return root
 
 
@@ -57,11 +64,14 @@ def _uncorrectable(gpu: Element) -> int | None:
     """Volatile (since the driver loaded) uncorrectable DRAM ECC errors: ``dram_uncorrectable``
     (DTD v12 and later) or the older ``double_bit/total``; None where ECC reports none (N/A)."""
     volatile = gpu.find("ecc_errors/volatile")
-    for path in ("dram_uncorrectable", "double_bit/total"):
-        value = _int(text(volatile, path))
-        if value is not None:
-            return value
-    return None
+    dram = _int(text(volatile, "dram_uncorrectable"))
+    if dram is None:
+        return _int(text(volatile, "double_bit/total"))
+    sram = [
+        _int(text(volatile, p)) or 0
+        for p in ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "sram_uncorrectable")
+    ]
+    return dram + sum(sram)
 
 
 def gpus(root: Element) -> list[dict[str, Any]]:
@@ -84,6 +94,7 @@ def gpus(root: Element) -> list[dict[str, Any]]:
                 "pstate": text(gpu, "performance_state"),
                 "width": _width(text(link, "link_widths/current_link_width")),
                 "max_width": _width(text(link, "link_widths/max_link_width")),
+                "replays": _int(text(gpu, "pci/replay_counter")),  # PCIe replays since reset
                 "gen": _int(text(link, "pcie_gen/current_link_gen")),
                 "max_gen": _int(text(link, "pcie_gen/max_link_gen")),
                 "uncorrectable": _uncorrectable(gpu),
@@ -91,6 +102,8 @@ def gpus(root: Element) -> list[dict[str, Any]]:
                 "row_remap_failure": _yes(text(gpu, "remapped_rows/remapped_row_failure")),
                 "retirement_pending": _yes(text(gpu, "retired_pages/pending_retirement")),
                 "reset_required": _yes(text(gpu, "gpu_reset_status/reset_required")),
+                # newer drivers (R570+) say what the GPU needs instead: None, or a reset, a reboot
+                "recovery_action": text(gpu, "gpu_recovery_action"),
                 "fabric": None
                 if fabric is None
                 else {
