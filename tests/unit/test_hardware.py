@@ -752,3 +752,12 @@ def test_a_timed_out_nvidia_smi_keeps_the_ledgers_gpus_and_a_sources_list_must_b
     status.write_text("".join(x for x in status.read_text().splitlines(True) if "dmesg" not in x))
     with pytest.raises(CaptureError, match="sources.txt: says nothing of dmesg.txt"):
         judge(root)
+
+
+def test_the_capture_format_in_the_docs_is_the_one_written():
+    """docs/hardware.md's table of a capture's files names exactly the sources the fact sends
+    (and sources.txt): a source added or renamed without its row fails here."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "hardware.md").read_text()
+    table = page.split("one file per source:", 1)[1].split("\n\n", 2)[1]
+    named = {row.split("`")[1].rstrip("/") for row in table.splitlines() if row.startswith("| `")}
+    assert named == {*SOURCES, STATUS_FILE}
