@@ -289,16 +289,7 @@ class Runner:
         node = self.lab.node("node1")
         argv = [
             "ssh",
-            "-i",
-            str(self.lab.key),
-            "-o",
-            f"UserKnownHostsFile={self.lab.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "LogLevel=ERROR",
+            *self.lab.ssh_options(),
             f"root@{node.address}",
             "sh",
             "-s",

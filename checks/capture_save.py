@@ -65,15 +65,13 @@ def write_node(folder: Path, raw: dict[str, Any]) -> None:
     """One node's sources as files (the fact's names: its fixed source names and the kernel's
     sysfs names, checked there), and ``sources.txt``: what became of each. Only the
     controller's user can read them (serial numbers, the kernel log)."""
-    for name, text in raw["files"].items():
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if raw["status"].get(INFINIBAND) == "ok":  # the tree, even where no file of it was read
+        (folder / INFINIBAND).mkdir(mode=0o700)
+    listing = "".join(f"{n} {s}\n" for n, s in raw["status"].items())
+    for name, text in {**raw["files"], STATUS_FILE: listing}.items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as file:
             file.write(text)
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    status = dict(raw["status"])
-    if status.get(INFINIBAND) == "ok" and not (folder / INFINIBAND).is_dir():
-        (folder / INFINIBAND).mkdir(mode=0o700)  # an HCA directory with no file read
-    (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in status.items()))
-    os.chmod(folder / STATUS_FILE, 0o600)

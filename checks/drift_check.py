@@ -230,23 +230,28 @@ def last_rotation(previous: Any) -> tuple[int | None, str | None]:
 def _previous(path: Path, warn: Callable[[str], None]) -> Any:
     """The last drift report as JSON (it is the controller's own file), None if there is none;
     one too large or that is not JSON is ignored with a warning."""
+    return _own_json(
+        path, warn, "the last report", "a drift report", "the stride rotation restarts"
+    )
+
+
+def _own_json(path: Path, warn: Callable[[str], None], what: str, kind: str, then: str) -> Any:
+    """One of the controller's own JSON files (at most REPORT_BYTES), None if there is none;
+    one that cannot be read or is not JSON is ignored, with a warning saying ``then``."""
     try:
         with path.open("rb") as file:
             data = file.read(REPORT_BYTES + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        warn(f"drift: the last report {path} cannot be read ({exc}); the stride rotation restarts")
+        warn(f"drift: {what} {path} cannot be read ({exc}); {then}")
         return None
     try:
         if len(data) > REPORT_BYTES:
             raise ValueError(f"larger than {REPORT_BYTES} bytes")
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to parse
-        warn(
-            f"drift: the last report {path} is not a drift report ({str(exc)[:80]}); "
-            "the stride rotation restarts"
-        )
+        warn(f"drift: {what} {path} is not {kind} ({str(exc)[:80]}); {then}")
         return None
 
 
@@ -314,12 +319,9 @@ def read_ledger(cluster: str, warn: Callable[[str], None]) -> dict[str, dict[str
     """The ledger's last readings (none yet: empty); one that is not a ledger is set aside
     with a warning, and the run records anew."""
     path = ledger_path(cluster)
-    try:
-        data = json.loads(path.read_bytes()[:REPORT_BYTES])
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, RecursionError) as exc:
-        warn(f"drift: {path} cannot be read ({str(exc)[:80]}); it is recorded anew")
+    anew = "it is recorded anew"
+    data = _own_json(path, warn, "the hardware ledger", "a hardware ledger", anew)
+    if data is None:
         return {}
     nodes = data.get("nodes") if isinstance(data, dict) else None
     if not (

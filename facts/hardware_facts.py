@@ -10,11 +10,11 @@ from typing import Any
 
 from pyinfra.api import FactBase, StringCommand
 
+from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.shell import script, shell
 from trainfleet.hw.kernel_log import GREP
 from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS, read_hardware
 
-SMI_TIMEOUT = 20  # seconds: nvidia-smi hangs on a wedged GPU; the run must not
 _SCRIPT = script("hardware.sh")
 
 

@@ -75,16 +75,7 @@ def _ssh(lab: Lab, name: str, cmd: list[str]) -> int:
         cmd = cmd[1:]
     argv = [
         "ssh",
-        "-i",
-        str(lab.key),
-        "-o",
-        f"UserKnownHostsFile={lab.known_hosts}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "LogLevel=ERROR",
+        *lab.ssh_options(),
         f"root@{node.address}",
         *cmd,
     ]

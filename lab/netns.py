@@ -102,6 +102,22 @@ class Lab:
         self.known_hosts = state_dir / "known_hosts"
         self.spec = state_dir / "spec.yml"
 
+    def ssh_options(self) -> list[str]:
+        """ssh's options for the operator's logins to lab nodes: the operator's key, host keys
+        verified against the lab's known_hosts, no prompt."""
+        return [
+            "-i",
+            str(self.key),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "LogLevel=ERROR",
+        ]
+
     # -- reading ---------------------------------------------------------------------------
 
     def nodes(self) -> list[LabNode]:

@@ -10,7 +10,6 @@ size, and anything missing, unreadable or unknown is a ``CaptureError`` naming i
 from __future__ import annotations
 
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,9 @@ from trainfleet.capabilities import hardware
 from trainfleet.compare import Report, compare
 from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS, STATUS_FILE, read_hardware
 from trainfleet.model import Cluster
+from trainfleet.schema import short_name_problem
 
 MAX_FILE = 64 * 2**20  # bytes: a whole dmesg or lspci -vvv of a large node is a few MB
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class CaptureError(Exception):
@@ -110,8 +109,8 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
     for folder in folders:
         if folder.is_symlink() or not folder.is_dir():
             continue
-        if not NODE_NAME.fullmatch(folder.name):
-            problems.append(f"{folder}: not a node's folder name")
+        if why := short_name_problem(folder.name):  # the spec's grammar for a node's name
+            problems.append(f"{folder}: not a node's folder: {why}")
             continue
         status, files = read_node(folder, problems)
         nodes[folder.name] = read_hardware(status, files)

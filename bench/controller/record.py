@@ -63,16 +63,7 @@ def _ssh(lab: Any, node: str, command: str) -> str:
     address = lab.node(node).address
     argv = [
         "ssh",
-        "-i",
-        str(lab.key),
-        "-o",
-        f"UserKnownHostsFile={lab.known_hosts}",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "LogLevel=ERROR",
+        *lab.ssh_options(),
         f"root@{address}",
         "sh -c " + shlex.quote(command),
     ]

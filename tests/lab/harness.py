@@ -168,21 +168,6 @@ class LabController:
     def down(self) -> dict[str, list[str]]:
         return self.lab.down(log=lambda *_: None)
 
-    def _ssh_options(self) -> list[str]:
-        """The operator's key, host keys verified against the lab's known_hosts, no prompt."""
-        return [
-            "-i",
-            str(self.lab.key),
-            "-o",
-            f"UserKnownHostsFile={self.lab.known_hosts}",
-            "-o",
-            "StrictHostKeyChecking=yes",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "LogLevel=ERROR",
-        ]
-
     def ssh(
         self,
         node: str,
@@ -195,7 +180,7 @@ class LabController:
         """Run ``command`` on ``node`` over real SSH, as ``python -m lab ssh`` does; return
         stdout."""
         address = self.lab.node(node).address
-        argv = ["ssh", *self._ssh_options(), f"{user}@{address}", command]
+        argv = ["ssh", *self.lab.ssh_options(), f"{user}@{address}", command]
         result = subprocess.run(
             argv,
             capture_output=True,
@@ -213,7 +198,7 @@ class LabController:
         ``host.file(path)``, ``host.package(name)``, ``host.process``, ``host.user()``."""
         return testinfra.get_host(
             f"ssh://{user}@{self.lab.node(node).address}",
-            ssh_extra_args=shlex.join(self._ssh_options()),
+            ssh_extra_args=shlex.join(self.lab.ssh_options()),
             controlpersist=0,
         )
 
@@ -236,7 +221,7 @@ class LabController:
         tar = subprocess.Popen(["tar", "-C", str(local), "-cf", "-", "."], stdout=subprocess.PIPE)
         argv = [
             "ssh",
-            *self._ssh_options(),
+            *self.lab.ssh_options(),
             f"root@{address}",
             f"mkdir -p '{remote}' && tar -C '{remote}' -xf -",
         ]

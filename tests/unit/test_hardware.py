@@ -5,6 +5,7 @@ fault."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -12,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from checks import drift_check
+from checks.capture_save import write_node
 from facts.hardware_facts import HardwareSources, HardwareState
 from trainfleet.__main__ import main
 from trainfleet.capabilities import hardware
-from trainfleet.diagnose import CaptureError, judge
-from trainfleet.hw import cmdline, infiniband, kernel_log, lspci, nvlink, smi_xml
+from trainfleet.compare import compare
+from trainfleet.diagnose import CaptureError, judge, read_capture
+from trainfleet.hw import cmdline, infiniband, kernel_log, ledger, lspci, nvlink, smi_xml
 from trainfleet.hw.sources import SOURCES, STATUS_FILE, read_hardware
+from trainfleet.model import Cluster
 
 HW = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
 H100 = HW / "h100_device"  # one H100 SXM5 in a KVM guest, captured by capture_on_gpu_machine.sh
@@ -334,8 +339,6 @@ def test_the_spec_counts_each_nodes_gpus_and_misses_a_node_not_captured(tmp_path
         + "".join(f"  - {{name: node{i}, address: 192.0.2.{i}, gpus: 1}}\n" for i in (1, 2, 3))
         + "  - {name: node5, address: 192.0.2.5, gpus: 8}\n"
     )
-    from trainfleet.model import Cluster
-
     report = judge(capture(tmp_path, nodes=3), Cluster.load(spec))
     assert findings(report) == [("node5", "reachable", "unreachable", "not in the capture")]
     spec.write_text(spec.read_text().replace("gpus: 1}\n", "gpus: 8}\n", 1))
@@ -459,9 +462,6 @@ def h100_hardware(serial: str | None = None) -> dict:
 
 
 def test_the_ledger_records_parts_by_slot_and_names_a_swapped_gpu(tmp_path, monkeypatch):
-    from checks import drift_check
-    from trainfleet.hw import ledger
-
     before = ledger.parts(h100_hardware())
     assert before == {
         "GPU 00000000:00:06.0 serial": "1652524109717",
@@ -515,8 +515,6 @@ def raw_lines(name: str) -> list[str]:
 def captured_node(root: Path, node: str, faults: tuple[tuple[str, str, str], ...] = ()) -> None:
     """``node``'s folder in the capture ``root``, as deploy/capture.py writes it from the H100's
     capture output (``faults``: (source, old line, new line), one line each)."""
-    from checks.capture_save import write_node
-
     raw = HardwareSources().process(raw_lines("hardware-capture.out"))
     for name, old, new in faults:
         assert raw["files"][name].count(old) == 1, (name, old)
@@ -527,8 +525,6 @@ def captured_node(root: Path, node: str, faults: tuple[tuple[str, str, str], ...
 def live_read(faults: tuple[tuple[str, str, str], ...] = ()) -> dict:
     """What drift's live read of the H100 gives (its check-mode output), the same lines changed
     in the sources it carries."""
-    import base64
-
     lines = []
     for line in raw_lines("hardware-check.out"):
         tag, name, state, *rest = line.split(" ") + [""]
@@ -562,18 +558,12 @@ H100_PROPS = {
 
 def test_the_h100_read_live_and_from_its_capture_gives_the_same_properties(tmp_path):
     captured_node(tmp_path / "capture", "h100")
-    (from_capture,) = read_capture_dir(tmp_path / "capture").values()
+    (from_capture,) = read_capture(tmp_path / "capture").values()
     assert hardware.observed(live_read()) == hardware.observed(from_capture) == H100_PROPS
     written = tmp_path / "capture" / "h100"
     assert (written / "nvidia-smi-q.xml").read_text().startswith('<?xml version="1.0" ?>')
     assert (written / "lspci-vvv.txt").read_text().startswith("00:00.0 Host bridge")
     assert (written / STATUS_FILE).read_text().splitlines()[-1] == "sys-class-infiniband absent"
-
-
-def read_capture_dir(path: Path) -> dict:
-    from trainfleet.diagnose import read_capture
-
-    return read_capture(path)
 
 
 FAULTS = {
@@ -589,8 +579,6 @@ NAMED = [
 
 
 def test_diagnose_names_each_fault_of_a_four_node_capture_as_drift_does_live(tmp_path, capsys):
-    from trainfleet.compare import compare
-
     root = tmp_path / "capture"
     for node in ("node1", "node2", "node3", "node4"):
         captured_node(root, node, FAULTS.get(node, ()))
@@ -610,8 +598,6 @@ def test_diagnose_names_each_fault_of_a_four_node_capture_as_drift_does_live(tmp
 
 def judged(nodes: dict[str, dict]) -> list[tuple[str, str, str, str]]:
     """Drift's comparison of nodes' hardware as plain data (no spec)."""
-    from trainfleet.compare import compare
-
     observed = {n: hardware.observed(hw) for n, hw in nodes.items()}
     return findings(compare("c", list(nodes), observed, {n: {} for n in nodes}))
 
@@ -741,8 +727,6 @@ def test_a_page_retirement_pending_on_a_t4_is_a_memory_gate():
 
 
 def test_a_timed_out_nvidia_smi_keeps_the_ledgers_gpus_and_a_sources_list_must_be_whole(tmp_path):
-    from trainfleet.hw import ledger
-
     before = ledger.parts(h100_hardware())
     timed_out = read_hardware({**H100_SOURCES, "nvidia-smi-q.xml": "exit 124"}, {})
     assert ledger.read_now(before, timed_out) == before  # not "gone": unread

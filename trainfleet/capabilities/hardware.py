@@ -15,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 
 from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.hw import kernel_log, lspci
-from trainfleet.hw.sources import CMDLINE, DMESG, INFINIBAND, LSPCI, NVLINK, SMI_XML, SOURCES
+from trainfleet.hw.sources import (
+    CMDLINE,
+    DMESG,
+    INFINIBAND,
+    LSPCI,
+    NVLINK,
+    SMI_XML,
+    SOURCES,
+    TOPO,
+)
 from trainfleet.model import Cluster, Node
 
 if TYPE_CHECKING:
@@ -335,7 +344,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
     ]
     status = {name: "ok" for name in SOURCES}
     if not gpus:
-        status |= {SMI_XML: "absent", NVLINK: "absent", "nvidia-smi-topo-m.txt": "absent"}
+        status |= {SMI_XML: "absent", NVLINK: "absent", TOPO: "absent"}
         status |= {LSPCI: "skipped", DMESG: "skipped", INFINIBAND: "absent"}
     return {
         "hardware": {
