@@ -14,11 +14,11 @@ from checks.bandwidth_verdicts import (
     pair_name,
     pair_rounds,
 )
-from checks.collective_stage import backend_of, collective_command
+from checks.collective_stage import Job, backend_of, jobs_command
 from checks.collective_verdicts import rank_layout
 from checks.counters_verdicts import Counters, counter_problems, read_counters
 from checks.preflight_report import PreflightReport
-from checks.rank_output import node_steps
+from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, refusals, run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS
 from trainfleet.model import Cluster, Node
@@ -28,29 +28,43 @@ from trainfleet.model import Cluster, Node
 BANDWIDTH_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 16 << 20})
 
 
+def node_pairs(rounds: list[list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
+    """Each node's pairs in the order its ranks run them (round by round): job i of a node's
+    ranks is its i-th pair."""
+    mine: dict[str, list[tuple[str, ...]]] = {}
+    for pairs in rounds:
+        for pair in pairs:
+            for node in pair:
+                mine.setdefault(node, []).append(pair)
+    return mine
+
+
 def bandwidth_commands(
-    cluster: Cluster, pairs: list[tuple[str, ...]], seconds: int
+    cluster: Cluster, rounds: list[list[tuple[str, ...]]], seconds: int
 ) -> dict[str, StringCommand]:
-    """One round's commands: each pair (or a lone node, intra-node) runs every GPU of its nodes
-    (one rank per CPU node) in a job of its own, its rendezvous on its first node's cluster
-    address, on a port of its own (master_port + 1 + its index in the round)."""
+    """One command per node: its ranks run each of the node's pairs in turn, in one process (one
+    torch import per rank for the whole stage). A pair (or a lone node, intra-node) is a job of
+    every GPU of its nodes (one rank per CPU node), its rendezvous on its first node's cluster
+    address, on a port of its own (master_port + 1 + its index among all pairs), so that no rank
+    can join another pair's job; the pairs of a round run at once."""
     backend = backend_of(cluster)
-    commands = {}
-    for index, pair in enumerate(pairs):
-        nodes = [cluster.node(name) for name in pair]
-        layout = rank_layout(nodes)
-        world = sum(n.slots for n in nodes)
-        for node in nodes:
-            commands[node.name] = collective_command(
-                *layout[node.name],
-                world,
-                nodes[0].address,
-                cluster.master_port + 1 + index,
-                backend,
-                seconds,
-                BANDWIDTH_BYTES[backend],
-            )
-    return commands
+    jobs: dict[str, list[Job]] = {}
+    port = cluster.master_port
+    for index, pairs in enumerate(rounds):
+        for pair in pairs:
+            port += 1
+            nodes = [cluster.node(name) for name in pair]
+            layout = rank_layout(nodes)
+            world = sum(n.slots for n in nodes)
+            for node in nodes:
+                first = layout[node.name][0]
+                jobs.setdefault(node.name, []).append((index, first, world, nodes[0].address, port))
+    return {
+        name: jobs_command(
+            cluster.node(name).slots, backend, seconds, node_jobs, BANDWIDTH_BYTES[backend]
+        )
+        for name, node_jobs in jobs.items()
+    }
 
 
 def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str | None]:
@@ -93,13 +107,22 @@ def run_bandwidth(
     ]
     before = _counters(state, watched)
     measured: dict[tuple[str, ...], float] = {}
+    seconds = BOUNDS["bandwidth"]
+    out = run_everywhere(state, bandwidth_commands(cluster, rounds, seconds), seconds * len(rounds))
+    report.problems += refusals("bandwidth", out)
+    pairs_of = node_pairs(rounds)
+    ranks = {
+        node: [
+            job_steps(rank, len(pairs))
+            for rank in node_steps(out.get(node, []), cluster.node(node).slots)
+        ]
+        for node, pairs in pairs_of.items()
+    }
     for pairs in rounds:
-        out = run_everywhere(
-            state, bandwidth_commands(cluster, pairs, BOUNDS["bandwidth"]), BOUNDS["bandwidth"]
-        )
-        report.problems += refusals("bandwidth", out)
         for pair in pairs:
-            steps = {node: node_steps(out.get(node, []), cluster.node(node).slots) for node in pair}
+            steps = {
+                node: [jobs[pairs_of[node].index(pair)] for jobs in ranks[node]] for node in pair
+            }
             figures = pair_figures([rank for node in pair for rank in steps[node]])
             if figures is None:
                 report.problems += bandwidth_failures(cluster, pair, steps)

@@ -21,6 +21,11 @@ COLLECTIVE = stage_script("collective.py")
 _COLLECTIVE_RUN = stage_script("collective.sh")
 
 
+# One process group a rank joins: (round, the node's first rank in it, its world, the master's
+# address, its port). A rank runs its jobs one after the other in one process.
+Job = tuple[int, int, int, str, int]
+
+
 def collective_command(
     first: int,
     count: int,
@@ -32,21 +37,27 @@ def collective_command(
     nbytes: int = 0,
 ) -> StringCommand:
     """``count`` ranks on one node, global ranks ``first``.. of ``world``; with ``nbytes``, each
-    also times an all_reduce of that size (the bandwidth stage)."""
+    also times an all_reduce of that size."""
+    return jobs_command(count, backend, seconds, [(0, first, world, master, port)], nbytes)
+
+
+def jobs_command(
+    count: int, backend: str, seconds: int, jobs: list[Job], nbytes: int = 0
+) -> StringCommand:
+    """``count`` ranks on one node, each running ``jobs`` in turn in one process (torch imported
+    once), a job of round r ending (r + 1) * ``seconds`` after the ranks started."""
+    rounds = 1 + max(job[0] for job in jobs)
     return python_stage(
         _COLLECTIVE_RUN,
         f"{VENV_DIR}/bin/python",
-        seconds + 5,
+        rounds * seconds + 5,
         COLLECTIVE,
-        first,
         count,
-        world,
-        master,
-        port,
         backend,
         seconds,
-        *([nbytes] if nbytes else []),
-        bound=seconds + 10,
+        nbytes,
+        *(",".join(map(str, job)) for job in jobs),
+        bound=rounds * seconds + 10,
     )
 
 

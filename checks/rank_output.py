@@ -61,3 +61,20 @@ def node_steps(lines: list[str], count: int) -> list[list[dict[str, Any]]]:
         elif not tagged:
             shared.append(line)
     return [_steps(shared + rank) for rank in mine]
+
+
+def job_steps(steps: list[dict[str, Any]], jobs: int) -> list[list[dict[str, Any]]]:
+    """One rank's steps per job (collective.py runs its jobs in turn): a step names its job; one
+    that does not (the import's failure, collective.sh's exit status and stderr) is the
+    process's, and belongs to the job it was in and every job after, which never ran."""
+    split: list[list[dict[str, Any]]] = [[] for _ in range(jobs)]
+    current = 0
+    for step in steps:
+        job = step.get("job")
+        if isinstance(job, int) and 0 <= job < jobs:
+            current = job
+            split[job].append(step)
+        else:
+            for later in split[current:]:
+                later.append(step)
+    return split

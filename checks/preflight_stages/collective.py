@@ -1,8 +1,13 @@
 # The preflight's collective, run by the pinned venv python of every rank at once (one rank per
 # GPU, one per CPU node). Prints one JSON line per step, so the controller knows how far each
-# rank got even when the run is cut off. Arguments: RANK LOCAL_RANK WORLD MASTER_ADDR
-# MASTER_PORT BACKEND TIMEOUT [BYTES]: with BYTES, a timed all_reduce of that many bytes
-# follows (the bandwidth stage).
+# rank got even when the run is cut off. Arguments: LOCAL_RANK BACKEND TIMEOUT BYTES JOB...,
+# each JOB "ROUND,FIRST,WORLD,MASTER_ADDR,MASTER_PORT": a process group of its own, this rank
+# being FIRST + LOCAL_RANK of WORLD, run one after the other in this one process (torch is
+# imported once). A job must end TIMEOUT seconds after its round's start, round r starting r
+# TIMEOUT seconds after this process did: the controller's schedule, whatever an earlier job
+# took. With BYTES > 0, a timed all_reduce of that many bytes follows (the bandwidth stage).
+# Every step names its job; a step without one (import, or what collective.sh adds) is the
+# process's.
 # Run as `python -I -c` in a private root-only directory: no module a node user planted in the
 # working directory (or named in PYTHON* variables) is imported instead of the standard library's.
 import json
@@ -17,17 +22,14 @@ def say(step, **data):
     print(json.dumps({"step": step, **data}), flush=True)
 
 
-rank, local, world, master, port, backend, limit = (
+local, backend, limit, nbytes = (
     int(sys.argv[1]),
-    int(sys.argv[2]),
-    int(sys.argv[3]),
-    sys.argv[4],
-    int(sys.argv[5]),
-    sys.argv[6],
-    float(sys.argv[7]),
+    sys.argv[2],
+    float(sys.argv[3]),
+    int(sys.argv[4]),
 )
-nbytes = int(sys.argv[8]) if len(sys.argv) > 8 else 0
-deadline = time.monotonic() + limit
+jobs = [job.split(",") for job in sys.argv[5:]]
+started = time.monotonic()
 visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
 gpu = (
     (
@@ -38,9 +40,11 @@ gpu = (
     if visible
     else local
 )
+_, first, _, _, _ = jobs[0]
 say(
     "start",
-    rank=rank,
+    job=0,
+    rank=int(first) + local,
     local=local,
     host=socket.gethostname(),
     gpu=gpu if backend == "nccl" else None,
@@ -58,14 +62,13 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed_all_reduce(device):
+def timed_all_reduce(device, rank, world, job):
     """Warm-up, then all_reduce of an nbytes buffer repeated for about a second (the same count
     on every rank: the slowest warm-up decides), seconds per all_reduce on this rank."""
     buf = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32, device=device)
     dist.all_reduce(buf)  # checked: a large buffer arrives whole, not only a small one
     if not bool(torch.all(buf == world * (world + 1) / 2)):
-        say("error", stage="bandwidth", error="the large all_reduce gave a wrong sum")
-        sys.exit(4)
+        raise Failed("bandwidth", "the large all_reduce gave a wrong sum")
     buf.zero_()
     started = time.perf_counter()
     for _ in range(2):
@@ -82,26 +85,34 @@ def timed_all_reduce(device):
     return (time.perf_counter() - started) / iters, iters
 
 
-# Rendezvous through the master's store first, so that on a timeout the master can say
-# which ranks joined and which did not.
-try:
+class Failed(Exception):
+    """A job's own failure, in its stage's words."""
+
+    def __init__(self, stage, error, **data):
+        super().__init__(error)
+        self.stage, self.data = stage, data
+
+
+def run(job, rank, world, master, port, deadline):
+    # Rendezvous through the master's store first, so that on a timeout the master can say
+    # which ranks joined and which did not.
     store = dist.TCPStore(
-        master, port, world, rank == 0, timedelta(seconds=limit), wait_for_workers=False
+        master,
+        port,
+        world,
+        rank == 0,
+        timedelta(seconds=max(1.0, deadline - time.monotonic())),
+        wait_for_workers=False,
     )
     store.set(f"joined/{rank}", socket.gethostname())
     store.add("joined", 1)
     while int(store.add("joined", 0)) < world:
         if time.monotonic() > deadline:
             joined = [r for r in range(world) if store.check([f"joined/{r}"])]
-            say(
-                "timeout",
-                stage="rendezvous",
-                joined=joined,
-                missing=[r for r in range(world) if r not in joined],
-            )
-            sys.exit(3)
+            missing = [r for r in range(world) if r not in joined]
+            raise Failed("rendezvous", "timeout", joined=joined, missing=missing)
         time.sleep(0.1)
-    say("joined")
+    say("joined", job=job)
     if backend == "nccl":
         torch.cuda.set_device(
             local
@@ -113,12 +124,18 @@ try:
         world_size=world,
         timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),
     )
-    say("initialised", backend=backend)
+    say("initialised", job=job, backend=backend)
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     value = torch.full((4,), float(rank + 1), device=device)
     dist.all_reduce(value)
     expected = world * (world + 1) / 2
-    say("all_reduce", ok=bool(torch.all(value == expected)), got=float(value[0]), expected=expected)
+    say(
+        "all_reduce",
+        job=job,
+        ok=bool(torch.all(value == expected)),
+        got=float(value[0]),
+        expected=expected,
+    )
     versions = {
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -129,17 +146,48 @@ try:
     mine = torch.tensor(list(blob), dtype=torch.uint8, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
-    say("all_gather", versions=[json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered])
+    say(
+        "all_gather",
+        job=job,
+        versions=[json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered],
+    )
     if nbytes > 0:
-        seconds, iters = timed_all_reduce(device)
-        say("bandwidth", bytes=nbytes // 4 * 4, seconds=seconds, iters=iters)
+        seconds, iters = timed_all_reduce(device, rank, world, job)
+        say("bandwidth", job=job, bytes=nbytes // 4 * 4, seconds=seconds, iters=iters)
     dist.barrier()
     dist.destroy_process_group()
-    say("done")
-except Exception as exc:
-    say(
-        "error",
-        stage="collective",
-        error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-    )
-    sys.exit(4)
+    say("done", job=job)
+
+
+status = 0
+for job, (round_, first, world, master, port) in enumerate(jobs):
+    rank, world = int(first) + local, int(world)
+    if job:
+        say("start", job=job, rank=rank, local=local)
+    try:
+        run(job, rank, world, master, int(port), started + (int(round_) + 1) * limit)
+        status = 0
+    except Failed as failed:
+        kind = "timeout" if failed.stage == "rendezvous" else "error"
+        say(
+            kind,
+            job=job,
+            stage=failed.stage,
+            **({"error": str(failed)} if kind == "error" else {}),
+            **failed.data,
+        )
+        status = 3 if kind == "timeout" else 4
+    except Exception as exc:
+        say(
+            "error",
+            job=job,
+            stage="collective",
+            error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+        )
+        status = 4
+        try:  # the next job makes a process group of its own
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+sys.exit(status)  # the last job's: what collective.sh adds (exit, stderr) is read as its own

@@ -1,17 +1,16 @@
 # The collective's ranks on this node: $1 the pinned venv's python, $2 seconds, $3 the script,
-# $4 this node's first global rank, $5 its number of ranks, then the script's arguments after
-# RANK and LOCAL_RANK. Each rank runs at once, its output in files of its own; then each rank's
+# $4 its number of ranks, then the script's arguments after LOCAL_RANK. Each rank runs at once, its output in files of its own; then each rank's
 # lines are printed behind its local rank ("3 {...}"): its steps, and when it failed its exit
 # status and the last lines it wrote to stderr, and the lines of NCCL's INFO log that say which
 # network it used. A python that is missing or cannot start prints no step of its own: this
 # script says so (`nopython`, or the exit status), never a silence the controller could only
 # call a timeout.
-python=$1 seconds=$2 script=$3 first=$4 count=$5; shift 5
+python=$1 seconds=$2 script=$3 count=$4; shift 4
 if [ ! -x "$python" ]; then echo "nopython"; exit 2; fi
 pids="" i=0
 while [ "$i" -lt "$count" ]; do
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$PWD/nccl.$i" \
-    timeout -k 2 "$seconds" "$python" -I -c "$script" "$((first + i))" "$i" "$@" >"out.$i" 2>"err.$i" &
+    timeout -k 2 "$seconds" "$python" -I -c "$script" "$i" "$@" >"out.$i" 2>"err.$i" &
   pids="$pids $!" i=$((i + 1))
 done
 status=0 i=0

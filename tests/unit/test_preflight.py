@@ -23,6 +23,7 @@ from checks import (
     smoke_stage,
     stage_runner,
 )
+from checks.bandwidth_verdicts import pair_figures
 from checks.collective_verdicts import collective_problems, isolate
 from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import hygiene_problems
@@ -211,12 +212,12 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(
-        "#!/bin/sh\nshift 3\n"
-        'echo "{\\"step\\": \\"start\\", \\"rank\\": $1, \\"local\\": $2, '
+        "#!/bin/sh\nshift 3\nfirst=${5#*,}; rank=$((${first%%,*} + $1))\n"
+        'echo "{\\"step\\": \\"start\\", \\"rank\\": $rank, \\"local\\": $1, '
         '\\"args\\": \\"$*\\", \\"debug\\": \\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\"}"\n'
-        'echo "$(hostname):1:1 [$2] NCCL INFO Using network Socket" > "$NCCL_DEBUG_FILE"\n'
-        "[ \"$1\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; exit 1; "
-        "}\n"
+        'echo "$(hostname):1:1 [$1] NCCL INFO Using network Socket" > "$NCCL_DEBUG_FILE"\n'
+        "[ \"$rank\" = 10 ] && { echo 'RuntimeError: CUDA error: no CUDA-capable device' >&2; "
+        "exit 1; }\n"
         'echo \'{"step": "done"}\'\n'
     )
     python.chmod(0o755)
@@ -230,7 +231,7 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
         3,
     ]
     assert (
-        ranks[0][0]["args"] == "8 0 24 192.0.2.11 29500 nccl 5"
+        ranks[0][0]["args"] == "0 nccl 5 0 0,8,24,192.0.2.11,29500"
         and ranks[0][0]["debug"] == "INFO INIT,NET"
     )
     assert [s["step"] for s in ranks[2]] == ["start", "exit", "stderr", "nccl"]
@@ -899,7 +900,10 @@ def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
     ]
 
 
-def _bandwidth_lines(rank: int, world: int, seconds: float, nbytes: int = 16 << 20) -> list[str]:
+def _bandwidth_lines(
+    rank: int, world: int, seconds: float, nbytes: int = 16 << 20, job: int = 0
+) -> list[str]:
+    """One rank's lines (local rank 0) for one job of the bandwidth stage."""
     total = world * (world + 1) / 2
     steps = [
         {"step": "start", "rank": rank},
@@ -908,39 +912,57 @@ def _bandwidth_lines(rank: int, world: int, seconds: float, nbytes: int = 16 << 
         {"step": "bandwidth", "bytes": nbytes, "seconds": seconds, "iters": 10},
         {"step": "done"},
     ]
-    return [f"0 {json.dumps(s)}" for s in steps]
+    return [f"0 {json.dumps({**s, 'job': job})}" for s in steps]
 
 
-def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_slow_node(
+def _pairs_run(commands: dict, seconds_of) -> dict[str, list[str]]:
+    """What each node's ranks print for its jobs, read from its command: each job is
+    "ROUND,FIRST,WORLD,MASTER,PORT"; ``seconds_of(port)`` is that pair's time per all_reduce."""
+    out = {}
+    for node, command in commands.items():
+        jobs = command.get_raw_value().rsplit(" 16777216 ", 1)[1].split()
+        out[node] = [
+            line
+            for index, job in enumerate(jobs)
+            for _, first, world, _, port in [job.split(",")]
+            for line in _bandwidth_lines(int(first), int(world), seconds_of(int(port)), job=index)
+        ]
+    return out
+
+
+def test_the_bandwidth_stage_runs_every_pair_of_a_node_in_one_command_and_names_the_slow_node(
     monkeypatch,
 ):
     lab = Cluster.parse(
         "preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
         "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
     )
-    rounds: list[dict[str, str]] = []
-    slow = {"node3": 0.2}  # seconds per 16 MiB all_reduce with node3 in the pair; 0.02 elsewhere
+    calls: list[tuple[dict[str, str], int]] = []
+    slow_ports = {29502, 29503}  # the pairs with node3 (rounds 2 and 3): 0.2 s per all_reduce
 
     def run_everywhere(state, commands, seconds):
-        rounds.append({node: c.get_raw_value() for node, c in commands.items()})
-        seconds_of = max(slow.get(node, 0.02) for node in commands)
-        return {node: _bandwidth_lines(i, 2, seconds_of) for i, node in enumerate(commands)}
+        calls.append(({node: c.get_raw_value() for node, c in commands.items()}, seconds))
+        return _pairs_run(commands, lambda port: 0.2 if port in slow_ports else 0.02)
 
     monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="lab", nodes=[n.name for n in lab.nodes])
     bandwidth_stage.run_bandwidth(None, lab, report)
-    assert [sorted(r) for r in rounds] == [
-        ["node1", "node2"],
-        ["node2", "node3"],
-        ["node1", "node3"],
-    ]
-    # each pair: 1 rank per CPU node, world 2, rendezvous on its lower node, 16 MiB; port
-    # master_port + 1
+    ((raw, seconds),) = calls  # one command per node for the whole stage, bounded by 3 rounds
+    assert seconds == 90 and sorted(raw) == ["node1", "node2", "node3"]
+    # each pair: 1 rank per CPU node, world 2, its rendezvous on its lower node, 16 MiB, a port
+    # of its own (master_port + 1 + its index among all pairs), the job ending with its round
     assert (
-        "' trainfleet /opt/trainfleet/venv/bin/python 35 " in rounds[1]["node3"]
-    )  # python's own bound
-    assert rounds[1]["node2"].endswith(" 0 1 2 198.18.0.12 29501 gloo 30 16777216")
-    assert rounds[1]["node3"].endswith(" 1 1 2 198.18.0.12 29501 gloo 30 16777216")
+        "' trainfleet /opt/trainfleet/venv/bin/python 95 " in raw["node3"]
+    )  # python's own bound: the three rounds
+    assert raw["node1"].endswith(
+        " 1 gloo 30 16777216 0,0,2,198.18.0.11,29501 2,0,2,198.18.0.11,29503"
+    )
+    assert raw["node2"].endswith(
+        " 1 gloo 30 16777216 0,1,2,198.18.0.11,29501 1,0,2,198.18.0.12,29502"
+    )
+    assert raw["node3"].endswith(
+        " 1 gloo 30 16777216 1,1,2,198.18.0.12,29502 2,1,2,198.18.0.11,29503"
+    )
     pairs = report.details["bandwidth"]["pairs"]
     assert {name: p["busbw_gbps"] for name, p in pairs.items()} == {
         "node1-node2": round((16 << 20) / 0.02 / 1e9, 4),
@@ -957,17 +979,37 @@ def test_the_bandwidth_stage_measures_each_pair_on_its_own_port_and_names_the_sl
     assert report.stages["bandwidth"] == "failed"
 
 
-def test_bandwidth_pairs_of_a_round_get_distinct_ports_and_every_gpu_of_both_nodes():
+def test_bandwidth_pairs_get_distinct_ports_and_every_gpu_of_both_nodes():
     four = Cluster.parse(
         "nodes:\n"
         + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4))
     )
-    commands = bandwidth_stage.bandwidth_commands(four, [("g1", "g2"), ("g0", "g3")], 30)
+    commands = bandwidth_stage.bandwidth_commands(
+        four, [[("g0", "g1"), ("g2", "g3")], [("g1", "g2"), ("g0", "g3")]], 30
+    )
     raw = {node: c.get_raw_value() for node, c in commands.items()}
-    assert raw["g1"].endswith(" 0 8 16 192.0.2.1 29501 nccl 30 268435456")
-    assert raw["g2"].endswith(" 8 8 16 192.0.2.1 29501 nccl 30 268435456")
-    assert raw["g0"].endswith(" 0 8 16 192.0.2.0 29502 nccl 30 268435456")
-    assert raw["g3"].endswith(" 8 8 16 192.0.2.0 29502 nccl 30 268435456")
+    assert raw["g0"].endswith(" 8 nccl 30 268435456 0,0,16,192.0.2.0,29501 1,0,16,192.0.2.0,29504")
+    assert raw["g1"].endswith(" 8 nccl 30 268435456 0,8,16,192.0.2.0,29501 1,0,16,192.0.2.1,29503")
+    assert raw["g2"].endswith(" 8 nccl 30 268435456 0,0,16,192.0.2.2,29502 1,8,16,192.0.2.1,29503")
+    assert raw["g3"].endswith(" 8 nccl 30 268435456 0,8,16,192.0.2.2,29502 1,8,16,192.0.2.0,29504")
+
+
+def test_a_ranks_steps_are_split_by_job_and_what_the_process_said_goes_to_the_job_it_was_in():
+    steps = [
+        {"step": "start", "job": 0},
+        {"step": "done", "job": 0},
+        {"step": "start", "job": 1},
+        {"step": "joined", "job": 1},
+        {"step": "exit", "code": 124},
+        {"step": "stderr", "text": "killed"},
+    ]
+    first, second, third = rank_output.job_steps(steps, 3)
+    assert [s["step"] for s in first] == ["start", "done"]
+    assert [s["step"] for s in second] == ["start", "joined", "exit", "stderr"]
+    assert [s["step"] for s in third] == ["exit", "stderr"]  # never ran: the process was gone
+    assert collective_verdicts.rank_failure(third) == "stopped after 'no output' (timed out)"
+    nopython = rank_output.node_steps(["nopython"], 1)[0]
+    assert all(job and job[0]["stage"] == "python" for job in rank_output.job_steps(nopython, 2))
 
 
 def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(
@@ -994,7 +1036,10 @@ def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is
     )
 
     def run_everywhere(state, commands, seconds):
-        return {"a": _bandwidth_lines(0, 2, 0.1)[:3], "b": ['0 {"step": "start"}', "0 exit 124"]}
+        return {
+            "a": _bandwidth_lines(0, 2, 0.1)[:3],
+            "b": ['0 {"step": "start", "job": 0}', "0 exit 124"],
+        }
 
     monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=["a", "b"])
@@ -1128,7 +1173,7 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
                 for i in range(2)
                 for line in (socket_ if node == "gpu-a02" else ib)
             ]
-            assert f" {first} 2 4 192.0.2.11 29500 nccl 25" in command.get_raw_value()
+            assert command.get_raw_value().endswith(f" 2 nccl 25 0 0,{first},4,192.0.2.11,29500")
         return out
 
     monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
@@ -1523,3 +1568,37 @@ def test_error_counters_are_read_around_the_rounds_on_the_nodes_with_hcas_and_gr
     assert calls == [["node2"], ["node1", "node2"], ["node2"]]  # before, the round, after
     assert [(p.stage, p.node) for p in report.problems] == [("bandwidth", "node2")]
     assert "mlx5_0 port 1 symbol_error 0 -> 7" in report.problems[0].cause
+
+
+# ---- the collective script's jobs as they ran on a real H100 (fixtures/hardware/h100_preflight)
+
+H100_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "h100_preflight"
+
+
+def _real_run(name: str, ranks: int, jobs: int) -> list[list[list[dict]]]:
+    """Each local rank's steps per job, from collective.sh's real output."""
+    lines = (H100_RUNS / f"{name}.out").read_text().splitlines()
+    return [rank_output.job_steps(r, jobs) for r in rank_output.node_steps(lines, ranks)]
+
+
+def test_one_process_runs_its_jobs_in_turn_over_nccl_and_gloo_on_a_real_machine():
+    ((first, second),) = _real_run("nccl-two-jobs", 1, 2)
+    for job in (first, second):  # NCCL initialised, destroyed and initialised again
+        assert collective_verdicts.rank_failure(job) is None
+        assert [s["step"] for s in job if s["step"] == "bandwidth"] == ["bandwidth"]
+    assert pair_figures([first]) and pair_figures([second])
+    two_ranks = _real_run("gloo-two-ranks-two-jobs", 2, 2)
+    for job in (0, 1):
+        figures = pair_figures([rank[job] for rank in two_ranks])
+        assert figures and figures["busbw_gbps"] > 0
+    ((collective,),) = _real_run("nccl-collective", 1, 1)
+    assert collective_verdicts.rank_failure(collective) is None
+    assert any("NCCL INFO Using network Socket" in s.get("text", "") for s in collective)
+
+
+def test_a_job_whose_peer_never_came_times_out_alone_and_the_next_job_still_runs():
+    ((lonely, alone),) = _real_run("gloo-missing-peer-then-alone", 1, 2)
+    timeout = next(s for s in lonely if s["step"] == "timeout")
+    assert (timeout["stage"], timeout["joined"], timeout["missing"]) == ("rendezvous", [0], [1])
+    assert collective_verdicts.rank_failure(lonely) == "stopped after 'timeout' (timed out)"
+    assert collective_verdicts.rank_failure(alone) is None
