@@ -1,8 +1,9 @@
-"""Error counters under trainfleet's own load: each InfiniBand port's error counters and each
-GPU's PCIe replay counter read before and after the preflight's bandwidth stage; a port or GPU
-whose errors grew while the stage drove traffic through it is named (symbol errors, link downs
-and recoveries, receive errors, PCIe replays: a link that flaps or degrades under load passes
-an idle check). Plain functions."""
+"""Error counters under trainfleet's own load: each InfiniBand port's error counters, each GPU's
+PCIe replay counter and each NVLink's error counters read before and after the preflight's
+bandwidth stage; a port, GPU or link whose errors grew while the stage drove traffic through it
+is named (symbol errors, link downs and recoveries, receive errors, PCIe replays, NVLink replay,
+recovery and CRC errors: a link that flaps or degrades under load passes an idle check). Plain
+functions."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import binascii
 import re
 
 from checks.preflight_report import Problem
-from trainfleet.hw import smi_xml
+from trainfleet.hw import nvlink, smi_xml
 from trainfleet.hw.infiniband import ERROR_COUNTERS
 from trainfleet.text import printable
 
@@ -20,6 +21,7 @@ Counters = dict[tuple[str, str, str], int]  # (HCA, port, counter) -> value
 
 
 PCIE = "PCIe"  # the "port" of a GPU's replay counter
+NVLINK = "NVLink "  # the "port" of an NVLink's counters: "NVLink 3"
 
 
 def read_counters(lines: list[str]) -> Counters:
@@ -37,6 +39,13 @@ def read_counters(lines: list[str]) -> Counters:
             for gpu in gpus:
                 if gpu["replays"] is not None:
                     found[(gpu["bus"], PCIE, "replays")] = gpu["replays"]
+        elif line.startswith("nvl "):
+            try:
+                text = base64.b64decode(line[4:], validate=True).decode("utf-8", "replace")
+            except (ValueError, binascii.Error):
+                continue
+            for (gpu, link, name), value in nvlink.error_counters(text).items():
+                found[(f"GPU {gpu}", f"{NVLINK}{link}", name)] = value
     return found
 
 
@@ -51,7 +60,7 @@ def counter_problems(
         Problem(
             "bandwidth",
             node,
-            "its error counters (InfiniBand, PCIe replays) could not be read "
+            "its error counters (InfiniBand, PCIe replays, NVLink) could not be read "
             + ("before" if not before.get(node) else "after")
             + " the bandwidth stage: whether its links held under load is unknown",
         )
@@ -62,6 +71,8 @@ def counter_problems(
         grew = [
             f"GPU {printable(hca, 32)} PCIe replays {before[node][key]} -> {value}"
             if port == PCIE
+            else f"{hca} {port} {printable(name, 64)} {before[node][key]} -> {value}"
+            if port.startswith(NVLINK)
             else f"{printable(hca, 32)} port {port} {name} {before[node][key]} -> {value}"
             for key, value in sorted(now.items())
             if key in before.get(node, {}) and value > before[node][key]
@@ -76,7 +87,8 @@ def counter_problems(
                     + "; ".join(grew)
                     + ": the link degrades under traffic (InfiniBand: reseat or replace the "
                     "cable or transceiver, check the switch port; PCIe: reseat the GPU, check "
-                    "its riser and slot)",
+                    "its riser and slot; NVLink: reset the GPU, then check the baseboard and "
+                    "NVSwitch)",
                 )
             )
     return problems

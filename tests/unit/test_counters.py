@@ -14,6 +14,11 @@ from trainfleet.hw.infiniband import ERROR_COUNTERS
 
 TREE = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "infiniband"
 TREE = TREE / "sys-class-infiniband-h100.0"
+H100 = TREE.parents[1] / "h100_device"
+NO_LINKS = H100 / "nvidia-smi-nvlink-e.txt"  # the H100 (a VM's one GPU) has no NVLink: empty
+# nvidia-smi nvlink -e of an H100 with links, abridged by its author (tests/fixtures/hardware/
+# nvidia_smi/README.md)
+LINKS = TREE.parents[1] / "nvidia_smi" / "nvidia-smi-nvlink-e_ml-engineering-h100_abridged.txt"
 
 
 def reading(root: Path) -> dict:
@@ -63,8 +68,11 @@ def test_a_gpu_whose_pcie_replays_grew_under_load_is_named(tmp_path):
     (tmp_path / "bin").mkdir()
     smi = tmp_path / "bin" / "nvidia-smi"
 
-    def read_with(document: Path) -> dict:
-        smi.write_text(f"#!/bin/sh\ncat '{document}'\n")
+    def read_with(document: Path, links: Path = NO_LINKS) -> dict:
+        # nvidia-smi nvlink -e prints the links' counters, nvidia-smi -q -x the document
+        smi.write_text(
+            f"#!/bin/sh\nif [ \"$1\" = nvlink ]; then cat '{links}'; else cat '{document}'; fi\n"
+        )
         smi.chmod(0o755)
         out = subprocess.run(
             ["sh", "-c", COUNTERS, "trainfleet", " ".join(ERROR_COUNTERS), str(tmp_path), "gpu"],
@@ -81,6 +89,18 @@ def test_a_gpu_whose_pcie_replays_grew_under_load_is_named(tmp_path):
     (problem,) = counter_problems({"g": before}, {"g": read_with(after)})
     assert "GPU 00000000:00:06.0 PCIe replays 2 -> 40" in problem.cause
     assert read_counters(["smi not-base64!"]) == {}
+
+    # an NVLink's error counters: each read; one that grew between the readings is named
+    with_links = read_with(xml, LINKS)
+    nvlinks = {key: v for key, v in with_links.items() if key[1].startswith("NVLink")}
+    assert len(nvlinks) == 9 and set(nvlinks.values()) == {0}  # links 0, 1, 17: three each
+    assert nvlinks[("GPU 0", "NVLink 17", "CRC Errors")] == 0
+    grown = tmp_path / "grown.txt"
+    text = LINKS.read_text()
+    assert text.count("Link 1: CRC Errors: 0") == 1
+    grown.write_text(text.replace("Link 1: CRC Errors: 0", "Link 1: CRC Errors: 12"))
+    (problem,) = counter_problems({"g": with_links}, {"g": read_with(xml, grown)})
+    assert "GPU 0 NVLink 1 CRC Errors 0 -> 12" in problem.cause and "NVLink: reset" in problem.cause
 
 
 def test_a_watched_node_whose_counters_could_not_be_read_fails():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -745,3 +746,140 @@ def test_the_capture_format_in_the_docs_is_the_one_written():
     table = page.split("one file per source:", 1)[1].split("\n\n", 2)[1]
     named = {row.split("`")[1].rstrip("/") for row in table.splitlines() if row.startswith("| `")}
     assert named == {*SOURCES, STATUS_FILE}
+
+
+# ---- SXid, a GPU fallen off the bus, the NVLink domain: real kernel logs and Fabric blocks ----
+
+
+def unquoted(path: Path) -> str:
+    """A log quoted in Markdown as found ("> " before each line, ">" between): the log."""
+    return "".join(line[2:] + "\n" for line in read(path).splitlines() if line.startswith("> "))
+
+
+def test_a_fatal_sxid_is_named_by_nvswitch_and_link_and_a_non_fatal_one_is_not():
+    incident = kernel_log.read(
+        unquoted(HW / "dmesg" / "dmesg_gpud-sxid-readme_xid79-sxid20034.quoted.md")
+    )
+    # one event per SXid, counted on its description line (not its Data or Severity lines)
+    assert [(x["pci"], x["xid"], x["link"]) for x in incident["sxids"]] == [
+        ("0000:06:00.0", 20034, 48),
+        ("0000:05:00.0", 20034, 63),
+        ("0000:07:00.0", 20034, 37),
+        ("0000:05:00.0", 20034, 62),
+    ]
+    assert incident["fallen"] == ["0000:91:00.0"] and [x["xid"] for x in incident["xids"]] == [79]
+    assert kernel_log.sxid_name(20034) == "SXid 20034 (LTSSM Fault Up)"
+    benign = kernel_log.read(read(HW / "dmesg" / "dmesg_nvtrust-124_hgx-h100-tdx_sxid22013.log"))
+    assert [(x["xid"], x["link"]) for x in benign["sxids"]] == [
+        (22013, 44),
+        (22013, 45),
+        (22013, 46),
+    ]
+    # gpud's catalogue: 22013 can be ignored, the NVSwitch corrects it; 20034 needs a reboot
+    assert kernel_log.hardware_sxids(benign["sxids"]) == []
+    assert len(kernel_log.hardware_sxids(incident["sxids"])) == 4
+    unknown = [{"pci": "p", "xid": 99999, "link": None}]
+    assert kernel_log.hardware_sxids(unknown) == unknown
+    assert kernel_log.sxid_name(99999) == "SXid 99999 (not in the catalogue)"
+
+
+@pytest.mark.parametrize(
+    ("log", "gone"),
+    [
+        ("dmesg_kubecon-hk-2024_h100_xid79-fallen.log", "0000:5d:00.0"),  # one-line form
+        ("dmesg_kubecon-hk-2024_h100_fallen-probe-failed.log", "0000:5d:00.0"),  # the probe's
+        ("dmesg_nvsentinel-155_10de-26b5_fallen-multiline.log", "0000:b3:00.0"),
+    ],
+)
+def test_a_gpu_fallen_off_the_bus_is_read_in_both_forms_the_driver_prints(log, gone):
+    text = read(HW / "dmesg" / log)
+    assert kernel_log.read(text)["fallen"] == [gone]
+    # drift's live read keeps only the lines the parser needs: the same answer
+    kept = "".join(line + "\n" for line in text.splitlines() if re.search(kernel_log.GREP, line))
+    assert kernel_log.read(kept)["fallen"] == [gone]
+
+
+def test_a_continuation_line_alone_is_no_gpu_fallen_off_the_bus():
+    text = read(HW / "dmesg" / "dmesg_nvsentinel-155_10de-26b5_fallen-multiline.log")
+    first, *rest = text.splitlines(keepends=True)
+    assert kernel_log.read("".join(rest))["fallen"] == []  # its GPU line gone: no GPU to name
+    # a record's later lines never start one: an indented "NVRM: Xid" is not an Xid
+    assert kernel_log.read("               NVRM: Xid (PCI:0000:19:00): 48, x\n")["xids"] == []
+
+
+def test_the_xid_gate_names_the_fallen_gpu_and_the_fatal_sxids_with_their_links(tmp_path):
+    incident = "".join(
+        line + "\n"
+        for line in unquoted(
+            HW / "dmesg" / "dmesg_gpud-sxid-readme_xid79-sxid20034.quoted.md"
+        ).splitlines()
+    )
+    fault = (
+        "dmesg.txt",
+        "[    0.000000] Hypervisor detected: KVM\n",
+        "[    0.000000] Hypervisor detected: KVM\n" + incident,
+    )
+    report = judge(capture(tmp_path, faults={"node2": fault}))
+    ((node, prop, kind, seen),) = findings(report)
+    assert (node, prop, kind) == ("node2", "GPU Xid since boot", "health")
+    assert seen.split("; ") == [
+        "0000:91:00: Xid 79 (GPU has fallen off the bus) x1",
+        "0000:91:00.0: GPU has fallen off the bus x1",
+        "NVSwitch 0000:06:00.0 link 48: SXid 20034 (LTSSM Fault Up) x1",
+        "NVSwitch 0000:05:00.0 link 63: SXid 20034 (LTSSM Fault Up) x1",
+        "NVSwitch 0000:07:00.0 link 37: SXid 20034 (LTSSM Fault Up) x1",
+        "NVSwitch 0000:05:00.0 link 62: SXid 20034 (LTSSM Fault Up) x1",
+    ]
+
+
+def fabric_values(name: str) -> dict[str, str]:
+    """The Fabric block's values of a real `nvidia-smi -q` ("CliqueId : 2")."""
+    found = {}
+    for line in read(HW / "nvidia_smi" / name).splitlines():
+        key, sep, value = line.partition(" : ")
+        if sep and key.strip() in ("State", "Status", "CliqueId", "ClusterUUID"):
+            found[key.strip()] = value.strip()
+    return found
+
+
+def in_a_domain(values: dict[str, str]) -> list[tuple[str, str]]:
+    """The H100's own Fabric elements, each given one value of a real Fabric block."""
+    return [
+        ("<state>N/A</state>\n\t\t\t<status>", f"<state>{values['State']}</state>\n\t\t\t<status>"),
+        (
+            "<status>N/A</status>\n\t\t\t<cliqueId>",
+            f"<status>{values['Status']}</status>\n\t\t\t<cliqueId>",
+        ),
+        ("<cliqueId>N/A</cliqueId>", f"<cliqueId>{values['CliqueId']}</cliqueId>"),
+        ("<clusterUuid>N/A</clusterUuid>", f"<clusterUuid>{values['ClusterUUID']}</clusterUuid>"),
+    ]
+
+
+def domain_capture(tmp: Path, odd: dict[str, str] | None = None) -> Path:
+    """Four H100 nodes in the multi-node NVLink domain of dra-driver#626 (CliqueId 2); node3's
+    CliqueId and ClusterUUID those of ``odd``, a node that did not join one."""
+    root = capture(tmp)
+    member = fabric_values("nvidia-smi-q-fabric_dra-driver-626_clique2.txt")
+    for node in ("node1", "node2", "node3", "node4"):
+        path = root / node / "nvidia-smi-q.xml"
+        text = read(path)
+        values = member if node != "node3" or not odd else {**member, **odd}
+        for old, new in in_a_domain(values):
+            assert text.count(old) == 1, old
+            text = text.replace(old, new)
+        path.write_text(text)
+    return root
+
+
+def test_a_node_outside_the_others_nvlink_domain_is_named_and_a_whole_domain_is_not(tmp_path):
+    healthy = judge(domain_capture(tmp_path / "healthy"))
+    assert findings(healthy) == []
+    assert healthy.observed["node1"]["NVLink domain"] == "multi-node"
+    assert healthy.observed["node1"]["NVLink fabric"] == "Completed/Success"
+    # Azure's node of azhpc-images#506: CliqueId 0 and a zero ClusterUUID (its Status aside)
+    alone = fabric_values("nvidia-smi-q-fabric_azhpc-images-506_insufficient-resources.txt")
+    odd = {key: alone[key] for key in ("CliqueId", "ClusterUUID")}
+    report = judge(domain_capture(tmp_path / "odd", odd))
+    assert findings(report) == [
+        ("node3", "NVLink domain", "majority", "this node alone (CliqueId 0, ClusterUUID zero)")
+    ]

@@ -42,6 +42,7 @@ MAJORITY = (
     "GPU PCIe max",
     "NVLink GPU ",
     "NVLink fabric",
+    "NVLink domain",
     "NVSwitches",
     "GPU-NIC affinity",
     "IB ",
@@ -107,6 +108,13 @@ def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
         props["NVLink fabric"] = _set(
             [f"{g['fabric']['state']}/{g['fabric']['status']}" for g in fabrics]
         )
+        domains = {
+            (g["fabric"]["cluster"], g["fabric"]["clique"])
+            for g in fabrics
+            if g["fabric"]["cluster"] not in (None, "N/A")
+        }
+        if domains:
+            props["NVLink domain"] = _domain(domains)
     bad = [
         f"GPU {g['bus']}: {g['fabric']['state']}/{g['fabric']['status']}"
         for g in fabrics
@@ -114,6 +122,20 @@ def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
     ]
     props["NVLink fabric problems"] = "; ".join(bad) or NONE
     return props
+
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+def _domain(domains: set[tuple[str, str]]) -> str:
+    """The NVLink domain a node's GPUs are in (ClusterUUID, CliqueId): a multi-node one (a
+    GB200 NVL rack) or this node alone (CliqueId 0, a zero ClusterUUID: an HGX board, or a node
+    whose fabric manager did not join its rack's domain). Which multi-node domain is not
+    compared: racks differ."""
+    if any(cluster != ZERO_UUID for cluster, _ in domains):
+        return "multi-node" if len(domains) == 1 else f"split across {len(domains)} domains"
+    cliques = ", ".join(sorted(clique for _, clique in domains))
+    return f"this node alone (CliqueId {cliques}, ClusterUUID zero)"
 
 
 # The sources a GPU node's (or an HCA node's) checks read: one that failed fails the node, even
@@ -173,8 +195,15 @@ def _xids(hw: Mapping[str, Any]) -> str:
         for x in kernel_log.hardware_xids(kernel["xids"])
     )
     counts.update(f"{pci}: GPU has fallen off the bus" for pci in kernel["fallen"])
-    counts.update(f"NVSwitch {x['pci']}: SXid {x['xid']}" for x in kernel["sxids"])
+    counts.update(
+        f"NVSwitch {x['pci']}{_link(x)}: {kernel_log.sxid_name(x['xid'])}"
+        for x in kernel_log.hardware_sxids(kernel["sxids"])
+    )
     return "; ".join(f"{what} x{n}" for what, n in counts.items()) or NONE
+
+
+def _link(sxid: Mapping[str, Any]) -> str:
+    return "" if sxid.get("link") is None else f" link {sxid['link']}"
 
 
 def _acs(hw: Mapping[str, Any]) -> str | None:

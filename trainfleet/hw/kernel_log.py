@@ -16,6 +16,9 @@ import re
 from types import MappingProxyType
 from typing import Any
 
+from trainfleet.hw.sxid_catalogue import SXID_CATALOGUE
+from trainfleet.hw.sxid_catalogue import WARNING as SXID_WARNING
+
 # What each Xid means and what it asks for, after NVIDIA's Xid catalogue
 # (docs.nvidia.com/deploy/xid-errors) and the classifications of leptonai/gpud
 # (components/accelerator/nvidia/xid) and Azure/azurehpc-health-checks (check_xid.sh).
@@ -50,30 +53,64 @@ APPLICATION = "application"
 # "2024-11-15T12:02:03,470068+00:00 "
 _STAMP = re.compile(r"\A(?:\[[^\]]{1,40}\] ?|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:,.+-]{8,40} )")
 _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,4})\b")
-_SXID = re.compile(r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5})\b")
+_SXID = re.compile(
+    r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5}), (.{0,200})"
+)
+# An SXid event is three lines: its description ("Fatal, Link 48 LTSSM Fault Up"), its Data and
+# its Severity; the event is counted on the first, whose link is the slot.
+_SXID_DETAIL = re.compile(r"Data \{|Severity [0-9]")
+_SXID_LINK = re.compile(r"\ALink ([0-9]{1,3})\b")
 _FALLEN = re.compile(
     r"NVRM: GPU (?:at PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?):? "
     r"GPU has fallen off the bus"
 )
+# The driver's multi-line form (one record): "NVRM: The NVIDIA GPU 0000:5d:00.0" then "(PCI ID:
+# 10de:2330) installed in this system has" and "fallen off the bus and is not responding to
+# commands.", printed when a probe finds the GPU gone.
+_GONE_GPU = re.compile(
+    r"NVRM: The NVIDIA GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])$"
+)
+_GONE_TAIL = re.compile(r"\s*NVRM: fallen off the bus and is not responding")
 _HYPERVISOR = re.compile(r"Hypervisor detected: ([A-Za-z0-9 _-]{1,40})$")
 
 # The lines the parser reads (``grep -E``): drift's live read keeps only these, the rest of a
 # long log never leaves the node; a capture keeps the whole log.
-GREP = r"NVRM: Xid|SXid \(PCI|fallen off the bus|Hypervisor detected"
+GREP = r"NVRM: Xid|SXid \(PCI|fallen off the bus|NVRM: The NVIDIA GPU|Hypervisor detected"
 
 
 def read(log: str) -> dict[str, Any]:
-    """``{"xids": [{"pci", "xid"}], "sxids": [...], "fallen": [pci], "hypervisor": str|None}``
-    in the log's order."""
+    """``{"xids": [{"pci", "xid"}], "sxids": [{"pci", "xid", "text", "link"}], "fallen": [pci],
+    "hypervisor": str|None}`` in the log's order."""
     xids, sxids, fallen, hypervisor = [], [], [], None
+    gone = None  # the GPU of an "NVRM: The NVIDIA GPU ..." record, until its tail is read
     for line in log.splitlines():
-        message = _STAMP.sub("", line, count=1)
+        stamp = _STAMP.match(line)
+        message = line[stamp.end() :] if stamp else line
+        if gone and _GONE_TAIL.match(message):
+            fallen.append(gone)
+            gone = None
+            continue
+        if not stamp and line[:1].isspace():  # a record's continuation line, never its start
+            continue
+        gone = None
         if found := _XID.match(message):
             xids.append({"pci": found.group(1).lower(), "xid": int(found.group(2))})
         elif found := _SXID.match(message):
-            sxids.append({"pci": found.group(1).lower(), "xid": int(found.group(2))})
+            text = found.group(3)
+            if not _SXID_DETAIL.match(text):
+                what = text.split(", ", 1)[-1]
+                link = _SXID_LINK.match(what)
+                sxids.append(
+                    {
+                        "pci": found.group(1).lower(),
+                        "xid": int(found.group(2)),
+                        "link": int(link.group(1)) if link else None,
+                    }
+                )
         elif found := _FALLEN.match(message):
             fallen.append(found.group(1).lower())
+        elif found := _GONE_GPU.match(message):
+            gone = found.group(1).lower()
         elif found := _HYPERVISOR.match(message):
             hypervisor = found.group(1).strip()
     return {"xids": xids, "sxids": sxids, "fallen": fallen, "hypervisor": hypervisor}
@@ -82,6 +119,16 @@ def read(log: str) -> dict[str, Any]:
 def xid_name(xid: int) -> str:
     meaning = XID_CATALOGUE.get(xid)
     return f"Xid {xid} ({meaning[0]})" if meaning else f"Xid {xid} (not in the catalogue)"
+
+
+def sxid_name(sxid: int) -> str:
+    meaning = SXID_CATALOGUE.get(sxid)
+    return f"SXid {sxid} ({meaning[0]})" if meaning else f"SXid {sxid} (not in the catalogue)"
+
+
+def hardware_sxids(sxids: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The SXids the fabric does not survive: the catalogue's fatal ones and unknown ones."""
+    return [x for x in sxids if SXID_CATALOGUE.get(x["xid"], ("", ""))[1] != SXID_WARNING]
 
 
 def hardware_xids(xids: list[dict[str, Any]]) -> list[dict[str, Any]]:
