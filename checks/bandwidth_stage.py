@@ -1,11 +1,12 @@
-"""The bandwidth stage: a timed all_reduce per node pair, round by round."""
+"""The bandwidth stage: a timed all_reduce per node pair, round by round, run by the collective's
+ranks after it (``run_collective``'s ``then``), and judged here."""
 
 from __future__ import annotations
 
 from types import MappingProxyType
 from typing import Any
 
-from pyinfra.api import State, StringCommand
+from pyinfra.api import State
 
 from checks.bandwidth_verdicts import (
     bandwidth_failures,
@@ -14,12 +15,11 @@ from checks.bandwidth_verdicts import (
     pair_name,
     pair_rounds,
 )
-from checks.collective_stage import Job, backend_of, jobs_command
+from checks.collective_stage import Job, backend_of
 from checks.collective_verdicts import rank_layout
 from checks.counters_verdicts import Counters, counter_problems, read_counters
 from checks.preflight_report import PreflightReport
-from checks.rank_output import job_steps, node_steps
-from checks.stage_runner import BOUNDS, refusals, run_everywhere, shell_stage, stage_script
+from checks.stage_runner import run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS
 from trainfleet.model import Cluster, Node
 
@@ -29,8 +29,7 @@ BANDWIDTH_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 16 << 20})
 
 
 def node_pairs(rounds: list[list[tuple[str, ...]]]) -> dict[str, list[tuple[str, ...]]]:
-    """Each node's pairs in the order its ranks run them (round by round): job i of a node's
-    ranks is its i-th pair."""
+    """Each node's pairs in the order its ranks run them (round by round)."""
     mine: dict[str, list[tuple[str, ...]]] = {}
     for pairs in rounds:
         for pair in pairs:
@@ -39,14 +38,16 @@ def node_pairs(rounds: list[list[tuple[str, ...]]]) -> dict[str, list[tuple[str,
     return mine
 
 
-def bandwidth_commands(
-    cluster: Cluster, rounds: list[list[tuple[str, ...]]], seconds: int
-) -> dict[str, StringCommand]:
-    """One command per node: its ranks run each of the node's pairs in turn, in one process (one
-    torch import per rank for the whole stage). A pair (or a lone node, intra-node) is a job of
-    every GPU of its nodes (one rank per CPU node), its rendezvous on its first node's cluster
-    address, on a port of its own (master_port + 1 + its index among all pairs), so that no rank
-    can join another pair's job; the pairs of a round run at once."""
+def bandwidth_jobs(
+    cluster: Cluster, rounds: list[list[tuple[str, ...]]], start: int, seconds: int
+) -> dict[str, list[Job]]:
+    """Each node's jobs, run by its ranks after the collective in the same processes (one torch
+    import per rank for both stages). A pair (or a lone node, intra-node) is a job of every GPU
+    of its nodes (one rank per CPU node), its rendezvous on its first node's cluster address, on
+    a port of its own (master_port + 1 + its index among all pairs), so that no rank can join
+    another pair's job; a pair of round r ends ``start`` + (r + 1) x ``seconds`` after the ranks
+    started, so a slow or hung pair costs its own round only; the pairs of a round run at
+    once."""
     backend = backend_of(cluster)
     jobs: dict[str, list[Job]] = {}
     port = cluster.master_port
@@ -56,15 +57,19 @@ def bandwidth_commands(
             nodes = [cluster.node(name) for name in pair]
             layout = rank_layout(nodes)
             world = sum(n.slots for n in nodes)
+            end = start + (index + 1) * seconds
             for node in nodes:
-                first = layout[node.name][0]
-                jobs.setdefault(node.name, []).append((index, first, world, nodes[0].address, port))
-    return {
-        name: jobs_command(
-            cluster.node(name).slots, backend, seconds, node_jobs, BANDWIDTH_BYTES[backend]
-        )
-        for name, node_jobs in jobs.items()
-    }
+                jobs.setdefault(node.name, []).append(
+                    (
+                        end,
+                        layout[node.name][0],
+                        world,
+                        nodes[0].address,
+                        port,
+                        BANDWIDTH_BYTES[backend],
+                    )
+                )
+    return jobs
 
 
 def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str | None]:
@@ -78,14 +83,28 @@ def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str |
     return [], f"a single node with {what}: no link to measure"
 
 
-def run_bandwidth(
+def watched_nodes(cluster: Cluster, networks: dict[str, Any] | None) -> list[Node]:
+    """The nodes whose error counters are read around the stage: those with GPUs, or HCA ports
+    the hygiene stage found."""
+    return [
+        n
+        for n in cluster.nodes
+        if n.gpus > 0 or ((networks or {}).get(n.name) or {}).get("ib_ports")
+    ]
+
+
+def judge_bandwidth(
     state: State,
     cluster: Cluster,
     report: PreflightReport,
+    ranks: dict[str, list[list[list[dict[str, Any]]]]],
+    before: dict[str, Counters],
     networks: dict[str, Any] | None = None,
 ) -> None:
-    """Bus bandwidth of a timed all_reduce per node pair, round by round; with the spec's floor
-    (``preflight.min_busbw_gbps``) the slow node or link is named, without one it is reported."""
+    """Bus bandwidth of each pair's timed all_reduce (job 1.. of its nodes' ranks, ``ranks`` as
+    ``run_collective`` returns them); with the spec's floor (``preflight.min_busbw_gbps``) the
+    slow node or link is named, without one it is reported. The error counters ``before`` are
+    read again: one that grew under the load is named."""
     backend = backend_of(cluster)
     floor = cluster.preflight.get("min_busbw_gbps")
     rounds, skipped = bandwidth_plan(cluster)
@@ -100,28 +119,16 @@ def run_bandwidth(
         details["note"] = skipped
         report.stages["bandwidth"] = "skipped"
         return
-    watched = [
-        n
-        for n in cluster.nodes
-        if n.gpus > 0 or ((networks or {}).get(n.name) or {}).get("ib_ports")
-    ]
-    before = _counters(state, watched)
     measured: dict[tuple[str, ...], float] = {}
-    seconds = BOUNDS["bandwidth"]
-    out = run_everywhere(state, bandwidth_commands(cluster, rounds, seconds), seconds * len(rounds))
-    report.problems += refusals("bandwidth", out)
     pairs_of = node_pairs(rounds)
-    ranks = {
-        node: [
-            job_steps(rank, len(pairs))
-            for rank in node_steps(out.get(node, []), cluster.node(node).slots)
-        ]
-        for node, pairs in pairs_of.items()
-    }
     for pairs in rounds:
         for pair in pairs:
             steps = {
-                node: [jobs[pairs_of[node].index(pair)] for jobs in ranks[node]] for node in pair
+                node: [
+                    jobs[1 + pairs_of[node].index(pair)] if len(jobs) > len(pairs_of[node]) else []
+                    for jobs in ranks.get(node) or [[]] * cluster.node(node).slots
+                ]
+                for node in pair
             }
             figures = pair_figures([rank for node in pair for rank in steps[node]])
             if figures is None:
@@ -130,8 +137,9 @@ def run_bandwidth(
             measured[pair] = figures["busbw_gbps"]
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     report.problems += bandwidth_problems(measured, floor)
+    watched = watched_nodes(cluster, networks)
     report.problems += counter_problems(
-        before, _counters(state, watched), [n.name for n in watched]
+        before, read_error_counters(state, watched), [n.name for n in watched]
     )
     report.stages["bandwidth"] = (
         "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
@@ -141,9 +149,9 @@ def run_bandwidth(
 COUNTERS = stage_script("counters.sh")
 
 
-def _counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
-    """The InfiniBand error counters and GPUs' PCIe replay counters of ``nodes`` (those with
-    GPUs, or HCA ports the hygiene stage found), one command each."""
+def read_error_counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
+    """The InfiniBand error counters, GPUs' PCIe replay counters and NVLinks' error counters of
+    ``nodes`` (``watched_nodes``), one command each."""
     if not nodes:
         return {}
     names = " ".join(ERROR_COUNTERS)

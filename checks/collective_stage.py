@@ -10,7 +10,7 @@ from checks.collective_verdicts import collective_problems, isolate, rank_failur
 from checks.fabric_verdicts import nccl_socket_problems
 from checks.nccl_decisions import nccl_decision_problems
 from checks.preflight_report import PreflightReport
-from checks.rank_output import node_steps
+from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
 from trainfleet.defaults import VENV_DIR
 from trainfleet.model import Cluster
@@ -21,9 +21,10 @@ COLLECTIVE = stage_script("collective.py")
 _COLLECTIVE_RUN = stage_script("collective.sh")
 
 
-# One process group a rank joins: (round, the node's first rank in it, its world, the master's
-# address, its port). A rank runs its jobs one after the other in one process.
-Job = tuple[int, int, int, str, int]
+# One process group a rank joins: (its end, in seconds after the ranks start; the node's first
+# rank in it; its world; the master's address; its port; the bytes of its timed all_reduce, 0
+# for none). A rank runs its jobs one after the other in one process.
+Job = tuple[int, int, int, str, int, int]
 
 
 def collective_command(
@@ -34,30 +35,24 @@ def collective_command(
     port: int,
     backend: str,
     seconds: int,
-    nbytes: int = 0,
 ) -> StringCommand:
-    """``count`` ranks on one node, global ranks ``first``.. of ``world``; with ``nbytes``, each
-    also times an all_reduce of that size."""
-    return jobs_command(count, backend, seconds, [(0, first, world, master, port)], nbytes)
+    """``count`` ranks on one node, global ranks ``first``.. of ``world``, done in ``seconds``."""
+    return jobs_command(count, backend, [(seconds, first, world, master, port, 0)])
 
 
-def jobs_command(
-    count: int, backend: str, seconds: int, jobs: list[Job], nbytes: int = 0
-) -> StringCommand:
+def jobs_command(count: int, backend: str, jobs: list[Job]) -> StringCommand:
     """``count`` ranks on one node, each running ``jobs`` in turn in one process (torch imported
-    once), a job of round r ending (r + 1) * ``seconds`` after the ranks started."""
-    rounds = 1 + max(job[0] for job in jobs)
+    once), each job ending by its own end."""
+    end = max(job[0] for job in jobs)
     return python_stage(
         _COLLECTIVE_RUN,
         f"{VENV_DIR}/bin/python",
-        rounds * seconds + 5,
+        end + 5,
         COLLECTIVE,
         count,
         backend,
-        seconds,
-        nbytes,
         *(",".join(map(str, job)) for job in jobs),
-        bound=rounds * seconds + 10,
+        bound=end + 10,
     )
 
 
@@ -66,31 +61,47 @@ def backend_of(cluster: Cluster) -> str:
 
 
 def run_collective(
-    state: State, cluster: Cluster, report: PreflightReport, networks: dict[str, Any]
-) -> bool:
+    state: State,
+    cluster: Cluster,
+    report: PreflightReport,
+    networks: dict[str, Any],
+    then: dict[str, list[Job]] | None = None,
+) -> tuple[bool, dict[str, list[list[list[dict[str, Any]]]]]]:
     """One rank per GPU (per CPU node) over the whole cluster; True when every rank finished
-    with the right sum and the same versions. Then NCCL's own choice of network is judged."""
+    with the right sum and the same versions. Then NCCL's own choice of network is judged.
+
+    + then: each node's jobs after the collective, in the same command and the same processes
+      (the bandwidth stage's pairs), run only where the collective passed
+    Returns (passed, each node's ranks' steps per job: the collective's first, ``then``'s after).
+    """
     backend = backend_of(cluster)
     seconds = BOUNDS["collective"]
     layout = rank_layout(cluster.nodes)
-    out = run_everywhere(
-        state,
-        {
-            n.name: collective_command(
-                *layout[n.name],
+    jobs = {
+        n.name: [
+            (
+                seconds,
+                layout[n.name][0],
                 cluster.total_slots,
                 cluster.master.address,
                 cluster.master_port,
-                backend,
-                seconds,
-            )
-            for n in cluster.nodes
-        },
-        seconds,
-    )
-    steps = {
-        node: node_steps(lines, layout[node][1]) for node, lines in out.items() if node in layout
+                0,
+            ),
+            *(then or {}).get(n.name, []),
+        ]
+        for n in cluster.nodes
     }
+    out = run_everywhere(
+        state,
+        {n.name: jobs_command(layout[n.name][1], backend, jobs[n.name]) for n in cluster.nodes},
+        max(job[0] for node_jobs in jobs.values() for job in node_jobs),
+    )
+    ranks = {
+        node: [job_steps(rank, len(jobs[node])) for rank in node_steps(lines, layout[node][1])]
+        for node, lines in out.items()
+        if node in layout
+    }
+    steps = {node: [rank[0] for rank in node_ranks] for node, node_ranks in ranks.items()}
     report.details["collective"] = {
         "backend": backend,
         "world": cluster.total_slots,
@@ -104,7 +115,7 @@ def run_collective(
         seen, odd = nccl_decision_problems(cluster, logs, networks)
         report.details["collective"]["nccl"] = seen
         report.problems += odd
-    return not problems
+    return not problems, ranks
 
 
 def nccl_logs(steps: dict[str, list[list[dict[str, Any]]]]) -> dict[str, list[list[str]]]:

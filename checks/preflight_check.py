@@ -1,9 +1,11 @@
 """The preflight: prove the cluster can train, stage by stage, each with a hard time bound.
 
 Stages run on every node at once from the controller (one command per node per stage, see
-``checks.stage_runner``); every remote process is wrapped in ``timeout`` so nothing outlives its
-stage even if the controller is interrupted. Each stage is a module of its own
-(``checks/<stage>_stage.py``), its verdicts plain functions in ``checks/<stage>_verdicts.py``.
+``checks.stage_runner``; the bandwidth stage's pairs run in the collective's command, by the
+same processes, so torch is imported once per rank); every remote process is wrapped in
+``timeout`` so nothing outlives its stage even if the controller is interrupted. Each stage is
+a module of its own (``checks/<stage>_stage.py``), its verdicts plain functions in
+``checks/<stage>_verdicts.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ from typing import Any
 
 from pyinfra.api import State
 
-from checks.bandwidth_stage import bandwidth_lines, run_bandwidth
+from checks.bandwidth_stage import (
+    bandwidth_jobs,
+    bandwidth_lines,
+    bandwidth_plan,
+    judge_bandwidth,
+    read_error_counters,
+    watched_nodes,
+)
 from checks.collective_stage import run_collective, run_isolation
 from checks.collective_verdicts import failed_before_the_network
 from checks.hygiene_stage import run_hygiene
@@ -23,6 +32,7 @@ from checks.publish import publish
 from checks.publish import report_path as report_file
 from checks.reachability_stage import run_reachability
 from checks.smoke_stage import run_smoke
+from checks.stage_runner import BOUNDS
 from runtime.gather import once_per_run, prove_sudo, refused_sudo
 from trainfleet.model import Cluster
 
@@ -83,8 +93,14 @@ def _collective_stages(
     networks: dict[str, Any],
     active: set[str],
 ) -> None:
-    """The collective; when it fails for a link's sake, isolation; when it passes, bandwidth."""
-    finished = run_collective(state, cluster, report, networks)
+    """The collective, and in the same command and processes the bandwidth stage's pairs (run
+    only where the collective passed); when the collective fails for a link's sake, isolation;
+    when it passes, the pairs are judged. The error counters are read before the command and
+    after it."""
+    rounds, _ = bandwidth_plan(cluster)
+    before = read_error_counters(state, watched_nodes(cluster, networks)) if rounds else {}
+    pairs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
+    finished, ranks = run_collective(state, cluster, report, networks, pairs)
     mine = [p for p in report.problems if p.stage == "collective"]
     report.stages["collective"] = "failed" if mine else "ok"
     joined_all = not any("never joined" in p.cause for p in report.problems)
@@ -106,7 +122,7 @@ def _collective_stages(
             "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
         )
     if finished:  # (NCCL over sockets is measured too: the figure shows what it costs)
-        run_bandwidth(state, cluster, report, networks)
+        judge_bandwidth(state, cluster, report, ranks, before, networks)
     else:
         report.stages["bandwidth"] = "skipped"
 

@@ -65,8 +65,9 @@ def node_steps(lines: list[str], count: int) -> list[list[dict[str, Any]]]:
 
 def job_steps(steps: list[dict[str, Any]], jobs: int) -> list[list[dict[str, Any]]]:
     """One rank's steps per job (collective.py runs its jobs in turn): a step names its job; one
-    that does not (the import's failure, collective.sh's exit status and stderr) is the
-    process's, and belongs to the job it was in and every job after, which never ran."""
+    that does not is the process's: NCCL's INFO lines (one log per process) belong to every job,
+    the import's failure and collective.sh's exit status and stderr to the job the process was
+    in and every job after, which never ran."""
     split: list[list[dict[str, Any]]] = [[] for _ in range(jobs)]
     current = 0
     for step in steps:
@@ -75,6 +76,6 @@ def job_steps(steps: list[dict[str, Any]], jobs: int) -> list[list[dict[str, Any
             current = job
             split[job].append(step)
         else:
-            for later in split[current:]:
+            for later in split if step.get("step") == "nccl" else split[current:]:
                 later.append(step)
     return split

@@ -1,13 +1,13 @@
 # The preflight's collective, run by the pinned venv python of every rank at once (one rank per
 # GPU, one per CPU node). Prints one JSON line per step, so the controller knows how far each
-# rank got even when the run is cut off. Arguments: LOCAL_RANK BACKEND TIMEOUT BYTES JOB...,
-# each JOB "ROUND,FIRST,WORLD,MASTER_ADDR,MASTER_PORT": a process group of its own, this rank
-# being FIRST + LOCAL_RANK of WORLD, run one after the other in this one process (torch is
-# imported once). A job must end TIMEOUT seconds after its round's start, round r starting r
-# TIMEOUT seconds after this process did: the controller's schedule, whatever an earlier job
-# took. With BYTES > 0, a timed all_reduce of that many bytes follows (the bandwidth stage).
-# Every step names its job; a step without one (import, or what collective.sh adds) is the
-# process's.
+# rank got even when the run is cut off. Arguments: LOCAL_RANK BACKEND JOB..., each JOB
+# "END,FIRST,WORLD,MASTER_ADDR,MASTER_PORT,BYTES": a process group of its own, this rank being
+# FIRST + LOCAL_RANK of WORLD, which must end END seconds after this process started; the jobs
+# run one after the other in this one process (torch is imported once). With BYTES > 0, a timed
+# all_reduce of that many bytes follows (the bandwidth stage's pairs). A job without BYTES that
+# fails (the whole cluster's collective) ends the process: no pair can be measured where
+# the cluster cannot train. Every step names its job; a step without one (the import, or what
+# collective.sh adds) is the process's.
 # Run as `python -I -c` in a private root-only directory: no module a node user planted in the
 # working directory (or named in PYTHON* variables) is imported instead of the standard library's.
 import json
@@ -22,13 +22,8 @@ def say(step, **data):
     print(json.dumps({"step": step, **data}), flush=True)
 
 
-local, backend, limit, nbytes = (
-    int(sys.argv[1]),
-    sys.argv[2],
-    float(sys.argv[3]),
-    int(sys.argv[4]),
-)
-jobs = [job.split(",") for job in sys.argv[5:]]
+local, backend = int(sys.argv[1]), sys.argv[2]
+jobs = [job.split(",") for job in sys.argv[3:]]
 started = time.monotonic()
 visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
 gpu = (
@@ -40,7 +35,7 @@ gpu = (
     if visible
     else local
 )
-_, first, _, _, _ = jobs[0]
+_, first, _, _, _, _ = jobs[0]
 say(
     "start",
     job=0,
@@ -62,7 +57,7 @@ def sync():
         torch.cuda.synchronize()
 
 
-def timed_all_reduce(device, rank, world, job):
+def timed_all_reduce(device, rank, world, nbytes):
     """Warm-up, then all_reduce of an nbytes buffer repeated for about a second (the same count
     on every rank: the slowest warm-up decides), seconds per all_reduce on this rank."""
     buf = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32, device=device)
@@ -93,7 +88,7 @@ class Failed(Exception):
         self.stage, self.data = stage, data
 
 
-def run(job, rank, world, master, port, deadline):
+def run(job, rank, world, master, port, nbytes, deadline):
     # Rendezvous through the master's store first, so that on a timeout the master can say
     # which ranks joined and which did not.
     store = dist.TCPStore(
@@ -152,7 +147,7 @@ def run(job, rank, world, master, port, deadline):
         versions=[json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered],
     )
     if nbytes > 0:
-        seconds, iters = timed_all_reduce(device, rank, world, job)
+        seconds, iters = timed_all_reduce(device, rank, world, nbytes)
         say("bandwidth", job=job, bytes=nbytes // 4 * 4, seconds=seconds, iters=iters)
     dist.barrier()
     dist.destroy_process_group()
@@ -160,12 +155,14 @@ def run(job, rank, world, master, port, deadline):
 
 
 status = 0
-for job, (round_, first, world, master, port) in enumerate(jobs):
-    rank, world = int(first) + local, int(world)
+for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
+    rank, world, nbytes = int(first) + local, int(world), int(nbytes)
+    if job and status and not int(jobs[job - 1][5]):
+        break  # the collective failed: its exit status and words stay its own
     if job:
         say("start", job=job, rank=rank, local=local)
     try:
-        run(job, rank, world, master, int(port), started + (int(round_) + 1) * limit)
+        run(job, rank, world, master, int(port), nbytes, started + float(end))
         status = 0
     except Failed as failed:
         kind = "timeout" if failed.stage == "rendezvous" else "error"
@@ -190,4 +187,4 @@ for job, (round_, first, world, master, port) in enumerate(jobs):
                 dist.destroy_process_group()
         except Exception:
             pass
-sys.exit(status)  # the last job's: what collective.sh adds (exit, stderr) is read as its own
+sys.exit(status)  # the last job's that ran: what collective.sh adds (exit, stderr) is its own

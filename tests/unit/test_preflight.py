@@ -18,6 +18,7 @@ from checks import (
     bandwidth_stage,
     collective_stage,
     collective_verdicts,
+    preflight_check,
     rank_output,
     reachability_stage,
     smoke_stage,
@@ -212,7 +213,7 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
     python = tmp_path / "venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
     python.write_text(
-        "#!/bin/sh\nshift 3\nfirst=${5#*,}; rank=$((${first%%,*} + $1))\n"
+        "#!/bin/sh\nshift 3\nfirst=${3#*,}; rank=$((${first%%,*} + $1))\n"
         'echo "{\\"step\\": \\"start\\", \\"rank\\": $rank, \\"local\\": $1, '
         '\\"args\\": \\"$*\\", \\"debug\\": \\"$NCCL_DEBUG $NCCL_DEBUG_SUBSYS\\"}"\n'
         'echo "$(hostname):1:1 [$1] NCCL INFO Using network Socket" > "$NCCL_DEBUG_FILE"\n'
@@ -231,7 +232,7 @@ def test_each_node_starts_a_rank_per_slot_with_its_global_rank_its_lines_come_ba
         3,
     ]
     assert (
-        ranks[0][0]["args"] == "0 nccl 5 0 0,8,24,192.0.2.11,29500"
+        ranks[0][0]["args"] == "0 nccl 5,8,24,192.0.2.11,29500,0"
         and ranks[0][0]["debug"] == "INFO INIT,NET"
     )
     assert [s["step"] for s in ranks[2]] == ["start", "exit", "stderr", "nccl"]
@@ -901,68 +902,98 @@ def test_without_a_floor_nothing_fails_and_two_nodes_name_their_pair():
 
 
 def _bandwidth_lines(
-    rank: int, world: int, seconds: float, nbytes: int = 16 << 20, job: int = 0
+    rank: int, world: int, seconds: float | None, nbytes: int = 16 << 20, job: int = 0
 ) -> list[str]:
-    """One rank's lines (local rank 0) for one job of the bandwidth stage."""
+    """One rank's lines (local rank 0) for one job: the collective (``seconds`` None) or a
+    pair's timed all_reduce."""
     total = world * (world + 1) / 2
     steps = [
         {"step": "start", "rank": rank},
         {"step": "joined"},
         {"step": "all_reduce", "ok": True, "got": total, "expected": total},
+        {
+            "step": "all_gather",
+            "versions": [{"torch": "2.13.0", "cuda": None, "nccl": None}] * world,
+        },
         {"step": "bandwidth", "bytes": nbytes, "seconds": seconds, "iters": 10},
         {"step": "done"},
     ]
-    return [f"0 {json.dumps({**s, 'job': job})}" for s in steps]
+    return [
+        f"0 {json.dumps({**s, 'job': job})}" for s in steps if seconds or s["step"] != "bandwidth"
+    ]
 
 
-def _pairs_run(commands: dict, seconds_of) -> dict[str, list[str]]:
-    """What each node's ranks print for its jobs, read from its command: each job is
-    "ROUND,FIRST,WORLD,MASTER,PORT"; ``seconds_of(port)`` is that pair's time per all_reduce."""
+def _ranks_run(commands: dict, seconds_of) -> dict[str, list[str]]:
+    """What each node's rank prints for its jobs, read from its command: each job is
+    "END,FIRST,WORLD,MASTER,PORT,BYTES"; ``seconds_of(port)`` is that pair's time per
+    all_reduce."""
     out = {}
     for node, command in commands.items():
-        jobs = command.get_raw_value().rsplit(" 16777216 ", 1)[1].split()
+        jobs = re.split(r" (?:gloo|nccl) ", command.get_raw_value())[-1].split()
         out[node] = [
             line
             for index, job in enumerate(jobs)
-            for _, first, world, _, port in [job.split(",")]
-            for line in _bandwidth_lines(int(first), int(world), seconds_of(int(port)), job=index)
+            for _, first, world, _, port, nbytes in [job.split(",")]
+            for line in _bandwidth_lines(
+                int(first), int(world), seconds_of(int(port)) if int(nbytes) else None, job=index
+            )
         ]
     return out
 
 
-def test_the_bandwidth_stage_runs_every_pair_of_a_node_in_one_command_and_names_the_slow_node(
+def _preflight_collective(
+    monkeypatch, cluster, seconds_of=lambda port: 0.02, networks=None, answer=None
+):
+    """The collective and the bandwidth stage's pairs as the preflight runs them, every node's
+    ranks answering from their command; the commands each node got, and the report."""
+    calls: list[tuple[dict[str, str], int]] = []
+
+    def run_everywhere(state, commands, seconds):
+        raw = {node: c.get_raw_value() for node, c in commands.items()}
+        if "counters" in next(iter(raw.values())):
+            return {node: [] for node in raw}
+        calls.append((raw, seconds))
+        return (answer or _ranks_run)(commands, seconds_of)
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="lab", nodes=[n.name for n in cluster.nodes])
+    preflight_check._collective_stages(
+        None, cluster, report, networks or {}, {n.name for n in cluster.nodes}
+    )
+    return calls, report
+
+
+def test_the_pairs_run_after_the_collective_in_the_same_command_and_the_slow_node_is_named(
     monkeypatch,
 ):
     lab = Cluster.parse(
         "preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
         "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
     )
-    calls: list[tuple[dict[str, str], int]] = []
     slow_ports = {29502, 29503}  # the pairs with node3 (rounds 2 and 3): 0.2 s per all_reduce
-
-    def run_everywhere(state, commands, seconds):
-        calls.append(({node: c.get_raw_value() for node, c in commands.items()}, seconds))
-        return _pairs_run(commands, lambda port: 0.2 if port in slow_ports else 0.02)
-
-    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
-    report = PreflightReport(cluster="lab", nodes=[n.name for n in lab.nodes])
-    bandwidth_stage.run_bandwidth(None, lab, report)
-    ((raw, seconds),) = calls  # one command per node for the whole stage, bounded by 3 rounds
-    assert seconds == 90 and sorted(raw) == ["node1", "node2", "node3"]
-    # each pair: 1 rank per CPU node, world 2, its rendezvous on its lower node, 16 MiB, a port
-    # of its own (master_port + 1 + its index among all pairs), the job ending with its round
-    assert (
-        "' trainfleet /opt/trainfleet/venv/bin/python 95 " in raw["node3"]
-    )  # python's own bound: the three rounds
+    calls, report = _preflight_collective(
+        monkeypatch, lab, lambda port: 0.2 if port in slow_ports else 0.02
+    )
+    ((raw, seconds),) = calls  # one command per node: the collective, then its three rounds
+    assert seconds == 25 + 3 * 30 and sorted(raw) == ["node1", "node2", "node3"]
+    assert " trainfleet /opt/trainfleet/venv/bin/python 120 " in raw["node3"]  # python's bound
+    # the collective (world 3, on the master's port), then each pair: 1 rank per CPU node,
+    # world 2, its rendezvous on its lower node, 16 MiB, a port of its own (master_port + 1 +
+    # its index among all pairs), ending with its round
     assert raw["node1"].endswith(
-        " 1 gloo 30 16777216 0,0,2,198.18.0.11,29501 2,0,2,198.18.0.11,29503"
+        " 1 gloo 25,0,3,198.18.0.11,29500,0 55,0,2,198.18.0.11,29501,16777216"
+        " 115,0,2,198.18.0.11,29503,16777216"
     )
     assert raw["node2"].endswith(
-        " 1 gloo 30 16777216 0,1,2,198.18.0.11,29501 1,0,2,198.18.0.12,29502"
+        " 1 gloo 25,1,3,198.18.0.11,29500,0 55,1,2,198.18.0.11,29501,16777216"
+        " 85,0,2,198.18.0.12,29502,16777216"
     )
     assert raw["node3"].endswith(
-        " 1 gloo 30 16777216 1,1,2,198.18.0.12,29502 2,1,2,198.18.0.11,29503"
+        " 1 gloo 25,2,3,198.18.0.11,29500,0 85,1,2,198.18.0.12,29502,16777216"
+        " 115,1,2,198.18.0.11,29503,16777216"
     )
+    assert report.stages["collective"] == "ok"
     pairs = report.details["bandwidth"]["pairs"]
     assert {name: p["busbw_gbps"] for name, p in pairs.items()} == {
         "node1-node2": round((16 << 20) / 0.02 / 1e9, 4),
@@ -984,14 +1015,16 @@ def test_bandwidth_pairs_get_distinct_ports_and_every_gpu_of_both_nodes():
         "nodes:\n"
         + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4))
     )
-    commands = bandwidth_stage.bandwidth_commands(
-        four, [[("g0", "g1"), ("g2", "g3")], [("g1", "g2"), ("g0", "g3")]], 30
+    jobs = bandwidth_stage.bandwidth_jobs(
+        four, [[("g0", "g1"), ("g2", "g3")], [("g1", "g2"), ("g0", "g3")]], 25, 30
     )
-    raw = {node: c.get_raw_value() for node, c in commands.items()}
-    assert raw["g0"].endswith(" 8 nccl 30 268435456 0,0,16,192.0.2.0,29501 1,0,16,192.0.2.0,29504")
-    assert raw["g1"].endswith(" 8 nccl 30 268435456 0,8,16,192.0.2.0,29501 1,0,16,192.0.2.1,29503")
-    assert raw["g2"].endswith(" 8 nccl 30 268435456 0,0,16,192.0.2.2,29502 1,8,16,192.0.2.1,29503")
-    assert raw["g3"].endswith(" 8 nccl 30 268435456 0,8,16,192.0.2.2,29502 1,8,16,192.0.2.0,29504")
+    big = 256 << 20
+    assert jobs == {
+        "g0": [(55, 0, 16, "192.0.2.0", 29501, big), (85, 0, 16, "192.0.2.0", 29504, big)],
+        "g1": [(55, 8, 16, "192.0.2.0", 29501, big), (85, 0, 16, "192.0.2.1", 29503, big)],
+        "g2": [(55, 0, 16, "192.0.2.2", 29502, big), (85, 8, 16, "192.0.2.1", 29503, big)],
+        "g3": [(55, 8, 16, "192.0.2.2", 29502, big), (85, 8, 16, "192.0.2.0", 29504, big)],
+    }
 
 
 def test_a_ranks_steps_are_split_by_job_and_what_the_process_said_goes_to_the_job_it_was_in():
@@ -1002,11 +1035,12 @@ def test_a_ranks_steps_are_split_by_job_and_what_the_process_said_goes_to_the_jo
         {"step": "joined", "job": 1},
         {"step": "exit", "code": 124},
         {"step": "stderr", "text": "killed"},
+        {"step": "nccl", "text": "NCCL INFO Using network Socket"},
     ]
     first, second, third = rank_output.job_steps(steps, 3)
-    assert [s["step"] for s in first] == ["start", "done"]
-    assert [s["step"] for s in second] == ["start", "joined", "exit", "stderr"]
-    assert [s["step"] for s in third] == ["exit", "stderr"]  # never ran: the process was gone
+    assert [s["step"] for s in first] == ["start", "done", "nccl"]  # NCCL's log: the process's
+    assert [s["step"] for s in second] == ["start", "joined", "exit", "stderr", "nccl"]
+    assert [s["step"] for s in third] == ["exit", "stderr", "nccl"]  # never ran: the process died
     assert collective_verdicts.rank_failure(third) == "stopped after 'no output' (timed out)"
     nopython = rank_output.node_steps(["nopython"], 1)[0]
     assert all(job and job[0]["stage"] == "python" for job in rank_output.job_steps(nopython, 2))
@@ -1018,9 +1052,9 @@ def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_
     one_gpu_node = Cluster.parse("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
     assert bandwidth_stage.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
     cpu = Cluster.parse("nodes:\n  - {name: c, address: 192.0.2.1}\n")
-    monkeypatch.setattr(bandwidth_stage, "run_everywhere", lambda *a: pytest.fail("nothing to run"))
-    report = PreflightReport(cluster="c", nodes=["c"])
-    bandwidth_stage.run_bandwidth(None, cpu, report)
+    calls, report = _preflight_collective(monkeypatch, cpu)
+    ((raw, _),) = calls
+    assert raw["c"].endswith(" 1 gloo 25,0,1,192.0.2.1,29500,0")  # the collective alone
     assert report.stages["bandwidth"] == "skipped" and report.problems == []
     assert (
         report.details["bandwidth"]["note"]
@@ -1028,27 +1062,50 @@ def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_
     )
 
 
-def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass(
-    monkeypatch,
-):
+def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass():
     two = Cluster.parse(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
-
-    def run_everywhere(state, commands, seconds):
-        return {
-            "a": _bandwidth_lines(0, 2, 0.1)[:3],
-            "b": ['0 {"step": "start", "job": 0}', "0 exit 124"],
-        }
-
-    monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
+    collective = _bandwidth_lines(0, 2, None)
+    ranks = {
+        "a": [
+            rank_output.job_steps(s, 2)
+            for s in rank_output.node_steps(collective + _bandwidth_lines(0, 2, 0.1, job=1)[:3], 1)
+        ],
+        "b": [
+            rank_output.job_steps(s, 2)
+            for s in rank_output.node_steps(
+                collective + ['0 {"step": "start", "job": 1}', "0 exit 124"], 1
+            )
+        ],
+    }
     report = PreflightReport(cluster="c", nodes=["a", "b"])
-    bandwidth_stage.run_bandwidth(None, two, report)
+    bandwidth_stage.judge_bandwidth(None, two, report, ranks, {})
     assert [(p.node, p.cause) for p in report.problems] == [
         ("a", "the timed all_reduce with b did not finish: stopped after 'all_reduce' (timed out)"),
         ("b", "the timed all_reduce with a did not finish: stopped after 'start' (timed out)"),
     ]
     assert report.details["bandwidth"]["pairs"] == {}
+
+
+def test_a_failed_collective_skips_the_pairs_and_their_judgement(monkeypatch):
+    three = Cluster.parse(
+        "nodes:\n" + "".join(f"  - {{name: n{i}, address: 192.0.2.{i}}}\n" for i in range(1, 4))
+    )
+
+    def failing(commands, seconds_of):
+        out = _ranks_run(commands, seconds_of)
+        out["n3"] = [
+            '0 {"step": "start", "job": 0}',
+            '0 {"step": "error", "job": 0, '
+            '"stage": "import", "error": "ModuleNotFoundError: No module named torch"}',
+            "0 exit 2",
+        ]
+        return out
+
+    _, report = _preflight_collective(monkeypatch, three, answer=failing)
+    assert report.stages["collective"] == "failed" and report.stages["bandwidth"] == "skipped"
+    assert "bandwidth" not in report.details
 
 
 # ---- NCCL's own choice of network, read from real NCCL_DEBUG=INFO logs ------------------------
@@ -1173,13 +1230,13 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
                 for i in range(2)
                 for line in (socket_ if node == "gpu-a02" else ib)
             ]
-            assert command.get_raw_value().endswith(f" 2 nccl 25 0 0,{first},4,192.0.2.11,29500")
+            assert command.get_raw_value().endswith(f" 2 nccl 25,{first},4,192.0.2.11,29500,0")
         return out
 
     monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
     report = PreflightReport(cluster="c", nodes=["gpu-a01", "gpu-a02"])
     assert (
-        collective_stage.run_collective(None, cluster, report, networks) is True
+        collective_stage.run_collective(None, cluster, report, networks)[0] is True
     )  # every rank finished
     assert [(p.node, p.cause[:60]) for p in report.problems] == [
         ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1"),
@@ -1545,9 +1602,7 @@ def test_the_collective_passes_on_what_nccl_decided_from_its_own_log(
     assert any("Using network Socket" in line for line in lines)
 
 
-def test_error_counters_are_read_around_the_rounds_on_the_nodes_with_hcas_and_growth_is_named(
-    monkeypatch,
-):
+def test_error_counters_are_read_around_the_collective_and_pairs_on_nodes_with_hcas(monkeypatch):
     lab = Cluster.parse(
         "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
     )
@@ -1558,14 +1613,18 @@ def test_error_counters_are_read_around_the_rounds_on_the_nodes_with_hcas_and_gr
         calls.append(sorted(commands))
         if "counters" in next(iter(commands.values())).get_raw_value():
             return {"node2": next(counters)}
-        return {node: _bandwidth_lines(i, 2, 0.02) for i, node in enumerate(commands)}
+        return _ranks_run(commands, lambda port: 0.02)
 
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
     monkeypatch.setattr(bandwidth_stage, "run_everywhere", run_everywhere)
     monkeypatch.setattr(bandwidth_stage, "COUNTERS", "# counters\n" + bandwidth_stage.COUNTERS)
     report = PreflightReport(cluster="lab", nodes=["node1", "node2"])
     ports = {"node2": {"ib_ports": [{"device": "mlx5_0", "port": 1, "state": "4: ACTIVE"}]}}
-    bandwidth_stage.run_bandwidth(None, lab, report, {"node1": {"ib_ports": []}, **ports})
-    assert calls == [["node2"], ["node1", "node2"], ["node2"]]  # before, the round, after
+    preflight_check._collective_stages(
+        None, lab, report, {"node1": {"ib_ports": []}, **ports}, {"node1", "node2"}
+    )
+    # before, the collective with its pair, after
+    assert calls == [["node2"], ["node1", "node2"], ["node2"]]
     assert [(p.stage, p.node) for p in report.problems] == [("bandwidth", "node2")]
     assert "mlx5_0 port 1 symbol_error 0 -> 7" in report.problems[0].cause
 
@@ -1581,24 +1640,37 @@ def _real_run(name: str, ranks: int, jobs: int) -> list[list[list[dict]]]:
     return [rank_output.job_steps(r, jobs) for r in rank_output.node_steps(lines, ranks)]
 
 
-def test_one_process_runs_its_jobs_in_turn_over_nccl_and_gloo_on_a_real_machine():
-    ((first, second),) = _real_run("nccl-two-jobs", 1, 2)
-    for job in (first, second):  # NCCL initialised, destroyed and initialised again
+def test_one_process_runs_the_collective_then_its_rounds_over_nccl_and_gloo_on_a_real_machine():
+    ((collective, *rounds),) = _real_run("nccl-collective-then-two-rounds", 1, 3)
+    assert collective_verdicts.rank_failure(collective) is None
+    assert not any(s["step"] == "bandwidth" for s in collective)  # the collective times nothing
+    for job in rounds:  # NCCL initialised, destroyed and initialised again, in one process
         assert collective_verdicts.rank_failure(job) is None
-        assert [s["step"] for s in job if s["step"] == "bandwidth"] == ["bandwidth"]
-    assert pair_figures([first]) and pair_figures([second])
-    two_ranks = _real_run("gloo-two-ranks-two-jobs", 2, 2)
-    for job in (0, 1):
+        assert pair_figures([job])
+    two_ranks = _real_run("gloo-two-ranks-collective-then-two-rounds", 2, 3)
+    for job in (1, 2):
         figures = pair_figures([rank[job] for rank in two_ranks])
         assert figures and figures["busbw_gbps"] > 0
-    ((collective,),) = _real_run("nccl-collective", 1, 1)
-    assert collective_verdicts.rank_failure(collective) is None
-    assert any("NCCL INFO Using network Socket" in s.get("text", "") for s in collective)
-
-
-def test_a_job_whose_peer_never_came_times_out_alone_and_the_next_job_still_runs():
-    ((lonely, alone),) = _real_run("gloo-missing-peer-then-alone", 1, 2)
-    timeout = next(s for s in lonely if s["step"] == "timeout")
-    assert (timeout["stage"], timeout["joined"], timeout["missing"]) == ("rendezvous", [0], [1])
-    assert collective_verdicts.rank_failure(lonely) == "stopped after 'timeout' (timed out)"
+    ((alone,),) = _real_run("nccl-collective", 1, 1)
     assert collective_verdicts.rank_failure(alone) is None
+    assert any("NCCL INFO Using network Socket" in s.get("text", "") for s in alone)
+
+
+def test_a_collective_whose_peer_never_came_ends_the_process_and_runs_no_pair():
+    ((collective, pair),) = _real_run("gloo-collective-missing-peer", 1, 2)
+    timeout = next(s for s in collective if s["step"] == "timeout")
+    assert (timeout["stage"], timeout["joined"], timeout["missing"]) == ("rendezvous", [0], [1])
+    assert [s["step"] for s in pair] == ["exit"]  # never started: the process's exit status only
+    assert (
+        collective_verdicts.rank_failure(pair)
+        == "python exited with status 3 after 'no output' and wrote nothing to stderr"
+    )
+
+
+def test_a_pair_whose_peer_never_came_times_out_alone_and_the_next_round_still_runs():
+    ((collective, lonely, alone),) = _real_run("gloo-pair-missing-peer-then-next", 1, 3)
+    assert collective_verdicts.rank_failure(collective) is None
+    timeout = next(s for s in lonely if s["step"] == "timeout")
+    assert (timeout["stage"], timeout["missing"]) == ("rendezvous", [1])
+    assert collective_verdicts.rank_failure(lonely) == "stopped after 'timeout' (timed out)"
+    assert collective_verdicts.rank_failure(alone) is None and pair_figures([alone])
