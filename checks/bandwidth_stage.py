@@ -156,9 +156,9 @@ def read_error_counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
         return {}
     names = " ".join(ERROR_COUNTERS)
     commands = {
-        n.name: shell_stage(COUNTERS, names, "", "gpu" if n.gpus else "", bound=30) for n in nodes
-    }
-    out = run_everywhere(state, commands, 30)
+        n.name: shell_stage(COUNTERS, names, "", "gpu" if n.gpus else "", bound=50) for n in nodes
+    }  # (its two nvidia-smi calls: 25 s and 15 s at most)
+    out = run_everywhere(state, commands, 50)
     return {node: read_counters(lines) for node, lines in out.items()}
 
 

@@ -78,6 +78,20 @@ def counter_problems(
             if key in before.get(node, {}) and value > before[node][key]
             for hca, port, name in [key]
         ]
+        gone = sorted(key for key in before.get(node, {}) if key not in now)
+        if now and gone:
+            problems.append(
+                Problem(
+                    "bandwidth",
+                    node,
+                    "error counters read before the bandwidth stage could not be read after "
+                    "it: "
+                    + ", ".join(printable(" ".join(key), 120) for key in gone[:8])
+                    + (f" and {len(gone) - 8} more" if len(gone) > 8 else "")
+                    + ": a device may have gone (a GPU off the bus, an HCA reset) or its tool "
+                    "timed out",
+                )
+            )
         if grew:
             problems.append(
                 Problem(

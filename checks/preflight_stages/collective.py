@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -44,6 +45,9 @@ say(
     host=socket.gethostname(),
     gpu=gpu if backend == "nccl" else None,
 )
+# A pair NCCL gives up on (its timeout: the job's end) raises in this process instead of ending
+# it, so the jobs after it still run: the watchdog below bounds what never returns.
+os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
 try:
     import torch
     import torch.distributed as dist
@@ -141,28 +145,40 @@ def run(job, rank, world, master, port, nbytes, deadline):
     mine = torch.tensor(list(blob), dtype=torch.uint8, device=device)
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
-    say(
-        "all_gather",
-        job=job,
-        versions=[json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered],
-    )
+    gathered_v = [json.loads(bytes(t.cpu().tolist()).decode()) for t in gathered]
+    say("all_gather", job=job, versions=gathered_v)
     if nbytes > 0:
         seconds, iters = timed_all_reduce(device, rank, world, nbytes)
         say("bandwidth", job=job, bytes=nbytes // 4 * 4, seconds=seconds, iters=iters)
     dist.barrier()
-    dist.destroy_process_group()
     say("done", job=job)
+    # the cluster's collective passed here: the right sum, and the same versions on every rank
+    return bool(torch.all(value == expected)) and len({json.dumps(v) for v in gathered_v}) == 1
 
 
-status = 0
+current = {"job": 0, "until": float("inf")}
+
+
+def watchdog():
+    """A job past its end (and 5 s of grace) that nothing interrupted, such as a hung CUDA or
+    NCCL call: the process ends (exit 124, as timeout(1) would), so the collective keeps its
+    own bound and a pair its round's; the jobs after it do not run."""
+    while time.monotonic() <= current["until"]:
+        time.sleep(0.2)
+    os._exit(124)
+
+
+threading.Thread(target=watchdog, daemon=True).start()
+status, passed = 0, True
 for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
     rank, world, nbytes = int(first) + local, int(world), int(nbytes)
-    if job and status and not int(jobs[job - 1][5]):
+    if job and not passed and not int(jobs[job - 1][5]):
         break  # the collective failed: its exit status and words stay its own
+    current.update(job=job, until=started + float(end) + 5)
     if job:
-        say("start", job=job, rank=rank, local=local)
+        say("start", job=job, rank=rank, local=local, gpu=gpu if backend == "nccl" else None)
     try:
-        run(job, rank, world, master, int(port), nbytes, started + float(end))
+        passed = run(job, rank, world, master, int(port), nbytes, started + float(end))
         status = 0
     except Failed as failed:
         kind = "timeout" if failed.stage == "rendezvous" else "error"
@@ -173,7 +189,7 @@ for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
             **({"error": str(failed)} if kind == "error" else {}),
             **failed.data,
         )
-        status = 3 if kind == "timeout" else 4
+        status, passed = (3 if kind == "timeout" else 4), False
     except Exception as exc:
         say(
             "error",
@@ -181,10 +197,12 @@ for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
             stage="collective",
             error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
         )
-        status = 4
-        try:  # the next job makes a process group of its own
+        status, passed = 4, False
+    finally:  # the next job makes a process group of its own
+        try:
             if dist.is_initialized():
                 dist.destroy_process_group()
         except Exception:
             pass
+current["until"] = float("inf")
 sys.exit(status)  # the last job's that ran: what collective.sh adds (exit, stderr) is its own

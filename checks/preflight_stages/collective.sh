@@ -16,7 +16,7 @@ done
 status=0 i=0
 for pid in $pids; do
   wait "$pid"; rc=$?
-  { head -c 65536 "out.$i"; echo; } | grep -v '^$' | sed "s/^/$i /"
+  { head -c 262144 "out.$i"; echo; } | grep -v '^$' | sed "s/^/$i /"
   if [ "$rc" != 0 ]; then status=$rc; echo "$i exit $rc"; tail -n 3 "err.$i" | cut -c1-400 | sed "s/^/$i stderr /"; fi
   # what NCCL decided (checks/fabric_verdicts.py, checks/nccl_decisions.py), each kind bounded:
   # its version, net plugin, network and GPUDirect RDMA; its network channels; its channels

@@ -14,6 +14,6 @@ for f in "$c"/*/ports/*/counters/*; do
 done
 if [ "$3" = gpu ] && command -v nvidia-smi >/dev/null 2>&1; then
   x=$(timeout -k 5 20 nvidia-smi -q -x 2>/dev/null) && { printf 'smi '; printf '%s\n' "$x" | base64 -w0; echo; }
-  x=$(timeout -k 5 20 nvidia-smi nvlink -e 2>/dev/null) && { printf 'nvl '; printf '%s\n' "$x" | base64 -w0; echo; }
+  x=$(timeout -k 5 10 nvidia-smi nvlink -e 2>/dev/null) && { printf 'nvl '; printf '%s\n' "$x" | base64 -w0; echo; }
 fi
 exit 0

@@ -106,3 +106,12 @@ def test_a_gpu_whose_pcie_replays_grew_under_load_is_named(tmp_path):
 def test_a_watched_node_whose_counters_could_not_be_read_fails():
     (problem,) = counter_problems({"n1": {}}, {"n1": {}}, ["n1"])
     assert problem.node == "n1" and "could not be read before the bandwidth stage" in problem.cause
+
+
+def test_a_counter_read_before_the_stage_but_not_after_is_named():
+    before = {("GPU 0", "NVLink 1", "CRC Errors"): 0, ("mlx5_0", "1", "symbol_error"): 0}
+    after = {("mlx5_0", "1", "symbol_error"): 0}  # nvidia-smi nvlink -e timed out after
+    (problem,) = counter_problems({"g": before}, {"g": after}, ["g"])
+    assert problem.node == "g" and "could not be read after it: GPU 0 NVLink 1 CRC Errors" in (
+        problem.cause
+    )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -783,6 +782,13 @@ def test_a_fatal_sxid_is_named_by_nvswitch_and_link_and_a_non_fatal_one_is_not()
     assert kernel_log.sxid_name(99999) == "SXid 99999 (not in the catalogue)"
 
 
+def drift_grep(log: str) -> str:
+    """The kernel lines drift's live read keeps: the fact's own grep -E of GREP."""
+    return subprocess.run(
+        ["grep", "-E", kernel_log.GREP], input=log, capture_output=True, text=True, check=False
+    ).stdout
+
+
 @pytest.mark.parametrize(
     ("log", "gone"),
     [
@@ -794,9 +800,8 @@ def test_a_fatal_sxid_is_named_by_nvswitch_and_link_and_a_non_fatal_one_is_not()
 def test_a_gpu_fallen_off_the_bus_is_read_in_both_forms_the_driver_prints(log, gone):
     text = read(HW / "dmesg" / log)
     assert kernel_log.read(text)["fallen"] == [gone]
-    # drift's live read keeps only the lines the parser needs: the same answer
-    kept = "".join(line + "\n" for line in text.splitlines() if re.search(kernel_log.GREP, line))
-    assert kernel_log.read(kept)["fallen"] == [gone]
+    # drift's live read keeps only the lines the parser needs (grep -E GREP): the same answer
+    assert kernel_log.read(drift_grep(text))["fallen"] == [gone]
 
 
 def test_a_continuation_line_alone_is_no_gpu_fallen_off_the_bus():
@@ -882,4 +887,38 @@ def test_a_node_outside_the_others_nvlink_domain_is_named_and_a_whole_domain_is_
     report = judge(domain_capture(tmp_path / "odd", odd))
     assert findings(report) == [
         ("node3", "NVLink domain", "majority", "this node alone (CliqueId 0, ClusterUUID zero)")
+    ]
+
+
+def test_an_sxid_seen_only_in_its_detail_lines_is_one_event_and_the_drivers_fatal_counts():
+    incident = unquoted(HW / "dmesg" / "dmesg_gpud-sxid-readme_xid79-sxid20034.quoted.md")
+    # the description lines rate-limited away: each NVSwitch's Data/Severity lines remain
+    details = "".join(line + "\n" for line in incident.splitlines() if "LTSSM Fault Up" not in line)
+    found = kernel_log.read(details)["sxids"]
+    assert sorted((x["pci"], x["xid"], x["link"]) for x in found) == [
+        ("0000:05:00.0", 20034, None),
+        ("0000:07:00.0", 20034, None),
+    ]
+    assert len(kernel_log.hardware_sxids(found)) == 2
+    # the driver's own verdict: a Non-fatal 22013 is not named; the same line printed Fatal is
+    benign = read(HW / "dmesg" / "dmesg_nvtrust-124_hgx-h100-tdx_sxid22013.log")
+    line = "22013, Non-fatal, Link 44 Minion Link DLREQ interrupt"
+    assert benign.count(line) == 1
+    fatal = kernel_log.read(benign.replace(line, line.replace("Non-fatal", "Fatal")))["sxids"]
+    assert [(x["link"], x["fatal"]) for x in kernel_log.hardware_sxids(fatal)] == [(44, True)]
+
+
+def test_drift_keeps_only_kernel_lines_that_start_as_the_parser_reads_them():
+    log = read(HW / "dmesg" / "dmesg_kubecon-hk-2024_h100_fallen-probe-failed.log")
+    kept = drift_grep(log).splitlines()
+    assert kept == [
+        "[14387.209961] NVRM: The NVIDIA GPU 0000:5d:00.0",
+        "               NVRM: fallen off the bus and is not responding to commands.",
+    ]
+    # a user's text mid-line (an audit record's name="...") is not kept: it cannot crowd the
+    # kernel's own lines out of the last 2000 drift reads
+    audit = '[ 9.2] audit: type=1400 name="NVRM: The NVIDIA GPU fallen off the bus"\n'
+    assert drift_grep(audit) == ""
+    assert drift_grep(read(H100 / "dmesg.txt")).splitlines() == [
+        "[    0.000000] Hypervisor detected: KVM"
     ]

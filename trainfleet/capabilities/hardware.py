@@ -134,7 +134,7 @@ def _domain(domains: set[tuple[str, str]]) -> str:
     compared: racks differ."""
     if any(cluster != ZERO_UUID for cluster, _ in domains):
         return "multi-node" if len(domains) == 1 else f"split across {len(domains)} domains"
-    cliques = ", ".join(sorted(clique for _, clique in domains))
+    cliques = ", ".join(sorted(str(clique) for _, clique in domains))
     return f"this node alone (CliqueId {cliques}, ClusterUUID zero)"
 
 

@@ -56,8 +56,10 @@ _XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,4})\b")
 _SXID = re.compile(
     r"nvidia-nvswitch[0-9]*: SXid \(PCI:([0-9A-Fa-f:.]{7,16})\): ([0-9]{1,5}), (.{0,200})"
 )
-# An SXid event is three lines: its description ("Fatal, Link 48 LTSSM Fault Up"), its Data and
-# its Severity; the event is counted on the first, whose link is the slot.
+# An SXid event is three lines: its description ("Fatal, Link 48 LTSSM Fault Up", the driver's
+# own verdict first), its Data and its Severity; the event is counted on the first, whose link
+# is the slot. An SXid seen only in Data or Severity lines (its description rate-limited or
+# pushed out of the log) is still one event, of no known link.
 _SXID_DETAIL = re.compile(r"Data \{|Severity [0-9]")
 _SXID_LINK = re.compile(r"\ALink ([0-9]{1,3})\b")
 _FALLEN = re.compile(
@@ -75,14 +77,23 @@ _HYPERVISOR = re.compile(r"Hypervisor detected: ([A-Za-z0-9 _-]{1,40})$")
 
 # The lines the parser reads (``grep -E``): drift's live read keeps only these, the rest of a
 # long log never leaves the node; a capture keeps the whole log.
-GREP = r"NVRM: Xid|SXid \(PCI|fallen off the bus|NVRM: The NVIDIA GPU|Hypervisor detected"
+# Anchored at a line's start (after its stamp), as the parser reads it: a line a user's text can
+# reach mid-way (an audit record's name="...") is not kept, so it cannot crowd the real ones out
+# of the last 2000 lines drift reads.
+GREP = (
+    r"^(\[[^]]{1,40}\] ?|[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:,.+-]{8,40} )?"
+    r"(NVRM: (Xid|GPU |The NVIDIA GPU)|nvidia-nvswitch[0-9]*: SXid|Hypervisor detected)"
+    r"|^[[:space:]]+NVRM: fallen off the bus"
+)
 
 
 def read(log: str) -> dict[str, Any]:
-    """``{"xids": [{"pci", "xid"}], "sxids": [{"pci", "xid", "text", "link"}], "fallen": [pci],
-    "hypervisor": str|None}`` in the log's order."""
+    """``{"xids": [{"pci", "xid"}], "sxids": [{"pci", "xid", "link", "fatal"}], "fallen": [pci],
+    "hypervisor": str|None}`` in the log's order; an SXid's ``fatal``: what the driver printed
+    (True for "Fatal", False for "Non-fatal", None when it printed neither)."""
     xids, sxids, fallen, hypervisor = [], [], [], None
-    gone = None  # the GPU of an "NVRM: The NVIDIA GPU ..." record, until its tail is read
+    described, detailed = set(), {}  # the SXids seen with a description line, and without
+    gone, gone_lines = None, 0  # an "NVRM: The NVIDIA GPU ..." record's GPU, for 2 more lines
     for line in log.splitlines():
         stamp = _STAMP.match(line)
         message = line[stamp.end() :] if stamp else line
@@ -90,29 +101,39 @@ def read(log: str) -> dict[str, Any]:
             fallen.append(gone)
             gone = None
             continue
+        gone_lines -= 1
+        if gone_lines <= 0:
+            gone = None
         if not stamp and line[:1].isspace():  # a record's continuation line, never its start
             continue
-        gone = None
         if found := _XID.match(message):
             xids.append({"pci": found.group(1).lower(), "xid": int(found.group(2))})
         elif found := _SXID.match(message):
+            key = (found.group(1).lower(), int(found.group(2)))
             text = found.group(3)
-            if not _SXID_DETAIL.match(text):
-                what = text.split(", ", 1)[-1]
-                link = _SXID_LINK.match(what)
-                sxids.append(
-                    {
-                        "pci": found.group(1).lower(),
-                        "xid": int(found.group(2)),
-                        "link": int(link.group(1)) if link else None,
-                    }
-                )
+            if _SXID_DETAIL.match(text):
+                detailed.setdefault(key, len(sxids))
+                continue
+            verdict, _, what = text.partition(", ")
+            link = _SXID_LINK.match(what)
+            described.add(key)
+            sxids.append(
+                {
+                    "pci": key[0],
+                    "xid": key[1],
+                    "link": int(link.group(1)) if link else None,
+                    "fatal": {"Fatal": True, "Non-fatal": False}.get(verdict),
+                }
+            )
         elif found := _FALLEN.match(message):
             fallen.append(found.group(1).lower())
         elif found := _GONE_GPU.match(message):
-            gone = found.group(1).lower()
+            gone, gone_lines = found.group(1).lower(), 3
         elif found := _HYPERVISOR.match(message):
             hypervisor = found.group(1).strip()
+    for (pci, xid), at in sorted(detailed.items(), key=lambda kv: kv[1], reverse=True):
+        if (pci, xid) not in described:
+            sxids.insert(at, {"pci": pci, "xid": xid, "link": None, "fatal": None})
     return {"xids": xids, "sxids": sxids, "fallen": fallen, "hypervisor": hypervisor}
 
 
@@ -127,8 +148,13 @@ def sxid_name(sxid: int) -> str:
 
 
 def hardware_sxids(sxids: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The SXids the fabric does not survive: the catalogue's fatal ones and unknown ones."""
-    return [x for x in sxids if SXID_CATALOGUE.get(x["xid"], ("", ""))[1] != SXID_WARNING]
+    """The SXids the fabric does not survive: the ones the driver printed as Fatal, the
+    catalogue's fatal ones and unknown ones."""
+    return [
+        x
+        for x in sxids
+        if x.get("fatal") or SXID_CATALOGUE.get(x["xid"], ("", ""))[1] != SXID_WARNING
+    ]
 
 
 def hardware_xids(xids: list[dict[str, Any]]) -> list[dict[str, Any]]:
