@@ -69,6 +69,7 @@ class StackVersionsT(TypedDict):
     system_gcc: GccT | None  # /usr/bin/gcc (on Debian: the update-alternatives choice)
     toolsets: dict[str, GccT]  # /opt/rh/<name> -> its gcc (devtoolset-N, gcc-toolset-N)
     gcc_profile: str | None  # content of GCC_PROFILE
+    busy: dict[str, list[int]]  # "venv": pids mapping a file of the venv; "gpu": GPU processes
 
 
 def gcc_info(line: str) -> GccT | None:
@@ -103,7 +104,9 @@ class StackVersions(FactBase[StackVersionsT]):
     directly: ``dnf versionlock list`` loads every repo), the CUDA apt keyring and repo files,
     ``nvcc --version`` (PATH, then /usr/local/cuda/bin), every package in the venv and what the
     venv's torch reports, and gcc: the active one, /usr/bin/gcc, each /opt/rh toolset's, and
-    trainfleet's profile.d file that enables a toolset. Absent tools are None, never errors.
+    trainfleet's profile.d file that enables a toolset; and what runs on the stack now: the
+    processes that map a file of the venv and the GPUs' processes (their pids). Absent tools
+    are None, never errors.
 
     + venv: the node venv whose python is asked for torch
 
@@ -127,6 +130,7 @@ class StackVersions(FactBase[StackVersionsT]):
                            "version": "11.4.0", "major": 11},
             "toolsets": {},
             "gcc_profile": None,
+            "busy": {"venv": [], "gpu": []},
         }
     """
 
@@ -142,6 +146,7 @@ class StackVersions(FactBase[StackVersionsT]):
         toolsets: dict[str, GccT] = {}
         torch: dict[str, str] = {}
         venv_packages: dict[str, str] = {}
+        busy: dict[str, list[int]] = {"venv": [], "gpu": []}
         lines_before, sections = split_sections(output, _SECTION)  # file sections come last
         files = {path: lines or [] for path, lines in sections.items()}
         for line in lines_before:
@@ -169,6 +174,10 @@ class StackVersions(FactBase[StackVersionsT]):
                     venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
             elif tag.startswith("torch"):
                 torch[tag] = rest.strip()
+            elif tag == "busy":
+                kind, _, pid = rest.partition(" ")
+                if kind in busy and pid.isdigit() and len(pid) <= 10:
+                    busy[kind].append(int(pid))
             else:
                 head[tag] = rest.strip()
 
@@ -213,6 +222,7 @@ class StackVersions(FactBase[StackVersionsT]):
             "system_gcc": gcc_info(head.get("sysgcc", "")),
             "toolsets": toolsets,
             "gcc_profile": None if profile is None else "\n".join(profile) + "\n",
+            "busy": {kind: sorted(set(pids)) for kind, pids in busy.items()},
         }
 
     @staticmethod

@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection, Mapping
 from urllib.parse import urlsplit
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
 from facts.stack_facts import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
@@ -478,45 +478,110 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
     if not stack.pinned:
         host.noop("no stack component is pinned")
         return
-    commands = []
+    parts: list[tuple[bool, list]] = []  # (what a running job loads: packages, the venv), cmds
     current = fact(StackVersions, venv=venv)
     # Lent under the venv the torch part asks with and the default the package parts ask with.
     with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
         if not FROM_CUDA_REPO.isdisjoint(stack.pinned):
-            commands += cuda_repo._inner(
-                mirror=stack.cuda_repo,
-                insecure=stack.insecure,
-                keyring_fingerprint=stack.keyring_fingerprint,
+            parts.append(
+                (
+                    False,
+                    list(
+                        cuda_repo._inner(
+                            mirror=stack.cuda_repo,
+                            insecure=stack.insecure,
+                            keyring_fingerprint=stack.keyring_fingerprint,
+                        )
+                    ),
+                )
             )
         if not PACKAGED.isdisjoint(stack.pinned):
-            commands += packages._inner(
-                pins=stack.packages, allow_change=stack.allow_change, problems=stack.problems
+            parts.append(
+                (
+                    True,
+                    list(
+                        packages._inner(
+                            pins=stack.packages,
+                            allow_change=stack.allow_change,
+                            problems=stack.problems,
+                        )
+                    ),
+                )
             )
         if stack.gcc:
-            commands += gcc._inner(major=stack.gcc)
+            parts.append((False, list(gcc._inner(major=stack.gcc))))
         if stack.torch:
-            commands += torch_venv._inner(
-                venv=venv,
-                torch_version=stack.torch,
-                variant=stack.torch_variant,
-                index_url=stack.torch_index,
-                wheelhouse=stack.wheelhouse,
-                allow_change=stack.allow_change,
+            parts.append(
+                (
+                    True,
+                    list(
+                        torch_venv._inner(
+                            venv=venv,
+                            torch_version=stack.torch,
+                            variant=stack.torch_variant,
+                            index_url=stack.torch_index,
+                            wheelhouse=stack.wheelhouse,
+                            allow_change=stack.allow_change,
+                        )
+                    ),
+                )
             )
             if stack.python:
-                commands += python_packages._inner(
-                    venv=venv,
-                    packages=stack.python,
-                    no_deps=stack.no_deps,
-                    keep=torch_requirement(stack.torch, stack.torch_variant),
-                    wheelhouse=stack.wheelhouse,
-                    allow_change=stack.allow_change,
+                parts.append(
+                    (
+                        True,
+                        list(
+                            python_packages._inner(
+                                venv=venv,
+                                packages=stack.python,
+                                no_deps=stack.no_deps,
+                                keep=torch_requirement(stack.torch, stack.torch_variant),
+                                wheelhouse=stack.wheelhouse,
+                                allow_change=stack.allow_change,
+                            )
+                        ),
+                    )
                 )
-    refusals = [c for c in commands if isinstance(c, FailCommand)]
+    refusals = [c for _, cs in parts for c in cs if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes
         yield refusals[0]
         return
+    guarded = [c for under_jobs, cs in parts if under_jobs for c in cs]
+    running = busy(current)
+    hold = bool(guarded and running and not host.data.get(BUSY_OK))
+    if hold:
+        logger.warning(
+            f"{host.print_prefix}not changing the stack under a running job ({running}): "
+            f"{len(guarded)} change(s) to the driver, CUDA, cuDNN, NCCL, OpenMPI or the venv "
+            f"held back: {held_back(guarded)}; rerun when it ends, or with --data {BUSY_OK}=1"
+        )
+    commands = [c for under_jobs, cs in parts if not (hold and under_jobs) for c in cs]
     if not commands:
         host.noop("the pinned stack is in place")
         return
     yield from commands
+
+
+# ---- a running job: its stack is not changed under it -------------------------------------
+
+BUSY_OK = "trainfleet_change_busy_stack"  # --data trainfleet_change_busy_stack=1: change anyway
+
+
+def busy(current: StackVersionsT) -> str:
+    """The processes running on the node's stack, for people ("" when none): from the venv (a
+    file of it mapped) and on the GPUs."""
+    running = current.get("busy") or {}
+    parts = [
+        f"{what} {', '.join(str(pid) for pid in (running.get(kind) or [])[:8])}"
+        for kind, what in (("venv", "pids from the venv:"), ("gpu", "GPU pids:"))
+        if running.get(kind)
+    ]
+    return "; ".join(parts)
+
+
+def held_back(commands: list) -> str:
+    """What the held-back commands would have done, shortly: their first words."""
+    return "; ".join(
+        " ".join(str(c.get_raw_value() if hasattr(c, "get_raw_value") else c).split()[:6])[:120]
+        for c in commands[:4]
+    )

@@ -62,5 +62,29 @@ def test_drift_names_the_node_whose_torch_differs_and_the_deploy_restores_it(tor
         if f["property"] == "torch"
     }
     assert torch_findings == {("node2", "spec", "absent")}
+
+    # A job running from the venv on node2 (numpy's extension module loaded from it): the
+    # deploy does not put torch back under it, says which node and why, and changes nothing.
+    job = lab.ssh(
+        "node2",
+        f"setsid {VENV_PYTHON} -c 'import numpy, time; time.sleep(300)' </dev/null >/dev/null "
+        "2>&1 & echo $!",
+    ).strip()
+    lab.ssh(
+        "node2",
+        f"for i in $(seq 100); do grep -q -F /opt/trainfleet/venv/ /proc/{job}/maps && exit 0; "
+        "sleep 0.1; done; exit 1",
+    )
+    try:
+        held = pyinfra(inventory, "deploy/cluster.py")
+        assert held.returncode == 0 and held.changed() == {}, held.describe()
+        assert (
+            f"[node2] not changing the stack under a running job (pids from the venv: {job})"
+            in held.stdout + held.stderr
+        )
+        torch_dir = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch"
+        assert not lab.host("node2").file(torch_dir).exists
+    finally:
+        lab.ssh("node2", f"kill {job}")  # the process this test started, by its pid
     deploy_twice(inventory, "deploy/cluster.py")
     assert pyinfra(inventory, "deploy/drift.py").returncode == 0

@@ -29,7 +29,7 @@ COMMANDS = {
     "3f5adab53eaa5292409a96c933053aca86f831e8cc7cf0cf32726615ae05c3ca": lambda: (
         LauncherContents().command("/d", ["a.sh", "b c"])
     ),
-    "5e7051b31a19ccbb6bcf1add74671f432c4188ef0a43cef4f13080d4802aaef7": lambda: (
+    "3c9ffc09a407846060e494df20c3afc56e39f7f8f11bb44112b587d4d2f0c450": lambda: (
         StackVersions().command("/opt/venv")
     ),
     "94351fae03ec714685c6ccd38ef24f3b53e687196752b9e917db72859d94bf30": NpuDeviceIps().command,

@@ -171,3 +171,18 @@ def test_without_a_gpu_device_torch_is_read_from_its_files_not_imported(cuda, tm
         "nccl": None,
     }
     assert not marker.exists(), "torch was imported"
+
+
+def test_what_runs_on_the_stack_is_read_as_pids_only_and_a_forged_line_is_dropped():
+    busy = StackVersions().process(
+        [
+            "busy venv 4242",
+            "busy gpu 17",
+            "busy venv 4242",  # the same process: once
+            "busy venv 12; rm -rf /",
+            "busy evil 5",
+            "busy gpu 12345678901",  # more digits than a pid has
+        ]
+    )["busy"]
+    assert busy == {"venv": [4242], "gpu": [17]}
+    assert StackVersions.default()["busy"] == {"venv": [], "gpu": []}
