@@ -483,65 +483,39 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
     # Lent under the venv the torch part asks with and the default the package parts ask with.
     with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
         if not FROM_CUDA_REPO.isdisjoint(stack.pinned):
-            parts.append(
-                (
-                    False,
-                    list(
-                        cuda_repo._inner(
-                            mirror=stack.cuda_repo,
-                            insecure=stack.insecure,
-                            keyring_fingerprint=stack.keyring_fingerprint,
-                        )
-                    ),
-                )
+            repo = cuda_repo._inner(
+                mirror=stack.cuda_repo,
+                insecure=stack.insecure,
+                keyring_fingerprint=stack.keyring_fingerprint,
             )
+            parts.append((False, list(repo)))
         if not PACKAGED.isdisjoint(stack.pinned):
-            parts.append(
-                (
-                    True,
-                    list(
-                        packages._inner(
-                            pins=stack.packages,
-                            allow_change=stack.allow_change,
-                            problems=stack.problems,
-                        )
-                    ),
-                )
+            pinned = packages._inner(
+                pins=stack.packages, allow_change=stack.allow_change, problems=stack.problems
             )
+            parts.append((True, list(pinned)))
         if stack.gcc:
             parts.append((False, list(gcc._inner(major=stack.gcc))))
         if stack.torch:
-            parts.append(
-                (
-                    True,
-                    list(
-                        torch_venv._inner(
-                            venv=venv,
-                            torch_version=stack.torch,
-                            variant=stack.torch_variant,
-                            index_url=stack.torch_index,
-                            wheelhouse=stack.wheelhouse,
-                            allow_change=stack.allow_change,
-                        )
-                    ),
-                )
+            venv_torch = torch_venv._inner(
+                venv=venv,
+                torch_version=stack.torch,
+                variant=stack.torch_variant,
+                index_url=stack.torch_index,
+                wheelhouse=stack.wheelhouse,
+                allow_change=stack.allow_change,
             )
+            parts.append((True, list(venv_torch)))
             if stack.python:
-                parts.append(
-                    (
-                        True,
-                        list(
-                            python_packages._inner(
-                                venv=venv,
-                                packages=stack.python,
-                                no_deps=stack.no_deps,
-                                keep=torch_requirement(stack.torch, stack.torch_variant),
-                                wheelhouse=stack.wheelhouse,
-                                allow_change=stack.allow_change,
-                            )
-                        ),
-                    )
+                beside = python_packages._inner(
+                    venv=venv,
+                    packages=stack.python,
+                    no_deps=stack.no_deps,
+                    keep=torch_requirement(stack.torch, stack.torch_variant),
+                    wheelhouse=stack.wheelhouse,
+                    allow_change=stack.allow_change,
                 )
+                parts.append((True, list(beside)))
     refusals = [c for _, cs in parts for c in cs if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes
         yield refusals[0]
