@@ -69,7 +69,9 @@ class StackVersionsT(TypedDict):
     system_gcc: GccT | None  # /usr/bin/gcc (on Debian: the update-alternatives choice)
     toolsets: dict[str, GccT]  # /opt/rh/<name> -> its gcc (devtoolset-N, gcc-toolset-N)
     gcc_profile: str | None  # content of GCC_PROFILE
-    busy: dict[str, list[int]]  # "venv": pids mapping a file of the venv; "gpu": GPU processes
+    # "venv": pids mapping a file of the venv; "gpu": GPU processes; "unknown": the probes that
+    # could not answer ("venv", "gpu"): a job there cannot be ruled out
+    busy: dict[str, list]
 
 
 def gcc_info(line: str) -> GccT | None:
@@ -130,7 +132,7 @@ class StackVersions(FactBase[StackVersionsT]):
                            "version": "11.4.0", "major": 11},
             "toolsets": {},
             "gcc_profile": None,
-            "busy": {"venv": [], "gpu": []},
+            "busy": {"venv": [], "gpu": [], "unknown": []},
         }
     """
 
@@ -146,7 +148,7 @@ class StackVersions(FactBase[StackVersionsT]):
         toolsets: dict[str, GccT] = {}
         torch: dict[str, str] = {}
         venv_packages: dict[str, str] = {}
-        busy: dict[str, list[int]] = {"venv": [], "gpu": []}
+        busy: dict[str, list] = {"venv": [], "gpu": [], "unknown": []}
         lines_before, sections = split_sections(output, _SECTION)  # file sections come last
         files = {path: lines or [] for path, lines in sections.items()}
         for line in lines_before:
@@ -176,8 +178,10 @@ class StackVersions(FactBase[StackVersionsT]):
                 torch[tag] = rest.strip()
             elif tag == "busy":
                 kind, _, pid = rest.partition(" ")
-                if kind in busy and pid.isdigit() and len(pid) <= 10:
+                if kind in ("venv", "gpu") and pid.isdigit() and len(pid) <= 10:
                     busy[kind].append(int(pid))
+                elif kind == "unknown" and pid in ("venv", "gpu"):
+                    busy[kind].append(pid)
             else:
                 head[tag] = rest.strip()
 

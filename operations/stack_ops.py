@@ -478,7 +478,8 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
     if not stack.pinned:
         host.noop("no stack component is pinned")
         return
-    parts: list[tuple[bool, list]] = []  # (what a running job loads: packages, the venv), cmds
+    # (what a running job loads, to name when held back: packages, the venv; "" otherwise), cmds
+    parts: list[tuple[str, list]] = []
     current = fact(StackVersions, venv=venv)
     # Lent under the venv the torch part asks with and the default the package parts ask with.
     with lent(StackVersions, current, venv=venv), lent(StackVersions, current, venv=VENV_DIR):
@@ -488,14 +489,14 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
                 insecure=stack.insecure,
                 keyring_fingerprint=stack.keyring_fingerprint,
             )
-            parts.append((False, list(repo)))
+            parts.append(("", list(repo)))
         if not PACKAGED.isdisjoint(stack.pinned):
             pinned = packages._inner(
                 pins=stack.packages, allow_change=stack.allow_change, problems=stack.problems
             )
-            parts.append((True, list(pinned)))
+            parts.append((f"packages {', '.join(sorted(stack.packages))}", list(pinned)))
         if stack.gcc:
-            parts.append((False, list(gcc._inner(major=stack.gcc))))
+            parts.append(("", list(gcc._inner(major=stack.gcc))))
         if stack.torch:
             venv_torch = torch_venv._inner(
                 venv=venv,
@@ -505,7 +506,7 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
                 wheelhouse=stack.wheelhouse,
                 allow_change=stack.allow_change,
             )
-            parts.append((True, list(venv_torch)))
+            parts.append((f"torch {stack.torch} in {venv}", list(venv_torch)))
             if stack.python:
                 beside = python_packages._inner(
                     venv=venv,
@@ -515,23 +516,33 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
                     wheelhouse=stack.wheelhouse,
                     allow_change=stack.allow_change,
                 )
-                parts.append((True, list(beside)))
+                parts.append((f"{', '.join(sorted(stack.python))} in {venv}", list(beside)))
     refusals = [c for _, cs in parts for c in cs if isinstance(c, FailCommand)]
     if refusals:  # a refused part fails the node before anything else on it changes
         yield refusals[0]
         return
-    guarded = [c for under_jobs, cs in parts if under_jobs for c in cs]
+    held = [what for what, cs in parts if what and cs]
     running = busy(current)
-    hold = bool(guarded and running and not host.data.get(BUSY_OK))
-    if hold:
+    change_anyway = host.data.get(BUSY_OK) in (True, 1)
+    hold = bool(held and running and not change_anyway)
+    if held and running:
         logger.warning(
-            f"{host.print_prefix}not changing the stack under a running job ({running}): "
-            f"{len(guarded)} change(s) to the driver, CUDA, cuDNN, NCCL, OpenMPI or the venv "
-            f"held back: {held_back(guarded)}; rerun when it ends, or with --data {BUSY_OK}=1"
+            f"{host.print_prefix}"
+            + (
+                "changing the stack under a running job"
+                if change_anyway
+                else "not changing the stack under a running job"
+            )
+            + f" ({running}): {'; '.join(held)}"
+            + ("" if change_anyway else f"; rerun when it ends, or with --data {BUSY_OK}=1")
         )
-    commands = [c for under_jobs, cs in parts if not (hold and under_jobs) for c in cs]
+    commands = [c for what, cs in parts if not (hold and what) for c in cs]
     if not commands:
-        host.noop("the pinned stack is in place")
+        host.noop(
+            f"held back under a running job: {'; '.join(held)}"
+            if hold
+            else "the pinned stack is in place"
+        )
         return
     yield from commands
 
@@ -543,19 +554,15 @@ BUSY_OK = "trainfleet_change_busy_stack"  # --data trainfleet_change_busy_stack=
 
 def busy(current: StackVersionsT) -> str:
     """The processes running on the node's stack, for people ("" when none): from the venv (a
-    file of it mapped) and on the GPUs."""
+    file of it mapped) and on the GPUs; a probe that could not answer counts too."""
     running = current.get("busy") or {}
     parts = [
         f"{what} {', '.join(str(pid) for pid in (running.get(kind) or [])[:8])}"
         for kind, what in (("venv", "pids from the venv:"), ("gpu", "GPU pids:"))
         if running.get(kind)
     ]
+    parts += [
+        f"the {kind} probe could not answer, so a job there cannot be ruled out"
+        for kind in running.get("unknown") or []
+    ]
     return "; ".join(parts)
-
-
-def held_back(commands: list) -> str:
-    """What the held-back commands would have done, shortly: their first words."""
-    return "; ".join(
-        " ".join(str(c.get_raw_value() if hasattr(c, "get_raw_value") else c).split()[:6])[:120]
-        for c in commands[:4]
-    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,44 @@ def test_what_runs_on_the_stack_is_read_as_pids_only_and_a_forged_line_is_droppe
             "busy venv 12; rm -rf /",
             "busy evil 5",
             "busy gpu 12345678901",  # more digits than a pid has
+            "busy unknown gpu",  # nvidia-smi failed: a job cannot be ruled out
+            "busy unknown evil",
         ]
     )["busy"]
-    assert busy == {"venv": [4242], "gpu": [17]}
-    assert StackVersions.default()["busy"] == {"venv": [], "gpu": []}
+    assert busy == {"venv": [4242], "gpu": [17], "unknown": ["gpu"]}
+    assert StackVersions.default()["busy"] == {"venv": [], "gpu": [], "unknown": []}
+
+
+def test_the_busy_probe_finds_a_process_mapping_the_venv_through_a_link_and_not_itself(tmp_path):
+    """The script's own probe, run here: a process that maps a file under the venv's real path
+    is found when the venv is named through a symbolic link; this shell is not."""
+    real = tmp_path / "real-venv"
+    (real / "lib").mkdir(parents=True)
+    library = real / "lib" / "held.bin"
+    library.write_bytes(b"\0" * 4096)
+    (tmp_path / "venv").symlink_to(real)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import mmap, sys, time; f = open({str(library)!r}, 'rb'); "
+            "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); print('held', flush=True); "
+            "time.sleep(30)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = subprocess.run(
+            StackVersions().command(str(tmp_path / "venv")).get_raw_value(),
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        busy = StackVersions().process(out.stdout.splitlines())["busy"]
+        assert busy["venv"] == [holder.pid]
+    finally:
+        holder.kill()
+        holder.wait()
