@@ -15,6 +15,7 @@ from facts.gpu_node_facts import MEMLOCK_CONF, PEERMEM_CONF, GpuNodeState, GpuNo
 from facts.stack_facts import StackVersions
 from operations.packages_ops import install_held, package_change
 from operations.remote import FailCommand, fail_command, write_file_command
+from operations.stack_ops import held_under_a_job
 from runtime.gather import fact
 from trainfleet.capabilities.gpu_node import FabricManagerPlan
 from trainfleet.defaults import VENV_DIR
@@ -141,7 +142,8 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
         return
     want = FabricManagerPlan(package=package, version=version)
     state = _state()
-    os_ = fact(StackVersions, venv=VENV_DIR)["os"]
+    stack_now = fact(StackVersions, venv=VENV_DIR)
+    os_ = stack_now["os"]
     if os_["package_manager"] is None:
         yield fail_command(f"fabric manager: unsupported OS {os_['id']!r}")
         return
@@ -174,6 +176,11 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
         replacing=bool(wrong),
         lock_plugin=False,
     )
+    if install and held_under_a_job(
+        stack_now, [f"{want.package} {want.version} (and its restart)"]
+    ):  # a fabric manager restarted under NVSwitch jobs breaks them
+        host.noop(f"held back under a running job: {want.package} {want.version}")
+        return
     unit = state["units"].get("nvidia-fabricmanager") or {"enabled": "none", "active": "none"}
     if install:  # a running fabric manager of the old version must not stay in charge
         commands.append(

@@ -522,20 +522,7 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
         yield refusals[0]
         return
     held = [what for what, cs in parts if what and cs]
-    running = busy(current)
-    change_anyway = host.data.get(BUSY_OK) in (True, 1)
-    hold = bool(held and running and not change_anyway)
-    if held and running:
-        logger.warning(
-            f"{host.print_prefix}"
-            + (
-                "changing the stack under a running job"
-                if change_anyway
-                else "not changing the stack under a running job"
-            )
-            + f" ({running}): {'; '.join(held)}"
-            + ("" if change_anyway else f"; rerun when it ends, or with --data {BUSY_OK}=1")
-        )
+    hold = held_under_a_job(current, held)
     commands = [c for what, cs in parts if not (hold and what) for c in cs]
     if not commands:
         host.noop(
@@ -566,3 +553,20 @@ def busy(current: StackVersionsT) -> str:
         for kind in running.get("unknown") or []
     ]
     return "; ".join(parts)
+
+
+def held_under_a_job(current: StackVersionsT, changes: list[str]) -> bool:
+    """Whether ``changes`` (to what a running job loads, for people) are held back on this node:
+    a job runs there (``busy``) and this run was not told to change it anyway. Either way the
+    node, the job and the changes are named."""
+    running = busy(current)
+    if not (changes and running):
+        return False
+    anyway = host.data.get(BUSY_OK) in (True, 1)
+    logger.warning(
+        f"{host.print_prefix}"
+        + ("changing" if anyway else "not changing")
+        + f" the stack under a running job ({running}): {'; '.join(changes)}"
+        + ("" if anyway else f"; rerun when it ends, or with --data {BUSY_OK}=1")
+    )
+    return not anyway
