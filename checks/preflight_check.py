@@ -25,6 +25,7 @@ from checks.bandwidth_stage import (
 )
 from checks.collective_stage import run_collective, run_isolation
 from checks.collective_verdicts import failed_before_the_network
+from checks.healthy_subset import healthy_lines, healthy_subset
 from checks.hygiene_stage import run_hygiene
 from checks.mesh_stage import run_ssh_mesh
 from checks.preflight_report import PreflightReport, Problem
@@ -82,6 +83,9 @@ def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightR
             )
         else:
             report.stages["smoke"] = "skipped"  # no launcher can train where the collective failed
+    report.healthy = healthy_subset(
+        report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
+    )
     _publish(report)
     return report
 
@@ -136,6 +140,7 @@ def _publish(result: PreflightReport) -> None:
     lines += [f"[{p.node}] {p}" for p in result.problems] + [
         f"[{w.node}] warning: {w}" for w in result.warnings
     ]
+    lines += healthy_lines(result.healthy, len(result.nodes))
     if result.ok:
         lines.append("the cluster can train: every stage passed")
     publish(

@@ -27,6 +27,7 @@ class PreflightReport:
     )  # shown, reported, but the cluster can train
     stages: dict[str, str] = field(default_factory=dict)  # stage -> "ok" | "failed" | "skipped"
     details: dict[str, Any] = field(default_factory=dict)
+    healthy: dict[str, Any] = field(default_factory=dict)  # checks/healthy_subset.py
 
     @property
     def ok(self) -> bool:
@@ -42,6 +43,7 @@ class PreflightReport:
             "stages": self.stages,
             "problems": [asdict(p) for p in self.problems],
             "warnings": [asdict(w) for w in self.warnings],
+            "healthy": self.healthy,
             "details": self.details,
         }
 

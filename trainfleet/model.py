@@ -56,7 +56,7 @@ class Cluster:
     nccl: dict[str, Any]
     openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
     preflight: dict[str, Any] = field(
-        default_factory=lambda: {"smoke": None, "min_busbw_gbps": None}
+        default_factory=lambda: {"smoke": None, "min_busbw_gbps": None, "healthy_multiple_of": None}
     )
     gpu: dict[str, Any] = field(
         default_factory=lambda: {

@@ -689,6 +689,17 @@ PREFLIGHT = Section(
             example=40,
             accepts="a number above 0",
         ),
+        "healthy_multiple_of": Key(
+            (int, NULL),
+            None,
+            "After a preflight that names unfit nodes, its report's healthy subset (the nodes "
+            "that can train together) is cut to a multiple of this size, leaving out the last "
+            "ones in rank order (a job's data or model parallel size). null: every healthy "
+            "node.",
+            check=positive_number,
+            example=2,
+            accepts="1 or more",
+        ),
         "smoke": Key(
             (str, NULL),
             None,

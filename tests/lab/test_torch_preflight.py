@@ -71,6 +71,8 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
+    # every node passed: every node is in the healthy subset (a node left out before is back)
+    assert report["healthy"] == {"nodes": NODES, "excluded": {}, "multiple_of": None}
     assert report["details"]["ssh"] == {
         node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
     }
@@ -248,6 +250,12 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         assert [node for node, _ in reach] == ["node3"]
         assert reach[0][1].startswith("cannot reach node1:29500")
         assert {node for node, _, _ in found} == {"node3"}
+        # the other two can train together: the report's healthy subset, node3 left out with
+        # every cause named
+        healthy = report["healthy"]
+        assert healthy["nodes"] == ["node1", "node2"] and list(healthy["excluded"]) == ["node3"]
+        assert healthy["excluded"]["node3"] == [f"{stage}: {cause}" for _, stage, cause in found]
+        assert "healthy subset: 2 of 3 nodes can train together: node1, node2" in run.stderr
     finally:
         lab.ssh("node3", "nft delete table inet tf_test")
     assert_nothing_left_running(lab)

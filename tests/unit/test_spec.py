@@ -394,6 +394,14 @@ def test_check_command_accepts_the_example_and_prints_json():
             "accepts: a number above 0",
         ),
         ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
+        (
+            "preflight: {healthy_multiple_of: 0}\n",
+            "preflight.healthy_multiple_of: must be more than 0",
+        ),
+        (
+            "preflight: {healthy_multiple_of: 2.5}\n",
+            "preflight.healthy_multiple_of: must be an integer or null, got number 2.5",
+        ),
     ],
 )
 def test_rules_between_keys_are_checked_before_any_host(text, expected):

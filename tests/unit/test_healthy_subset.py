@@ -1,0 +1,47 @@
+"""The healthy subset a preflight's report carries: who can train together, who was left out
+and why, cut to a multiple of K when the spec asks."""
+
+from __future__ import annotations
+
+from checks.healthy_subset import healthy_lines, healthy_subset
+from checks.preflight_report import PreflightReport, Problem
+
+NODES = ["node1", "node2", "node3", "node4", "node5"]
+DROPPED = Problem("reachability", "node3", "cannot reach node1:29500 (timed out)")
+
+
+def test_a_node_a_problem_names_is_left_out_with_its_causes_and_the_rest_keep_rank_order():
+    subset = healthy_subset(NODES, [DROPPED, DROPPED, Problem("collective", "node3", "x")])
+    assert subset == {
+        "nodes": ["node1", "node2", "node4", "node5"],
+        "excluded": {
+            "node3": ["reachability: cannot reach node1:29500 (timed out)", "collective: x"]
+        },
+        "multiple_of": None,
+    }
+    assert healthy_lines(subset, 5) == [
+        "healthy subset: 4 of 5 nodes can train together: node1, node2, node4, node5",
+        "left out: node3: reachability: cannot reach node1:29500 (timed out); collective: x",
+    ]
+
+
+def test_a_multiple_of_k_leaves_out_the_last_healthy_nodes_and_says_why():
+    subset = healthy_subset(NODES, [DROPPED, Problem("smoke", "node5", "y")], multiple_of=2)
+    assert subset["nodes"] == ["node1", "node2"]
+    assert subset["excluded"] == {
+        "node3": ["reachability: cannot reach node1:29500 (timed out)"],
+        "node4": ["left out to keep the subset a multiple of 2"],
+        "node5": ["smoke: y"],
+    }
+    assert healthy_subset(NODES, [], multiple_of=4)["nodes"] == NODES[:4]
+    assert healthy_subset(NODES[:1], [], multiple_of=2)["nodes"] == []  # fewer than K pass
+
+
+def test_a_passing_preflight_readmits_every_node_and_its_report_says_so():
+    subset = healthy_subset(NODES, [])
+    assert subset["nodes"] == NODES and subset["excluded"] == {}
+    assert healthy_lines(subset, 5) == []
+    report = PreflightReport(cluster="lab", nodes=NODES, healthy=subset)
+    assert report.to_json()["healthy"] == subset
+    # a problem on a node outside the cluster (none should be) excludes nobody
+    assert healthy_subset(NODES, [Problem("ssh", "elsewhere", "z")])["excluded"] == {}
