@@ -1,7 +1,11 @@
 """The largest healthy subset after a preflight: the nodes no problem names, in rank order,
 optionally cut to a multiple of ``preflight.healthy_multiple_of`` (a job's data or model
 parallel size). Plain functions; the preflight's report carries the result, so the controller
-keeps every exclusion with its causes until a preflight passes the node again."""
+keeps every exclusion with its causes until a preflight passes the node again.
+
+No problem naming a node is not proof that the others train together: after a failed
+collective they never ran one among themselves. The subset says whom to try, and the
+preflight, run on a spec of just those nodes, proves it."""
 
 from __future__ import annotations
 
@@ -13,17 +17,31 @@ from checks.preflight_report import Problem
 def healthy_subset(
     nodes: list[str], problems: list[Problem], multiple_of: int | None = None
 ) -> dict[str, Any]:
-    """``{"nodes": the healthy subset in rank order, "excluded": {node: [causes]},
-    "multiple_of": K}``: a node is left out for every problem that names it ("stage: cause"),
-    and, with K, the last healthy ones in rank order are left out until the subset's size is a
-    multiple of K (none left when fewer than K pass). The subset's first node is its master."""
+    """``{"nodes": the subset in rank order, "excluded": {node: [causes]}, "multiple_of": K,
+    "note": why there is no subset, or None}``.
+
+    A node is left out for every problem that names it ("stage: cause"); where the isolation
+    stage named culprits, the collective's own failures (every rank of a hung collective names
+    its node) leave out only those. No subset when every node fails alike (the venv's or the
+    script's fault, not a node's) or a problem names no node of the cluster. With K, the last
+    healthy nodes in rank order are left out until the subset is a multiple of K."""
+    culprits = {p.node for p in problems if p.stage == "isolation"}
     excluded: dict[str, list[str]] = {}
     for problem in problems:
-        if problem.node in nodes:
-            causes = excluded.setdefault(problem.node, [])
-            if str(problem) not in causes:
-                causes.append(str(problem))
-    healthy = [node for node in nodes if node not in excluded]
+        if problem.node not in nodes:
+            continue
+        if culprits and problem.stage == "collective" and problem.node not in culprits:
+            continue
+        causes = excluded.setdefault(problem.node, [])
+        if str(problem) not in causes:
+            causes.append(str(problem))
+    strangers = sorted({p.node for p in problems if p.node not in nodes})
+    note = None
+    if strangers:
+        note = f"a problem names no node of the cluster ({', '.join(strangers)})"
+    elif len(excluded) == len(nodes) > 1 and len({tuple(c) for c in excluded.values()}) == 1:
+        note = "every node failed alike: the cause is not one node's"
+    healthy = [] if note else [node for node in nodes if node not in excluded]
     if multiple_of and len(healthy) % multiple_of:
         keep = len(healthy) - len(healthy) % multiple_of
         for node in healthy[keep:]:
@@ -33,17 +51,22 @@ def healthy_subset(
         "nodes": healthy,
         "excluded": {node: excluded[node] for node in nodes if node in excluded},
         "multiple_of": multiple_of,
+        "note": note,
     }
 
 
 def healthy_lines(subset: dict[str, Any], total: int) -> list[str]:
-    """The subset for people: who can train, and who was left out and why."""
-    if not subset["excluded"]:
+    """The subset for people: whom no problem names, who was left out and why."""
+    if not subset["excluded"] and not subset["note"]:
         return []
-    lines = [
-        f"healthy subset: {len(subset['nodes'])} of {total} nodes can train together: "
-        + (", ".join(subset["nodes"]) or "none")
-    ]
+    if subset["note"]:
+        lines = [f"no healthy subset: {subset['note']}"]
+    else:
+        lines = [
+            f"healthy subset: {len(subset['nodes'])} of {total} nodes, named by no problem: "
+            + (", ".join(subset["nodes"]) or "none")
+            + " (prove it with a preflight of a spec listing only them)"
+        ]
     lines += [
         f"left out: {node}: {'; '.join(causes)}" for node, causes in subset["excluded"].items()
     ]

@@ -693,9 +693,8 @@ PREFLIGHT = Section(
             (int, NULL),
             None,
             "After a preflight that names unfit nodes, its report's healthy subset (the nodes "
-            "that can train together) is cut to a multiple of this size, leaving out the last "
-            "ones in rank order (a job's data or model parallel size). null: every healthy "
-            "node.",
+            "no problem names) is cut to a multiple of this size, leaving out the last ones in "
+            "rank order (a job's data or model parallel size). null: every healthy node.",
             check=positive_number,
             example=2,
             accepts="1 or more",

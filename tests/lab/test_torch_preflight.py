@@ -71,8 +71,13 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
-    # every node passed: every node is in the healthy subset (a node left out before is back)
-    assert report["healthy"] == {"nodes": NODES, "excluded": {}, "multiple_of": None}
+    # every node passed: every node is in the healthy subset
+    assert report["healthy"] == {
+        "nodes": NODES,
+        "excluded": {},
+        "multiple_of": None,
+        "note": None,
+    }
     assert report["details"]["ssh"] == {
         node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
     }
@@ -255,9 +260,13 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         healthy = report["healthy"]
         assert healthy["nodes"] == ["node1", "node2"] and list(healthy["excluded"]) == ["node3"]
         assert healthy["excluded"]["node3"] == [f"{stage}: {cause}" for _, stage, cause in found]
-        assert "healthy subset: 2 of 3 nodes can train together: node1, node2" in run.stderr
+        assert "healthy subset: 2 of 3 nodes, named by no problem: node1, node2" in run.stderr
     finally:
         lab.ssh("node3", "nft delete table inet tf_test")
+    # the fault gone, the next preflight readmits node3: the subset is every node again
+    run, report, _ = preflight(inventory)
+    assert run.returncode == 0 and report["healthy"]["nodes"] == NODES, run.describe()
+    assert report["healthy"]["excluded"] == {}
     assert_nothing_left_running(lab)
 
 

@@ -18,9 +18,11 @@ def test_a_node_a_problem_names_is_left_out_with_its_causes_and_the_rest_keep_ra
             "node3": ["reachability: cannot reach node1:29500 (timed out)", "collective: x"]
         },
         "multiple_of": None,
+        "note": None,
     }
     assert healthy_lines(subset, 5) == [
-        "healthy subset: 4 of 5 nodes can train together: node1, node2, node4, node5",
+        "healthy subset: 4 of 5 nodes, named by no problem: node1, node2, node4, node5 (prove it "
+        "with a preflight of a spec listing only them)",
         "left out: node3: reachability: cannot reach node1:29500 (timed out); collective: x",
     ]
 
@@ -38,10 +40,38 @@ def test_a_multiple_of_k_leaves_out_the_last_healthy_nodes_and_says_why():
 
 
 def test_a_passing_preflight_readmits_every_node_and_its_report_says_so():
-    subset = healthy_subset(NODES, [])
-    assert subset["nodes"] == NODES and subset["excluded"] == {}
+    before = healthy_subset(NODES, [DROPPED])
+    assert "node3" in before["excluded"]
+    subset = healthy_subset(NODES, [])  # the next preflight, node3 fixed
+    assert subset["nodes"] == NODES and subset["excluded"] == {} and subset["note"] is None
     assert healthy_lines(subset, 5) == []
     report = PreflightReport(cluster="lab", nodes=NODES, healthy=subset)
     assert report.to_json()["healthy"] == subset
-    # a problem on a node outside the cluster (none should be) excludes nobody
-    assert healthy_subset(NODES, [Problem("ssh", "elsewhere", "z")])["excluded"] == {}
+
+
+def test_isolations_culprit_is_left_out_not_every_rank_the_hung_collective_named():
+    hung = [Problem("collective", n, "stopped after 'joined' (timed out)") for n in NODES]
+    culprit = Problem("isolation", "node4", "its 2-rank collective with node1 failed")
+    subset = healthy_subset(NODES, [*hung, culprit])
+    assert subset["nodes"] == ["node1", "node2", "node3", "node5"]
+    assert subset["excluded"] == {
+        "node4": [
+            "collective: stopped after 'joined' (timed out)",
+            "isolation: its 2-rank collective with node1 failed",
+        ]
+    }
+
+
+def test_no_subset_when_every_node_failed_alike_or_a_problem_names_no_node():
+    venv = [Problem("collective", n, "import failed: No module named 'torch'") for n in NODES]
+    alike = healthy_subset(NODES, venv)
+    assert alike["nodes"] == [] and alike["note"] == (
+        "every node failed alike: the cause is not one node's"
+    )
+    assert healthy_lines(alike, 5)[0] == (
+        "no healthy subset: every node failed alike: the cause is not one node's"
+    )
+    stranger = healthy_subset(NODES, [Problem("collective", "?", "torch 2.4 differs")])
+    assert stranger["nodes"] == [] and stranger["note"] == (
+        "a problem names no node of the cluster (?)"
+    )

@@ -399,6 +399,10 @@ def test_check_command_accepts_the_example_and_prints_json():
             "preflight.healthy_multiple_of: must be more than 0",
         ),
         (
+            "preflight: {healthy_multiple_of: true}\n",
+            "preflight.healthy_multiple_of: must be an integer or null, got boolean True",
+        ),
+        (
             "preflight: {healthy_multiple_of: 2.5}\n",
             "preflight.healthy_multiple_of: must be an integer or null, got number 2.5",
         ),
