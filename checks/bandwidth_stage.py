@@ -99,12 +99,13 @@ def judge_bandwidth(
     report: PreflightReport,
     ranks: dict[str, list[list[list[dict[str, Any]]]]],
     before: dict[str, Counters],
-    networks: dict[str, Any] | None = None,
+    watched: list[Node] | None = None,
 ) -> None:
     """Bus bandwidth of each pair's timed all_reduce (job 1.. of its nodes' ranks, ``ranks`` as
     ``run_collective`` returns them); with the spec's floor (``preflight.min_busbw_gbps``) the
-    slow node or link is named, without one it is reported. The error counters ``before`` are
-    read again: one that grew under the load is named."""
+    slow node or link is named, without one it is reported. The ``watched`` nodes' error
+    counters (``before``: read before the command) are read again: one that grew under the
+    load is named."""
     backend = backend_of(cluster)
     floor = cluster.preflight.get("min_busbw_gbps")
     rounds, skipped = bandwidth_plan(cluster)
@@ -137,7 +138,7 @@ def judge_bandwidth(
             measured[pair] = figures["busbw_gbps"]
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     report.problems += bandwidth_problems(measured, floor)
-    watched = watched_nodes(cluster, networks)
+    watched = watched or []
     report.problems += counter_problems(
         before, read_error_counters(state, watched), [n.name for n in watched]
     )

@@ -24,6 +24,14 @@ PCIE = "PCIe"  # the "port" of a GPU's replay counter
 NVLINK = "NVLink "  # the "port" of an NVLink's counters: "NVLink 3"
 
 
+def _decoded(line: str) -> bytes | None:
+    """A tagged line's base64 payload ("smi BASE64"), or None where it is not base64."""
+    try:
+        return base64.b64decode(line[4:], validate=True)
+    except (ValueError, binascii.Error):
+        return None
+
+
 def read_counters(lines: list[str]) -> Counters:
     """``counters.sh``'s lines as numbers (anything else is not a counter line; an
     nvidia-smi document that cannot be read gives no GPU counter)."""
@@ -31,20 +39,18 @@ def read_counters(lines: list[str]) -> Counters:
     for line in lines:
         if (m := _LINE.fullmatch(line.strip())) and m.group(3) in ERROR_COUNTERS:
             found[(m.group(1), m.group(2), m.group(3))] = int(m.group(4))
-        elif line.startswith("smi "):
+        elif line.startswith("smi ") and (document := _decoded(line)) is not None:
             try:
-                gpus = smi_xml.gpus(smi_xml.smi_root(base64.b64decode(line[4:], validate=True)))
-            except (ValueError, binascii.Error):
+                gpus = smi_xml.gpus(smi_xml.smi_root(document))
+            except ValueError:
                 continue
             for gpu in gpus:
                 if gpu["replays"] is not None:
                     found[(gpu["bus"], PCIE, "replays")] = gpu["replays"]
-        elif line.startswith("nvl "):
-            try:
-                text = base64.b64decode(line[4:], validate=True).decode("utf-8", "replace")
-            except (ValueError, binascii.Error):
-                continue
-            for (gpu, link, name), value in nvlink.error_counters(text).items():
+        elif line.startswith("nvl ") and (text := _decoded(line)) is not None:
+            for (gpu, link, name), value in nvlink.error_counters(
+                text.decode("utf-8", "replace")
+            ).items():
                 found[(f"GPU {gpu}", f"{NVLINK}{link}", name)] = value
     return found
 

@@ -102,7 +102,8 @@ def _collective_stages(
     when it passes, the pairs are judged. The error counters are read before the command and
     after it."""
     rounds, _ = bandwidth_plan(cluster)
-    before = read_error_counters(state, watched_nodes(cluster, networks)) if rounds else {}
+    watched = watched_nodes(cluster, networks) if rounds else []
+    before = read_error_counters(state, watched)
     pairs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
     finished, ranks = run_collective(state, cluster, report, networks, pairs)
     mine = [p for p in report.problems if p.stage == "collective"]
@@ -126,7 +127,7 @@ def _collective_stages(
             "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
         )
     if finished:  # (NCCL over sockets is measured too: the figure shows what it costs)
-        judge_bandwidth(state, cluster, report, ranks, before, networks)
+        judge_bandwidth(state, cluster, report, ranks, before, watched)
     else:
         report.stages["bandwidth"] = "skipped"
 
