@@ -1,0 +1,22 @@
+
+t=$1 unit=$2 units=$3
+# What deploy/remediate.py needs beside the hardware fact, each line tagged: the GPU processes
+# (pids only: nvidia-smi's csv of one numeric column, no process name), systemd and each unit
+# the remediation stops or writes, and trainfleet's ACS unit file (one base64 line).
+if command -v nvidia-smi >/dev/null 2>&1; then
+  # a probe that failed (a hung nvidia-smi) says so: it saw nothing, not no job
+  g=$(timeout -k 2 "$t" nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null) || echo "gpu_pids unknown"
+  printf '%s\n' "$g" | sed -n 's/^ *\([0-9]\{1,10\}\) *$/gpu_pid \1/p'
+fi
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+  echo "systemd yes"
+  for u in $units; do
+    e=$(timeout 10 systemctl is-enabled "$u.service" 2>/dev/null | head -n 1)
+    a=$(timeout 10 systemctl is-active "$u.service" 2>/dev/null | head -n 1)
+    echo "unit $u ${e:-none} ${a:-none}" | tr -d '\r'
+  done
+else
+  echo "systemd no"
+fi
+if [ -f "$unit" ]; then printf 'acs_unit '; base64 -w0 < "$unit"; echo; fi
+exit 0

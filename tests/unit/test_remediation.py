@@ -1,0 +1,465 @@
+"""Opt-in remediation (deploy/remediate.py): the pure plan over real captures with one line
+changed per fault (tests/fixtures/remediation/README.md), the operations against fact data
+(pyinfra-testing fixtures), and the reset script run over stub tools that print real output."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra_testing.operations import make_operation_tests
+
+from facts.remediation_facts import RemediationState
+from operations import remediate_ops
+from operations.remote import script
+from tests.unit.test_hardware import (
+    H100,
+    HGX_LSPCI,
+    HW,
+    bare_metal_hgx,
+    change_in_block,
+    live_read,
+    read,
+)
+from trainfleet import remediation
+from trainfleet.capabilities import hardware
+from trainfleet.hw.sources import read_hardware
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "remediation"
+BUSY_APPS = HW / "h100_preflight" / "nvidia-smi-query-compute-apps_busy.csv"
+
+TestAcsBootUnit = make_operation_tests(
+    "operations", "remediate_ops.acs_boot_unit", FIXTURES / "acs_boot_unit"
+)
+TestGpuReset = make_operation_tests("operations", "remediate_ops.gpu_reset", FIXTURES / "gpu_reset")
+TestVerified = make_operation_tests("operations", "remediate_ops.verified", FIXTURES / "verified")
+
+# gpud's HGX H100: every ACSCtl above its GPUs and NICs reads all off; its PMC-Sierra ports
+# above the NVSwitches (82:00.0..82:03.0) read this line, which a fault moves above GPU 19:00.0.
+ACS_OFF = "ACSCtl:\tSrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
+ACS_ON = "ACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
+PORT = "0000:17:01.0"  # the PEX890xx downstream port above GPU 0000:19:00.0
+
+
+def hgx(acs_on_at: str | None = "17:01.0") -> dict:
+    text = read(HGX_LSPCI)
+    return bare_metal_hgx(change_in_block(text, acs_on_at, ACS_OFF, ACS_ON) if acs_on_at else text)
+
+
+def gpus_of(xml: Path, lspci_text: str | None = None) -> dict:
+    """The GPUs of ``xml``, beside an lspci -vvv (default: the H100 VM's own, no NVSwitch)."""
+    files = {
+        "nvidia-smi-q.xml": read(xml),
+        "lspci-vvv.txt": lspci_text or read(H100 / "lspci-vvv.txt"),
+    }
+    return read_hardware({name: "ok" for name in files}, files)
+
+
+def state(active: tuple[str, ...] = remediation.GPU_USERS, **changes) -> dict:
+    units = {
+        u: {"enabled": "enabled", "active": "active" if u in active else "inactive"}
+        for u in remediation.UNITS
+    }
+    return {
+        "gpu_pids": [],
+        "gpu_pids_unknown": False,
+        "systemd": True,
+        "units": units,
+        "acs_unit": None,
+    } | changes
+
+
+def busy_pid() -> int:
+    """The pid the lent H100's nvidia-smi --query-compute-apps printed while a job held it."""
+    return int(BUSY_APPS.read_text().split(",")[0])
+
+
+# ---- ACS: the plan ---------------------------------------------------------------------------
+
+
+def test_acs_plans_exactly_the_port_the_hardware_check_names():
+    hw = hgx()
+    assert hardware.observed(hw)["PCIe ACS above GPUs/NICs"] == (
+        f"{PORT} above 0000:19:00.0: SrcValid ReqRedir CmpltRedir"
+    )
+    plan = remediation.acs_plan(hw, None, hardware.virtual(hw))
+    assert plan.bridges == (PORT,)
+    assert plan.found == (f"{PORT} above 0000:19:00.0: SrcValid ReqRedir CmpltRedir",)
+    assert (plan.problems, plan.skipped) == ((), "")
+
+
+def test_a_converged_node_plans_the_same_unit_again():
+    fixed = remediate_ops.acs_unit_text([PORT])
+    plan = remediation.acs_plan(hgx(acs_on_at=None), fixed, False)  # the port reads off now
+    assert plan.found == () and plan.bridges == (PORT,)
+    assert remediate_ops.acs_unit_text(list(plan.bridges)) == fixed
+
+
+def test_nothing_found_and_no_unit_plans_nothing():
+    hw = hgx(acs_on_at=None)
+    assert remediation.acs_plan(hw, None, False) == remediation.AcsPlan()
+    assert (
+        "nothing needs doing on node1"
+        in remediation.summary(
+            "node1", remediation.AcsPlan(), remediation.gpu_resets(hw), remediation.ResetPlan()
+        )[-1]
+    )
+
+
+def test_a_unit_port_no_longer_above_a_gpu_or_nic_is_dropped():
+    # 82:00.0 has ACS on, but above the NVSwitches: the check does not judge it, nor the unit
+    unit = remediate_ops.acs_unit_text([PORT, "0000:82:00.0"])
+    plan = remediation.acs_plan(hgx(acs_on_at=None), unit, False)
+    assert plan.bridges == (PORT,)
+
+
+def test_a_virtual_machine_and_an_unreadable_lspci_change_nothing():
+    vm = live_read()  # the lent H100, a KVM guest, read by the hardware fact's own command
+    assert remediation.acs_plan(vm, None, hardware.virtual(vm)).skipped.startswith("a virtual")
+    hw = hgx() | {"pci": None, "problems": {"lspci-vvv.txt": "exit 1"}}
+    assert remediation.acs_plan(hw, None, False).problems == (
+        "lspci -vvv unreadable (exit 1): ACS left alone",
+    )
+
+
+def test_the_unit_clears_only_the_redirect_bits_of_each_port_and_refuses_other_text():
+    text = remediate_ops.acs_unit_text([PORT, PORT])
+    assert text.count("ExecStart=") == 1
+    assert f"ExecStart=setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d\n" in text
+    assert "Type=oneshot" in text and "WantedBy=multi-user.target" in text
+    assert remediation.unit_bridges(text) == [PORT]
+    for bad in ("0000:17:01.0 ; reboot", "17:01.0", "0000:17:01.0\nExecStart=/bin/sh", ""):
+        with pytest.raises(ValueError):
+            remediate_ops.acs_unit_text([bad])
+
+
+# ---- the GPU reset: the plan -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("xml", "reasons"),
+    [
+        ("nvidia-smi-q-x_h100_row-remap-pending.xml", ("row remap pending",)),
+        ("nvidia-smi-q-x_h100_recovery-reset.xml", ("recovery action Reset",)),
+        ("nvidia-smi-q-x_a100_reset-required.xml", ("reset required",)),
+    ],
+)
+def test_a_gpu_is_reset_in_the_drivers_own_words(xml, reasons):
+    need = remediation.gpu_resets(gpus_of(FIXTURES / xml))
+    assert [g.reasons for g in need.gpus] == [reasons]
+    assert need.problems == () and need.every_gpu is False  # the H100 VM: no NVSwitch
+
+
+def test_on_an_nvswitch_system_every_gpu_is_reset_together():
+    hw = gpus_of(FIXTURES / "nvidia-smi-q-x_h100_row-remap-pending.xml", read(HGX_LSPCI))
+    assert remediation.gpu_resets(hw).every_gpu is True
+
+
+def test_healthy_gpus_and_a_gpu_that_needs_a_reboot_reset_nothing():
+    assert remediation.gpu_resets(gpus_of(H100 / "nvidia-smi-q.xml")) == remediation.ResetNeed()
+    need = remediation.gpu_resets(gpus_of(FIXTURES / "nvidia-smi-q-x_h100_recovery-reboot.xml"))
+    assert need.gpus == () and need.problems == (
+        "GPU 00000000:00:06.0: recovery action Reboot, not a reset",
+    )
+
+
+NEED = remediation.ResetNeed(
+    gpus=(remediation.GpuReset("00000000:00:06.0", ("row remap pending",)),)
+)
+EVERY = remediation.ResetNeed(gpus=NEED.gpus, every_gpu=True)
+
+
+def test_users_stop_in_order_and_start_in_reverse():
+    plan = remediation.reset_plan(EVERY, state())
+    assert plan.stops == ("nvidia-persistenced", "nvidia-dcgm", "dcgm", "nvidia-fabricmanager")
+    assert plan.starts == plan.stops[::-1]
+    assert plan.steps[3:6] == [
+        "stop nvidia-fabricmanager",
+        "nvidia-smi -r (every GPU: NVLink peers together while the fabric manager is stopped)",
+        "start nvidia-fabricmanager",
+    ]
+    assert plan.steps[-1] == "check nvidia-smi -q -x: every GPU's fabric Completed/Success"
+    only = remediation.reset_plan(NEED, state(active=("nvidia-dcgm", "nvidia-persistenced")))
+    assert only.stops == ("nvidia-persistenced", "nvidia-dcgm")
+    assert only.resets == ("nvidia-smi -r -i 00000000:00:06.0",)
+
+
+def test_a_busy_gpu_refuses_the_reset_naming_its_pids():
+    hw = gpus_of(FIXTURES / "nvidia-smi-q-x_h100-busy_row-remap-pending.xml")
+    plan = remediation.reset_plan(remediation.gpu_resets(hw), state(gpu_pids=[busy_pid()]))
+    assert plan.refusals == ("GPU processes running (pids 830): no reset under a job",)
+    assert plan.stops == () and plan.steps == []
+
+
+@pytest.mark.parametrize(
+    ("need", "changes", "refusal"),
+    [
+        (NEED, {"gpu_pids_unknown": True}, "the GPU processes could not be listed"),
+        (NEED, {"systemd": False}, "systemd is not running"),
+        (
+            EVERY,
+            {"units": state(active=("nvidia-persistenced",))["units"]},
+            "nvidia-fabricmanager is not running",
+        ),
+    ],
+)
+def test_what_cannot_be_ruled_out_refuses_the_reset(need, changes, refusal):
+    (found,) = remediation.reset_plan(need, state(**changes)).refusals
+    assert found.startswith(refusal)
+
+
+# ---- the entry point's one node --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (None, "name the one node to remediate"),
+        ("node1,node2", "exactly one node, one at a time (got 2"),
+        ("node1 node2", "exactly one node, one at a time (got 2"),
+        ("nod1", "'nod1' is not a node of the spec; did you mean 'node1'?"),
+        (3, "'3' is not a node name"),
+        ("node3", "'node3' is not in this run"),
+    ],
+)
+def test_exactly_one_node_of_the_spec_in_this_run_is_named(value, problem):
+    found = remediation.target_problem(value, ["node1", "node2", "node3"], ["node1", "node2"])
+    assert found is not None and found.startswith(problem)
+    assert remediation.target_problem("node2", ["node1", "node2"], ["node1", "node2"]) is None
+
+
+def test_the_deploy_is_never_part_of_the_cluster_deploy():
+    cluster = (Path(__file__).resolve().parents[2] / "deploy" / "cluster.py").read_text()
+    assert "remediate" not in cluster
+
+
+# ---- verified after --------------------------------------------------------------------------
+
+
+def test_verify_passes_a_fixed_node_and_names_each_step_that_did_not_hold():
+    fixed = state(
+        units=state()["units"] | {"trainfleet-acs": {"enabled": "enabled", "active": "active"}}
+    )
+    clean = hgx(acs_on_at=None)
+    checks = remediation.verify(clean, fixed, [PORT], [], False, [])
+    assert [str(c) for c in checks] == [
+        f"pass: ACS redirects off on {PORT} (off)",
+        "pass: trainfleet-acs.service enabled and active (enabled, active)",
+    ]
+    still = remediation.verify(hgx(), state(), [PORT], [], False, [])
+    assert [str(c) for c in still if not c.ok] == [
+        f"FAIL: ACS redirects off on {PORT} (SrcValid ReqRedir CmpltRedir)",
+        "FAIL: trainfleet-acs.service enabled and active (enabled, inactive)",
+    ]
+    bus = "00000000:00:06.0"
+    ok = remediation.verify(
+        gpus_of(H100 / "nvidia-smi-q.xml"), state(), [], [bus], False, ["nvidia-persistenced"]
+    )
+    assert all(c.ok for c in ok) and len(ok) == 2
+    bad = gpus_of(FIXTURES / "nvidia-smi-q-x_h100_row-remap-pending.xml")
+    (fail,) = [c for c in remediation.verify(bad, state(), [], [bus], True, []) if not c.ok][:1]
+    assert str(fail) == f"FAIL: GPU {bus} asks for no reset (row remap pending)"
+    fabric = [
+        str(c) for c in remediation.verify(bad, state(), [], [bus], True, []) if "fabric" in c.step
+    ]
+    assert fabric == [f"FAIL: GPU {bus} fabric Completed/Success (N/A/N/A)"]
+
+
+# ---- the fact ---------------------------------------------------------------------------------
+
+
+def test_the_fact_reads_pids_units_and_the_unit_file():
+    unit = remediate_ops.acs_unit_text([PORT])
+    lines = [
+        f"gpu_pid {busy_pid()}",
+        "gpu_pid 99999999999",  # longer than a pid: dropped
+        "systemd yes",
+        "unit nvidia-persistenced enabled active",
+        "unit nvidia-dcgm not-found inactive",
+        "unit sshd enabled active",  # not asked for: dropped
+        f"acs_unit {base64.b64encode(unit.encode()).decode()}",
+    ]
+    got = RemediationState().process(lines)
+    assert got["gpu_pids"] == [830] and got["gpu_pids_unknown"] is False and got["systemd"]
+    assert got["units"] == {
+        "nvidia-persistenced": {"enabled": "enabled", "active": "active"},
+        "nvidia-dcgm": {"enabled": "not-found", "active": "inactive"},
+    }
+    assert got["acs_unit"] == unit
+    assert RemediationState().process(["gpu_pids unknown", "systemd no"])["gpu_pids_unknown"]
+
+
+# ---- the operation fixtures agree with the plan -----------------------------------------------
+
+
+def test_the_reset_fixtures_kwargs_are_what_the_plan_gives_for_their_capture():
+    for path in sorted((FIXTURES / "gpu_reset").glob("*.json")):
+        data = json.loads(path.read_text())
+        capture = data.get("_capture")
+        if not capture:
+            continue
+        lspci_text = read(HGX_LSPCI) if data.get("_lspci") == "hgx" else None
+        need = remediation.gpu_resets(gpus_of(FIXTURES / capture, lspci_text))
+        assert data["kwargs"] == {
+            "gpus": [{"bus": g.bus, "reasons": list(g.reasons)} for g in need.gpus],
+            "every_gpu": need.every_gpu,
+            "problems": list(need.problems),
+        }, path.name
+
+
+def test_the_acs_fixtures_units_are_the_template_rendered():
+    for path in sorted((FIXTURES / "acs_boot_unit").glob("*.json")):
+        data = json.loads(path.read_text())
+        bridges, unit = data["kwargs"]["bridges"], data["kwargs"]["unit"]
+        if unit and remediation.unit_bridges(unit) == bridges:
+            assert unit == remediate_ops.acs_unit_text(bridges), path.name
+        on_node = data["facts"].get("remediation_facts.RemediationState", {}).get("acs_unit")
+        if data.get("_converged"):
+            assert on_node == unit, path.name
+
+
+# ---- the reset script over stub tools ---------------------------------------------------------
+
+STUB_SMI = """#!/bin/sh
+echo "nvidia-smi $*" >> "$LOG"
+case "$*" in
+  *--query-compute-apps*) [ -n "$APPS" ] && cut -d, -f1 "$APPS"; exit 0 ;;
+  "-q -x") cat "$XML" ;;
+  -r*) exit "${RESET_RC:-0}" ;;
+esac
+"""
+STUB_SYSTEMCTL = """#!/bin/sh
+case $1 in
+  is-active) case " $ACTIVE " in *" ${3%.service} "*) exit 0 ;; *) exit 3 ;; esac ;;
+  *) echo "systemctl $*" >> "$LOG" ;;
+esac
+"""
+RESET = script("remediation_reset.sh")
+
+
+def nvswitch_xml(tmp: Path, state_: str = "Completed") -> Path:
+    """The H100's XML as a GPU on a built NVSwitch fabric reads (State Completed, Status Success,
+    as the 8x H100 HGX's nvidia-smi -q prints them: tests/fixtures/gpu_node/README.md)."""
+    text = read(H100 / "nvidia-smi-q.xml")
+    text = text.replace("<state>N/A</state>", f"<state>{state_}</state>", 1)
+    text = text.replace("<status>N/A</status>", "<status>Success</status>", 1)
+    path = tmp / "fabric.xml"
+    path.write_text(text)
+    return path
+
+
+def run_reset(
+    tmp: Path, args: list[str], **env: str
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    bin_ = tmp / "bin"
+    bin_.mkdir(exist_ok=True)
+    for name, text in (("nvidia-smi", STUB_SMI), ("systemctl", STUB_SYSTEMCTL)):
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    log = tmp / "log"
+    log.write_text("")
+    full = {
+        "PATH": f"{bin_}:/usr/bin:/bin",
+        "LOG": str(log),
+        "APPS": "",
+        "XML": str(H100 / "nvidia-smi-q.xml"),
+    }
+    result = subprocess.run(
+        ["sh", "-c", RESET, "trainfleet", *args],
+        env=full | env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return result, log.read_text().splitlines()
+
+
+def test_the_script_stops_in_order_resets_starts_in_reverse_and_checks(tmp_path):
+    units = ["nvidia-persistenced", "nvidia-dcgm", "nvidia-fabricmanager"]
+    result, log = run_reset(
+        tmp_path,
+        ["all", "20", "00000000:00:06.0", "0", *units],
+        ACTIVE=" ".join(units),
+        XML=str(nvswitch_xml(tmp_path)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert log == [
+        "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
+        "systemctl stop nvidia-persistenced.service",
+        "systemctl stop nvidia-dcgm.service",
+        "systemctl stop nvidia-fabricmanager.service",
+        "nvidia-smi -r",
+        "systemctl start nvidia-fabricmanager.service",
+        "systemctl start nvidia-dcgm.service",
+        "systemctl start nvidia-persistenced.service",
+        "nvidia-smi -q -x",
+    ]
+    assert result.stdout.splitlines()[-1] == (
+        "trainfleet: checked: no GPU asks for a reset, every fabric Completed/Success"
+    )
+
+
+def test_the_script_resets_each_gpu_without_nvswitch_and_skips_stopped_units(tmp_path):
+    result, log = run_reset(
+        tmp_path,
+        ["each", "20", "00000000:00:06.0", "0", "nvidia-persistenced", "dcgm"],
+        ACTIVE="nvidia-persistenced",
+    )
+    assert result.returncode == 0, result.stderr
+    assert log[1:4] == [
+        "systemctl stop nvidia-persistenced.service",
+        "nvidia-smi -r -i 00000000:00:06.0",
+        "systemctl start nvidia-persistenced.service",
+    ]
+
+
+def test_a_job_started_since_the_read_stops_the_script_before_anything(tmp_path):
+    result, log = run_reset(
+        tmp_path,
+        ["each", "20", "00000000:00:06.0", "0", "nvidia-persistenced"],
+        ACTIVE="nvidia-persistenced",
+        APPS=str(BUSY_APPS),
+    )
+    assert result.returncode == 1
+    assert "GPU processes running (pids 830): nothing stopped" in result.stderr
+    assert log == ["nvidia-smi --query-compute-apps=pid --format=csv,noheader"]
+
+
+def test_a_failed_reset_stops_there_and_says_where_things_stand(tmp_path):
+    units = ["nvidia-persistenced", "nvidia-fabricmanager"]
+    result, log = run_reset(
+        tmp_path,
+        ["all", "20", "00000000:00:06.0", "0", *units],
+        ACTIVE=" ".join(units),
+        RESET_RC="3",
+    )
+    assert result.returncode == 1
+    assert log[-1] == "nvidia-smi -r" and not any("start" in line for line in log)
+    assert result.stderr.splitlines()[-1] == (
+        "trainfleet: where things stand: stopped (not started again): nvidia-persistenced "
+        "nvidia-fabricmanager; GPUs reset: none; started again: none"
+    )
+
+
+def test_a_gpu_still_asking_or_a_fabric_not_built_fails_the_check(tmp_path):
+    result, _ = run_reset(
+        tmp_path,
+        ["each", "20", "00000000:00:06.0", "0"],
+        XML=str(FIXTURES / "nvidia-smi-q-x_h100_row-remap-pending.xml"),
+    )
+    assert result.returncode == 1
+    assert (
+        "a GPU still asks for a reset: <remapped_row_pending>Yes</remapped_row_pending>"
+        in result.stderr
+    )
+    assert "GPUs reset: 00000000:00:06.0" in result.stderr
+    result, _ = run_reset(
+        tmp_path,
+        ["all", "20", "00000000:00:06.0", "0"],
+        XML=str(nvswitch_xml(tmp_path, "In Progress")),
+    )
+    assert result.returncode == 1
+    assert "the fabric is not built 0s after the reset: <state>InProgress</state>" in result.stderr
