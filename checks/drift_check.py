@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from checks.publish import publish
 from checks.publish import report_path as report_file
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
-from runtime.gather import gather_fact, once_per_run, refused_sudo
+from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
 from trainfleet.capabilities import CAPABILITIES
 from trainfleet.compare import (
     ABSENT,
@@ -102,7 +102,7 @@ def _changed_launchers(
     for node in nodes:
         want, have = wanted[node]["launcher files"], found[node]["launcher files"]
         changed[node] = [
-            path.rsplit("/", 1)[1]
+            path[len(LAUNCH_DIR) + 1 :]
             for path, seen in have.items()
             if seen.sha != want.get(path, Content(ABSENT, None)).sha
         ]
@@ -152,12 +152,13 @@ def compare_fingerprints(
     keys: KeyMaterial,
     unreachable: dict[str, str] | None = None,
     read_launchers: LauncherReader | None = None,
+    excluded: Mapping[str, list[str]] | None = None,
 ) -> Report:
     """The drift report of the nodes whose fingerprints were read: each observed, its plan
     (from those same fingerprints and the key store's snapshot, ``keys``) expected, then
     compared; a finding on a managed file names it and shows its diff (a launcher file's only
     if ``read_launchers``). Key material the snapshot lacks is a finding; nothing is written."""
-    plan = plan_cluster(cluster, plan_inputs(fingerprints), keys)
+    plan = plan_cluster(cluster, plan_inputs(fingerprints), keys, excluded)
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
@@ -280,6 +281,7 @@ def _report(state, cluster: Cluster) -> Report:
         KeyStore(cluster.name).snapshot(cluster.mesh_users, names),  # read only
         unreachable,
         lambda changed: _read_launchers(state, changed),
+        preflight_exclusions(cluster),
     )
     report.mesh_probe = probe
     before = read_ledger(cluster.name, logger.warning)

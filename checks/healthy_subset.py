@@ -4,14 +4,17 @@ parallel size). Plain functions; the preflight's report carries the result, so t
 keeps every exclusion with its causes until a preflight passes the node again.
 
 No problem naming a node is not proof that the others train together: after a failed
-collective they never ran one among themselves. The subset says whom to try, and the
-preflight, run on a spec of just those nodes, proves it."""
+collective they never ran one among themselves. The subset says whom to try: the deploy
+writes its launch files from the stamps this report's verdicts leave (trainfleet.stamps)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from checks.preflight_report import Problem
+from trainfleet.capabilities.launchers import HEALTHY
+from trainfleet.defaults import LAUNCH_DIR
+from trainfleet.stamps import CUT
 
 
 def healthy_subset(
@@ -45,7 +48,7 @@ def healthy_subset(
     if multiple_of and len(healthy) % multiple_of:
         keep = len(healthy) - len(healthy) % multiple_of
         for node in healthy[keep:]:
-            excluded[node] = [f"left out to keep the subset a multiple of {multiple_of}"]
+            excluded[node] = [f"{CUT} {multiple_of}"]
         healthy = healthy[:keep]
     return {
         "nodes": healthy,
@@ -65,7 +68,7 @@ def healthy_lines(subset: dict[str, Any], total: int) -> list[str]:
         lines = [
             f"healthy subset: {len(subset['nodes'])} of {total} nodes, named by no problem: "
             + (", ".join(subset["nodes"]) or "none")
-            + " (prove it with a preflight of a spec listing only them)"
+            + f" (the next deploy writes their launch files in {LAUNCH_DIR}/{HEALTHY}/)"
         ]
     lines += [
         f"left out: {node}: {'; '.join(causes)}" for node, causes in subset["excluded"].items()

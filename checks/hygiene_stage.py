@@ -14,6 +14,7 @@ from checks.stage_runner import BOUNDS, run_everywhere, shell_stage, stage_scrip
 from facts.nccl_env_facts import NcclNetwork
 from runtime.gather import gather_fact
 from trainfleet.defaults import LAUNCH_DIR
+from trainfleet.hw.kernel_log import GREP
 from trainfleet.model import Cluster
 from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
 
@@ -43,6 +44,7 @@ def run_hygiene(state: State, cluster: Cluster, report: PreflightReport) -> dict
                 int(n.rank == 0),
                 n.name,
                 f"{LAUNCH_DIR}/hostfile",
+                GREP,
                 *names,
                 bound=BOUNDS["hygiene"],
             )

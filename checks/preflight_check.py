@@ -10,9 +10,12 @@ a module of its own (``checks/<stage>_stage.py``), its verdicts plain functions 
 
 from __future__ import annotations
 
+import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api import State
 
 from checks.bandwidth_stage import (
@@ -25,29 +28,41 @@ from checks.bandwidth_stage import (
 )
 from checks.collective_stage import run_collective, run_isolation
 from checks.collective_verdicts import failed_before_the_network
+from checks.drift_check import read_ledger
 from checks.healthy_subset import healthy_lines, healthy_subset
-from checks.hygiene_stage import run_hygiene
+from checks.hygiene_stage import preflight_plan, run_hygiene
 from checks.mesh_stage import run_ssh_mesh
 from checks.preflight_report import PreflightReport, Problem
+from checks.preflight_scope import bound_line, scope, seen_now, worst_case
 from checks.publish import publish
 from checks.publish import report_path as report_file
 from checks.reachability_stage import run_reachability
 from checks.smoke_stage import run_smoke
 from checks.stage_runner import BOUNDS
 from runtime.gather import once_per_run, prove_sudo, refused_sudo
+from trainfleet import stamps
 from trainfleet.model import Cluster
 
 
-def cluster_preflight(cluster: Cluster, smoke: str | None = None) -> PreflightReport:
-    """Run every stage once per run, print the table and write the JSON report.
+def cluster_preflight(
+    cluster: Cluster, smoke: str | None = None, stale: timedelta | None = None
+) -> PreflightReport:
+    """Run every stage once per run, print the table and write the JSON report and the stamps.
 
     + smoke: also train the smoke job through this launcher (``SMOKE_LAUNCHERS``)
+    + stale: test again only the nodes whose last pass is older than this, or changed since,
+      or that never passed (``checks.preflight_scope.scope``); the others carry their verdict
     """
-    return once_per_run("preflight", lambda state: _run(state, cluster, smoke))
+    return once_per_run("preflight", lambda state: _run(state, cluster, smoke, stale))
 
 
-def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightReport:
+def _run(
+    state: State, cluster: Cluster, smoke: str | None = None, stale: timedelta | None = None
+) -> PreflightReport:
+    steps = worst_case(cluster, smoke)
+    print(f"--> Preflight of {cluster.name}: {bound_line(cluster, steps)}", file=sys.stderr)
     report = PreflightReport(cluster=cluster.name, nodes=[n.name for n in cluster.nodes])
+    report.details["bound"] = {"seconds": sum(steps.values()), "steps": steps}
     prove_sudo(
         state, list(state.inventory.get_active_hosts())
     )  # before any stage runs through sudo
@@ -62,6 +77,50 @@ def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightR
     report.stages["hygiene"] = (
         "failed" if any(p.stage == "hygiene" for p in report.problems) else "ok"
     )
+    now = datetime.now(UTC)
+    recorded = stamps.load(cluster.name)
+    seen = seen_now(
+        cluster,
+        preflight_plan(state, cluster, networks),
+        report.details["hygiene"],
+        read_ledger(cluster.name, logger.warning),
+    )
+    tested = cluster
+    if stale is not None:
+        failed = {p.node for p in report.problems}
+        names, report.retested, report.carried = scope(cluster, recorded, seen, stale, now, failed)
+        tested = cluster.subset(names)
+    if tested.nodes:
+        _stages(state, tested, report, networks, active & {n.name for n in tested.nodes}, smoke)
+    for stage in ("reachability", "ssh", "collective", "bandwidth"):
+        report.stages.setdefault(stage, "carried over")
+    report.healthy = healthy_subset(
+        report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
+    )
+    stamped = {n.name for n in tested.nodes} | {p.node for p in report.problems}
+    stamps.save(
+        cluster.name,
+        stamps.recorded(
+            recorded,
+            {n: report.healthy["excluded"].get(n, []) for n in report.nodes if n in stamped},
+            seen,
+            report.nodes,
+            now,
+        ),
+    )
+    _publish(report)
+    return report
+
+
+def _stages(
+    state: State,
+    cluster: Cluster,
+    report: PreflightReport,
+    networks: dict[str, Any],
+    active: set[str],
+    smoke: str | None,
+) -> None:
+    """The stages after hygiene, on the nodes tested (a staleness bound tests a subset)."""
     master_port_free = not report.details["hygiene"].get(cluster.master.name, {}).get("port_holder")
     run_reachability(state, cluster, report, master_port_free)
     report.stages["reachability"] = (
@@ -76,18 +135,15 @@ def _run(state: State, cluster: Cluster, smoke: str | None = None) -> PreflightR
     else:
         _collective_stages(state, cluster, report, networks, active)
     if smoke:
-        if report.stages.get("collective") == "ok":
+        if report.carried:
+            report.stages["smoke"] = "skipped"  # the launch files start every node, not a subset
+        elif report.stages.get("collective") == "ok":
             run_smoke(state, cluster, report, smoke)
             report.stages["smoke"] = (
                 "failed" if any(p.stage == "smoke" for p in report.problems) else "ok"
             )
         else:
             report.stages["smoke"] = "skipped"  # no launcher can train where the collective failed
-    report.healthy = healthy_subset(
-        report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
-    )
-    _publish(report)
-    return report
 
 
 def _collective_stages(
@@ -141,6 +197,12 @@ def _publish(result: PreflightReport) -> None:
     lines += [f"[{p.node}] {p}" for p in result.problems] + [
         f"[{w.node}] warning: {w}" for w in result.warnings
     ]
+    if result.carried:
+        lines.append(
+            "carried over (passed within the staleness bound, unchanged): "
+            + ", ".join(f"{node} (passed at {at})" for node, at in result.carried.items())
+        )
+    lines += [f"[{node}] tested again: {why}" for node, why in result.retested.items()]
     lines += healthy_lines(result.healthy, len(result.nodes))
     if result.ok:
         lines.append("the cluster can train: every stage passed")

@@ -28,6 +28,9 @@ class PreflightReport:
     stages: dict[str, str] = field(default_factory=dict)  # stage -> "ok" | "failed" | "skipped"
     details: dict[str, Any] = field(default_factory=dict)
     healthy: dict[str, Any] = field(default_factory=dict)  # checks/healthy_subset.py
+    # a staleness-bounded run: node -> when it passed (not tested again); node -> why tested
+    carried: dict[str, str] = field(default_factory=dict)
+    retested: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -44,6 +47,8 @@ class PreflightReport:
             "problems": [asdict(p) for p in self.problems],
             "warnings": [asdict(w) for w in self.warnings],
             "healthy": self.healthy,
+            "carried": self.carried,
+            "retested": self.retested,
             "details": self.details,
         }
 
@@ -58,7 +63,9 @@ class PreflightReport:
                 mine = [p for p in self.problems if p.node == node and p.stage == stage]
                 warned = [w for w in self.warnings if w.node == node and w.stage == stage]
                 cells.append(
-                    "skipped"
+                    "carried"
+                    if node in self.carried and stage != "hygiene"
+                    else "skipped"
                     if outcome == "skipped"
                     else ("FAIL" if mine else "ok, warning" if warned else "ok")
                 )

@@ -16,7 +16,11 @@ Stages, each bounded in time, all nodes at once:
    pair of nodes, every GPU of both, in rounds; under ``preflight.min_busbw_gbps`` the slow
    node (slow in every pair) or the slow link is named, without a floor the figures are
    reported. An InfiniBand port down on one node while its peers' are active is named (1).
-A table goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json.
+Its worst case for the cluster's size is printed first (checks/preflight_scope.py). A table
+goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json, each tested
+node's verdict to preflight-<cluster>-stamps.json beside it: the deploy writes launch files for
+the nodes it did not fail in /etc/trainfleet/launch/healthy/. ``--data trainfleet_stale=6h``
+tests again only the nodes that passed longer ago, changed since, or never passed.
 A node with a problem fails the run. Nothing is left running and nothing is changed, but for
 an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fresh directory
 made there and removed, never in /tmp, so no module a node user planted is imported as root.
@@ -29,6 +33,7 @@ from pyinfra import host
 from checks import preflight_check
 from operations import verdict
 from runtime.gather import this_node
+from trainfleet import stamps
 from trainfleet.schema import smoke_launcher_problem
 
 cluster, node = this_node()
@@ -37,7 +42,14 @@ if smoke and (problem := smoke_launcher_problem(smoke)):
     print(f"trainfleet: trainfleet_smoke: {problem}; nothing was run", file=sys.stderr)
     raise SystemExit(2)
 
-result = preflight_check.cluster_preflight(cluster, smoke=smoke)
+stale = host.data.get("trainfleet_stale")
+try:
+    bound = None if stale is None else stamps.parse_stale(stale)
+except ValueError as exc:
+    print(f"trainfleet: trainfleet_stale: {exc}; nothing was run", file=sys.stderr)
+    raise SystemExit(2) from None
+
+result = preflight_check.cluster_preflight(cluster, smoke=smoke, stale=bound)
 verdict.verdict(
     name="This node can train with the others",
     check="preflight",

@@ -20,7 +20,8 @@ class FileSum(TypedDict):
 
 class LauncherFiles(FactBase[dict[str, FileSum]]):
     """
-    Every regular file in the launcher directory: ``{name: {"mode": ..., "sha256": ...}}``.
+    Every regular file in the launcher directory and its ``healthy/`` folder:
+    ``{name: {"mode": ..., "sha256": ...}}`` (``healthy/hostfile`` for the folder's).
 
     + directory: the launcher directory
 

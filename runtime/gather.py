@@ -22,6 +22,7 @@ from runtime import inventory
 from runtime.bundle import DeployState, plan_inputs
 from runtime.fanout import fan_out
 from runtime.faults import name_step_faults
+from trainfleet import stamps
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
@@ -215,12 +216,18 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
         read = read_once(DeployState, users=cluster.mesh_users, **cluster_blocks(cluster))
         gathered = plan_inputs(read)
         keys = prepare_keys(KeyStore(cluster.name), cluster, gathered)
-        built = plan_cluster(cluster, gathered, keys)
+        built = plan_cluster(cluster, gathered, keys, preflight_exclusions(cluster))
         for note in built.notes:
             logger.warning(note)
         return built
 
     return once_per_run("plan", compute)
+
+
+def preflight_exclusions(cluster: Cluster) -> dict[str, list[str]]:
+    """The nodes the last preflight of each failed, with its causes (the controller's stamps):
+    the deploy and drift leave them out of the healthy subset's launch files."""
+    return stamps.exclusions(stamps.load(cluster.name), [n.name for n in cluster.nodes])
 
 
 def no_host_failed() -> bool:

@@ -6,7 +6,7 @@ from the spec alone, so operations never share state through a run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,12 @@ class Cluster:
     @property
     def master(self) -> Node:
         return self.nodes[0]
+
+    def subset(self, names: list[str]) -> Cluster:
+        """The cluster of just the named nodes, in rank order and ranked again from 0 (the first
+        one kept is the master)."""
+        kept = [node for node in self.nodes if node.name in names]
+        return replace(self, nodes=[replace(node, rank=i) for i, node in enumerate(kept)])
 
     @property
     def total_gpus(self) -> int:

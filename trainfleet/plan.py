@@ -10,6 +10,7 @@ that node's step and drift expects nothing of it. No pyinfra here, no host touch
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from trainfleet import mesh
 from trainfleet.capabilities import CAPABILITIES
 from trainfleet.capabilities.gpu_node import GpuNodePlan
 from trainfleet.capabilities.hosts import HostsPlan, hosts_lines, hosts_plan
-from trainfleet.capabilities.launchers import LaunchersPlan, rank_table_part
+from trainfleet.capabilities.launchers import LaunchersPlan, healthy_part, rank_table_part
 from trainfleet.capabilities.nccl_env import NcclPlan, nccl_part
 from trainfleet.capabilities.openmpi import MpiPlan, mpi_plan
 from trainfleet.capabilities.pdsh import genders_lines
@@ -94,13 +95,18 @@ def cluster_blocks(cluster: Cluster) -> dict[str, list[str]]:
 
 
 def plan_cluster(
-    cluster: Cluster, gathered: Gathered, keys: KeyMaterial | None = None
+    cluster: Cluster,
+    gathered: Gathered,
+    keys: KeyMaterial | None = None,
+    excluded: Mapping[str, list[str]] | None = None,
 ) -> ClusterPlan:
     """Every node's plan. Cluster-wide parts (hosts block, known hosts, authorized keys, ssh
     config, MCA parameters) are built once and shared by every node's plan. Writes nothing.
 
     + keys: the key store's snapshot (``KeyStore.snapshot``, or the deploy's ``prepare_keys``);
       None plans no SSH mesh (the preflight needs none)
+    + excluded: the nodes the last preflight of each failed, with its causes
+      (``trainfleet.stamps.exclusions``): left out of the healthy subset's launch files
     """
     notes: list[str] = []
     derived = derive_cluster(cluster, gathered.networks)
@@ -193,6 +199,9 @@ def plan_cluster(
             "mpi": mpi,
             "pdsh_nodes": [n.name for n in cluster.nodes],
             "rank_table": rank_table_part(cluster, gathered.npu_ips),
+            "healthy": healthy_part(
+                cluster, excluded or {}, cluster.preflight.get("healthy_multiple_of")
+            ),
         },
     )
     plans = {}

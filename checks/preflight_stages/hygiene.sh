@@ -1,6 +1,7 @@
 # Hygiene: master port holder ($2 = 1 on the master), how every cluster name resolves, GPUs
-# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's hostfile slots, SysV shm.
-port=$1 is_master=$2 me=$3 hostfile=$4; shift 4
+# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's hostfile slots, SysV shm,
+# the boot and how many kernel lines match the GPU/fabric error pattern ($5) for the stamps.
+port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5; shift 5
 if [ "$is_master" = 1 ]; then ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1 | sed 's/^/holder /'; fi
 for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1}')"; done
 echo "hostname $(hostname)"
@@ -8,5 +9,8 @@ command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/nul
 echo "cvd ${CUDA_VISIBLE_DEVICES-}"
 env | grep -E '^(NCCL|GLOO)_' | sed 's/^/env /'
 awk -v me="$me" '$1 == me { sub("slots=", "", $2); print "slots " $2 }' "$hostfile" 2>/dev/null
+if d=$(dmesg 2>/dev/null); then
+  echo "kernel $(cat /proc/sys/kernel/random/boot_id) $(printf '%s\n' "$d" | grep -cE -- "$pattern")"
+fi
 sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)"
 true

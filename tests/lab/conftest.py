@@ -93,7 +93,12 @@ def lab3(lab: LabController) -> LabController:
 @pytest.fixture()
 def torch_lab(lab: LabController, tmp_path_factory) -> tuple[LabController, str]:
     """A 3-node lab converged with torch pinned in every node's venv (from the wheelhouse),
-    shared by the tests that need it (installing torch takes minutes)."""
+    shared by the tests that need it (installing torch takes minutes). Each test starts with
+    no preflight verdicts on the controller: an earlier test's failed node is not left out of
+    this one's healthy launch files."""
+    from trainfleet.stamps import stamps_path
+
+    stamps_path("lab").unlink(missing_ok=True)
     return converged_torch_lab(lab, tmp_path_factory)
 
 

@@ -12,10 +12,14 @@ import time
 from contextlib import contextmanager
 
 from checks.preflight_check import report_path
-from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, pyinfra
+from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, deploy_twice, on_every_node, pyinfra
+from tests.lab.test_launchers import ranks
+from trainfleet.stamps import stamps_path
 
 NODES = ["node1", "node2", "node3"]
 PREFLIGHT = "deploy/preflight.py"
+LAUNCH = "/etc/trainfleet/launch"
+HEALTHY = f"{LAUNCH}/healthy"
 ENVIRONMENT = "/etc/environment"
 BOUND = 60  # seconds: the issue's limit for naming any of these faults
 HEALTHY_STAGES = {
@@ -34,10 +38,18 @@ PLANTED_BY_USER = ["json", "socket", "torch", "os", "sitecustomize", "threading"
 PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 
 
-def preflight(inventory: str):
+def preflight(inventory: str, stale: str | None = None):
     started = time.monotonic()
-    run = pyinfra(inventory, PREFLIGHT, timeout=BOUND)  # TimeoutExpired = it hung: the test fails
+    data = {"trainfleet_stale": stale} if stale else None
+    # TimeoutExpired = it hung: the test fails
+    run = pyinfra(inventory, PREFLIGHT, timeout=BOUND, data=data)
     return run, json.loads(report_path("lab").read_text()), time.monotonic() - started
+
+
+def launched(lab, command: str, nodes: tuple[str, ...] = ("node1",)) -> list[dict]:
+    """The smoke job's ranks, started by ``command`` on ``nodes`` at once, bounded."""
+    bounded = f"timeout -k 5 150 {command} 2>/dev/null"
+    return ranks("\n".join(on_every_node(lab, list(nodes), bounded, timeout=180).values()))
 
 
 def problems(report) -> list[tuple[str, str, str]]:
@@ -56,6 +68,7 @@ def environment_edited(lab, inventory: str, node: str, sed: str):
         yield
     finally:
         lab.ssh(node, f"cat > {ENVIRONMENT}", input=before)
+        stamps_path("lab").unlink(missing_ok=True)  # the fault's verdict goes with the fault
         again = pyinfra(inventory, "deploy/cluster.py")
         assert again.returncode == 0 and again.changed() == {}, again.describe()
 
@@ -237,6 +250,10 @@ def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
 
 
 def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab):
+    """The operator's path: node3 named within the stated bound, the deploy writes launch
+    files for the other two on those two, torchrun and DeepSpeed train there from them; the
+    fault gone, a staleness-bounded preflight tests node3 again (with a partner) and readmits
+    it, and the healthy files equal the full ones."""
     lab, inventory = torch_lab
     # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
     # own network namespace and drops what it sends to port 29500, nothing else.
@@ -248,8 +265,10 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         "nft add rule inet tf_test out tcp dport 29500 drop",
     )
     try:
-        run, report, _ = preflight(inventory)
+        run, report, took = preflight(inventory)
         assert run.returncode != 0
+        assert took < report["details"]["bound"]["seconds"]  # within its stated worst case
+        assert f"at most {report['details']['bound']['seconds']} s for 3 nodes" in run.stderr
         found = problems(report)
         reach = [(node, cause) for node, stage, cause in found if stage == "reachability"]
         assert [node for node, _ in reach] == ["node3"]
@@ -261,12 +280,41 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         assert healthy["nodes"] == ["node1", "node2"] and list(healthy["excluded"]) == ["node3"]
         assert healthy["excluded"]["node3"] == [f"{stage}: {cause}" for _, stage, cause in found]
         assert "healthy subset: 2 of 3 nodes, named by no problem: node1, node2" in run.stderr
+        # the deploy writes the subset's launch files on node1 and node2, none on node3; the
+        # user's spec is untouched and a re-run changes nothing
+        deploy_twice(inventory, "deploy/cluster.py")
+        assert lab.host("node1").file(f"{HEALTHY}/hostfile").content_string == (
+            "node1 slots=1\nnode2 slots=1\n"
+        )
+        readme = lab.host("node2").file(f"{HEALTHY}/README").content_string
+        assert "node3: reachability: cannot reach node1:29500" in readme
+        assert not lab.host("node3").file(HEALTHY).exists
+        # a job started from them trains on the two: torchrun on each, DeepSpeed from node1
+        for trained in (
+            launched(lab, f"{HEALTHY}/torchrun.sh {HEALTHY}/smoke_train.py", ("node1", "node2")),
+            launched(lab, f"sh -c 'cd /root && {HEALTHY}/deepspeed.sh {HEALTHY}/smoke_train.py'"),
+        ):
+            assert sorted((r["host"], r["rank"], r["world"], r["smoke"]) for r in trained) == [
+                ("node1", 0, 2, "ok"),
+                ("node2", 1, 2, "ok"),
+            ], trained
     finally:
         lab.ssh("node3", "nft delete table inet tf_test")
-    # the fault gone, the next preflight readmits node3: the subset is every node again
-    run, report, _ = preflight(inventory)
+    # the fault gone, a preflight bounded by staleness tests node3 again with node1 as its
+    # partner, carries node2 over, and readmits node3: the subset is every node again
+    run, report, _ = preflight(inventory, stale="1h")
     assert run.returncode == 0 and report["healthy"]["nodes"] == NODES, run.describe()
-    assert report["healthy"]["excluded"] == {}
+    assert report["healthy"]["excluded"] == {} and list(report["carried"]) == ["node2"]
+    assert report["retested"] == {
+        "node1": "passed; tested again as a partner known good",
+        "node3": "did not pass its last preflight",
+    }
+    assert report["details"]["collective"]["world"] == 2  # node1 and node3 only
+    deploy_twice(inventory, "deploy/cluster.py")
+    for node in NODES:
+        for name in ("hostfile", "torchrun.sh", "deepspeed.sh", ".deepspeed_env"):
+            full = lab.host(node).file(f"{LAUNCH}/{name}").content_string
+            assert lab.host(node).file(f"{HEALTHY}/{name}").content_string == full, (node, name)
     assert_nothing_left_running(lab)
 
 

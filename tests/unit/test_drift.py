@@ -221,7 +221,7 @@ def test_drift_names_a_changed_launcher_and_hosts_line_and_shows_what_changed(tm
     victim = fleet.cluster.nodes[1].name
     plan = fleet.plan.nodes[victim]
     launch = tmp_path / "launch"
-    launch.mkdir()
+    (launch / "healthy").mkdir(parents=True)
     for name, (text, _) in plan.launchers.files.items():
         (launch / name).write_text(text)
     script = plan.launchers.files["torchrun.sh"][0]

@@ -21,8 +21,8 @@ def test_a_node_a_problem_names_is_left_out_with_its_causes_and_the_rest_keep_ra
         "note": None,
     }
     assert healthy_lines(subset, 5) == [
-        "healthy subset: 4 of 5 nodes, named by no problem: node1, node2, node4, node5 (prove it "
-        "with a preflight of a spec listing only them)",
+        "healthy subset: 4 of 5 nodes, named by no problem: node1, node2, node4, node5 (the next "
+        "deploy writes their launch files in /etc/trainfleet/launch/healthy/)",
         "left out: node3: reachability: cannot reach node1:29500 (timed out); collective: x",
     ]
 

@@ -19,6 +19,8 @@ from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.hccl import render_rank_table
 from trainfleet.model import Cluster, Node
 from trainfleet.render import render_lines, variables
+from trainfleet.stamps import CUT
+from trainfleet.text import printable
 
 if TYPE_CHECKING:
     from trainfleet.plan import NodePlan
@@ -54,6 +56,11 @@ VERBATIM = frozenset({"smoke_train.py", "colossalai_run.py"})
 # every NPU node's device IPs (``rank_table_part`` below)
 RANK_TABLE = "rank_table.json"
 LAUNCH_FILE_NAMES = (*LAUNCHER_FILES, RANK_TABLE)  # every file trainfleet may keep in LAUNCH_DIR
+# The same files for the healthy subset (the nodes the last preflight of each did not fail), in
+# a folder beside them, on those nodes only: equal to the full ones while no node is left out.
+HEALTHY = "healthy"
+HEALTHY_README = "launchers/healthy_README.j2"
+KEPT_NAMES = (*LAUNCH_FILE_NAMES, *(f"{HEALTHY}/{name}" for name in LAUNCH_FILE_NAMES))
 _HERE = Path(__file__).resolve().parent.parent  # trainfleet/: smoke/, launch/
 
 
@@ -63,6 +70,7 @@ def render_launchers(
     forward: dict[str, str] | None = None,
     mca: dict[str, str] | None = None,
     shared: dict[tuple[Any, ...], str] | None = None,
+    launch_dir: str = LAUNCH_DIR,
 ) -> dict[str, tuple[str, str]]:
     """Every launcher file for ``node``: name -> (content, mode).
 
@@ -73,6 +81,7 @@ def render_launchers(
     + shared: the files already rendered for other nodes of the same cluster, reused where a
       template does not read ``node`` (hostfiles list every node: rendering them once per
       node would cost N x N)
+    + launch_dir: the folder the files will be in (they name each other by path)
     """
     forward = forward or {}
     mca = mca or {}
@@ -82,14 +91,14 @@ def render_launchers(
     context = {
         "cluster": cluster,
         "node": node,
-        "launch_dir": LAUNCH_DIR,
+        "launch_dir": launch_dir,
         "venv": VENV_DIR,
         "forward": sorted(forward),
         "forward_env": dict(sorted(forward.items())),
         "mca": mca,
         "nics": nics,
     }
-    same_for = (id(cluster), tuple(sorted(forward.items())), tuple(sorted(mca.items())))
+    same_for = (id(cluster), launch_dir, tuple(sorted(forward.items())), tuple(sorted(mca.items())))
     shared = {} if shared is None else shared
     # Every node's name, comma-separated: joined once per cluster, not once per node.
     context["host_list"] = shared.setdefault(
@@ -155,27 +164,88 @@ def check_sections(users: list[str], peers: list[str]) -> Sections:
     return {}
 
 
+def healthy_part(
+    cluster: Cluster, excluded: Mapping[str, list[str]], multiple_of: int | None
+) -> tuple[Cluster | None, dict[str, list[str]]]:
+    """The healthy subset's cluster (None: no node is healthy) and who is left out, why: the
+    nodes ``excluded`` names (their last preflight failed them), then the last healthy ones in
+    rank order until the subset is a multiple of ``multiple_of``. Nobody left out: the
+    cluster itself, so its files are the full ones."""
+    names = [n.name for n in cluster.nodes]
+    out = {name: list(map(printable, excluded[name])) for name in names if name in excluded}
+    keep = [name for name in names if name not in out]
+    if multiple_of and len(keep) % multiple_of:
+        for name in keep[len(keep) - len(keep) % multiple_of :]:
+            out[name] = [f"{CUT} {multiple_of}"]
+        keep = keep[: len(keep) - len(keep) % multiple_of]
+    if not out:
+        return cluster, {}
+    return (cluster.subset(keep) if keep else None), out
+
+
 def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
     """The node's launcher files: the variables every node shares forwarded, the cluster's
-    MCA parameters, on NPU nodes the rank table."""
+    MCA parameters, on NPU nodes the rank table; on a node of the healthy subset the same files
+    for that subset in ``healthy/``."""
     mine = derived(ctx, node)
     rank_table, rank_table_problems = ctx.shared["rank_table"]
     forward = {k: v for k, v in mine.env.items() if k in ctx.uniform}
-    files = render_launchers(
-        ctx.cluster, node, forward=forward, mca=ctx.shared["mpi"].params, shared=ctx.shared_files
-    )
+    mca = ctx.shared["mpi"].params
+    files = render_launchers(ctx.cluster, node, forward=forward, mca=mca, shared=ctx.shared_files)
     if node.npus and rank_table:
         files[RANK_TABLE] = (rank_table, "644")
     problems = [f"NCCL environment: {p}" for p in mine.problems]
     problems += [f"rank table: {p}" for p in rank_table_problems] if node.npus else []
+    subset, excluded = ctx.shared["healthy"]
+    if subset is not None and node.name not in excluded:
+        files |= _healthy_files(ctx, subset, excluded, node, files, forward, mca)
     return {"launchers": LaunchersPlan(files=files, problems=problems)}
+
+
+def _healthy_files(
+    ctx: PlanContext,
+    subset: Cluster,
+    excluded: dict[str, list[str]],
+    node: Node,
+    full: dict[str, tuple[str, str]],
+    forward: dict[str, str],
+    mca: dict[str, str],
+) -> dict[str, tuple[str, str]]:
+    """``healthy/NAME`` for every launcher file: the full ones while no node is left out (the
+    README says so), else rendered for the subset, naming each other in ``healthy/``."""
+    where = f"{LAUNCH_DIR}/{HEALTHY}"
+    me = subset.node(node.name)
+    if excluded:
+        files = render_launchers(subset, me, forward, mca, ctx.shared_files, launch_dir=where)
+        if node.npus:
+            table, _ = ctx.shared.setdefault(
+                "healthy_rank_table", rank_table_part(subset, ctx.gathered.npu_ips)
+            )
+            if table:
+                files[RANK_TABLE] = (table, "644")
+    else:
+        files = dict(full)
+    readme = "".join(
+        f"{line}\n"
+        for line in render_lines(
+            HEALTHY_README,
+            cluster=subset,
+            node=me,
+            launch_dir=where if excluded else LAUNCH_DIR,
+            venv=VENV_DIR,
+            excluded=excluded,
+            full_dir=LAUNCH_DIR,
+        )
+    )
+    files["README"] = (readme, LAUNCHER_FILES["README"][1])
+    return {f"{HEALTHY}/{name}": value for name, value in files.items()}
 
 
 def files_digest(files: Mapping[str, Any], sha_of: Callable[[Any], str]) -> str:
     """The launcher files trainfleet keeps, as one value (``absent``: none of them)."""
     return digest(
-        [f"{name} {sha_of(files[name])}" for name in sorted(LAUNCH_FILE_NAMES) if name in files]
-        if any(name in files for name in LAUNCH_FILE_NAMES)
+        [f"{name} {sha_of(files[name])}" for name in sorted(KEPT_NAMES) if name in files]
+        if any(name in files for name in KEPT_NAMES)
         else None
     )
 
@@ -200,7 +270,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
         "launcher files": {
             f"{LAUNCH_DIR}/{name}": Content(f["sha256"], None)
             for name, f in fp["launchers"].items()
-            if name in LAUNCH_FILE_NAMES
+            if name in KEPT_NAMES
         }
     }
 

@@ -1,0 +1,253 @@
+"""The healthy subset's launch files (/etc/trainfleet/launch/healthy/): the deploy's plan
+writes them for the nodes the last preflight of each did not fail, from the controller's
+stamps; the node left out gets none and keeps none; nobody left out, they equal the full ones."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import yaml
+
+import operations.launchers_ops as ops
+from checks.bandwidth_stage import bandwidth_jobs, bandwidth_plan
+from checks.preflight_scope import WAIT, bound_line, scope, worst_case
+from checks.stage_runner import BOUNDS
+from trainfleet import Cluster, stamps
+from trainfleet.capabilities.launchers import HEALTHY, LAUNCH_FILE_NAMES, healthy_part
+from trainfleet.plan import Gathered, plan_cluster
+
+SPEC = """\
+cluster: {name: lab, mesh_users: [root]}
+preflight: {healthy_multiple_of: MULTIPLE}
+nodes:
+  - {name: node1, address: 192.0.2.11, gpus: 0}
+  - {name: node2, address: 192.0.2.12, gpus: 0}
+  - {name: node3, address: 192.0.2.13, gpus: 0}
+  - {name: node4, address: 192.0.2.14, gpus: 0}
+"""
+DROPPED = ["reachability: cannot reach node1:29500 (timed out)"]
+
+
+def plan(excluded=None, multiple="null"):
+    cluster = Cluster.parse(SPEC.replace("MULTIPLE", multiple))
+    return plan_cluster(cluster, Gathered(), excluded=excluded)
+
+
+def files(built, node: str) -> dict[str, str]:
+    return {name: text for name, (text, _) in built.nodes[node].launchers.files.items()}
+
+
+def healthy(built, node: str) -> dict[str, str]:
+    prefix = f"{HEALTHY}/"
+    return {n[len(prefix) :]: t for n, t in files(built, node).items() if n.startswith(prefix)}
+
+
+def test_with_no_node_left_out_the_healthy_files_equal_the_full_ones_but_the_readme():
+    built = plan()
+    for node in ("node1", "node4"):
+        mine, subset = files(built, node), healthy(built, node)
+        assert subset.keys() == {n for n in LAUNCH_FILE_NAMES if n in mine}
+        assert {n: t for n, t in subset.items() if n != "README"} == {
+            n: t for n, t in mine.items() if n != "README" and "/" not in n
+        }
+        assert "No node is left out" in subset["README"]
+
+
+def test_a_node_the_last_preflight_failed_is_left_out_of_the_healthy_files_everywhere():
+    built = plan({"node3": DROPPED})
+    assert healthy(built, "node3") == {}  # the node left out gets none
+    subset = healthy(built, "node1")
+    assert subset["hostfile"].split("\n")[:3] == ["node1 slots=1", "node2 slots=1", "node4 slots=1"]
+    assert "node3" not in subset["hostfile"] and "node3" in files(built, "node1")["hostfile"]
+    # they name each other in healthy/, and node4 is rank 2 of 3 there
+    assert "--hostfile /etc/trainfleet/launch/healthy/hostfile" in subset["deepspeed.sh"]
+    assert "DS_ENV_FILE=/etc/trainfleet/launch/healthy/.deepspeed_env" in subset["deepspeed.sh"]
+    node4 = yaml.safe_load(healthy(built, "node4")["accelerate.yaml"])
+    assert (node4["machine_rank"], node4["num_machines"]) == (2, 3)
+    assert "--nnodes=3" in subset["torchrun.sh"] or "--nnodes 3" in subset["torchrun.sh"]
+    readme = subset["README"]
+    assert "Left out (1 of 4 nodes)" in readme
+    assert "node3: reachability: cannot reach node1:29500 (timed out)" in readme
+
+
+def test_the_master_left_out_makes_the_next_healthy_node_the_subsets_master():
+    subset = healthy(plan({"node1": DROPPED}), "node2")
+    assert "--master_addr 192.0.2.12" in subset["deepspeed.sh"]
+    assert yaml.safe_load(subset["accelerate.yaml"])["machine_rank"] == 0
+
+
+def test_a_multiple_of_k_leaves_out_the_last_healthy_node_and_its_readme_says_why():
+    built = plan({"node3": DROPPED}, multiple="2")
+    assert healthy(built, "node4") == {} and healthy(built, "node3") == {}
+    readme = healthy(built, "node2")["README"]
+    assert "node4: left out to keep the subset a multiple of 2" in readme
+    assert healthy(built, "node1")["hostfile"].split("\n")[:2] == ["node1 slots=1", "node2 slots=1"]
+
+
+def test_every_node_left_out_leaves_no_healthy_files_anywhere():
+    built = plan({n: DROPPED for n in ("node1", "node2", "node3", "node4")})
+    assert all(healthy(built, n) == {} for n in built.nodes)
+
+
+def test_a_cause_with_control_characters_reaches_the_readme_printable():
+    cluster = Cluster.parse(SPEC.replace("MULTIPLE", "null"))
+    _, out = healthy_part(cluster, {"node2": ["hygiene: held by \x1b[2J\nnode9: fine"]}, None)
+    assert out == {"node2": ["hygiene: held by \\x1b[2J\\x0anode9: fine"]}
+
+
+def test_the_launcher_operation_removes_trainfleets_healthy_files_a_node_no_longer_gets(
+    monkeypatch,
+):
+    """The op as the deploy runs it, its LauncherFiles fact answered: on node3, left out now,
+    its healthy files go (only trainfleet's names); the full ones stay as they are."""
+    built = plan({"node3": DROPPED})
+    mine = built.nodes["node3"].launchers.files
+    have = {
+        name: {"mode": mode, "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        for name, (text, mode) in mine.items()
+    }
+    have |= {f"{HEALTHY}/hostfile": {"mode": "644", "sha256": "0" * 64}}
+    have |= {f"{HEALTHY}/notes.txt": {"mode": "644", "sha256": "1" * 64}}  # the user's own
+    monkeypatch.setattr(ops, "fact", lambda *a, **k: have)
+    (command,) = ops.launcher_files._inner(files=mine)  # the generator pyinfra calls
+    assert command.get_raw_value() == (
+        "rm -f -- " + shlex.quote("/etc/trainfleet/launch/healthy/hostfile") + " && "
+        "rmdir --ignore-fail-on-non-empty -- /etc/trainfleet/launch/healthy"
+    )
+
+
+def test_a_first_deploys_launcher_files_go_in_a_few_commands_each_within_the_argument_limit():
+    built = plan()
+    assert ops.batched([]) == []
+    writes = [
+        ops.write_file_command(f"/etc/trainfleet/launch/{name}", text, mode)
+        for name, (text, mode) in built.nodes["node1"].launchers.files.items()
+    ]
+    batches = ops.batched(writes)
+    assert 1 < len(batches) < len(writes) // 4  # 30 files, healthy/ included
+    assert all(len(b.get_raw_value()) <= ops.BATCH_CHARACTERS for b in batches)
+    joined = " && ".join(w.get_raw_value() for w in writes)
+    assert " && ".join(b.get_raw_value() for b in batches) == joined  # all of them, in order
+
+
+# -- the stamps: each node's last verdict on the controller ---------------------------------------
+
+NOW = datetime(2026, 11, 27, 6, 0, tzinfo=UTC)
+SEEN = {n: {"plan": "p", "ledger": None, "kernel": "boot 0"} for n in ("node1", "node2", "node3")}
+
+
+def test_a_preflight_stamps_the_nodes_it_tested_and_keeps_the_others():
+    before = {"node4": {"passed": True, "at": "2026-11-27T05:00:00Z"}, "gone": {"passed": True}}
+    after = stamps.recorded(
+        before,
+        {"node1": [], "node3": DROPPED, "node2": ["left out to keep the subset a multiple of 2"]},
+        SEEN,
+        ["node1", "node2", "node3", "node4"],
+        NOW,
+    )
+    assert after["node1"] == {
+        "passed": True,
+        "at": "2026-11-27T06:00:00Z",
+        "causes": [],
+        "plan": "p",
+        "ledger": None,
+        "kernel": "boot 0",
+    }
+    assert after["node2"]["passed"] is True  # cut for the spec's sake, not failed
+    assert after["node3"]["passed"] is False and after["node3"]["causes"] == DROPPED
+    assert after["node4"] == before["node4"] and "gone" not in after
+    assert stamps.exclusions(after, ["node1", "node2", "node3", "node4"]) == {"node3": DROPPED}
+
+
+def test_a_stale_bound_retests_only_the_old_the_changed_and_the_never_passed():
+    at = "2026-11-27T05:00:00Z"
+    kept = {"passed": True, "at": at, "causes": [], "plan": "p", "ledger": None, "kernel": "boot 0"}
+    recorded = {
+        "node1": kept,
+        "node2": {**kept, "at": "2026-11-26T05:00:00Z"},
+        "node3": {**kept, "passed": False, "causes": DROPPED},
+        "node5": kept,
+        "node6": kept,
+        "node7": kept,
+    }
+    seen = {
+        **SEEN,
+        "node5": {**SEEN["node1"], "plan": "q"},
+        "node6": {**SEEN["node1"], "kernel": "boot 2"},
+        "node7": {**SEEN["node1"], "kernel": None},
+    }
+    nodes = ["node1", "node2", "node3", "node4", "node5", "node6", "node7"]
+    why = stamps.to_retest(recorded, seen, nodes, timedelta(hours=6), NOW)
+    assert why == {
+        "node2": "passed at 2026-11-26T05:00:00Z, longer ago than 6h",
+        "node3": "did not pass its last preflight",
+        "node4": "never passed",
+        "node5": f"its plan changed since it passed at {at}",
+        "node6": f"new GPU error lines in its kernel log (or a reboot) since {at}",
+        "node7": "its kernel's error lines could not be read",
+    }
+
+
+@pytest.mark.parametrize("value", ["6h", "30m", "2d", "45s"])
+def test_a_staleness_bound_is_a_whole_number_and_a_unit(value):
+    assert stamps.parse_stale(value) > timedelta(0)
+
+
+@pytest.mark.parametrize("value", ["", "6", "h", "0h", "1.5h", "6 h", "6H", "-1d", True, 6, "6h;x"])
+def test_anything_else_is_refused(value):
+    with pytest.raises(ValueError, match="not a duration"):
+        stamps.parse_stale(value)
+
+
+def test_a_damaged_stamps_file_is_an_error_not_every_node_readmitted(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
+    assert stamps.load("lab") == {}
+    stamps.save("lab", {"node1": {"passed": False, "causes": DROPPED}})
+    assert stamps.exclusions(stamps.load("lab"), ["node1"]) == {"node1": DROPPED}
+    stamps.stamps_path("lab").write_text("{not json")
+    with pytest.raises(ValueError, match="not a preflight stamps file"):
+        stamps.load("lab")
+
+
+# -- the preflight's scope: its worst case, and what a staleness bound tests again -----------------
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 32])
+def test_the_stated_worst_case_covers_the_longest_command_the_collective_stage_sends(count):
+    """The bound is the stages' own: the collective's command ends with its last round of
+    pairs (bandwidth_jobs), and the controller waits WAIT s past it."""
+    nodes = "\n".join(
+        f"  - {{name: n{i}, address: 192.0.2.{10 + i}, gpus: 0}}" for i in range(count)
+    )
+    cluster = Cluster.parse(f"cluster: {{name: lab, mesh_users: [root]}}\nnodes:\n{nodes}\n")
+    steps = worst_case(cluster)
+    rounds, _ = bandwidth_plan(cluster)
+    jobs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
+    last = max([BOUNDS["collective"], *(job[0] for mine in jobs.values() for job in mine)])
+    assert steps["collective and bandwidth"] >= last + WAIT
+    assert (
+        "smoke" not in steps and worst_case(cluster, "torchrun")["smoke"] == BOUNDS["smoke"] + WAIT
+    )
+    assert bound_line(cluster, steps).startswith(
+        f"at most {sum(steps.values())} s for {count} nodes"
+    )
+
+
+def test_a_stale_run_tests_the_changed_node_with_one_partner_known_good_and_carries_the_rest():
+    cluster = Cluster.parse(SPEC.replace("MULTIPLE", "null"))
+    kept = {"passed": True, "at": "2026-11-27T05:00:00Z", "plan": "p", "ledger": None}
+    recorded = {n: {**kept, "kernel": "boot 0"} for n in ("node1", "node2", "node3", "node4")}
+    seen = {n: {**kept, "kernel": "boot 0"} for n in recorded} | {
+        "node3": {**kept, "kernel": "boot 1"}
+    }
+    names, why, carried = scope(cluster, recorded, seen, timedelta(hours=6), NOW, set())
+    assert names == ["node1", "node3"]
+    assert why["node1"] == "passed; tested again as a partner known good"
+    assert carried == {"node2": kept["at"], "node4": kept["at"]}
+    # nothing changed: nobody is tested; a hygiene failure now is tested with a partner
+    assert scope(cluster, recorded, recorded, timedelta(hours=6), NOW, set())[0] == []
+    names, why, _ = scope(cluster, recorded, recorded, timedelta(hours=6), NOW, {"node4"})
+    assert names == ["node1", "node4"] and why["node4"] == "failed the hygiene stage now"
