@@ -41,8 +41,11 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
             data["env"][key] = value
         elif kind == "clock" and re.fullmatch(r"[0-9]{9,11}\.[0-9]{1,9}", rest, re.ASCII):
             data["clock"] = float(rest)
-        elif kind == "kernel" and re.fullmatch(r"[0-9a-f-]{36} [0-9]{1,9}", rest, re.ASCII):
-            data["kernel"] = rest  # the boot and its count of GPU/fabric error lines
+        elif kind == "kernel" and re.fullmatch(
+            r"[0-9a-f-]{36} [0-9]{1,9} ([0-9]{1,10}\.[0-9]{1,9})?", rest, re.ASCII
+        ):
+            # the boot, its count of GPU/fabric error lines and the last one's time
+            data["kernel"] = rest.strip()
         elif kind == "slots" and re.fullmatch(r"[0-9]{1,6}", rest.strip(), re.ASCII):
             data["slots"] = int(rest)
     if data.get("cuda_visible_devices") and "visible_gpus" in data:

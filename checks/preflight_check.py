@@ -97,7 +97,10 @@ def _run(
     report.healthy = healthy_subset(
         report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
     )
-    stamped = {n.name for n in tested.nodes} | {p.node for p in report.problems}
+    # Stamped: the nodes of this run (not those a --limit left out) that it tested or named. A
+    # node no problem names passed only where the collective ran and passed with it.
+    in_run = {h.data.trainfleet_node for h in state.inventory if state.is_host_in_limit(h)}
+    stamped = ({n.name for n in tested.nodes} | {p.node for p in report.problems}) & in_run
     stamps.save(
         cluster.name,
         stamps.recorded(
@@ -106,6 +109,7 @@ def _run(
             seen,
             report.nodes,
             now,
+            complete=report.stages.get("collective") == "ok" and not report.healthy["note"],
         ),
     )
     _publish(report)

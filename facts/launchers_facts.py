@@ -75,7 +75,7 @@ class LauncherContents(FactBase[dict[str, str | None]]):
     digests alone (LauncherFiles).
 
     + directory: the launcher directory
-    + names: file names in it (trainfleet's own, never a path)
+    + names: file names in it (trainfleet's own: ``hostfile``, ``healthy/hostfile``)
     """
 
     def command(self, directory: str, names: list[str]) -> StringCommand:

@@ -24,7 +24,7 @@ class UnitT(TypedDict):
 
 class RemediationStateT(TypedDict):
     gpu_pids: list[int]  # nvidia-smi --query-compute-apps=pid
-    gpu_pids_unknown: bool  # that probe failed (hung, refused): a job cannot be ruled out
+    gpu_pids_unknown: bool  # that probe failed or printed a non-pid line: a job not ruled out
     systemd: bool
     units: dict[str, UnitT]  # trainfleet.remediation.UNITS
     acs_unit: str | None  # ACS_UNIT_PATH's content; None: absent
@@ -39,7 +39,9 @@ class RemediationState(FactBase[RemediationStateT]):
     The GPU processes (their pids), systemd, the state of each unit the remediation stops,
     starts or writes (nvidia-persistenced, nvidia-dcgm, dcgm, nvidia-fabricmanager,
     trainfleet-acs) and trainfleet's ACS unit file, in one command. A probe that failed reads as
-    ``gpu_pids_unknown``, a missing systemd as ``systemd: False``: never as passing.
+    ``gpu_pids_unknown`` (so does one that printed a line that is not a pid: ``[N/A]``,
+    ``[Insufficient Permissions]``, an error message), a missing systemd as ``systemd: False``:
+    never as passing.
 
     + timeout: seconds nvidia-smi may take
 
@@ -59,8 +61,11 @@ class RemediationState(FactBase[RemediationStateT]):
         pids: set[int] = set()
         for line in output:
             tag, _, rest = line.partition(" ")
-            if tag == "gpu_pid" and rest.isdigit() and len(rest) <= 10:
-                pids.add(int(rest))
+            if tag == "gpu_pid":
+                if rest.isascii() and rest.isdigit() and len(rest) <= 10:
+                    pids.add(int(rest))
+                else:  # not a pid: what the probe saw cannot be read, a job not ruled out
+                    state["gpu_pids_unknown"] = True
             elif tag == "gpu_pids" and rest == "unknown":
                 state["gpu_pids_unknown"] = True
             elif tag == "systemd":

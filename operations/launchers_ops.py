@@ -56,6 +56,12 @@ def launcher_files(
         if name.partition("/")[::2] in {(HEALTHY, base) for base in LAUNCH_FILE_NAMES}
         and name not in files
     ]
+    if gone:  # root removes nothing through a link: the folder must be a real one
+        folder = QuoteString(f"{directory}/{HEALTHY}")
+        refused = QuoteString(f"trainfleet: {directory}/{HEALTHY} is a link: nothing removed")
+        commands.append(
+            StringCommand("{ [ ! -L", folder, "] || { echo", refused, "1>&2; exit 1; }; }")
+        )
     for name in gone:
         commands.append(StringCommand("rm", "-f", "--", QuoteString(f"{directory}/{name}")))
     if gone and not any(name.startswith(f"{HEALTHY}/") for name in files):

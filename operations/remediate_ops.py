@@ -109,10 +109,12 @@ def gpu_reset(gpus: list[dict], every_gpu: bool = False, problems: list[str] | N
     """
     Reset the GPUs whose driver asks for it, as ONE script on the node: the GPU processes listed
     again (any: nothing is stopped), nvidia-persistenced, DCGM and the fabric manager stopped in
-    that order (those running), ``nvidia-smi -r`` (every GPU in one command on an NVSwitch
-    system, as nvidia-smi's manual requires with the fabric manager stopped; else ``-i`` per
-    GPU), the services started in reverse, then no GPU may ask for a reset and every fabric must
-    be Completed/Success. The first failure stops it, printing what is stopped and what reset.
+    that order (those running), the GPU processes listed once more (any, or unreadable: the
+    services started again, nothing reset), ``nvidia-smi -r`` (every GPU in one command on an
+    NVSwitch system, as nvidia-smi's manual requires with the fabric manager stopped; else
+    ``-i`` per GPU), the services started in reverse, then no GPU may ask for a reset and every
+    fabric must be Completed/Success. The first failure stops it, printing what is stopped and
+    what reset; before any GPU is reset it first starts again what it stopped.
 
     + gpus: ``[{"bus": "00000000:18:00.0", "reasons": ["row remap pending"]}]``
       (``trainfleet.remediation.gpu_resets``)

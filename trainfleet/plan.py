@@ -179,6 +179,7 @@ def plan_cluster(
     )
     hosts_moving = moving(cluster, gathered, SYSTEM_KNOWN_HOSTS, known_hosts)
     mpi = mpi_plan(derived, cluster)
+    healthy = healthy_part(cluster, excluded or {}, cluster.preflight.get("healthy_multiple_of"))
     uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
     ctx = PlanContext(
         cluster=cluster,
@@ -199,9 +200,11 @@ def plan_cluster(
             "mpi": mpi,
             "pdsh_nodes": [n.name for n in cluster.nodes],
             "rank_table": rank_table_part(cluster, gathered.npu_ips),
-            "healthy": healthy_part(
-                cluster, excluded or {}, cluster.preflight.get("healthy_multiple_of")
-            ),
+            "healthy": healthy,
+            # the subset's NPU nodes' rank table, once per run (none while nobody is left out)
+            "healthy_rank_table": rank_table_part(healthy[0], gathered.npu_ips)
+            if healthy[0] is not None and healthy[1]
+            else (None, []),
         },
     )
     plans = {}

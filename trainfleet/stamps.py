@@ -82,15 +82,20 @@ def recorded(
     seen: Mapping[str, Mapping[str, Any]],
     cluster_nodes: list[str],
     now: datetime,
+    complete: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """The stamps after a preflight: each node it tested (``tested``: node -> the causes that
-    left it out, empty where it passed) stamped now with what it was ``seen`` with (``plan``,
-    ``ledger``, ``kernel``); the others kept as they were; nodes gone from the spec dropped."""
+    left it out, empty where none did) stamped now with what it was ``seen`` with (``plan``,
+    ``ledger``, ``kernel``); the others kept as they were; nodes gone from the spec dropped.
+
+    A node with causes failed (``passed: False``, left out). One without passed only where the
+    run was ``complete`` (the collective ran and passed); else its verdict is open
+    (``passed: None``): not left out, but never carried over by a staleness bound."""
     after = {node: dict(stamp) for node, stamp in before.items() if node in cluster_nodes}
     for node, causes in tested.items():
         own = [c for c in causes if not c.startswith(CUT)]
         after[node] = {
-            "passed": not own,
+            "passed": False if own else True if complete else None,
             "at": now_text(now),
             "causes": own,
             **{key: seen.get(node, {}).get(key) for key in ("plan", "ledger", "kernel")},
@@ -103,7 +108,7 @@ def exclusions(stamps: Mapping[str, dict[str, Any]], nodes: list[str]) -> dict[s
     return {
         node: list(stamps[node].get("causes") or ["failed its last preflight"])
         for node in nodes
-        if node in stamps and not stamps[node].get("passed")
+        if node in stamps and stamps[node].get("passed") is False
     }
 
 
@@ -116,14 +121,21 @@ def to_retest(
 ) -> dict[str, str]:
     """Node -> why it must be tested again, for a preflight bounded by staleness: never passed,
     passed longer ago than ``bound``, or changed since (its plan, its hardware ledger, its
-    kernel's GPU error lines or boot); a node seen without one of those is re-tested (a reading
-    that is missing proves nothing). The others may carry their verdict over."""
+    kernel's GPU error lines or boot); a node whose kernel log could not be read is re-tested
+    (a reading that is missing proves nothing; a ledger drift never recorded stays None on both
+    sides). The others may carry their verdict over."""
     why = {}
     for node in nodes:
         stamp = stamps.get(node)
         at = _when(stamp.get("at")) if stamp else None
-        if not stamp or not stamp.get("passed") or at is None:
-            why[node] = "never passed" if not stamp else "did not pass its last preflight"
+        if not stamp or stamp.get("passed") is not True or at is None:
+            why[node] = (
+                "never tested"
+                if not stamp
+                else "did not pass its last preflight"
+                if stamp.get("passed") is False
+                else "its last preflight ended before its collective passed"
+            )
             continue
         if now - at > bound:
             why[node] = f"passed at {stamp['at']}, longer ago than {_text(bound)}"

@@ -10,7 +10,9 @@ echo "cvd ${CUDA_VISIBLE_DEVICES-}"
 env | grep -E '^(NCCL|GLOO)_' | sed 's/^/env /'
 awk -v me="$me" '$1 == me { sub("slots=", "", $2); print "slots " $2 }' "$hostfile" 2>/dev/null
 if d=$(dmesg 2>/dev/null); then
-  echo "kernel $(cat /proc/sys/kernel/random/boot_id) $(printf '%s\n' "$d" | grep -cE -- "$pattern")"
+  m=$(printf '%s\n' "$d" | grep -E -- "$pattern")
+  # the count, and the last one's time: a ring buffer that rotated new lines in keeps neither
+  echo "kernel $(cat /proc/sys/kernel/random/boot_id) $(printf '%s' "$m" | grep -c '') $(printf '%s\n' "$m" | tail -n 1 | sed -n 's/^\[ *\([0-9]*\.[0-9]*\)\].*/\1/p')"
 fi
 sed 's/^/sysvipc /' /proc/sysvipc/shm 2>/dev/null; echo "sysvipc now $(date +%s)"
 true

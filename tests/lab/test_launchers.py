@@ -80,15 +80,6 @@ def test_mpirun_sh_from_node1_trains_with_the_deployed_openmpi(torch_lab):
     assert {r["launcher_env"] for r in found} == {"openmpi"}
 
 
-def test_deepspeed_sh_from_node1_trains_over_pdsh_from_any_directory(torch_lab):
-    lab, _ = torch_lab
-    # Started in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the cluster's);
-    # the runner starts every rank in that same directory, so it is one only root can write.
-    assert_trained_on_every_node(
-        launched(lab, f"sh -c 'cd /root && {LAUNCH}/deepspeed.sh {SMOKE}'", everywhere=False)
-    )
-
-
 def test_colossalai_sh_from_node1_trains_over_ssh_with_the_venv_on_the_path(torch_lab):
     lab, _ = torch_lab
     # ColossalAI runs a bare `torchrun` on every host in the directory it was started in.

@@ -11,6 +11,7 @@ import subprocess
 import time
 from contextlib import contextmanager
 
+from checks.drift_check import ledger_path
 from checks.preflight_check import report_path
 from tests.lab.harness import PYINFRA, REPO, TORCH_STACK, deploy_twice, on_every_node, pyinfra
 from tests.lab.test_launchers import ranks
@@ -252,8 +253,9 @@ def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
 def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab):
     """The operator's path: node3 named within the stated bound, the deploy writes launch
     files for the other two on those two, torchrun and DeepSpeed train there from them; the
-    fault gone, a staleness-bounded preflight tests node3 again (with a partner) and readmits
-    it, and the healthy files equal the full ones."""
+    fault gone, the next preflight readmits node3 and, its hardware changed since, a
+    staleness-bounded preflight tests node3 alone with a partner; the healthy files equal the
+    full ones."""
     lab, inventory = torch_lab
     # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
     # own network namespace and drops what it sends to port 29500, nothing else.
@@ -280,6 +282,13 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         assert healthy["nodes"] == ["node1", "node2"] and list(healthy["excluded"]) == ["node3"]
         assert healthy["excluded"]["node3"] == [f"{stage}: {cause}" for _, stage, cause in found]
         assert "healthy subset: 2 of 3 nodes, named by no problem: node1, node2" in run.stderr
+        # node3 failed; node1's and node2's verdicts are open (their collective never ran)
+        stamped = json.loads(stamps_path("lab").read_text())["nodes"]
+        assert {node: s["passed"] for node, s in stamped.items()} == {
+            "node1": None,
+            "node2": None,
+            "node3": False,
+        }
         # the deploy writes the subset's launch files on node1 and node2, none on node3; the
         # user's spec is untouched and a re-run changes nothing
         deploy_twice(inventory, "deploy/cluster.py")
@@ -290,6 +299,9 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         assert "node3: reachability: cannot reach node1:29500" in readme
         assert not lab.host("node3").file(HEALTHY).exists
         # a job started from them trains on the two: torchrun on each, DeepSpeed from node1
+        # (its full files' twin runs in the preflight's smoke test, test_launchers.py). DeepSpeed
+        # starts in root's home, which has no .deepspeed_env (DS_ENV_FILE forwards the subset's);
+        # its runner starts every rank over pdsh in that same directory, one only root can write.
         for trained in (
             launched(lab, f"{HEALTHY}/torchrun.sh {HEALTHY}/smoke_train.py", ("node1", "node2")),
             launched(lab, f"sh -c 'cd /root && {HEALTHY}/deepspeed.sh {HEALTHY}/smoke_train.py'"),
@@ -300,17 +312,30 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
             ], trained
     finally:
         lab.ssh("node3", "nft delete table inet tf_test")
-    # the fault gone, a preflight bounded by staleness tests node3 again with node1 as its
-    # partner, carries node2 over, and readmits node3: the subset is every node again
-    run, report, _ = preflight(inventory, stale="1h")
+    # the fault gone, the next preflight readmits node3: the subset is every node again
+    run, report, _ = preflight(inventory)
     assert run.returncode == 0 and report["healthy"]["nodes"] == NODES, run.describe()
-    assert report["healthy"]["excluded"] == {} and list(report["carried"]) == ["node2"]
-    assert report["retested"] == {
+    assert report["healthy"]["excluded"] == {}
+    stamped = json.loads(stamps_path("lab").read_text())["nodes"]
+    assert {node: stamp["passed"] for node, stamp in stamped.items()} == dict.fromkeys(NODES, True)
+    # drift records a new part on node3 (its ledger, on the controller): a preflight bounded by
+    # staleness tests node3 again with node1 as its partner and carries node2 over
+    ledger = ledger_path("lab")
+    kept = ledger.read_text() if ledger.exists() else None
+    ledger.write_text(json.dumps({"nodes": {"node3": {"GPU 00000000:18:00.0 serial": "1"}}}))
+    try:
+        run, report, _ = preflight(inventory, stale="1h")
+    finally:
+        ledger.unlink() if kept is None else ledger.write_text(kept)
+    assert run.returncode == 0 and report["healthy"]["nodes"] == NODES, run.describe()
+    assert list(report["carried"]) == ["node2"] and report["retested"] == {
+        "node3": f"its hardware changed since it passed at {stamped['node3']['at']}",
         "node1": "passed; tested again as a partner known good",
-        "node3": "did not pass its last preflight",
     }
     assert report["details"]["collective"]["world"] == 2  # node1 and node3 only
-    deploy_twice(inventory, "deploy/cluster.py")
+    # (a re-run changing nothing was proved above, after the first verdict)
+    again = pyinfra(inventory, "deploy/cluster.py")
+    assert again.returncode == 0, again.describe()
     for node in NODES:
         for name in ("hostfile", "torchrun.sh", "deepspeed.sh", ".deepspeed_env"):
             full = lab.host(node).file(f"{LAUNCH}/{name}").content_string

@@ -5,14 +5,16 @@ stamps; the node left out gets none and keeps none; nobody left out, they equal 
 from __future__ import annotations
 
 import hashlib
-import shlex
+import subprocess
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
 
 import operations.launchers_ops as ops
 from checks.bandwidth_stage import bandwidth_jobs, bandwidth_plan
+from checks.hygiene_output import parse_hygiene
 from checks.preflight_scope import WAIT, bound_line, scope, worst_case
 from checks.stage_runner import BOUNDS
 from trainfleet import Cluster, stamps
@@ -99,10 +101,11 @@ def test_a_cause_with_control_characters_reaches_the_readme_printable():
 
 
 def test_the_launcher_operation_removes_trainfleets_healthy_files_a_node_no_longer_gets(
-    monkeypatch,
+    monkeypatch, tmp_path
 ):
-    """The op as the deploy runs it, its LauncherFiles fact answered: on node3, left out now,
-    its healthy files go (only trainfleet's names); the full ones stay as they are."""
+    """The op as the deploy runs it, its LauncherFiles fact answered, its command run here on a
+    real folder: on node3, left out now, trainfleet's healthy files go, a file of the user's
+    there stays (and so does the folder); a folder that is a link is refused untouched."""
     built = plan({"node3": DROPPED})
     mine = built.nodes["node3"].launchers.files
     have = {
@@ -112,11 +115,28 @@ def test_the_launcher_operation_removes_trainfleets_healthy_files_a_node_no_long
     have |= {f"{HEALTHY}/hostfile": {"mode": "644", "sha256": "0" * 64}}
     have |= {f"{HEALTHY}/notes.txt": {"mode": "644", "sha256": "1" * 64}}  # the user's own
     monkeypatch.setattr(ops, "fact", lambda *a, **k: have)
-    (command,) = ops.launcher_files._inner(files=mine)  # the generator pyinfra calls
-    assert command.get_raw_value() == (
-        "rm -f -- " + shlex.quote("/etc/trainfleet/launch/healthy/hostfile") + " && "
-        "rmdir --ignore-fail-on-non-empty -- /etc/trainfleet/launch/healthy"
-    )
+
+    def run(directory: Path) -> subprocess.CompletedProcess:
+        (command,) = ops.launcher_files._inner(files=mine, directory=str(directory))
+        assert "launch/healthy/hostfile" in command.get_raw_value()  # nothing else named
+        return subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
+
+    launch = tmp_path / "launch"
+    (launch / HEALTHY).mkdir(parents=True)
+    for name in ("hostfile", "notes.txt"):
+        (launch / HEALTHY / name).write_text(name)
+    assert run(launch).returncode == 0
+    assert sorted(p.name for p in (launch / HEALTHY).iterdir()) == ["notes.txt"]
+    # the folder a link (to a place root must not empty): refused, nothing removed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "hostfile").write_text("theirs")
+    linked = tmp_path / "linked" / "launch"
+    linked.mkdir(parents=True)
+    (linked / HEALTHY).symlink_to(elsewhere)
+    refused = run(linked)
+    assert refused.returncode != 0 and "is a link: nothing removed" in refused.stderr
+    assert (elsewhere / "hostfile").read_text() == "theirs"
 
 
 def test_a_first_deploys_launcher_files_go_in_a_few_commands_each_within_the_argument_limit():
@@ -162,6 +182,19 @@ def test_a_preflight_stamps_the_nodes_it_tested_and_keeps_the_others():
     assert stamps.exclusions(after, ["node1", "node2", "node3", "node4"]) == {"node3": DROPPED}
 
 
+def test_a_node_no_problem_named_in_a_run_whose_collective_never_passed_is_open_not_passed():
+    """The firewall case: node3 failed, the collective never ran among the others, so node1's
+    verdict is open: not left out of the healthy files, never carried over by a bound."""
+    after = stamps.recorded(
+        {}, {"node1": [], "node3": DROPPED}, SEEN, ["node1", "node3"], NOW, False
+    )
+    assert after["node1"]["passed"] is None and after["node3"]["passed"] is False
+    assert stamps.exclusions(after, ["node1", "node3"]) == {"node3": DROPPED}
+    assert stamps.to_retest(after, SEEN, ["node1"], timedelta(hours=6), NOW) == {
+        "node1": "its last preflight ended before its collective passed"
+    }
+
+
 def test_a_stale_bound_retests_only_the_old_the_changed_and_the_never_passed():
     at = "2026-11-27T05:00:00Z"
     kept = {"passed": True, "at": at, "causes": [], "plan": "p", "ledger": None, "kernel": "boot 0"}
@@ -184,7 +217,7 @@ def test_a_stale_bound_retests_only_the_old_the_changed_and_the_never_passed():
     assert why == {
         "node2": "passed at 2026-11-26T05:00:00Z, longer ago than 6h",
         "node3": "did not pass its last preflight",
-        "node4": "never passed",
+        "node4": "never tested",
         "node5": f"its plan changed since it passed at {at}",
         "node6": f"new GPU error lines in its kernel log (or a reboot) since {at}",
         "node7": "its kernel's error lines could not be read",
@@ -251,3 +284,28 @@ def test_a_stale_run_tests_the_changed_node_with_one_partner_known_good_and_carr
     assert scope(cluster, recorded, recorded, timedelta(hours=6), NOW, set())[0] == []
     names, why, _ = scope(cluster, recorded, recorded, timedelta(hours=6), NOW, {"node4"})
     assert names == ["node1", "node4"] and why["node4"] == "failed the hygiene stage now"
+
+
+def test_the_hygiene_stage_reads_the_boot_the_error_count_and_the_last_errors_time():
+    """The stage's real script on this machine (its own dmesg, a pattern that matches nothing
+    and one that matches the kernel's first line), and the line read strictly."""
+    script = Path("checks/preflight_stages/hygiene.sh").resolve().read_text()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+    def kernel(pattern: str) -> str | None:
+        args = ["29500", "0", "me", "/nonexistent", pattern]
+        out = subprocess.run(["sh", "-c", script, "hygiene", *args], capture_output=True, text=True)
+        return parse_hygiene(out.stdout.splitlines()).get("kernel")
+
+    if subprocess.run(["dmesg"], capture_output=True).returncode != 0:
+        pytest.skip("dmesg cannot be read here (not root)")
+    assert kernel("no line has this 7f3a9c") == f"{boot} 0"
+    count, last = kernel(".")[len(boot) + 1 :].split(" ")  # every line: the newest's time
+    assert int(count) > 0 and float(last) > 0
+    # the same count with a later last line (the ring buffer rotated new errors in) differs
+    rotated = {"node1": {**SEEN["node1"], "kernel": f"{boot} 3 120.5"}}
+    stamp = {"passed": True, "at": "2026-11-27T05:00:00Z", "plan": "p", "ledger": None}
+    before = {"node1": {**stamp, "kernel": f"{boot} 3 99.25"}}
+    assert stamps.to_retest(before, rotated, ["node1"], timedelta(hours=6), NOW)
+    for forged in ("kernel x 3", f"kernel {boot} 3 4 5", f"kernel {boot} -1"):
+        assert "kernel" not in parse_hygiene([forged])

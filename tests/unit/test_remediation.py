@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -275,7 +278,6 @@ def test_the_fact_reads_pids_units_and_the_unit_file():
     unit = remediate_ops.acs_unit_text([PORT])
     lines = [
         f"gpu_pid {busy_pid()}",
-        "gpu_pid 99999999999",  # longer than a pid: dropped
         "systemd yes",
         "unit nvidia-persistenced enabled active",
         "unit nvidia-dcgm not-found inactive",
@@ -290,6 +292,58 @@ def test_the_fact_reads_pids_units_and_the_unit_file():
     }
     assert got["acs_unit"] == unit
     assert RemediationState().process(["gpu_pids unknown", "systemd no"])["gpu_pids_unknown"]
+    for bad in ("99999999999", "-1", "830x", "\u0663"):  # longer than a pid, not one: unknown
+        got = RemediationState().process([f"gpu_pid {busy_pid()}", f"gpu_pid {bad}"])
+        assert got["gpu_pids"] == [830] and got["gpu_pids_unknown"] is True, bad
+
+
+FACT = (Path(__file__).resolve().parents[2] / "facts" / "scripts" / "remediation.sh").read_text()
+
+# What nvidia-smi prints where it cannot read a value ([N/A], [Insufficient Permissions]: its
+# manual's words) or where it fails (the NVML message), each here with exit status 0.
+UNREADABLE = [
+    "[N/A]\n",
+    "[Insufficient Permissions]\n",
+    "Failed to initialize NVML: Driver/library version mismatch\n",
+    "830\n[Insufficient Permissions]\n",
+]
+
+
+def run_fact(tmp: Path, apps: str, rc: int = 0) -> list[str]:
+    """facts/scripts/remediation.sh over a stub nvidia-smi printing ``apps`` (no unit asked)."""
+    bin_ = tmp / "bin"
+    bin_.mkdir(exist_ok=True)
+    (tmp / "apps").write_text(apps)
+    smi = bin_ / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\ncat "{tmp / "apps"}"\nexit {rc}\n')
+    smi.chmod(0o755)
+    result = subprocess.run(
+        ["sh", "-c", FACT, "trainfleet", "20", str(tmp / "no-unit"), ""],
+        env={"PATH": f"{bin_}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return result.stdout.splitlines()
+
+
+@pytest.mark.parametrize("apps", UNREADABLE)
+def test_a_probe_line_that_is_not_a_pid_reads_unknown_and_refuses_the_reset(tmp_path, apps):
+    got = RemediationState().process(run_fact(tmp_path, apps))
+    assert got["gpu_pids_unknown"] is True
+    seen = state(gpu_pids=got["gpu_pids"], gpu_pids_unknown=got["gpu_pids_unknown"])
+    plan = remediation.reset_plan(NEED, seen)
+    assert "the GPU processes could not be listed: a job cannot be ruled out" in plan.refusals
+    assert plan.stops == () and plan.steps == []
+
+
+def test_the_fact_reads_the_pids_of_a_clean_probe_and_a_failed_one_as_unknown(tmp_path):
+    got = RemediationState().process(run_fact(tmp_path, BUSY_APPS.read_text().split(",")[0]))
+    assert got["gpu_pids"] == [830] and got["gpu_pids_unknown"] is False
+    got = RemediationState().process(run_fact(tmp_path, ""))  # the idle capture: nothing, 0
+    assert got["gpu_pids"] == [] and got["gpu_pids_unknown"] is False
+    assert RemediationState().process(run_fact(tmp_path, "", rc=6))["gpu_pids_unknown"]
 
 
 # ---- the operation fixtures agree with the plan -----------------------------------------------
@@ -311,14 +365,28 @@ def test_the_reset_fixtures_kwargs_are_what_the_plan_gives_for_their_capture():
 
 
 def test_the_acs_fixtures_units_are_the_template_rendered():
+    """Each fixture is one of three cases, each checked; every case has a fixture."""
+    refused = "echo 'trainfleet: ACS: the unit given does not list exactly the planned bridges'"
+    seen = set()
     for path in sorted((FIXTURES / "acs_boot_unit").glob("*.json")):
         data = json.loads(path.read_text())
         bridges, unit = data["kwargs"]["bridges"], data["kwargs"]["unit"]
-        if unit and remediation.unit_bridges(unit) == bridges:
-            assert unit == remediate_ops.acs_unit_text(bridges), path.name
         on_node = data["facts"].get("remediation_facts.RemediationState", {}).get("acs_unit")
-        if data.get("_converged"):
-            assert on_node == unit, path.name
+        commands = data["commands"]
+        if unit is None:  # nothing planned to write: a noop or the node failed, no file
+            case = "no unit"
+            assert not data.get("_converged"), path.name
+            assert commands == [] or (len(commands) == 1 and commands[0].endswith("exit 1"))
+        elif remediation.unit_bridges(unit) == sorted(set(bridges)):
+            case = "rendered"
+            assert unit == remediate_ops.acs_unit_text(bridges), path.name
+            assert (on_node == unit) is bool(data.get("_converged")), path.name
+        else:  # a unit for other bridges: refused before anything is read
+            case = "other bridges"
+            assert not data.get("_converged"), path.name
+            assert [c.split(" 1>&2")[0] for c in commands] == [refused], path.name
+        seen.add(case + (" converged" if data.get("_converged") else ""))
+    assert seen == {"no unit", "rendered", "rendered converged", "other bridges"}
 
 
 # ---- the reset script over stub tools ---------------------------------------------------------
@@ -326,15 +394,24 @@ def test_the_acs_fixtures_units_are_the_template_rendered():
 STUB_SMI = """#!/bin/sh
 echo "nvidia-smi $*" >> "$LOG"
 case "$*" in
-  *--query-compute-apps*) [ -n "$APPS" ] && cut -d, -f1 "$APPS"; exit 0 ;;
+  *--query-compute-apps*)
+    f=$APPS
+    [ "$(grep -c -e --query-compute-apps "$LOG")" -gt 1 ] && f=${APPS_AGAIN-$APPS}
+    case $f in '') ;; *.csv) cut -d, -f1 "$f" ;; *) cat "$f" ;; esac
+    exit 0 ;;
   "-q -x") cat "$XML" ;;
-  -r*) exit "${RESET_RC:-0}" ;;
+  -r*)
+    [ "$*" = "${HANG-}" ] && { echo $$ > "$LOG.hang"; exec sleep 60; }
+    [ "$*" = "${RESET_FAIL-}" ] && exit 3
+    exit "${RESET_RC:-0}" ;;
 esac
 """
 STUB_SYSTEMCTL = """#!/bin/sh
 case $1 in
   is-active) case " $ACTIVE " in *" ${3%.service} "*) exit 0 ;; *) exit 3 ;; esac ;;
-  *) echo "systemctl $*" >> "$LOG" ;;
+  *) echo "systemctl $*" >> "$LOG"
+     [ "$*" = "${HANG-}" ] && { echo $$ > "$LOG.hang"; exec sleep 60; }
+     exit 0 ;;
 esac
 """
 RESET = script("remediation_reset.sh")
@@ -352,8 +429,10 @@ def nvswitch_xml(tmp: Path, state_: str = "Completed") -> Path:
 
 
 def run_reset(
-    tmp: Path, args: list[str], **env: str
+    tmp: Path, args: list[str], signum: int | None = None, **env: str
 ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """The reset script over the stubs; with ``signum``, that signal is sent to the script once
+    the stub named by HANG hangs, then the hung stub is killed."""
     bin_ = tmp / "bin"
     bin_.mkdir(exist_ok=True)
     for name, text in (("nvidia-smi", STUB_SMI), ("systemctl", STUB_SYSTEMCTL)):
@@ -367,14 +446,27 @@ def run_reset(
         "APPS": "",
         "XML": str(H100 / "nvidia-smi-q.xml"),
     }
-    result = subprocess.run(
+    with subprocess.Popen(
         ["sh", "-c", RESET, "trainfleet", *args],
         env=full | env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=30,
-    )
+    ) as proc:
+        if signum is not None:
+            hang = tmp / "log.hang"
+            deadline = time.monotonic() + 20
+            while not (hang.exists() and hang.read_text().strip()):
+                assert time.monotonic() < deadline and proc.poll() is None, "nothing hung"
+                time.sleep(0.02)
+            proc.send_signal(signum)
+            os.kill(int(hang.read_text()), signal.SIGKILL)
+        out, err = proc.communicate(timeout=30)
+    result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     return result, log.read_text().splitlines()
+
+
+QUERY = "nvidia-smi --query-compute-apps=pid --format=csv,noheader"
 
 
 def test_the_script_stops_in_order_resets_starts_in_reverse_and_checks(tmp_path):
@@ -387,10 +479,11 @@ def test_the_script_stops_in_order_resets_starts_in_reverse_and_checks(tmp_path)
     )
     assert result.returncode == 0, result.stderr
     assert log == [
-        "nvidia-smi --query-compute-apps=pid --format=csv,noheader",
+        QUERY,
         "systemctl stop nvidia-persistenced.service",
         "systemctl stop nvidia-dcgm.service",
         "systemctl stop nvidia-fabricmanager.service",
+        QUERY,  # again, right before the reset
         "nvidia-smi -r",
         "systemctl start nvidia-fabricmanager.service",
         "systemctl start nvidia-dcgm.service",
@@ -409,8 +502,9 @@ def test_the_script_resets_each_gpu_without_nvswitch_and_skips_stopped_units(tmp
         ACTIVE="nvidia-persistenced",
     )
     assert result.returncode == 0, result.stderr
-    assert log[1:4] == [
+    assert log[1:5] == [
         "systemctl stop nvidia-persistenced.service",
+        QUERY,
         "nvidia-smi -r -i 00000000:00:06.0",
         "systemctl start nvidia-persistenced.service",
     ]
@@ -425,10 +519,60 @@ def test_a_job_started_since_the_read_stops_the_script_before_anything(tmp_path)
     )
     assert result.returncode == 1
     assert "GPU processes running (pids 830): nothing stopped" in result.stderr
-    assert log == ["nvidia-smi --query-compute-apps=pid --format=csv,noheader"]
+    assert log == [QUERY]
 
 
-def test_a_failed_reset_stops_there_and_says_where_things_stand(tmp_path):
+@pytest.mark.parametrize("apps", UNREADABLE)
+def test_a_process_list_that_is_not_all_pids_stops_the_script_before_anything(tmp_path, apps):
+    (tmp_path / "apps.txt").write_text(apps)
+    result, log = run_reset(
+        tmp_path,
+        ["each", "20", "00000000:00:06.0", "0", "nvidia-persistenced"],
+        ACTIVE="nvidia-persistenced",
+        APPS=str(tmp_path / "apps.txt"),
+    )
+    assert result.returncode == 1
+    assert "the GPU processes could not be listed: nothing stopped" in result.stderr
+    assert log == [QUERY]
+
+
+@pytest.mark.parametrize(
+    ("again", "why"),
+    [
+        (BUSY_APPS, "GPU processes running (pids 830) after the stops"),
+        ("[Insufficient Permissions]\n", "the GPU processes could not be listed after the stops"),
+    ],
+)
+def test_a_job_started_during_the_stops_starts_them_again_and_resets_nothing(tmp_path, again, why):
+    if isinstance(again, str):
+        (tmp_path / "again.txt").write_text(again)
+        again = tmp_path / "again.txt"
+    units = ["nvidia-persistenced", "nvidia-dcgm", "nvidia-fabricmanager"]
+    result, log = run_reset(
+        tmp_path,
+        ["all", "20", "00000000:00:06.0", "0", *units],
+        ACTIVE=" ".join(units),
+        APPS_AGAIN=str(again),
+    )
+    assert result.returncode == 1
+    assert log == [
+        QUERY,
+        "systemctl stop nvidia-persistenced.service",
+        "systemctl stop nvidia-dcgm.service",
+        "systemctl stop nvidia-fabricmanager.service",
+        QUERY,
+        "systemctl start nvidia-fabricmanager.service",
+        "systemctl start nvidia-dcgm.service",
+        "systemctl start nvidia-persistenced.service",
+    ]
+    assert result.stderr.splitlines()[-2:] == [
+        f"trainfleet: {why}",
+        "trainfleet: where things stand: stopped (not started again): none; GPUs reset: none; "
+        "started again: nvidia-fabricmanager nvidia-dcgm nvidia-persistenced",
+    ]
+
+
+def test_a_failed_reset_before_any_gpu_starts_the_services_again(tmp_path):
     units = ["nvidia-persistenced", "nvidia-fabricmanager"]
     result, log = run_reset(
         tmp_path,
@@ -437,11 +581,71 @@ def test_a_failed_reset_stops_there_and_says_where_things_stand(tmp_path):
         RESET_RC="3",
     )
     assert result.returncode == 1
-    assert log[-1] == "nvidia-smi -r" and not any("start" in line for line in log)
-    assert result.stderr.splitlines()[-1] == (
-        "trainfleet: where things stand: stopped (not started again): nvidia-persistenced "
-        "nvidia-fabricmanager; GPUs reset: none; started again: none"
+    assert log[-3:] == [
+        "nvidia-smi -r",
+        "systemctl start nvidia-fabricmanager.service",  # the fabric manager is not left down
+        "systemctl start nvidia-persistenced.service",
+    ]
+    assert result.stderr.splitlines()[-2:] == [
+        "trainfleet: nvidia-smi -r (every GPU) failed",
+        "trainfleet: where things stand: stopped (not started again): none; GPUs reset: none; "
+        "started again: nvidia-fabricmanager nvidia-persistenced",
+    ]
+    first, second = "00000000:00:06.0", "00000000:00:07.0"
+    result, log = run_reset(
+        tmp_path,
+        ["each", "20", f"{first},{second}", "0", "nvidia-persistenced"],
+        ACTIVE="nvidia-persistenced",
+        RESET_FAIL=f"-r -i {first}",
     )
+    assert result.returncode == 1
+    assert log[-2:] == [f"nvidia-smi -r -i {first}", "systemctl start nvidia-persistenced.service"]
+
+
+def test_a_failed_reset_after_one_gpu_stops_there_and_says_where_things_stand(tmp_path):
+    first, second = "00000000:00:06.0", "00000000:00:07.0"
+    result, log = run_reset(
+        tmp_path,
+        ["each", "20", f"{first},{second}", "0", "nvidia-persistenced"],
+        ACTIVE="nvidia-persistenced",
+        RESET_FAIL=f"-r -i {second}",
+    )
+    assert result.returncode == 1
+    assert log[-1] == f"nvidia-smi -r -i {second}" and not any("start" in x for x in log)
+    assert result.stderr.splitlines()[-1] == (
+        "trainfleet: where things stand: stopped (not started again): nvidia-persistenced; "
+        f"GPUs reset: {first}; started again: none"
+    )
+
+
+@pytest.mark.parametrize(
+    ("signum", "hang", "said"),
+    [
+        (
+            signal.SIGHUP,
+            "stop nvidia-fabricmanager.service",
+            "interrupted by SIGHUP during systemctl stop nvidia-fabricmanager",
+        ),
+        (signal.SIGTERM, "-r", "interrupted by SIGTERM during nvidia-smi -r"),
+    ],
+)
+def test_a_hangup_or_term_says_where_things_stand(tmp_path, signum, hang, said):
+    units = ["nvidia-persistenced", "nvidia-fabricmanager"]
+    result, log = run_reset(
+        tmp_path,
+        ["all", "20", "00000000:00:06.0", "0", *units],
+        signum,
+        ACTIVE=" ".join(units),
+        HANG=hang,
+    )
+    assert result.returncode == 1
+    assert not any("start" in x for x in log)
+    stopped = "nvidia-persistenced" + (" nvidia-fabricmanager" if hang == "-r" else "")
+    assert result.stderr.splitlines()[-2:] == [
+        f"trainfleet: {said}",
+        f"trainfleet: where things stand: stopped (not started again): {stopped}; "
+        "GPUs reset: none; started again: none",
+    ]
 
 
 def test_a_gpu_still_asking_or_a_fabric_not_built_fails_the_check(tmp_path):

@@ -218,9 +218,7 @@ def _healthy_files(
     if excluded:
         files = render_launchers(subset, me, forward, mca, ctx.shared_files, launch_dir=where)
         if node.npus:
-            table, _ = ctx.shared.setdefault(
-                "healthy_rank_table", rank_table_part(subset, ctx.gathered.npu_ips)
-            )
+            table, _ = ctx.shared["healthy_rank_table"]
             if table:
                 files[RANK_TABLE] = (table, "644")
     else:
