@@ -6,10 +6,16 @@ from typing import Any
 
 from pyinfra.api import State, StringCommand
 
-from checks.collective_verdicts import collective_problems, isolate, rank_failure, rank_layout
+from checks.collective_verdicts import (
+    collective_problems,
+    isolate,
+    rank_failure,
+    rank_layout,
+    second_pass,
+)
 from checks.fabric_verdicts import nccl_socket_problems
 from checks.nccl_decisions import nccl_decision_problems
-from checks.preflight_report import PreflightReport
+from checks.preflight_report import PreflightReport, Problem
 from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
 from trainfleet.defaults import VENV_DIR
@@ -132,29 +138,61 @@ def nccl_logs(steps: dict[str, list[list[dict[str, Any]]]]) -> dict[str, list[li
 
 
 def run_isolation(state: State, cluster: Cluster, report: PreflightReport) -> None:
-    """2-rank collectives between the master and each node (one rank each), all at once on
-    separate ports."""
+    """Two passes of 2-rank collectives (one rank each), every pair of a pass at once on a port
+    of its own: the master with each node; then each suspect with a node known good (one that
+    passed with the master), or, where every pair with the master failed, the first other node
+    with each of the rest (is it the master, or not one node at all?)."""
+    said = run_pairs(state, cluster, [(cluster.master.name, n.name) for n in cluster.nodes[1:]])
+    first = {node: why is None for node, why in said.items()}
+    pairs = second_pass(cluster, first)
+    then = run_pairs(state, cluster, pairs) if pairs else {}
+    second = {b: (a, then[b] is None) for a, b in pairs}
+    report.details["isolation"] = {
+        "with the master": first,
+        "second pass": {f"{a} {b}": then[b] is None for a, b in pairs},
+    }
+    # each culprit's cause ends with its own rank's words, from its last failing pair (not
+    # where every node is named alike: that verdict is the cluster's, not one rank's)
+    found = isolate(cluster, first, second)
+    words = {node: why for node, why in (said | then).items() if why}
+    if len(found) < len(cluster.nodes):
+        found = [
+            Problem(p.stage, p.node, f"{p.cause} ({p.node}'s rank: {words[p.node]})")
+            if p.node in words
+            else p
+            for p in found
+        ]
+    report.problems += found
+
+
+def run_pairs(
+    state: State, cluster: Cluster, pairs: list[tuple[str, str]]
+) -> dict[str, str | None]:
+    """Each pair's 2-rank collective, all at once (rank 0 on the pair's first node, where its
+    rendezvous is; rank 1 on the second, each node second in one pair at most): ``{second
+    node: why its rank failed, None where it passed}``, in the pairs' order. A node first in
+    several pairs runs them side by side."""
     backend = backend_of(cluster)
     seconds = BOUNDS["isolation"]
-    master = cluster.master
-    others = [n for n in cluster.nodes if n.name != master.name]
-    master_side = [
-        collective_command(0, 1, 2, master.address, cluster.master_port + 1 + i, backend, seconds)
-        for i, _ in enumerate(others)
-    ]
+    hosting: dict[str, list[StringCommand]] = {}
+    joining: dict[str, StringCommand] = {}
+    for i, (a, b) in enumerate(pairs):
+        port = cluster.master_port + 1 + i
+        address = cluster.node(a).address
+        hosting.setdefault(a, []).append(
+            collective_command(0, 1, 2, address, port, backend, seconds)
+        )
+        joining[b] = collective_command(1, 1, 2, address, port, backend, seconds)
     commands = {
-        master.name: StringCommand(
-            *[part for c in master_side for part in ("(", c, ")", ">/dev/null", "2>&1", "&")],
-            "wait",
+        node: StringCommand(
+            *[part for c in sides for part in ("(", c, ")", ">/dev/null", "2>&1", "&")], "wait"
         )
+        for node, sides in hosting.items()
     }
-    for i, node in enumerate(others):
-        commands[node.name] = collective_command(
-            1, 1, 2, master.address, cluster.master_port + 1 + i, backend, seconds
+    if hosting.keys() & joining.keys():
+        raise ValueError(
+            f"a node both hosts and joins a pair: {sorted(hosting.keys() & joining.keys())}"
         )
+    commands |= joining
     out = run_everywhere(state, commands, seconds)
-    pair_ok = {}
-    for node in others:
-        pair_ok[node.name] = rank_failure(node_steps(out.get(node.name, []), 1)[0]) is None
-    report.details["isolation"] = pair_ok
-    report.problems += isolate(cluster, pair_ok)
+    return {b: rank_failure(node_steps(out.get(b, []), 1)[0]) for _, b in pairs}

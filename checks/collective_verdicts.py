@@ -233,24 +233,71 @@ def version_problems(owners: list[str], versions: list[dict[str, Any]]) -> list[
     return problems
 
 
-def isolate(cluster: Cluster, pair_ok: dict[str, bool]) -> list[Problem]:
-    """Stage 4: with the master and one node at a time, the nodes that fail are at fault; if
-    every pair fails, the master is."""
-    failing = [node for node, ok in pair_ok.items() if not ok]
-    if failing and len(failing) == len(pair_ok) and len(pair_ok) > 1:
-        return [
+def second_pass(cluster: Cluster, first: dict[str, bool]) -> list[tuple[str, str]]:
+    """The isolation's second pass, from its first (the master with each node: ``{node:
+    passed}``): each node that failed with the master paired with a node that passed (in turn),
+    so a bad link to the master is told from a bad node; where every pair with the master
+    failed, the first other node with each of the rest (no pass: the master is at fault)."""
+    failing = [node for node, ok in first.items() if not ok]
+    good = [node for node, ok in first.items() if ok]
+    if not failing:
+        return []
+    if good:
+        return [(good[i % len(good)], node) for i, node in enumerate(failing)]
+    return [(failing[0], node) for node in failing[1:]]
+
+
+def isolate(
+    cluster: Cluster,
+    first: dict[str, bool],
+    second: dict[str, tuple[str, bool]] | None = None,
+) -> list[Problem]:
+    """Stage 5's verdicts: ``first``, the master with each node (``{node: passed}``);
+    ``second``, the second pass (``{node: (its partner, passed)}``). A node that fails with the
+    master and with a node known good is at fault; one that passes with the known good node
+    has a bad link to the master (named on it: it cannot train with the master). Every pair
+    with the master failing while pairs without it pass: the master is at fault; pairs failing
+    without it too: the fault is not one node's (every node is named alike). Without a second
+    pass the first decides alone."""
+    master = cluster.master.name
+    second = second or {}
+    failing = [node for node, ok in first.items() if not ok]
+    if failing and len(failing) == len(first) and len(first) > 1:
+        passed = [node for node, (_, ok) in second.items() if ok]
+        if second and not passed:
+            cause = "every 2-rank pair fails, with the master and without it: not one node's fault"
+            return [Problem("isolation", node.name, cause) for node in cluster.nodes]
+        partner = next(iter(second.values()))[0] if second else None
+        problems = [
             Problem(
                 "isolation",
-                cluster.master.name,
-                "every pair with the master fails: the master is at fault",
+                master,
+                "every pair with the master fails: the master is at fault"
+                + (f" ({partner} passes with {', '.join(passed)})" if passed else ""),
             )
         ]
-    return [
-        Problem(
-            "isolation",
-            node,
-            f"a 2-rank collective between {cluster.master.name} and {node} fails: "
-            f"the link to {node} (or {node} itself) is at fault",
-        )
-        for node in failing
-    ]
+        return problems + [
+            Problem("isolation", node, f"fails with the master and with {partner}")
+            for node, (_, ok) in second.items()
+            if not ok
+        ]
+    problems = []
+    for node in failing:
+        partner, ok = second.get(node, (None, None))
+        if partner is None:
+            cause = (
+                f"a 2-rank collective between {master} and {node} fails: "
+                f"the link to {node} (or {node} itself) is at fault"
+            )
+        elif ok:
+            cause = (
+                f"a 2-rank collective between {master} and {node} fails, between {partner} and "
+                f"{node} passes: the link between {master} and {node} is at fault"
+            )
+        else:
+            cause = (
+                f"2-rank collectives between {node} and {master}, and between {node} and "
+                f"{partner} (which passes with {master}) fail: {node} is at fault"
+            )
+        problems.append(Problem("isolation", node, cause))
+    return problems

@@ -25,8 +25,8 @@ COUNTERS = 50  # s a read of the error counters may take (checks.bandwidth_stage
 def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     """Seconds each step may take at most on this cluster, in the order they run; their sum is
     the preflight's worst case. The collective and the bandwidth pairs share one command that
-    ends with the last round of pairs; isolation runs only where the collective failed, when
-    no pair runs, so the longer of the two counts."""
+    ends with the last round of pairs; isolation (two passes) runs only where the collective
+    failed, when no pair runs, so the longer of the two counts."""
     nodes = len(cluster.nodes)
     rounds, _ = bandwidth_plan(cluster)
     collective = BOUNDS["collective"] + BOUNDS["bandwidth"] * len(rounds)
@@ -41,7 +41,7 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     if rounds:
         steps["error counters"] = 2 * (COUNTERS + WAIT)
     steps["collective and bandwidth"] = max(
-        collective + WAIT, BOUNDS["collective"] + WAIT + BOUNDS["isolation"] + WAIT
+        collective + WAIT, BOUNDS["collective"] + WAIT + 2 * (BOUNDS["isolation"] + WAIT)
     )
     if smoke:
         steps["smoke"] = BOUNDS["smoke"] + WAIT

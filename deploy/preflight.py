@@ -11,7 +11,8 @@ Stages, each bounded in time, all nodes at once:
    of every rank's versions compared; a rank that cannot run (no venv, no torch, a python that
    cannot start) says why in its own words, by node and local rank/GPU; NCCL's own INFO log
    says which network it used: sockets where IB/RoCE ports are active are named;
-5. when 4 fails: 2-rank collectives of the master with each node name the one at fault;
+5. when 4 fails: 2-rank collectives of the master with each node, then of each suspect with a
+   node known good, name the node or link at fault;
 6. when 4 passes: the bus bandwidth (nccl-tests' busbw) of a timed all_reduce between each
    pair of nodes, every GPU of both, in rounds; under ``preflight.min_busbw_gbps`` the slow
    node (slow in every pair) or the slow link is named, without a floor the figures are

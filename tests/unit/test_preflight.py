@@ -25,7 +25,8 @@ from checks import (
     stage_runner,
 )
 from checks.bandwidth_verdicts import pair_figures
-from checks.collective_verdicts import collective_problems, isolate
+from checks.collective_verdicts import collective_problems, isolate, second_pass
+from checks.healthy_subset import healthy_subset
 from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import hygiene_problems
 from checks.preflight_report import PreflightReport
@@ -287,6 +288,60 @@ def test_lines_of_ranks_a_node_does_not_run_are_dropped_and_a_node_wide_line_rea
 def test_isolation_blames_the_failing_pairs_node_or_the_master_when_all_fail():
     assert [p.node for p in isolate(CLUSTER, {"gpu-a02": True, "gpu-a03": False})] == ["gpu-a03"]
     assert [p.node for p in isolate(CLUSTER, {"gpu-a02": False, "gpu-a03": False})] == ["gpu-a01"]
+
+
+FIVE = Cluster.parse(
+    "nodes:\n"
+    + "".join(f"  - {{name: n{i}, address: 192.0.2.{10 + i}, gpus: 0}}\n" for i in range(1, 6))
+)
+
+
+def test_isolations_second_pass_pairs_each_suspect_with_a_node_known_good_in_turn():
+    first = {"n2": True, "n3": False, "n4": True, "n5": False}
+    assert second_pass(FIVE, first) == [("n2", "n3"), ("n4", "n5")]
+    # every pair with the master failed: the first other node with each of the rest
+    assert second_pass(FIVE, dict.fromkeys(first, False)) == [
+        ("n2", "n3"),
+        ("n2", "n4"),
+        ("n2", "n5"),
+    ]
+    assert second_pass(FIVE, dict.fromkeys(first, True)) == []
+
+
+def test_the_second_pass_tells_a_bad_node_from_a_bad_link_to_the_master():
+    first = {"n2": True, "n3": False, "n4": True, "n5": False}
+    found = isolate(FIVE, first, {"n3": ("n2", False), "n5": ("n4", True)})
+    assert [(p.node, p.cause) for p in found] == [
+        (
+            "n3",
+            "2-rank collectives between n3 and n1, and between n3 and n2 (which passes with n1) "
+            "fail: n3 is at fault",
+        ),
+        (
+            "n5",
+            "a 2-rank collective between n1 and n5 fails, between n4 and n5 passes: the link "
+            "between n1 and n5 is at fault",
+        ),
+    ]
+
+
+def test_every_pair_with_the_master_failing_is_the_master_only_where_pairs_without_it_pass():
+    first = dict.fromkeys(["n2", "n3", "n4", "n5"], False)
+    others = {"n3": ("n2", True), "n4": ("n2", True), "n5": ("n2", False)}
+    assert [(p.node, p.cause) for p in isolate(FIVE, first, others)] == [
+        ("n1", "every pair with the master fails: the master is at fault (n2 passes with n3, n4)"),
+        ("n5", "fails with the master and with n2"),
+    ]
+    nowhere = dict.fromkeys(["n3", "n4", "n5"], ("n2", False))
+    found = isolate(FIVE, first, nowhere)
+    assert [p.node for p in found] == ["n1", "n2", "n3", "n4", "n5"]
+    assert {p.cause for p in found} == {
+        "every 2-rank pair fails, with the master and without it: not one node's fault"
+    }
+    # named alike on every node: no healthy subset to offer
+    assert healthy_subset([n.name for n in FIVE.nodes], found)["note"] == (
+        "every node failed alike: the cause is not one node's"
+    )
 
 
 # --- what the node printed never becomes a command unchecked; every python runs isolated ---
@@ -1676,3 +1731,49 @@ def test_a_pair_whose_peer_never_came_times_out_alone_and_the_next_round_still_r
     assert (timeout["stage"], timeout["missing"]) == ("rendezvous", [1])
     assert collective_verdicts.rank_failure(lonely) == "stopped after 'timeout' (timed out)"
     assert collective_verdicts.rank_failure(alone) is None and pair_figures([alone])
+
+
+def test_isolation_runs_its_second_pass_on_the_suspects_nodes_with_their_partners_rendezvous(
+    monkeypatch,
+):
+    """The two passes' commands as sent (every node silent: every pair fails): first the master
+    hosts a pair with each node on ports of their own, then n2 hosts one with each of the rest
+    at its own address; the verdict is the second pass's."""
+    sent: list[dict[str, str]] = []
+
+    def silent(state, commands, seconds):
+        sent.append({node: c.get_raw_value() for node, c in commands.items()})
+        return {}
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", silent)
+    report = PreflightReport(cluster="t", nodes=[n.name for n in FIVE.nodes])
+    collective_stage.run_isolation(None, FIVE, report)
+    first, second = sent
+    assert sorted(first) == ["n1", "n2", "n3", "n4", "n5"]
+    for i, node in enumerate(["n2", "n3", "n4", "n5"]):
+        assert f"20,0,2,192.0.2.11,{29501 + i},0" in first["n1"]
+        assert f"20,1,2,192.0.2.11,{29501 + i},0" in first[node]
+    assert sorted(second) == ["n2", "n3", "n4", "n5"]
+    for i, node in enumerate(["n3", "n4", "n5"]):
+        assert f"20,0,2,192.0.2.12,{29501 + i},0" in second["n2"]
+        assert f"20,1,2,192.0.2.12,{29501 + i},0" in second[node]
+    assert {p.node for p in report.problems} == {"n1", "n2", "n3", "n4", "n5"}
+    assert report.details["isolation"]["second pass"] == {
+        "n2 n3": False,
+        "n2 n4": False,
+        "n2 n5": False,
+    }
+    assert len({p.cause for p in report.problems}) == 1  # alike: no one rank's words added
+    # one node silent, the others done: it alone is named, ending with its own rank's words
+
+    def only_n3_silent(state, commands, seconds):
+        return {node: ['0 {"step": "done"}'] for node in commands if node != "n3"}
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", only_n3_silent)
+    report = PreflightReport(cluster="t", nodes=[n.name for n in FIVE.nodes])
+    collective_stage.run_isolation(None, FIVE, report)
+    (culprit,) = report.problems
+    assert culprit.node == "n3" and culprit.cause.startswith(
+        "2-rank collectives between n3 and n1, and between n3 and n2 (which passes with n1) fail"
+    )
+    assert culprit.cause.endswith("(n3's rank: stopped after 'no output' (timed out))")

@@ -534,7 +534,9 @@ def _examples() -> list[str]:
             for p in collective_problems(THREE, {"gpu-a01": [[rendezvous]], **missing})
             if p.node == "gpu-a02"
         ),
-        isolate(THREE, {"gpu-a02": False, "gpu-a03": True})[0].cause,
+        isolate(THREE, {"gpu-a02": True, "gpu-a03": False}, {"gpu-a03": ("gpu-a02", False)})[
+            0
+        ].cause,
         f"preflight: {smoke_problems(THREE, 'colossalai', {'gpu-a01': SMOKE_OUT})[8]}",
         *(p.cause for p in bandwidth_problems(RING, 20.0) if p.node == "gpu-a01"),
         f"local rank 3 (GPU 3): {rank_failure(failed)}",
