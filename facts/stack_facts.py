@@ -21,7 +21,8 @@ _SECTION = SECTION
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
 # The one os-release fragment (facts/os_release_facts.py) goes in after the arguments line.
 _ARGS, _PROBES = script("stack.sh").split("py=$4\n", 1)
-_SCRIPT = f"{_ARGS}py=$4\n{OS_FAMILY_SH}\n{_PROBES}"
+BUSY_PROBE = script("stack_busy.sh")  # also the software operation's guard (stack_ops.py)
+_SCRIPT = f"{_ARGS}py=$4\n{OS_FAMILY_SH}\n{BUSY_PROBE}{_PROBES}"
 
 # Run by the venv's python: every distribution it has (importlib.metadata: no pip started),
 # then what torch reports. CUDA calls only when a GPU is usable; every call guarded.

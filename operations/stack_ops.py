@@ -16,7 +16,8 @@ from urllib.parse import urlsplit
 from pyinfra import host, logger
 from pyinfra.api import OperationValueError, QuoteString, StringCommand, operation
 
-from facts.stack_facts import CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
+from facts.shell import shell
+from facts.stack_facts import BUSY_PROBE, CUDA_KEYRING, GCC_PROFILE, StackVersions, StackVersionsT
 from operations.packages_ops import APT, held, or_fail, rpm_ensure
 from operations.remote import FailCommand, fail_command, script, write_file_command
 from runtime.gather import fact, lent
@@ -524,6 +525,9 @@ def software(stack: StackPlan, venv: str = VENV_DIR):
     held = [what for what, cs in parts if what and cs]
     hold = held_under_a_job(current, held)
     commands = [c for what, cs in parts if not (hold and what) for c in cs]
+    if held and not hold and host.data.get(BUSY_OK) not in (True, 1):
+        # a job may have started since the fact was read: probed again, first
+        commands.insert(0, busy_guard(venv))
     if not commands:
         host.noop(
             f"held back under a running job: {'; '.join(held)}"
@@ -553,6 +557,15 @@ def busy(current: StackVersionsT) -> str:
         for kind in running.get("unknown") or []
     ]
     return "; ".join(parts)
+
+
+_GUARD = BUSY_PROBE + script("stack_busy_guard.sh")
+
+
+def busy_guard(venv: str) -> StringCommand:
+    """A command that fails, naming the pids, where a job now runs on the venv or the GPUs (or
+    the probe cannot tell): the stack's changes after it are not made."""
+    return shell(_GUARD, venv)
 
 
 def held_under_a_job(current: StackVersionsT, changes: list[str]) -> bool:

@@ -29,7 +29,7 @@ COMMANDS = {
     "3f5adab53eaa5292409a96c933053aca86f831e8cc7cf0cf32726615ae05c3ca": lambda: (
         LauncherContents().command("/d", ["a.sh", "b c"])
     ),
-    "74eb242eebbc632ebaf6f54b446169fbc5984cd00abc56c92c6877240d585c45": lambda: (
+    "d920a92d618dc7970896300b171218d704415b7edd175a106600234336293044": lambda: (
         StackVersions().command("/opt/venv")
     ),
     "94351fae03ec714685c6ccd38ef24f3b53e687196752b9e917db72859d94bf30": NpuDeviceIps().command,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from pyinfra_testing.operations import make_operation_tests
 from operations.stack_ops import (
     _KEYRING,
     NVIDIA_REPOS,
+    busy_guard,
     cuda_distro,
     keyring_install,
     mirror_problem,
@@ -301,3 +303,28 @@ def test_a_venv_pin_means_what_pips_double_equals_means():
         and satisfies("2.1.0rc1", "2.1.0rc1")
     )
     assert not satisfies("0.19.2", "0.19.1") and not satisfies("0.19.1+cu121", "0.19.1+cu124")
+
+
+def _guard(venv: Path | str, path: str) -> subprocess.CompletedProcess:
+    command = busy_guard(str(venv)).get_raw_value()
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env={"PATH": path})
+
+
+def test_the_guard_before_a_stack_change_stops_it_for_a_job_that_started_since_the_read(
+    tmp_path,
+):
+    """The software operation's first command, run here: a venv no process maps passes; this
+    very test's python maps its own venv, named by pid; a GPU process list that is not all
+    pids ([N/A]) is not "no job"."""
+    path = os.environ["PATH"]
+    assert _guard(tmp_path / "venv", path).returncode == 0
+    mine = _guard(Path(os.path.realpath(sys.prefix)), path)
+    assert mine.returncode == 1 and f"busy venv {os.getpid()}" in mine.stderr
+    assert "nothing changed; rerun when it ends" in mine.stderr
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 830\necho '[N/A]'\n")
+    smi.chmod(0o755)
+    unknown = _guard(tmp_path / "venv", f"{smi.parent}:{path}")
+    assert unknown.returncode == 1
+    assert "busy unknown gpu;busy gpu 830" in unknown.stderr
