@@ -13,6 +13,7 @@ import pytest
 
 from checks.preflight_check import report_path
 from tests.lab.harness import on_every_node, pyinfra
+from trainfleet.stamps import stamps_path
 
 NODES = ["node1", "node2", "node3"]
 LAUNCH = "/etc/trainfleet/launch"
@@ -134,3 +135,13 @@ def test_a_smoke_launcher_trainfleet_does_not_know_is_refused_before_anything_ru
         "trainfleet: trainfleet_smoke: 'horovod; reboot' is not one of torchrun, mpirun, "
         "deepspeed, accelerate, colossalai; nothing was run"
     ) in run.stderr
+    # so is a staleness bound that is not one (no stage ran: no report, no stamps written)
+    stamps = stamps_path("lab")
+    before = stamps.read_bytes() if stamps.exists() else None
+    run = pyinfra(inventory, "deploy/preflight.py", data={"trainfleet_stale": "6h; reboot"})
+    assert run.returncode == 2
+    assert (
+        "trainfleet: trainfleet_stale: '6h; reboot' is not a duration: a whole number and s, m, "
+        "h or d (30m, 6h, 2d); nothing was run"
+    ) in run.stderr
+    assert (stamps.read_bytes() if stamps.exists() else None) == before
