@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from runtime.controller import configure_pyinfra
+from trainfleet import stamps
 from trainfleet.mesh import probe_env_problems
 from trainfleet.model import Cluster, Node
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -64,6 +65,10 @@ def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
     problems = probe_env_problems(len(cluster.nodes), os.environ)
     if problems:
         _refuse(problems, "in the environment")
+    try:  # the preflight's stamps, which the deploy, drift and the preflight read later
+        stamps.load(cluster.name)
+    except ValueError as exc:
+        _refuse([str(exc)], "on the controller")
     return cluster
 
 

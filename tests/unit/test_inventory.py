@@ -163,3 +163,18 @@ def test_a_bad_drift_probe_setting_stops_pyinfra_with_status_2_before_connecting
     )
     assert "2 problem(s) in the environment; no host was contacted." in result.stderr
     assert "Connecting" not in result.stdout + result.stderr
+
+
+def test_a_damaged_preflight_stamps_file_stops_pyinfra_with_status_2_before_connecting(tmp_path):
+    """The stamps say which nodes the healthy launch files leave out: a file that is not one
+    stops every run with its path (it never reads as "nobody left out"), nothing contacted."""
+    stamps = tmp_path / "reports" / "preflight-prod-stamps.json"
+    stamps.parent.mkdir()
+    stamps.write_text('{"nodes": ["node1"]}')
+    result = pyinfra(
+        "-y", "inventories/prod.py", "deploy/cluster.py", TRAINFLEET_HOME=str(tmp_path)
+    )
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert f"trainfleet: {stamps}: not a preflight stamps file" in result.stderr
+    assert "1 problem(s) on the controller; no host was contacted." in result.stderr
+    assert "Connecting" not in result.stdout + result.stderr
