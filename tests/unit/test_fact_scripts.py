@@ -23,7 +23,7 @@ COMMANDS = {
     "a1c69e5a21a59ecb956b010e397b73900ffa624d2e249cdebd6667ca32666673": lambda: (
         OpenMpiState().command(["root", "alice"])
     ),
-    "d377921d68b2ef2b9c62219a0d7d61f42959e92d8358b4c1e1b675f1078e9059": lambda: (
+    "492fba6bdd34916e859d320b42b57597ed4c49e382309c8a0bdcf3c7eaa76b03": lambda: (
         LauncherFiles().command("/etc/trainfleet/launch")
     ),
     "3f5adab53eaa5292409a96c933053aca86f831e8cc7cf0cf32726615ae05c3ca": lambda: (
