@@ -37,6 +37,7 @@ from checks.preflight_scope import bound_line, scope, seen_now, worst_case
 from checks.publish import publish
 from checks.publish import report_path as report_file
 from checks.reachability_stage import run_reachability
+from checks.reachability_verdicts import rendezvous_unreachable
 from checks.smoke_stage import run_smoke
 from checks.stage_runner import BOUNDS
 from runtime.gather import once_per_run, prove_sudo, refused_sudo
@@ -133,7 +134,8 @@ def _stages(
     if cluster.mesh_users:
         run_ssh_mesh(state, cluster, report, active)
         report.stages["ssh"] = "failed" if any(p.stage == "ssh" for p in report.problems) else "ok"
-    if len(active) < len(cluster.nodes) or not master_port_free:
+    cut_off = rendezvous_unreachable(cluster, report.details.get("reachability", {}))
+    if len(active) < len(cluster.nodes) or not master_port_free or cut_off:
         report.stages["collective"] = "skipped"  # it cannot succeed: the cause is named above
         report.stages["bandwidth"] = "skipped"
     else:

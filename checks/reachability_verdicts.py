@@ -38,3 +38,10 @@ def reachability_problems(cluster: Cluster, matrix: dict[str, dict[str, str]]) -
             if result != "ok":
                 problems.append(Problem("reachability", src, f"cannot reach {target}: {result}"))
     return problems
+
+
+def rendezvous_unreachable(cluster: Cluster, matrix: dict[str, dict[str, str]]) -> list[str]:
+    """The nodes that could not reach the master's rendezvous port: a collective cannot start
+    without them (torch's store is there), so it is not run to its timeout."""
+    port = f"{cluster.master.name}:{cluster.master_port}"
+    return sorted(node for node, row in matrix.items() if row.get(port, "ok") != "ok")

@@ -276,6 +276,7 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         assert [node for node, _ in reach] == ["node3"]
         assert reach[0][1].startswith("cannot reach node1:29500")
         assert {node for node, _, _ in found} == {"node3"}
+        assert report["stages"]["collective"] == "skipped"  # it could not start: not waited for
         # the other two can train together: the report's healthy subset, node3 left out with
         # every cause named
         healthy = report["healthy"]

@@ -1777,3 +1777,15 @@ def test_isolation_runs_its_second_pass_on_the_suspects_nodes_with_their_partner
         "2-rank collectives between n3 and n1, and between n3 and n2 (which passes with n1) fail"
     )
     assert culprit.cause.endswith("(n3's rank: stopped after 'no output' (timed out))")
+
+
+def test_a_node_that_cannot_reach_the_rendezvous_port_skips_the_collective_it_would_hang():
+    from checks.reachability_verdicts import rendezvous_unreachable
+
+    matrix = {
+        "gpu-a01": {"gpu-a01:29500": "ok", "gpu-a02": "ok"},
+        "gpu-a02": {"gpu-a01:29500": "ok", "gpu-a03": "timed out"},  # a peer only: run it
+        "gpu-a03": {"gpu-a01:29500": "timed out", "gpu-a02": "ok"},
+    }
+    assert rendezvous_unreachable(CLUSTER, matrix) == ["gpu-a03"]
+    assert rendezvous_unreachable(CLUSTER, {"gpu-a03": {"gpu-a02": "refused"}}) == []
