@@ -108,7 +108,19 @@ def run_scenario(tmp: Path, scenario: dict[str, Any], timeout: int = 20) -> list
     bin_dir.mkdir(parents=True)
     root.mkdir()
     # The real tools the script needs besides the stubs (awk, sed, base64, timeout, cat, ...).
-    for tool in ("awk", "sed", "base64", "timeout", "cat", "head", "tr", "sleep", "sh", "printf"):
+    for tool in (
+        "awk",
+        "sed",
+        "base64",
+        "timeout",
+        "cat",
+        "head",
+        "tr",
+        "sleep",
+        "sh",
+        "printf",
+        "grep",
+    ):
         real = subprocess.run(
             ["sh", "-c", f"command -v {tool}"], capture_output=True, text=True
         ).stdout.strip()

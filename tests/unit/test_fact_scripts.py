@@ -19,7 +19,7 @@ from facts.ssh_mesh_facts import SshdMesh, SshMeshProof, SshMeshUser
 from facts.stack_facts import StackVersions
 
 COMMANDS = {
-    "ee573bde772e2382ee1946c5f048f4aec81ab836326ffd92f868597443665c70": GpuNodeState().command,
+    "f4098b92269df7fa0b77fadee390424109ea1f2bfc40568414e60fbb2466df3e": GpuNodeState().command,
     "a1c69e5a21a59ecb956b010e397b73900ffa624d2e249cdebd6667ca32666673": lambda: (
         OpenMpiState().command(["root", "alice"])
     ),
