@@ -14,7 +14,7 @@ from typing import Any
 from checks.preflight_report import Problem
 from trainfleet.capabilities.launchers import HEALTHY
 from trainfleet.defaults import LAUNCH_DIR
-from trainfleet.stamps import CUT
+from trainfleet.stamps import cut_to_multiple
 
 
 def healthy_subset(
@@ -45,11 +45,8 @@ def healthy_subset(
     elif len(excluded) == len(nodes) > 1 and len({tuple(c) for c in excluded.values()}) == 1:
         note = "every node failed alike: the cause is not one node's"
     healthy = [] if note else [node for node in nodes if node not in excluded]
-    if multiple_of and len(healthy) % multiple_of:
-        keep = len(healthy) - len(healthy) % multiple_of
-        for node in healthy[keep:]:
-            excluded[node] = [f"{CUT} {multiple_of}"]
-        healthy = healthy[:keep]
+    healthy, cut = cut_to_multiple(healthy, multiple_of)
+    excluded |= cut
     return {
         "nodes": healthy,
         "excluded": {node: excluded[node] for node in nodes if node in excluded},

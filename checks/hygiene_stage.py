@@ -32,8 +32,11 @@ def preflight_plan(
     )
 
 
-def run_hygiene(state: State, cluster: Cluster, report: PreflightReport) -> dict[str, Any]:
-    """Stage 1; returns each node's NcclNetwork fact (the collective judges NCCL's choice by it)."""
+def run_hygiene(
+    state: State, cluster: Cluster, report: PreflightReport
+) -> tuple[dict[str, Any], ClusterPlan]:
+    """Stage 1; returns each node's NcclNetwork fact (the collective judges NCCL's choice by it)
+    and the plan it judged with (the stamps digest each node's part)."""
     names = [name for n in cluster.nodes for name in n.names]
     out = run_everywhere(
         state,
@@ -81,4 +84,4 @@ def run_hygiene(state: State, cluster: Cluster, report: PreflightReport) -> dict
     report.problems += ib_port_problems(cluster, networks)
     report.problems += mtu_problems(cluster, networks)
     report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")
-    return networks
+    return networks, plan

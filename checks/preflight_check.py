@@ -30,7 +30,7 @@ from checks.collective_stage import run_collective, run_isolation
 from checks.collective_verdicts import failed_before_the_network
 from checks.drift_check import read_ledger
 from checks.healthy_subset import healthy_lines, healthy_subset
-from checks.hygiene_stage import preflight_plan, run_hygiene
+from checks.hygiene_stage import run_hygiene
 from checks.mesh_stage import run_ssh_mesh
 from checks.preflight_report import PreflightReport, Problem
 from checks.preflight_scope import bound_line, scope, seen_now, worst_case
@@ -74,7 +74,7 @@ def _run(
             report.problems.append(Problem("unreachable", node.name, refused[node.name]))
         elif node.name not in active:
             report.problems.append(Problem("unreachable", node.name, "cannot be reached over SSH"))
-    networks = run_hygiene(state, cluster, report)
+    networks, plan = run_hygiene(state, cluster, report)
     report.stages["hygiene"] = (
         "failed" if any(p.stage == "hygiene" for p in report.problems) else "ok"
     )
@@ -82,7 +82,7 @@ def _run(
     recorded = stamps.load(cluster.name)
     seen = seen_now(
         cluster,
-        preflight_plan(state, cluster, networks),
+        plan,
         report.details["hygiene"],
         read_ledger(cluster.name, logger.warning),
     )
@@ -93,8 +93,10 @@ def _run(
         tested = cluster.subset(names)
     if tested.nodes:
         _stages(state, tested, report, networks, active & {n.name for n in tested.nodes}, smoke)
-    for stage in ("reachability", "ssh", "collective", "bandwidth"):
-        report.stages.setdefault(stage, "carried over")
+    if not tested.nodes:  # every node carried its verdict over: no stage after hygiene ran
+        for stage in ("reachability", "ssh", "collective", "bandwidth"):
+            if stage != "ssh" or cluster.mesh_users:
+                report.stages[stage] = "carried over"
     report.healthy = healthy_subset(
         report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
     )

@@ -11,9 +11,10 @@ from pyinfra.api import FactBase, StringCommand
 
 from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.shell import script, shell
+from facts.stack_facts import GPU_PIDS
 from trainfleet.remediation import ACS_UNIT_PATH, UNITS
 
-_SCRIPT = script("remediation.sh")
+_SCRIPT = GPU_PIDS + script("remediation.sh")
 _STATES = frozenset("abcdefghijklmnopqrstuvwxyz-")  # systemctl's words: enabled, not-found, ...
 
 

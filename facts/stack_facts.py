@@ -21,7 +21,10 @@ _SECTION = SECTION
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
 # The one os-release fragment (facts/os_release_facts.py) goes in after the arguments line.
 _ARGS, _PROBES = script("stack.sh").split("py=$4\n", 1)
-BUSY_PROBE = script("stack_busy.sh")  # also the software operation's guard (stack_ops.py)
+# Shell functions also run outside this fact: gpu_pids by the remediation's fact and reset,
+# busy_probe by the software operation's guard (stack_ops.py)
+GPU_PIDS = script("gpu_pids.sh")
+BUSY_PROBE = GPU_PIDS + script("stack_busy.sh")
 _SCRIPT = f"{_ARGS}py=$4\n{OS_FAMILY_SH}\n{BUSY_PROBE}{_PROBES}"
 
 # Run by the venv's python: every distribution it has (importlib.metadata: no pip started),

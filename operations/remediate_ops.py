@@ -16,6 +16,7 @@ from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.hardware_facts import HardwareState
 from facts.remediation_facts import RemediationState, RemediationStateT
 from facts.shell import shell
+from facts.stack_facts import GPU_PIDS
 from operations.remote import fail_command, script, write_file_command
 from runtime.gather import fact
 from trainfleet import remediation
@@ -24,7 +25,7 @@ from trainfleet.render import render
 
 ACS_TEMPLATE = "remediation/trainfleet-acs.service.j2"
 FABRIC_WAIT = 180  # seconds the fabric manager may take to build the fabric after a reset
-_RESET = script("remediation_reset.sh")
+_RESET = GPU_PIDS + script("remediation_reset.sh")
 _ACS_CHECK = script("remediation_acs_check.sh")
 
 

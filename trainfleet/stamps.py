@@ -24,6 +24,15 @@ _UNIT = MappingProxyType({"s": 1, "m": 60, "h": 3600, "d": 86400})
 CUT = "left out to keep the subset a multiple of"  # a cause that is the spec's, not the node's
 
 
+def cut_to_multiple(
+    nodes: list[str], multiple_of: int | None
+) -> tuple[list[str], dict[str, list[str]]]:
+    """``nodes`` cut to a multiple of ``multiple_of`` by leaving out the last ones in rank order:
+    (the nodes kept, each one left out -> its cause)."""
+    keep = len(nodes) - len(nodes) % multiple_of if multiple_of else len(nodes)
+    return nodes[:keep], {node: [f"{CUT} {multiple_of}"] for node in nodes[keep:]}
+
+
 def stamps_path(cluster: str) -> Path:
     """``.trainfleet/reports/preflight-<cluster>-stamps.json`` (under TRAINFLEET_HOME when set)."""
     return store_root().parent / "reports" / f"preflight-{cluster}-stamps.json"

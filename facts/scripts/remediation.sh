@@ -4,17 +4,10 @@ t=$1 unit=$2 units=$3
 # (pids only: nvidia-smi's csv of one numeric column, no process name), systemd and each unit
 # the remediation stops or writes, and trainfleet's ACS unit file (one base64 line).
 if command -v nvidia-smi >/dev/null 2>&1; then
-  # a probe that failed (a hung nvidia-smi) or printed a line that is not a pid ([N/A],
-  # [Insufficient Permissions], an error message with exit status 0) says so: it saw nothing,
-  # not no job
-  if g=$(timeout -k 2 "$t" nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); then
-    printf '%s\n' "$g" | sed -n 's/^ *\([0-9]\{1,10\}\) *$/gpu_pid \1/p'
-    if printf '%s\n' "$g" | grep -v -e '^[[:space:]]*$' -e '^ *[0-9]\{1,10\} *$' | grep -q .; then
-      echo "gpu_pids unknown"
-    fi
-  else
-    echo "gpu_pids unknown"
-  fi
+  # a probe that could not read them all says so (gpu_pids): it saw nothing, not no job
+  g=$(gpu_pids "$t") || u=unknown
+  printf '%s\n' "$g" | sed -n 's/^\(..*\)$/gpu_pid \1/p'
+  [ -z "${u:-}" ] || echo "gpu_pids unknown"
 fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
   echo "systemd yes"

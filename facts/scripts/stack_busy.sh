@@ -3,8 +3,7 @@
 # its path or the one it resolves to (torch's libraries, any extension module), and the GPUs'
 # processes, one ``busy venv|gpu PID`` line each. Process ids only: a process's name is its
 # owner's to choose. A probe that cannot answer (timed out: a process stuck in a fault holds its
-# maps; nvidia-smi failing or printing what is not a pid, such as [N/A] or [Insufficient
-# Permissions]) prints ``busy unknown venv|gpu``: it saw nothing, which is not "no job". Read
+# maps; gpu_pids failing: facts/scripts/gpu_pids.sh) prints ``busy unknown venv|gpu``: it saw nothing, which is not "no job". Read
 # by the StackVersions fact before its own venv python starts, and again by the software
 # operation right before it changes the stack (a job that started since).
 busy_probe() {
@@ -13,11 +12,8 @@ busy_probe() {
   case $? in 124|137) echo "busy unknown venv" ;; esac
   for f in $m; do p=${f#/proc/}; echo "busy venv ${p%/maps}"; done
   if command -v nvidia-smi >/dev/null 2>&1; then
-    g=$(timeout -k 2 10 nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null) || { echo "busy unknown gpu"; return 0; }
-    if printf '%s\n' "$g" | grep -v -e '^[[:space:]]*$' -e '^ *[0-9]\{1,10\} *$' | grep -q .; then
-      echo "busy unknown gpu"
-    fi
-    printf '%s\n' "$g" | sed -n 's/^ *\([0-9]\{1,10\}\) *$/busy gpu \1/p'
+    g=$(gpu_pids 10) || echo "busy unknown gpu"
+    printf '%s\n' "$g" | sed -n 's/^\(..*\)$/busy gpu \1/p'
   fi
   return 0
 }

@@ -16,16 +16,9 @@ fail() {
 }
 trap 'fail "interrupted by SIGHUP${doing:+ during $doing}"' HUP
 trap 'fail "interrupted by SIGTERM${doing:+ during $doing}"' TERM
-# The GPU processes' pids in $p (pids only: no process name is read). Fails where they cannot
-# be listed: nvidia-smi failed, or printed a line that is not a pid ([N/A], [Insufficient
-# Permissions], an error message with exit status 0): what cannot be read is not "no job".
-gpu_pids() {
-  o=$(timeout -k 2 "$t" nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null) || return 1
-  if printf '%s\n' "$o" | grep -v -e '^[[:space:]]*$' -e '^ *[0-9]\{1,10\} *$' | grep -q .; then
-    return 1
-  fi
-  p=$(printf '%s\n' "$o" | sed -n 's/^ *\([0-9]\{1,10\}\) *$/\1/p' | tr '\n' ' ')
-}
+# The GPU processes' pids in $p, space-separated; fails where they cannot all be read
+# (gpu_pids, facts/scripts/gpu_pids.sh: what cannot be read is not "no job").
+listed() { o=$(gpu_pids "$t") || return 1; p=$(printf '%s' "$o" | tr '\n' ' '); }
 # The stopped units started again, in the reverse order (the fabric manager first).
 start_again() {
   rev=''
@@ -44,7 +37,7 @@ undo() {
 }
 # A job may have started since the fact was read: the GPU processes are listed again right
 # before anything is stopped.
-gpu_pids || fail "the GPU processes could not be listed: nothing stopped"
+listed || fail "the GPU processes could not be listed: nothing stopped"
 [ -z "$p" ] || fail "GPU processes running (pids ${p% }): nothing stopped"
 for u in "$@"; do
   systemctl is-active --quiet "$u.service" || continue
@@ -53,7 +46,7 @@ for u in "$@"; do
   stopped="$stopped $u"; doing=''; say "stopped $u"
 done
 # ... and again once the services are stopped (that can take minutes), right before the reset.
-gpu_pids || undo "the GPU processes could not be listed after the stops"
+listed || undo "the GPU processes could not be listed after the stops"
 [ -z "$p" ] || undo "GPU processes running (pids ${p% }) after the stops"
 if [ "$mode" = all ]; then
   doing="nvidia-smi -r"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from pyinfra_testing.operations import make_operation_tests
 
+from facts import remediation_facts
 from facts.remediation_facts import RemediationState
 from operations import remediate_ops
-from operations.remote import script
 from tests.unit.test_hardware import (
     H100,
     HGX_LSPCI,
@@ -297,7 +297,7 @@ def test_the_fact_reads_pids_units_and_the_unit_file():
         assert got["gpu_pids"] == [830] and got["gpu_pids_unknown"] is True, bad
 
 
-FACT = (Path(__file__).resolve().parents[2] / "facts" / "scripts" / "remediation.sh").read_text()
+FACT = remediation_facts._SCRIPT  # the fact's script as it runs: gpu_pids, then its own
 
 # What nvidia-smi prints where it cannot read a value ([N/A], [Insufficient Permissions]: its
 # manual's words) or where it fails (the NVML message), each here with exit status 0.
@@ -414,7 +414,7 @@ case $1 in
      exit 0 ;;
 esac
 """
-RESET = script("remediation_reset.sh")
+RESET = remediate_ops._RESET  # the reset script as it runs: gpu_pids, then its own
 
 
 def nvswitch_xml(tmp: Path, state_: str = "Completed") -> Path:
@@ -591,25 +591,29 @@ def test_a_failed_reset_before_any_gpu_starts_the_services_again(tmp_path):
         "trainfleet: where things stand: stopped (not started again): none; GPUs reset: none; "
         "started again: nvidia-fabricmanager nvidia-persistenced",
     ]
-    first, second = "00000000:00:06.0", "00000000:00:07.0"
-    result, log = run_reset(
-        tmp_path,
-        ["each", "20", f"{first},{second}", "0", "nvidia-persistenced"],
-        ACTIVE="nvidia-persistenced",
-        RESET_FAIL=f"-r -i {first}",
-    )
+    result, log = each_reset_failing(tmp_path, FIRST)
+    first = FIRST
     assert result.returncode == 1
     assert log[-2:] == [f"nvidia-smi -r -i {first}", "systemctl start nvidia-persistenced.service"]
 
 
-def test_a_failed_reset_after_one_gpu_stops_there_and_says_where_things_stand(tmp_path):
-    first, second = "00000000:00:06.0", "00000000:00:07.0"
-    result, log = run_reset(
+FIRST, SECOND = "00000000:00:06.0", "00000000:00:07.0"
+
+
+def each_reset_failing(tmp_path, failing: str):
+    """The per-GPU reset of two GPUs (persistenced running) where ``nvidia-smi -r -i
+    failing`` fails."""
+    return run_reset(
         tmp_path,
-        ["each", "20", f"{first},{second}", "0", "nvidia-persistenced"],
+        ["each", "20", f"{FIRST},{SECOND}", "0", "nvidia-persistenced"],
         ACTIVE="nvidia-persistenced",
-        RESET_FAIL=f"-r -i {second}",
+        RESET_FAIL=f"-r -i {failing}",
     )
+
+
+def test_a_failed_reset_after_one_gpu_stops_there_and_says_where_things_stand(tmp_path):
+    result, log = each_reset_failing(tmp_path, SECOND)
+    first, second = FIRST, SECOND
     assert result.returncode == 1
     assert log[-1] == f"nvidia-smi -r -i {second}" and not any("start" in x for x in log)
     assert result.stderr.splitlines()[-1] == (

@@ -19,7 +19,7 @@ from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.hccl import render_rank_table
 from trainfleet.model import Cluster, Node
 from trainfleet.render import render_lines, variables
-from trainfleet.stamps import CUT
+from trainfleet.stamps import cut_to_multiple
 from trainfleet.text import printable
 
 if TYPE_CHECKING:
@@ -174,10 +174,8 @@ def healthy_part(
     names = [n.name for n in cluster.nodes]
     out = {name: list(map(printable, excluded[name])) for name in names if name in excluded}
     keep = [name for name in names if name not in out]
-    if multiple_of and len(keep) % multiple_of:
-        for name in keep[len(keep) - len(keep) % multiple_of :]:
-            out[name] = [f"{CUT} {multiple_of}"]
-        keep = keep[: len(keep) - len(keep) % multiple_of]
+    keep, cut = cut_to_multiple(keep, multiple_of)
+    out |= cut
     if not out:
         return cluster, {}
     return (cluster.subset(keep) if keep else None), out
