@@ -132,19 +132,6 @@ def bad_units(values: Iterable[str]) -> list[str]:
 # ---- ACS -------------------------------------------------------------------------------------
 
 
-def _switch_ports_above(pci: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Each PCIe switch port above a GPU or NIC (its address) -> the devices below it, in the
-    order lspci lists them; the ports the hardware check judges (hardware._acs)."""
-    above: dict[str, list[dict[str, Any]]] = {}
-    for device in pci:
-        if not (lspci.is_gpu(device) or lspci.is_nic(device)):
-            continue
-        for bridge in lspci.bridges_above(device, pci):
-            if bridge["port"] in lspci.SWITCH_PORTS:
-                above.setdefault(bridge["address"], []).append(device)
-    return above
-
-
 def unit_bridges(text: str | None) -> list[str]:
     """The bridges trainfleet's own ACS unit lists (the template's ExecStart lines)."""
     found = (_UNIT_LINE.fullmatch(line.strip()) for line in (text or "").splitlines())
@@ -164,7 +151,9 @@ def acs_plan(hw: Mapping[str, Any] | None, unit_text: str | None, virtual: bool)
         return AcsPlan(problems=(f"lspci -vvv unreadable ({why}): ACS left alone",))
     if any(d["denied"] for d in hw["pci"]):
         return AcsPlan(problems=("lspci could not read capabilities (not root): ACS left alone",))
-    above = _switch_ports_above(hw["pci"])
+    above: dict[str, list[dict[str, Any]]] = {}  # each port -> the GPUs and NICs below it
+    for bridge, device in lspci.switch_ports_above(hw["pci"]):
+        above.setdefault(bridge["address"], []).append(device)
     by_address = {d["address"]: d for d in hw["pci"]}
     found, bridges = [], set()
     for address, devices in sorted(above.items()):

@@ -215,14 +215,11 @@ def _acs(hw: Mapping[str, Any]) -> str | None:
         return _unreadable(hw, LSPCI) or "unreadable"
     if any(d["denied"] for d in hw["pci"]):
         return "unreadable (lspci could not read capabilities: not run as root)"
-    found = []
-    for device in hw["pci"]:
-        if not (lspci.is_gpu(device) or lspci.is_nic(device)):
-            continue
-        for bridge in lspci.bridges_above(device, hw["pci"]):
-            bits = lspci.acs_enabled(bridge)
-            if bits and bridge["port"] in ("Upstream Port", "Downstream Port"):
-                found.append(f"{bridge['address']} above {device['address']}: {' '.join(bits)}")
+    found = [
+        f"{bridge['address']} above {device['address']}: {' '.join(bits)}"
+        for bridge, device in lspci.switch_ports_above(hw["pci"])
+        if (bits := lspci.acs_enabled(bridge))
+    ]
     return "; ".join(found) or NONE
 
 

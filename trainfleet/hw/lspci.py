@@ -95,6 +95,18 @@ def acs_enabled(device: dict[str, Any]) -> list[str]:
 SWITCH_PORTS = ("Upstream Port", "Downstream Port")
 
 
+def switch_ports_above(every: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(PCIe switch port, the GPU or NIC below it) for every such pair, in lspci's device order:
+    the ports whose ACS the hardware check judges and the remediation clears."""
+    return [
+        (bridge, device)
+        for device in every
+        if is_gpu(device) or is_nic(device)
+        for bridge in bridges_above(device, every)
+        if bridge["port"] in SWITCH_PORTS
+    ]
+
+
 def nics_beside(gpu: dict[str, Any], every: list[dict[str, Any]]) -> list[str]:
     """The NICs that share a PCIe switch with ``gpu`` (nvidia-smi topo's PIX or PXB: traffic
     between them need not cross the CPU's root complex, as GPUDirect RDMA wants)."""
