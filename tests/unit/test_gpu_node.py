@@ -21,6 +21,7 @@ from tests.unit.test_nccl_env import SYSFS
 from trainfleet.capabilities import gpu_node
 from trainfleet.capabilities.gpu_node import FabricManagerPlan, expected, gpu_part, observed
 from trainfleet.compare import compare
+from trainfleet.hw import smi_xml
 
 TestGpuNodeState = make_fact_tests("facts", "gpu_node_facts.GpuNodeState", FIXTURES / "facts")
 TestMemlock = make_operation_tests("operations", "gpu_node_ops.memlock", FIXTURES / "memlock")
@@ -114,6 +115,7 @@ def test_a_pcie_node_has_no_nvswitch_and_a_fabric_that_is_not_applicable():
 
 
 # nvidia-smi -q -x of four drivers (DTD v12, v13, v11, none): the fields each element holds
+XML_A100 = "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03.xml"
 XML_CAPTURES = {
     "nvidia-smi-q-x_a100-sxm4-80gb_535.54.03.xml": (
         "535.54.03",
@@ -179,6 +181,64 @@ def test_a_process_name_with_newlines_and_fake_fields_changes_nothing(tmp_path):
     forged_state = smi_state(tmp_path / "hostile", hostile)
     assert forged_state == smi_state(tmp_path / "real", real)
     assert (forged_state["driver"], forged_state["gpus"][0]["persistence"]) == ("595.84", "Enabled")
+
+
+# Copies of the real captures with ONE line changed, a process name nvidia-smi printed as it
+# came (tests/fixtures/gpu_node/README.md); whether it escapes one is open (docs/hardware.md).
+FORGED_RESET = "nvidia-smi-q-x_rtx-4000-sff-ada_595.84_forged-name-reset.xml"
+FORGED_GPU = "nvidia-smi-q-x_rtx-4000-sff-ada_595.84_forged-name-gpu.xml"
+ODD_BYTES = "nvidia-smi-q-x_tesla-t4_515.105.01_name-not-utf8.xml"
+RTX, T4 = "nvidia-smi-q-x_rtx-4000-sff-ada_595.84.xml", "nvidia-smi-q-x_tesla-t4_515.105.01.xml"
+
+
+@pytest.mark.parametrize(("forged", "real"), [(FORGED_RESET, RTX), (ODD_BYTES, T4)])
+def test_an_unescaped_process_name_neither_adds_an_element_nor_costs_the_gpus_facts(
+    forged, real, tmp_path
+):
+    # the reset name closes its process list and adds a <gpu_reset_status> asking for a reset
+    # (this driver prints none); the other holds bytes that are not UTF-8, a bare & and <
+    document = (CAPTURES / forged).read_bytes()
+    assert b"<gpu_reset_status>" in document or b"\xff" in document
+    forged_state = smi_state(tmp_path / "forged", document)
+    assert forged_state == smi_state(tmp_path / "real", (CAPTURES / real).read_bytes())
+    assert forged_state["smi"] == "ok" and len(forged_state["gpus"]) == 1
+    parsed = smi_xml.gpus(smi_xml.smi_root(document))
+    assert parsed == smi_xml.gpus(smi_xml.smi_root((CAPTURES / real).read_bytes()))
+    assert parsed[0]["reset_required"] is None
+
+
+def test_a_process_name_that_frames_a_gpu_of_its_own_is_refused(tmp_path):
+    state = smi_state(tmp_path, (CAPTURES / FORGED_GPU).read_bytes())
+    assert state["smi"] == "refused: attached_gpus says 1, the document opens 2 GPUs"
+    assert (state["driver"], state["gpus"]) == (None, [])
+    assert gpu_node.persistence_value(state).startswith("unreadable (nvidia-smi refused: ")
+
+
+def test_fewer_gpus_than_attached_are_read_only_where_no_process_is_listed():
+    # telegraf's A100 capture says 4 attached and holds one, with <processes />: read; the T4's
+    # list holds two processes: its count changed to 2, a name could have framed the other GPU
+    assert len(smi_xml.gpus(smi_xml.smi_root((CAPTURES / XML_A100).read_bytes()))) == 1
+    t4 = (CAPTURES / T4).read_bytes()
+    one = b"<attached_gpus>1</attached_gpus>"
+    assert t4.count(one) == 1
+    with pytest.raises(ValueError, match="lists processes: a process name could have framed"):
+        smi_xml.smi_root(t4.replace(one, b"<attached_gpus>2</attached_gpus>"))
+
+
+@pytest.mark.parametrize(
+    ("line", "twice"),
+    [
+        (b"<persistence_mode>Enabled</persistence_mode>", "gpu/persistence_mode"),
+        (b"<driver_version>595.84</driver_version>", "nvidia_smi_log/driver_version"),
+    ],
+)
+def test_a_tag_nvidia_smi_prints_once_appearing_twice_refuses_the_document(line, twice, tmp_path):
+    # (the tags it does repeat, its supported clocks, are read in every capture above)
+    real = (CAPTURES / RTX).read_bytes()
+    assert real.count(line) == 1
+    state = smi_state(tmp_path, real.replace(line, line + line))  # that ONE line twice
+    assert state["smi"] == f"refused: <{twice}> appears twice: not nvidia-smi's document"
+    assert state["gpus"] == []
 
 
 BILLION_LAUGHS = (

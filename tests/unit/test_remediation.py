@@ -161,6 +161,14 @@ def test_on_an_nvswitch_system_every_gpu_is_reset_together():
     assert remediation.gpu_resets(hw).every_gpu is True
 
 
+def test_a_process_name_asking_for_a_reset_plans_none():
+    # the busy H100's own XML, its process name closing the list and adding a
+    # <gpu_reset_status> that asks for a reset (a v13 driver prints none): read as the H100 is
+    forged = gpus_of(FIXTURES / "nvidia-smi-q-x_h100-busy_forged-name-reset.xml")
+    assert forged["gpus"] == gpus_of(HW / "h100_preflight" / "nvidia-smi-q-x_busy.xml")["gpus"]
+    assert remediation.gpu_resets(forged) == remediation.ResetNeed()
+
+
 def test_healthy_gpus_and_a_gpu_that_needs_a_reboot_reset_nothing():
     assert remediation.gpu_resets(gpus_of(H100 / "nvidia-smi-q.xml")) == remediation.ResetNeed()
     need = remediation.gpu_resets(gpus_of(FIXTURES / "nvidia-smi-q-x_h100_recovery-reboot.xml"))

@@ -17,11 +17,85 @@ _SMI_DOCTYPE = re.compile(
     rb'\A(<\?xml [^>]*\?>\s*)<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v[0-9]+\.dtd">'
 )
 _WIDTH = re.compile(r"([0-9]+)x")
+# A GPU element's opening tag (not <gpu_...>), nvidia-smi's count of GPUs (printed before the
+# first GPU: no process name precedes it), and the process list's own tags (not
+# <accounted_processes>; an empty list may print as <processes />, which holds no name).
+_GPU_OPEN = re.compile(rb"<gpu[\s>]")
+_ATTACHED = re.compile(rb"<attached_gpus>\s*([0-9]{1,4})\s*</attached_gpus>")
+_PROCESSES, _END_PROCESSES = b"<processes>", b"</processes>"
+# The elements nvidia-smi prints more than once under one parent (its DTDs: gpu+, mig_device*,
+# process_info*, accounted_process_info*, supported_mem_clock*, supported_graphics_clock*).
+# Any other tag twice under one parent is not nvidia-smi's.
+REPEATED = frozenset(
+    {
+        ("nvidia_smi_log", "gpu"),
+        ("mig_devices", "mig_device"),
+        ("processes", "process_info"),
+        ("accounted_processes", "accounted_process_info"),
+        ("supported_clocks", "supported_mem_clock"),
+        ("supported_mem_clock", "supported_graphics_clock"),
+    }
+)
+
+
+def _attached(head: bytes) -> int:
+    found = _ATTACHED.search(head)
+    if found is None:
+        raise ValueError("no <attached_gpus> before the first GPU")
+    return int(found.group(1))
+
+
+def without_process_lists(data: bytes) -> bytes:
+    """The document with each GPU's ``<processes>`` content cut out, as bytes, before any
+    parse: a process name is its owner's text, and where nvidia-smi does not escape it, it can
+    hold any markup (or bytes that are not UTF-8). Whatever a name holds lies between its GPU's
+    real ``<processes>`` and ``</processes>``: all that text goes, from the first of the one to
+    the last of the other in the GPU's stretch of the document (from its ``<gpu ...>`` to the
+    next). A name could open a GPU of its own and split a stretch in two: more stretches than
+    nvidia-smi's count of GPUs (printed before any name) are refused (ValueError), and so are
+    fewer (``-i``, a trimmed document) where a process list held anything."""
+    starts = [m.start() for m in _GPU_OPEN.finditer(data)]
+    attached = _attached(data[: starts[0]] if starts else data)
+    if len(starts) > attached:
+        raise ValueError(f"attached_gpus says {attached}, the document opens {len(starts)} GPUs")
+    parts, names = [data[: starts[0]] if starts else data], False
+    for start, end in zip(starts, [*starts[1:], len(data)], strict=True):
+        stretch = data[start:end]
+        first, last = stretch.find(_PROCESSES), stretch.rfind(_END_PROCESSES)
+        if first < 0 and last < 0:  # no process list, or <processes />
+            parts.append(stretch)
+        elif 0 <= first < last:
+            names = names or bool(stretch[first + len(_PROCESSES) : last].strip())
+            parts.append(stretch[: first + len(_PROCESSES)] + stretch[last:])
+        else:
+            raise ValueError("a GPU's <processes> element is not closed after it opens")
+    if names and len(starts) < attached:
+        raise ValueError(
+            f"attached_gpus says {attached}, the document opens {len(starts)} GPUs and lists "
+            "processes: a process name could have framed a GPU"
+        )
+    return b"".join(parts)
+
+
+def _repeated_tag(root: Element) -> str | None:
+    """``parent/tag`` of the first tag nvidia-smi prints once that appears twice under one
+    parent; None where there is none."""
+    for parent in root.iter():
+        seen: set[str] = set()
+        for child in parent:
+            if child.tag in seen and (parent.tag, child.tag) not in REPEATED:
+                return f"{parent.tag[:40]}/{child.tag[:40]}"
+            seen.add(child.tag)
+    return None
 
 
 def smi_root(data: bytes) -> Element:
-    """The ``<nvidia_smi_log>`` element of ``nvidia-smi -q -x``'s output; ValueError for a
-    document with an internal DTD or entities, one that is not XML, or another root."""
+    """The ``<nvidia_smi_log>`` element of ``nvidia-smi -q -x``'s output, its process lists
+    left empty (``without_process_lists``: no process name reaches the parser; the GPU
+    processes are read elsewhere, by pid alone); ValueError for a document with an internal DTD
+    or entities, one that is not XML, another root, more GPUs than ``<attached_gpus>``, or a
+    tag nvidia-smi prints once under its parent there twice."""
+    data = without_process_lists(data)
     try:
         root = fromstring(_SMI_DOCTYPE.sub(rb"\1", data, count=1), forbid_dtd=True)
     except DefusedXmlException as exc:
@@ -30,13 +104,15 @@ def smi_root(data: bytes) -> Element:
         raise ValueError(f"not XML ({str(exc)[:80]})") from exc
     if root.tag != "nvidia_smi_log":
         raise ValueError(f"not nvidia-smi's XML (root <{root.tag[:40]}>)")
-    # A process name is a user's text inside the document: should nvidia-smi ever let markup
-    # through it, a GPU could be added; never more GPUs than nvidia-smi says are attached (fewer:
-    # ``-i`` asked for some; a hidden one is below the spec's count).
+    # The process lists are gone (without_process_lists); what is left is nvidia-smi's own:
+    # never more GPUs than it says are attached (fewer: ``-i`` asked for some; a hidden one is
+    # below the spec's count), and no tag it prints once twice under one parent.
     attached = (root.findtext("attached_gpus") or "").strip()
     held = len(root.findall("gpu"))
     if not attached.isdigit() or held > int(attached):
         raise ValueError(f"attached_gpus says {attached[:8]!r}, the document holds {held} GPUs")
+    if repeated := _repeated_tag(root):
+        raise ValueError(f"<{repeated}> appears twice: not nvidia-smi's document")
     return root
 
 
