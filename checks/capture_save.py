@@ -5,6 +5,7 @@ parallel, nothing changed) saved on the controller as files, one folder per node
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 from facts.hardware_facts import HardwareSources
 from runtime.gather import gather_fact, once_per_run, refused_sudo
-from trainfleet.hw.sources import INFINIBAND, STATUS_FILE
+from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS_FILE
 from trainfleet.keystore import store_root
 from trainfleet.model import Cluster
 
@@ -30,20 +31,32 @@ def cluster_capture(cluster: Cluster) -> tuple[Path, dict[str, str]]:
 
 def _capture(state: Any, cluster: Cluster) -> tuple[Path, dict[str, str]]:
     found = gather_fact(state, HardwareSources, mode="capture")
-    refused = refused_sudo(state)
     directory = new_directory(captures_root(cluster.name))
-    missing = {}
-    for node in cluster.nodes:
-        raw = found.get(node.name)
-        if not raw or not raw["status"]:
-            missing[node.name] = refused.get(node.name, "could not connect or read it")
-            continue
-        write_node(directory / node.name, raw)
+    missing = save_nodes(directory, [n.name for n in cluster.nodes], found, refused_sudo(state))
     print(f"\n--> Hardware capture of {cluster.name}: {directory}", file=sys.stderr)
     for node, why in missing.items():
         print(f"    {node}: not captured ({why})", file=sys.stderr)
     print(f"    judge it: trainfleet diagnose {directory}\n", file=sys.stderr)
     return directory, missing
+
+
+def save_nodes(
+    directory: Path, names: list[str], found: dict[str, Any], refused: dict[str, str]
+) -> dict[str, str]:
+    """Each node's sources in its folder of ``directory``; {node: why it is not there}. One
+    node's output costs that node only: named, its folder removed, every other node saved."""
+    missing = {}
+    for name in names:
+        raw = found.get(name)
+        if not raw or not raw["status"]:
+            missing[name] = refused.get(name, "could not connect or read it")
+            continue
+        try:
+            write_node(directory / name, raw)
+        except (OSError, ValueError) as exc:
+            shutil.rmtree(directory / name, ignore_errors=True)
+            missing[name] = f"its output could not be saved ({exc})"
+    return missing
 
 
 def new_directory(parent: Path) -> Path:
@@ -61,17 +74,46 @@ def new_directory(parent: Path) -> Path:
     raise FileExistsError(f"{parent / when}: 99 captures in one second")
 
 
+def node_files(raw: dict[str, Any]) -> dict[str, bytes]:
+    """One node's files by their path in its folder: the fact's fixed source names,
+    ``sys-class-infiniband/<the kernel's names>`` (the fact's grammar, checked again: never
+    absolute, never ``..``) and ``sources.txt``. ValueError, naming it, for anything else: an
+    unknown name, a path that is another's folder (``mlx5_0/ports`` beside
+    ``mlx5_0/ports/1/state``), text that is not text."""
+    status, files = raw["status"], raw["files"]
+    problems = [f"source {str(n)[:40]!r}" for n in status if n not in SOURCES]
+    prefix = INFINIBAND + "/"
+    for name in files:
+        if not isinstance(name, str):
+            problems.append(f"file {str(name)[:40]!r}")
+        elif name.startswith(prefix):
+            if not IB_PATH.fullmatch(name[len(prefix) :]):
+                problems.append(f"file {name[:80]!r}")
+        elif name not in SOURCES or name == INFINIBAND:
+            problems.append(f"file {name[:80]!r}")
+    if problems:
+        raise ValueError("not a capture's names: " + ", ".join(problems[:4]))
+    folders = {str(a) for n in files for a in Path(n).parents}
+    if both := sorted(n for n in files if n in folders):
+        raise ValueError(f"a file and a folder at once: {both[0][:80]!r}")
+    listing = "".join(f"{n} {s}\n" for n, s in status.items())
+    try:
+        return {n: t.encode("utf-8") for n, t in {**files, STATUS_FILE: listing}.items()}
+    except (AttributeError, UnicodeError) as exc:
+        raise ValueError(f"a file that is not text ({type(exc).__name__})") from exc
+
+
 def write_node(folder: Path, raw: dict[str, Any]) -> None:
-    """One node's sources as files (the fact's names: its fixed source names and the kernel's
-    sysfs names, checked there), and ``sources.txt``: what became of each. Only the
-    controller's user can read them (serial numbers, the kernel log)."""
+    """One node's sources as files (``node_files``: every name checked before anything is
+    written), and ``sources.txt``: what became of each. Only the controller's user can read
+    them (serial numbers, the kernel log)."""
+    files = node_files(raw)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     if raw["status"].get(INFINIBAND) == "ok":  # the tree, even where no file of it was read
         (folder / INFINIBAND).mkdir(mode=0o700)
-    listing = "".join(f"{n} {s}\n" for n, s in raw["status"].items())
-    for name, text in {**raw["files"], STATUS_FILE: listing}.items():
+    for name, data in files.items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            file.write(text)
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from checks import drift_check
-from checks.capture_save import write_node
+from checks.capture_save import node_files, save_nodes, write_node
 from facts.hardware_facts import HardwareSources, HardwareState
 from trainfleet.__main__ import main
 from trainfleet.capabilities import hardware
@@ -520,6 +521,66 @@ def captured_node(root: Path, node: str, faults: tuple[tuple[str, str, str], ...
         assert raw["files"][name].count(old) == 1, (name, old)
         raw["files"][name] = raw["files"][name].replace(old, new)
     write_node(root / node, raw)
+
+
+def test_one_nodes_bad_output_costs_that_node_only_and_is_named(tmp_path):
+    # node2 answers the capture with the InfiniBand tree's lines of the H100 node and one line
+    # more: a file at mlx5_0/ports, the folder of mlx5_0/ports/1/state (FileExistsError once)
+    lines = raw_lines("hardware-capture.out")
+    ib = [
+        f"ib {p.relative_to(IB_TREE).as_posix()} {p.read_text().strip()}"
+        for p in sorted(IB_TREE.rglob("*"))
+        if p.is_file()
+    ]
+    tree = [
+        line.replace("src sys-class-infiniband absent", "src sys-class-infiniband ok")
+        for line in lines
+    ] + ib
+    found = {
+        name: HardwareSources().process(out)
+        for name, out in {
+            "node1": lines,
+            "node2": [*tree, "ib mlx5_0/ports 1"],
+            "node3": tree,
+        }.items()
+    }
+    assert "sys-class-infiniband/mlx5_0/ports/1/state" in found["node2"]["files"]
+    missing = save_nodes(tmp_path, ["node1", "node2", "node3", "node4"], found, {})
+    assert missing == {
+        "node2": "its output could not be saved (a file and a folder at once: "
+        "'sys-class-infiniband/mlx5_0/ports')",
+        "node4": "could not connect or read it",
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["node1", "node3"]
+    assert (
+        tmp_path / "node3" / "sys-class-infiniband" / "mlx5_0" / "ports" / "1" / "state"
+    ).is_file()
+    report = judge(tmp_path)  # the nodes saved are judged, whole
+    assert sorted(report.nodes) == ["node1", "node3"]
+
+
+@pytest.mark.parametrize(
+    ("files", "named"),
+    [
+        ({"/etc/passwd": "x"}, "'/etc/passwd'"),
+        ({"sys-class-infiniband/../../x": "x"}, "'sys-class-infiniband/../../x'"),
+        ({"sys-class-infiniband//etc/cron.d/x": "x"}, "'sys-class-infiniband//etc/cron.d/x'"),
+        ({"nvidia-smi-q.xml/../x": "x"}, "'nvidia-smi-q.xml/../x'"),
+        ({"sys-class-infiniband/mlx5_0/ports/1/\nstate": "x"}, "'sys-class-infiniband/mlx5_0"),
+        ({"cmdline": "\udcff"}, "not text"),
+        ({"sys-class-infiniband": "x"}, "'sys-class-infiniband'"),
+    ],
+)
+def test_a_name_outside_the_captures_or_text_that_is_not_text_is_refused_before_writing(
+    files, named, tmp_path
+):
+    raw = {"status": {"cmdline": "ok"}, "files": {"cmdline": "quiet\n", **files}}
+    with pytest.raises(ValueError, match=re.escape(named)):
+        node_files(raw)
+    assert save_nodes(tmp_path, ["node1"], {"node1": raw}, {})["node1"].startswith(
+        "its output could not be saved ("
+    )
+    assert list(tmp_path.iterdir()) == []
 
 
 def live_read(faults: tuple[tuple[str, str, str], ...] = ()) -> dict:
