@@ -4,7 +4,9 @@ the same code (the hardware capability, trainfleet.compare), against the majorit
 captured nodes, the health gates and, given a spec, each node's GPU count.
 
 A capture is input from elsewhere: every file is read without following a link, bounded in
-size, and anything missing, unreadable or unknown is a ``CaptureError`` naming it.
+size by its source, each node's files and the capture's together bounded too (what was too
+large is named, never read whole), and anything missing, unreadable, too large or unknown is a
+``CaptureError`` naming it.
 """
 
 from __future__ import annotations
@@ -12,15 +14,49 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import hardware
 from trainfleet.compare import Report, compare
-from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS, STATUS_FILE, read_hardware
+from trainfleet.hw.sources import (
+    CMDLINE,
+    CPUINFO,
+    DMESG,
+    IB_PATH,
+    INFINIBAND,
+    LSPCI,
+    NVLINK,
+    SMI_XML,
+    SOURCES,
+    STATUS,
+    STATUS_FILE,
+    TOPO,
+    read_hardware,
+)
 from trainfleet.model import Cluster
 from trainfleet.schema import short_name_problem
 
-MAX_FILE = 64 * 2**20  # bytes: a whole dmesg or lspci -vvv of a large node is a few MB
+MiB = 2**20
+# The most a capture's file may hold, by source: generous against what a large node prints
+# (nvidia-smi -q -x of 8 GPUs: ~250 KB; lspci -vvv of hundreds of functions: a few MB; the
+# kernel's log buffer is at most 32 MiB), so that a file past it is not a tool's output.
+FILE_LIMITS = MappingProxyType(
+    {
+        SMI_XML: 16 * MiB,
+        NVLINK: 4 * MiB,
+        TOPO: 4 * MiB,
+        LSPCI: 16 * MiB,
+        DMESG: 64 * MiB,
+        CMDLINE: 64 * 1024,
+        CPUINFO: 16 * MiB,
+        STATUS_FILE: 64 * 1024,
+    }
+)
+SYSFS_LIMIT = 64 * 1024  # a sysfs value is one page (4 or 64 KiB)
+SYSFS_FILES = 16384  # files of one node's InfiniBand tree (an 8-HCA node has ~1500)
+NODE_LIMIT = 64 * MiB  # one node's files together: what is held in memory at once
+TOTAL_LIMIT = 2048 * MiB  # the capture's files together (a node is a few MB)
 
 
 class CaptureError(Exception):
@@ -31,28 +67,67 @@ class CaptureError(Exception):
         self.problems = problems
 
 
-def _read(path: Path, problems: list[str]) -> str | None:
-    """A regular file's text (not through a link, at most MAX_FILE bytes), else a problem."""
+class _Budget:
+    """What may still be read: of this node's files, and of the capture's."""
+
+    def __init__(self, total: int = TOTAL_LIMIT) -> None:
+        self.total, self.node = total, NODE_LIMIT
+
+    def next_node(self) -> None:
+        self.node = NODE_LIMIT
+
+    def left(self) -> int:
+        return min(self.node, self.total)
+
+    def spent(self) -> str:
+        return (
+            f"the capture's files pass {TOTAL_LIMIT // MiB} MiB in total"
+            if self.total <= self.node
+            else f"the node's files pass {NODE_LIMIT // MiB} MiB in total"
+        )
+
+    def take(self, size: int) -> None:
+        self.node -= size
+        self.total -= size
+
+
+def _read(path: Path, problems: list[str], limit: int, budget: _Budget) -> str | None:
+    """A regular file's text (not through a link), else a problem naming it: never more than
+    ``limit`` bytes nor what is left of the budget are read (a file larger, by its size or as
+    read, is named and not read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
         problems.append(f"{path}: cannot be read ({exc.strerror})")
         return None
     with os.fdopen(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             problems.append(f"{path}: not a regular file")
             return None
-        data = file.read(MAX_FILE + 1)
-    if len(data) > MAX_FILE:
-        problems.append(f"{path}: larger than {MAX_FILE} bytes")
+        if info.st_size > limit:
+            problems.append(f"{path}: {info.st_size} bytes, more than its {limit} (not read)")
+            return None
+        if info.st_size > budget.left():
+            problems.append(f"{path}: not read: {budget.spent()}")
+            return None
+        data = file.read(min(limit, budget.left()) + 1)
+    if len(data) > min(limit, budget.left()):  # it grew since its size was read
+        problems.append(f"{path}: more than its {min(limit, budget.left())} bytes (not read)")
         return None
+    budget.take(len(data))
     return data.decode("utf-8", "replace")
 
 
-def read_node(folder: Path, problems: list[str]) -> tuple[dict[str, str], dict[str, str]]:
-    """One node folder's ``(status, files)``, as HardwareSources gives them for a live node."""
+def read_node(
+    folder: Path, problems: list[str], budget: _Budget | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """One node folder's ``(status, files)``, as HardwareSources gives them for a live node,
+    each file and all of them bounded (``FILE_LIMITS``, ``NODE_LIMIT``)."""
+    budget = budget or _Budget()
+    budget.next_node()
     status: dict[str, str] = {}
-    listing = _read(folder / STATUS_FILE, problems)
+    listing = _read(folder / STATUS_FILE, problems, FILE_LIMITS[STATUS_FILE], budget)
     for number, line in enumerate((listing or "").splitlines(), 1):
         name, _, state = line.strip().partition(" ")
         if not line.strip():
@@ -68,18 +143,19 @@ def read_node(folder: Path, problems: list[str]) -> tuple[dict[str, str], dict[s
         if state != "ok":
             continue
         if name == INFINIBAND:
-            files |= _tree(folder / INFINIBAND, problems)
-        elif (text := _read(folder / name, problems)) is not None:
+            files |= _tree(folder / INFINIBAND, problems, budget)
+        elif (text := _read(folder / name, problems, FILE_LIMITS[name], budget)) is not None:
             files[name] = text
     return status, files
 
 
-def _tree(root: Path, problems: list[str]) -> dict[str, str]:
-    """The sysfs tree's files below ``root`` by their path (links are not followed)."""
+def _tree(root: Path, problems: list[str], budget: _Budget) -> dict[str, str]:
+    """The sysfs tree's files below ``root`` by their path (links are not followed), at most
+    SYSFS_FILES of them."""
     if not root.is_dir() or root.is_symlink():
         problems.append(f"{root}: not a directory")
         return {}
-    found = {}
+    found, seen = {}, 0
 
     def unreadable(exc: OSError) -> None:
         problems.append(f"{exc.filename}: cannot be read ({exc.strerror})")
@@ -91,7 +167,12 @@ def _tree(root: Path, problems: list[str]) -> dict[str, str]:
         for name in names:
             path = Path(directory) / name
             relative = path.relative_to(root).as_posix()
-            if IB_PATH.fullmatch(relative) and (text := _read(path, problems)) is not None:
+            if not IB_PATH.fullmatch(relative):
+                continue
+            if (seen := seen + 1) > SYSFS_FILES:
+                problems.append(f"{root}: more than {SYSFS_FILES} files (the rest not read)")
+                return found
+            if (text := _read(path, problems, SYSFS_LIMIT, budget)) is not None:
                 found[f"{INFINIBAND}/{relative}"] = text
     return found
 
@@ -101,7 +182,7 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
     problems: list[str] = []
     if not directory.is_dir():
         raise CaptureError([f"{directory}: not a directory"])
-    nodes = {}
+    nodes, budget = {}, _Budget()
     try:
         folders = sorted(directory.iterdir())
     except OSError as exc:
@@ -112,8 +193,9 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
         if why := short_name_problem(folder.name):  # the spec's grammar for a node's name
             problems.append(f"{folder}: not a node's folder: {why}")
             continue
-        status, files = read_node(folder, problems)
+        status, files = read_node(folder, problems, budget)
         nodes[folder.name] = read_hardware(status, files)
+        del files  # one node's text held at a time: only what its parsers keep stays
     if not nodes and not problems:
         problems.append(f"{directory}: no node folders (each holds {STATUS_FILE})")
     if problems:

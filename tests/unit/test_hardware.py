@@ -10,6 +10,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -383,6 +384,64 @@ def test_a_capture_that_is_not_one_is_refused_naming_the_file(tmp_path):
     empty.mkdir()
     with pytest.raises(CaptureError, match="no node folders"):
         judge(empty)
+
+
+# Peak memory of diagnose in a process of its own (ru_maxrss: KiB on Linux), after its imports
+# and after judging the capture given: what reading it cost.
+_PEAK = """
+import resource, sys
+from pathlib import Path
+from trainfleet.diagnose import CaptureError, judge
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    judge(Path(sys.argv[1]))
+except CaptureError as exc:
+    print("\\n".join(exc.problems))
+print("grew", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def sparse(path: Path, size: int) -> None:
+    """``path`` made ``size`` bytes long with nothing on disk (its bytes read as zeros)."""
+    with path.open("wb") as file:
+        file.truncate(size)
+
+
+def test_diagnose_reads_a_bounded_amount_and_names_each_file_too_large(tmp_path):
+    # node1: 16 sparse sysfs files of 64 MiB (nothing on disk) and a dmesg past its limit;
+    # node2: files each within its limit (sparse, 15 and 30 MiB) that pass a node's together
+    root = capture(tmp_path, nodes=2)
+    node1, node2 = root / "node1", root / "node2"
+    (node1 / STATUS_FILE).write_text(
+        (node1 / STATUS_FILE).read_text().replace("infiniband absent", "infiniband ok")
+    )
+    for i in range(16):
+        (node1 / "sys-class-infiniband" / f"mlx5_{i}").mkdir(parents=True)
+        sparse(node1 / "sys-class-infiniband" / f"mlx5_{i}" / "fw_ver", 64 * 2**20)
+    sparse(node1 / "dmesg.txt", 64 * 2**20 + 1)
+    (node2 / STATUS_FILE).write_text(
+        (node2 / STATUS_FILE).read_text().replace("cpuinfo absent", "cpuinfo ok")
+    )
+    for name, mib in (("nvidia-smi-q.xml", 15), ("lspci-vvv.txt", 15), ("cpuinfo", 15)):
+        sparse(node2 / name, mib * 2**20)
+    sparse(node2 / "dmesg.txt", 30 * 2**20)
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(root)], capture_output=True, text=True, timeout=120
+    )
+    *problems, grew = run.stdout.splitlines()
+    assert sorted(problems) == sorted(
+        [
+            f"{node1 / 'dmesg.txt'}: {64 * 2**20 + 1} bytes, more than its {64 * 2**20} (not read)",
+            *(
+                f"{node1 / 'sys-class-infiniband' / f'mlx5_{i}' / 'fw_ver'}: {64 * 2**20} bytes, "
+                "more than its 65536 (not read)"
+                for i in range(16)
+            ),
+            f"{node2 / 'cpuinfo'}: not read: the node's files pass 64 MiB in total",
+        ]
+    )
+    # 1.1 GiB before the bounds; now one node's 45 MiB of text at most, and its parse
+    assert int(grew.split()[1]) < 200 * 1024, grew
 
 
 def test_an_unreadable_source_fails_the_gates_it_feeds(tmp_path):
