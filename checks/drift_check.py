@@ -33,6 +33,7 @@ from trainfleet.compare import (
     explain,
     printable,
 )
+from trainfleet.controller_files import write_atomic
 from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.driver_pins import satisfies_driver
 from trainfleet.hw import ledger
@@ -342,15 +343,9 @@ def write_ledger(
     cluster: str, before: dict[str, dict[str, str]], seen: dict[str, dict[str, str]]
 ) -> None:
     """Record this run's parts (atomically; the controller's own file)."""
-    path = ledger_path(cluster)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
+    text = json.dumps({"nodes": ledger.updated(before, seen)}, indent=1, sort_keys=True)
     # serial numbers: the controller user's alone, as the captures are
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as file:
-        file.write(json.dumps({"nodes": ledger.updated(before, seen)}, indent=1, sort_keys=True))
-    tmp.replace(path)
+    write_atomic(ledger_path(cluster), text, mode=0o600)
 
 
 def _read_launchers(state, changed: dict[str, list[str]]) -> dict[str, dict[str, str | None]]:

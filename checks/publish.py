@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from trainfleet.controller_files import write_atomic
 from trainfleet.keystore import store_root
 
 
@@ -24,10 +25,7 @@ def publish(
     print(table, file=sys.stderr)
     for line in lines:
         print(f"    {line}", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json_text + "\n")
-    tmp.replace(path)
+    write_atomic(path, json_text + "\n")
     print(f"    JSON report: {path}\n", file=sys.stderr)
     if os.environ.get(stdout_env) == "-":
         print(json_text)

@@ -8,7 +8,6 @@ choice of nodes to re-test. Plain functions over plain data; ``load``/``save`` a
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
@@ -16,6 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from trainfleet.controller_files import write_atomic
 from trainfleet.keystore import store_root
 
 # ``--data trainfleet_stale=6h``: a whole number and a unit, seconds to days
@@ -56,12 +56,9 @@ def load(cluster: str) -> dict[str, dict[str, Any]]:
 
 
 def save(cluster: str, nodes: Mapping[str, dict[str, Any]]) -> None:
-    """Atomically: a temp file beside it, then renamed over it."""
-    path = stamps_path(cluster)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"nodes": dict(nodes)}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """Atomically: a unique temp file beside it, then renamed over it."""
+    text = json.dumps({"nodes": dict(nodes)}, indent=1, sort_keys=True) + "\n"
+    write_atomic(stamps_path(cluster), text)
 
 
 def parse_stale(value: object) -> timedelta:
