@@ -29,7 +29,7 @@ COMMANDS = {
     "3f5adab53eaa5292409a96c933053aca86f831e8cc7cf0cf32726615ae05c3ca": lambda: (
         LauncherContents().command("/d", ["a.sh", "b c"])
     ),
-    "f73ac01f58fc71dbf6462f9dc3d7aa5ce5119db88bcc1a8cd1bad3a7808fa93b": lambda: (
+    "1e08ef79ebbab926d25c080e2cd8352cb71ea943921bce0a4b4cdab8ce4bbc48": lambda: (
         StackVersions().command("/opt/venv")
     ),
     "94351fae03ec714685c6ccd38ef24f3b53e687196752b9e917db72859d94bf30": NpuDeviceIps().command,

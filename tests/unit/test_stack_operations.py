@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -308,6 +309,48 @@ def test_a_venv_pin_means_what_pips_double_equals_means():
 def _guard(venv: Path | str, path: str) -> subprocess.CompletedProcess:
     command = busy_guard(str(venv)).get_raw_value()
     return subprocess.run(["sh", "-c", command], capture_output=True, text=True, env={"PATH": path})
+
+
+def _holding(path: Path) -> subprocess.Popen:
+    """A process that maps ``path`` (as a library is mapped), until killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import mmap, time; f = open({str(path)!r}, 'rb'); "
+            "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ); print('held', flush=True); "
+            "time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_the_probe_counts_a_file_below_the_venv_not_a_path_that_merely_holds_it(tmp_path):
+    """The probe run for real against three processes: one maps a file below the venv, one a
+    file of a sibling whose name starts like it (venv2), one a file below another directory
+    whose path holds the venv's whole path. Only the first is the venv's."""
+    venv = tmp_path / "opt" / "trainfleet" / "venv"
+    inside = venv / "lib" / "held.bin"
+    sibling = tmp_path / "opt" / "trainfleet" / "venv2" / "lib" / "held.bin"
+    holds = tmp_path / "home" / "x" / str(venv).lstrip("/") / "lib" / "held.bin"
+    assert str(venv) in str(holds) and str(sibling).startswith(str(venv))
+    holders: list[subprocess.Popen] = []
+    try:
+        for path in (inside, sibling, holds):
+            holders.append(_holding(path))
+        found = _guard(venv, os.environ["PATH"])
+        assert found.returncode == 1, found.stderr
+        named = set(re.findall(r"busy venv ([0-9]+)", found.stderr))
+        assert named == {str(holders[0].pid)}
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
 
 
 def test_the_guard_before_a_stack_change_stops_it_for_a_job_that_started_since_the_read(
