@@ -42,7 +42,7 @@ if node.name == wanted:
     if me not in prove_sudo(state, [me]):  # this node's sudo alone: the others stay untouched
         hw = fact(HardwareState)
         now = fact(RemediationState)
-        acs = remediation.acs_plan(hw, now["acs_unit"], bool(hw) and virtual(hw))
+        acs = remediation.acs_plan(hw, now["acs_unit"], bool(hw) and virtual(hw), now["setpci"])
         need = remediation.gpu_resets(hw)
         reset = remediation.reset_plan(need, now)
         for line in remediation.summary(node.name, acs, need, reset):
@@ -51,10 +51,13 @@ if node.name == wanted:
         remediate_ops.acs_boot_unit(
             name="PCIe ACS redirects off at boot above GPUs and NICs (trainfleet-acs.service)",
             bridges=list(acs.bridges),
-            unit=remediate_ops.acs_unit_text(list(acs.bridges)) if acs.bridges else None,
+            unit=remediate_ops.acs_unit_text(list(acs.bridges), acs.setpci)
+            if acs.bridges
+            else None,
             found=list(acs.found),
             problems=list(acs.problems),
             skipped=acs.skipped,
+            setpci=acs.setpci,
         )
         remediate_ops.gpu_reset(
             name="GPU reset where the driver asks for one (services stopped, reset, started)",

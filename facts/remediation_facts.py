@@ -12,7 +12,7 @@ from pyinfra.api import FactBase, StringCommand
 from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.shell import script, shell
 from facts.stack_facts import GPU_PIDS
-from trainfleet.remediation import ACS_UNIT_PATH, UNITS
+from trainfleet.remediation import ACS_UNIT_PATH, SETPCI, UNITS
 
 _SCRIPT = GPU_PIDS + script("remediation.sh")
 _STATES = frozenset("abcdefghijklmnopqrstuvwxyz-")  # systemctl's words: enabled, not-found, ...
@@ -29,6 +29,7 @@ class RemediationStateT(TypedDict):
     systemd: bool
     units: dict[str, UnitT]  # trainfleet.remediation.UNITS
     acs_unit: str | None  # ACS_UNIT_PATH's content; None: absent
+    setpci: str | None  # the first of SETPCI that is root's own executable; None: none is
 
 
 def _word(value: str) -> str:
@@ -39,22 +40,25 @@ class RemediationState(FactBase[RemediationStateT]):
     """
     The GPU processes (their pids), systemd, the state of each unit the remediation stops,
     starts or writes (nvidia-persistenced, nvidia-dcgm, dcgm, nvidia-fabricmanager,
-    trainfleet-acs) and trainfleet's ACS unit file, in one command. A probe that failed reads as
+    trainfleet-acs), trainfleet's ACS unit file and where setpci is (the first of
+    trainfleet.remediation.SETPCI that is a root-owned executable no one else can write), in
+    one command. A probe that failed reads as
     ``gpu_pids_unknown`` (so does one that printed a line that is not a pid: ``[N/A]``,
     ``[Insufficient Permissions]``, an error message), a missing systemd as ``systemd: False``:
     never as passing.
 
     + timeout: seconds nvidia-smi may take
+    + root: prefix of the setpci paths looked at ("" on nodes; tests point it at a tree)
 
     .. code:: python
 
         {"gpu_pids": [830], "gpu_pids_unknown": False, "systemd": True,
          "units": {"nvidia-persistenced": {"enabled": "enabled", "active": "active"}, ...},
-         "acs_unit": None}
+         "acs_unit": None, "setpci": "/usr/bin/setpci"}
     """
 
-    def command(self, timeout: int = SMI_TIMEOUT) -> StringCommand:
-        return shell(_SCRIPT, int(timeout), ACS_UNIT_PATH, " ".join(UNITS))
+    def command(self, timeout: int = SMI_TIMEOUT, root: str = "") -> StringCommand:
+        return shell(_SCRIPT, int(timeout), ACS_UNIT_PATH, " ".join(UNITS), root, *SETPCI)
 
     def process(self, output: list[str]) -> RemediationStateT:
         state = RemediationState.default()
@@ -75,6 +79,8 @@ class RemediationState(FactBase[RemediationStateT]):
                 name, enabled, active = (rest.split() + ["none", "none"])[:3]
                 if name in UNITS:  # only the units asked for: nothing else names one
                     state["units"][name] = {"enabled": _word(enabled), "active": _word(active)}
+            elif tag == "setpci" and rest in SETPCI:  # only a path asked for names one
+                state["setpci"] = state["setpci"] or rest
             elif tag == "acs_unit":
                 try:
                     data = base64.b64decode(rest.strip(), validate=True)
@@ -93,4 +99,5 @@ class RemediationState(FactBase[RemediationStateT]):
             "systemd": False,
             "units": {},
             "acs_unit": None,
+            "setpci": None,
         }

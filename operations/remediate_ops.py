@@ -33,15 +33,19 @@ def _state() -> RemediationStateT:
     return fact(RemediationState)
 
 
-def acs_unit_text(bridges: list[str]) -> str:
-    """The boot unit (templates/remediation/): one setpci per bridge clearing the redirect bits;
-    ValueError for an address outside the grammar, so nothing else reaches the file."""
+def acs_unit_text(bridges: list[str], setpci: str) -> str:
+    """The boot unit (templates/remediation/): one setpci per bridge clearing the redirect bits,
+    by its absolute path, unless the bridge is bound to vfio-pci at boot; ValueError for an
+    address outside the grammar or a setpci path not one of SETPCI, so nothing else reaches
+    the file."""
     chosen = sorted(set(bridges))
     if bad := remediation.bad_bdfs(chosen):
         raise ValueError(f"not PCI addresses: {bad!r}")
     if not chosen:
         raise ValueError("no bridge to clear ACS on")
-    return render(ACS_TEMPLATE, bridges=chosen, mask=ACS_MASK)
+    if setpci not in remediation.SETPCI:
+        raise ValueError(f"setpci at {setpci[:80]!r}: not one of {', '.join(remediation.SETPCI)}")
+    return render(ACS_TEMPLATE, bridges=chosen, mask=ACS_MASK, setpci=setpci)
 
 
 @operation()
@@ -51,6 +55,7 @@ def acs_boot_unit(
     found: list[str] | None = None,
     problems: list[str] | None = None,
     skipped: str = "",
+    setpci: str = "",
 ):
     """
     ``trainfleet-acs.service``: a oneshot unit that clears the ACS redirect bits (SrcValid,
@@ -62,6 +67,7 @@ def acs_boot_unit(
     + found: the hardware check's findings now (a unit in place while ACS is on runs again)
     + problems: why ACS could not be judged: the node fails, nothing changed
     + skipped: why nothing here is the node's to change (a virtual machine)
+    + setpci: its absolute path on the node (the remediation fact's), to read the ports back
     """
     if problems:
         yield fail_command("ACS: " + "; ".join(problems))
@@ -74,6 +80,9 @@ def acs_boot_unit(
         return
     if bridges and (unit is None or remediation.unit_bridges(unit) != sorted(set(bridges))):
         yield fail_command("ACS: the unit given does not list exactly the planned bridges")
+        return
+    if bridges and setpci not in remediation.SETPCI:
+        yield fail_command(f"ACS: setpci at {setpci[:80]!r} is not one of its known paths")
         return
     state = _state()
     if not bridges:
@@ -98,7 +107,7 @@ def acs_boot_unit(
         commands.append(StringCommand("systemctl", "enable", f"{ACS_UNIT}.service"))
     if written or service["active"] != "active" or found:  # found: on again since the unit ran
         commands.append(StringCommand("systemctl", "restart", f"{ACS_UNIT}.service"))
-        commands.append(shell(_ACS_CHECK, ACS_MASK, *sorted(set(bridges))))
+        commands.append(shell(_ACS_CHECK, ACS_MASK, setpci, *sorted(set(bridges))))
     if not commands:
         host.noop(f"{ACS_UNIT}.service clears ACS on {len(set(bridges))} ports at boot, and ran")
         return

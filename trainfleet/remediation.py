@@ -32,7 +32,16 @@ ACS_UNIT_PATH = f"/etc/systemd/system/{ACS_UNIT}.service"
 # (setpci's VALUE:MASK): whatever else the firmware set stays as it was.
 ACS_BITS = MappingProxyType({"SrcValid": 0x1, "ReqRedir": 0x4, "CmpltRedir": 0x8})
 ACS_MASK = f"{sum(ACS_BITS[name] for name in lspci.ACS_REDIRECTS):04x}"
-_UNIT_LINE = re.compile(r"ExecStart=setpci -s (\S+) ECAP_ACS\+0x6\.w=0000:" + ACS_MASK)
+# An ExecStart line of the unit, this release's (setpci by its absolute path, behind the
+# vfio-pci test) or an earlier one's (setpci by its bare name): the bridge it clears.
+_UNIT_LINE = re.compile(
+    r"ExecStart=.*\bsetpci -s (\S+) ECAP_ACS\+0x6\.w=0000:" + ACS_MASK + r"\b.*"
+)
+# Where pciutils installs setpci (Debian: /usr/bin; RHEL: /usr/sbin; older: /sbin, /bin): the
+# unit names the one the fact found (root's, not writable by others), never a PATH lookup.
+SETPCI = ("/usr/bin/setpci", "/usr/sbin/setpci", "/sbin/setpci", "/bin/setpci")
+# A device passed through to a virtual machine: its config space is the guest's, not ours.
+VFIO = "vfio-pci"
 
 # What holds a GPU open and must let go of it for a reset, stopped in this order and started
 # again in reverse: the persistence daemon, DCGM's host engine (NVIDIA's datacenter-gpu-manager
@@ -62,6 +71,8 @@ class AcsPlan:
     found: tuple[str, ...] = ()
     problems: tuple[str, ...] = ()  # the ACS could not be judged: the node fails, named
     skipped: str = ""  # nothing of this node's to change (a virtual machine)
+    setpci: str = ""  # its absolute path on the node (SETPCI), for the unit
+    left: tuple[str, ...] = ()  # ports bound to vfio-pci: a guest's, left alone
 
 
 @dataclass(frozen=True)
@@ -138,10 +149,14 @@ def unit_bridges(text: str | None) -> list[str]:
     return [m.group(1) for m in found if m and BDF.fullmatch(m.group(1))]
 
 
-def acs_plan(hw: Mapping[str, Any] | None, unit_text: str | None, virtual: bool) -> AcsPlan:
+def acs_plan(
+    hw: Mapping[str, Any] | None, unit_text: str | None, virtual: bool, setpci: str | None
+) -> AcsPlan:
     """Which switch ports the ACS unit clears at boot: those the hardware check finds now,
     plus those the unit already lists that are still ACS-capable ports above a GPU or NIC (a
-    port the unit fixed reads clean now; dropping it would undo the fix at the next boot)."""
+    port the unit fixed reads clean now; dropping it would undo the fix at the next boot).
+    A port bound to vfio-pci is left alone (named); ``setpci`` is the path the remediation fact
+    found (one of SETPCI), and none is a problem where a port is to be cleared."""
     if virtual:  # trainfleet.capabilities.hardware.virtual: the check judges no ACS there
         return AcsPlan(skipped="a virtual machine: its PCIe ACS is the hypervisor's")
     if hw is not None and hw["status"].get(LSPCI) == "skipped":
@@ -155,15 +170,33 @@ def acs_plan(hw: Mapping[str, Any] | None, unit_text: str | None, virtual: bool)
     for bridge, device in lspci.switch_ports_above(hw["pci"]):
         above.setdefault(bridge["address"], []).append(device)
     by_address = {d["address"]: d for d in hw["pci"]}
+    guests = {a for a in above if by_address[a].get("driver") == VFIO}
     found, bridges = [], set()
     for address, devices in sorted(above.items()):
         bits = lspci.acs_enabled(by_address[address])
-        if bits:
+        if bits and address not in guests:
             bridges.add(address)
             found += [f"{address} above {d['address']}: {' '.join(bits)}" for d in devices]
     kept = [b for b in unit_bridges(unit_text) if b in above and by_address[b]["acs"] is not None]
-    bridges.update(kept)
-    return AcsPlan(bridges=tuple(sorted(bridges)), found=tuple(found))
+    bridges.update(b for b in kept if b not in guests)
+    left = tuple(
+        f"{a} is bound to {VFIO} (a virtual machine's): left alone" for a in sorted(guests)
+    )
+    if bridges and setpci not in SETPCI:
+        where = ", ".join(SETPCI)
+        return AcsPlan(
+            found=tuple(found),
+            left=left,
+            problems=(
+                f"setpci not found as root's own file at {where} (pciutils): ACS left alone",
+            ),
+        )
+    return AcsPlan(
+        bridges=tuple(sorted(bridges)),
+        found=tuple(found),
+        setpci=(setpci or "") if bridges else "",
+        left=left,
+    )
 
 
 # ---- GPU reset -------------------------------------------------------------------------------
@@ -325,6 +358,7 @@ def summary(node: str, acs: AcsPlan, need: ResetNeed, reset: ResetPlan) -> list[
     if acs.bridges:
         lines.append(f"ACS boot unit clears the redirects on: {', '.join(acs.bridges)}")
     lines += [f"ACS: {p}" for p in acs.problems] + ([f"ACS: {acs.skipped}"] if acs.skipped else [])
+    lines += [f"ACS: {line}" for line in acs.left]
     lines += [f"GPU {g.bus} asks for a reset: {', '.join(g.reasons)}" for g in need.gpus]
     lines += [f"GPU reset refused: {r}" for r in reset.refusals]
     if need.gpus and not reset.refusals:

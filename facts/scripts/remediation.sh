@@ -1,5 +1,5 @@
 
-t=$1 unit=$2 units=$3
+t=$1 unit=$2 units=$3 r=$4; shift 4
 # What deploy/remediate.py needs beside the hardware fact, each line tagged: the GPU processes
 # (pids only: nvidia-smi's csv of one numeric column, no process name), systemd and each unit
 # the remediation stops or writes, and trainfleet's ACS unit file (one base64 line).
@@ -20,4 +20,12 @@ else
   echo "systemd no"
 fi
 if [ -f "$unit" ]; then printf 'acs_unit '; base64 -w0 < "$unit"; echo; fi
+# setpci's absolute path for the ACS unit ($@: where pciutils puts it): a root-owned
+# executable that neither group nor others can write, else none (never a PATH lookup at boot)
+for p in "$@"; do
+  f=$r$p
+  [ -f "$f" ] && [ -x "$f" ] || continue
+  o=$(stat -L -c '%u %a' -- "$f" 2>/dev/null) || continue
+  if [ "${o% *}" = 0 ] && [ $(( 0${o#* } & 022 )) -eq 0 ]; then echo "setpci $p"; break; fi
+done
 exit 0

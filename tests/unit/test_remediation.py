@@ -45,6 +45,8 @@ TestVerified = make_operation_tests("operations", "remediate_ops.verified", FIXT
 ACS_OFF = "ACSCtl:\tSrcValid- TransBlk- ReqRedir- CmpltRedir- UpstreamFwd- EgressCtrl- DirectTrans-"
 ACS_ON = "ACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
 PORT = "0000:17:01.0"  # the PEX890xx downstream port above GPU 0000:19:00.0
+# where Debian's pciutils (bookworm, 1:3.9.0-4) installs setpci: its package's file list
+SETPCI = "/usr/bin/setpci"
 
 
 def hgx(acs_on_at: str | None = "17:01.0") -> dict:
@@ -88,22 +90,22 @@ def test_acs_plans_exactly_the_port_the_hardware_check_names():
     assert hardware.observed(hw)["PCIe ACS above GPUs/NICs"] == (
         f"{PORT} above 0000:19:00.0: SrcValid ReqRedir CmpltRedir"
     )
-    plan = remediation.acs_plan(hw, None, hardware.virtual(hw))
+    plan = remediation.acs_plan(hw, None, hardware.virtual(hw), SETPCI)
     assert plan.bridges == (PORT,)
     assert plan.found == (f"{PORT} above 0000:19:00.0: SrcValid ReqRedir CmpltRedir",)
     assert (plan.problems, plan.skipped) == ((), "")
 
 
 def test_a_converged_node_plans_the_same_unit_again():
-    fixed = remediate_ops.acs_unit_text([PORT])
-    plan = remediation.acs_plan(hgx(acs_on_at=None), fixed, False)  # the port reads off now
+    fixed = remediate_ops.acs_unit_text([PORT], SETPCI)
+    plan = remediation.acs_plan(hgx(acs_on_at=None), fixed, False, SETPCI)  # the port reads off now
     assert plan.found == () and plan.bridges == (PORT,)
-    assert remediate_ops.acs_unit_text(list(plan.bridges)) == fixed
+    assert remediate_ops.acs_unit_text(list(plan.bridges), SETPCI) == fixed
 
 
 def test_nothing_found_and_no_unit_plans_nothing():
     hw = hgx(acs_on_at=None)
-    assert remediation.acs_plan(hw, None, False) == remediation.AcsPlan()
+    assert remediation.acs_plan(hw, None, False, SETPCI) == remediation.AcsPlan()
     assert (
         "nothing needs doing on node1"
         in remediation.summary(
@@ -114,29 +116,95 @@ def test_nothing_found_and_no_unit_plans_nothing():
 
 def test_a_unit_port_no_longer_above_a_gpu_or_nic_is_dropped():
     # 82:00.0 has ACS on, but above the NVSwitches: the check does not judge it, nor the unit
-    unit = remediate_ops.acs_unit_text([PORT, "0000:82:00.0"])
-    plan = remediation.acs_plan(hgx(acs_on_at=None), unit, False)
+    unit = remediate_ops.acs_unit_text([PORT, "0000:82:00.0"], SETPCI)
+    plan = remediation.acs_plan(hgx(acs_on_at=None), unit, False, SETPCI)
     assert plan.bridges == (PORT,)
 
 
 def test_a_virtual_machine_and_an_unreadable_lspci_change_nothing():
     vm = live_read()  # the lent H100, a KVM guest, read by the hardware fact's own command
-    assert remediation.acs_plan(vm, None, hardware.virtual(vm)).skipped.startswith("a virtual")
+    assert remediation.acs_plan(vm, None, hardware.virtual(vm), SETPCI).skipped.startswith(
+        "a virtual"
+    )
     hw = hgx() | {"pci": None, "problems": {"lspci-vvv.txt": "exit 1"}}
-    assert remediation.acs_plan(hw, None, False).problems == (
+    assert remediation.acs_plan(hw, None, False, SETPCI).problems == (
         "lspci -vvv unreadable (exit 1): ACS left alone",
     )
 
 
 def test_the_unit_clears_only_the_redirect_bits_of_each_port_and_refuses_other_text():
-    text = remediate_ops.acs_unit_text([PORT, PORT])
+    text = remediate_ops.acs_unit_text([PORT, PORT], SETPCI)
     assert text.count("ExecStart=") == 1
-    assert f"ExecStart=setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d\n" in text
+    assert (
+        f"ExecStart=/bin/sh -c 'if [ /sys/bus/pci/devices/{PORT}/driver -ef "
+        '/sys/bus/pci/drivers/vfio-pci ]; then echo "trainfleet-acs: '
+        f'{PORT} is bound to vfio-pci: left alone"; else exec /usr/bin/setpci -s {PORT} '
+        "ECAP_ACS+0x6.w=0000:000d; fi'\n"
+    ) in text
     assert "Type=oneshot" in text and "WantedBy=multi-user.target" in text
     assert remediation.unit_bridges(text) == [PORT]
     for bad in ("0000:17:01.0 ; reboot", "17:01.0", "0000:17:01.0\nExecStart=/bin/sh", ""):
         with pytest.raises(ValueError):
-            remediate_ops.acs_unit_text([bad])
+            remediate_ops.acs_unit_text([bad], SETPCI)
+    for path in ("setpci", "/tmp/setpci", "/usr/bin/setpci; reboot", ""):  # never a PATH lookup
+        with pytest.raises(ValueError, match="not one of"):
+            remediate_ops.acs_unit_text([PORT], path)
+
+
+def _exec_start(text: str, sysfs: Path) -> str:
+    """The unit's one ExecStart command, its sysfs paths under ``sysfs`` (a tree of links as
+    the kernel lays them out) and setpci a stub that says what it was asked."""
+    (line,) = [x for x in text.splitlines() if x.startswith("ExecStart=")]
+    command = line.removeprefix("ExecStart=/bin/sh -c '").removesuffix("'")
+    return command.replace("/sys/", f"{sysfs}/sys/").replace(SETPCI, "echo setpci")
+
+
+@pytest.mark.parametrize(
+    ("driver", "said"),
+    [
+        ("vfio-pci", f"trainfleet-acs: {PORT} is bound to vfio-pci: left alone"),
+        ("pcieport", f"setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d"),
+        (None, f"setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d"),
+    ],
+)
+def test_at_boot_the_unit_leaves_a_port_bound_to_vfio_pci_alone(driver, said, tmp_path):
+    """The unit's ExecStart run by /bin/sh: the port's driver link read at boot, as sysfs lays
+    it out (bus/pci/devices/<bdf> -> ../../../devices/pci0000:00/<bdf>, whose driver ->
+    ../../../bus/pci/drivers/<name>)."""
+    sys_ = tmp_path / "sys"
+    for name in ("vfio-pci", "pcieport"):
+        (sys_ / "bus" / "pci" / "drivers" / name).mkdir(parents=True)
+    device = sys_ / "devices" / "pci0000:00" / PORT
+    device.mkdir(parents=True)
+    (sys_ / "bus" / "pci" / "devices").mkdir()
+    (sys_ / "bus" / "pci" / "devices" / PORT).symlink_to(f"../../../devices/pci0000:00/{PORT}")
+    if driver:
+        (device / "driver").symlink_to(f"../../../bus/pci/drivers/{driver}")
+    command = _exec_start(remediate_ops.acs_unit_text([PORT], SETPCI), tmp_path)
+    run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=10)
+    assert (run.returncode, run.stdout.strip()) == (0, said)
+
+
+def test_a_port_bound_to_vfio_pci_is_not_planned_and_no_setpci_is_a_problem():
+    hw = hgx()
+    guest = [dict(d, driver="vfio-pci") if d["address"] == PORT else d for d in hw["pci"]]
+    plan = remediation.acs_plan(hw | {"pci": guest}, None, False, SETPCI)
+    assert plan.bridges == () and plan.found == ()
+    assert plan.left == (f"{PORT} is bound to vfio-pci (a virtual machine's): left alone",)
+    missing = remediation.acs_plan(hw, None, False, None)
+    assert missing.bridges == () and missing.problems == (
+        "setpci not found as root's own file at /usr/bin/setpci, /usr/sbin/setpci, "
+        "/sbin/setpci, /bin/setpci (pciutils): ACS left alone",
+    )
+    assert remediation.acs_plan(hgx(acs_on_at=None), None, False, None) == remediation.AcsPlan()
+
+
+def test_a_unit_an_earlier_release_wrote_is_read_and_rewritten_with_setpcis_path():
+    earlier = f"ExecStart=setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d\n"  # setpci by bare name
+    assert remediation.unit_bridges(earlier) == [PORT]
+    plan = remediation.acs_plan(hgx(acs_on_at=None), earlier, False, SETPCI)
+    assert plan.bridges == (PORT,)
+    assert remediate_ops.acs_unit_text(list(plan.bridges), plan.setpci) != earlier
 
 
 # ---- the GPU reset: the plan -----------------------------------------------------------------
@@ -283,7 +351,7 @@ def test_verify_passes_a_fixed_node_and_names_each_step_that_did_not_hold():
 
 
 def test_the_fact_reads_pids_units_and_the_unit_file():
-    unit = remediate_ops.acs_unit_text([PORT])
+    unit = remediate_ops.acs_unit_text([PORT], SETPCI)
     lines = [
         f"gpu_pid {busy_pid()}",
         "systemd yes",
@@ -317,8 +385,9 @@ UNREADABLE = [
 ]
 
 
-def run_fact(tmp: Path, apps: str, rc: int = 0) -> list[str]:
-    """facts/scripts/remediation.sh over a stub nvidia-smi printing ``apps`` (no unit asked)."""
+def run_fact(tmp: Path, apps: str, rc: int = 0, root: Path | None = None) -> list[str]:
+    """facts/scripts/remediation.sh over a stub nvidia-smi printing ``apps`` (no unit asked;
+    setpci looked for under ``root``, default an empty tree)."""
     bin_ = tmp / "bin"
     bin_.mkdir(exist_ok=True)
     (tmp / "apps").write_text(apps)
@@ -326,7 +395,10 @@ def run_fact(tmp: Path, apps: str, rc: int = 0) -> list[str]:
     smi.write_text(f'#!/bin/sh\ncat "{tmp / "apps"}"\nexit {rc}\n')
     smi.chmod(0o755)
     result = subprocess.run(
-        ["sh", "-c", FACT, "trainfleet", "20", str(tmp / "no-unit"), ""],
+        [
+            *("sh", "-c", FACT, "trainfleet", "20", str(tmp / "no-unit"), ""),
+            *(str(root or tmp / "no-root"), *remediation.SETPCI),
+        ],
         env={"PATH": f"{bin_}:/usr/bin:/bin"},
         capture_output=True,
         text=True,
@@ -334,6 +406,22 @@ def run_fact(tmp: Path, apps: str, rc: int = 0) -> list[str]:
         check=True,
     )
     return result.stdout.splitlines()
+
+
+def test_the_fact_finds_setpci_only_as_roots_own_executable(tmp_path):
+    """The first of SETPCI under a tree that is an executable of root's no one else can
+    write: a group-writable /usr/bin/setpci is passed over for /usr/sbin/setpci."""
+    root = tmp_path / "root"
+    for path, mode in (("/usr/bin/setpci", 0o775), ("/usr/sbin/setpci", 0o755)):
+        tool = root / path.lstrip("/")
+        tool.parent.mkdir(parents=True)
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(mode)
+    got = RemediationState().process(run_fact(tmp_path, "", root=root))["setpci"]
+    assert got == ("/usr/sbin/setpci" if os.geteuid() == 0 else None)
+    assert RemediationState().process(run_fact(tmp_path, ""))["setpci"] is None
+    lines = ["setpci setpci", "setpci /tmp/setpci", "setpci /usr/bin/setpci"]
+    assert RemediationState().process(lines)["setpci"] == "/usr/bin/setpci"  # only one asked for
 
 
 @pytest.mark.parametrize("apps", UNREADABLE)
@@ -387,7 +475,7 @@ def test_the_acs_fixtures_units_are_the_template_rendered():
             assert commands == [] or (len(commands) == 1 and commands[0].endswith("exit 1"))
         elif remediation.unit_bridges(unit) == sorted(set(bridges)):
             case = "rendered"
-            assert unit == remediate_ops.acs_unit_text(bridges), path.name
+            assert unit == remediate_ops.acs_unit_text(bridges, SETPCI), path.name
             assert (on_node == unit) is bool(data.get("_converged")), path.name
         else:  # a unit for other bridges: refused before anything is read
             case = "other bridges"

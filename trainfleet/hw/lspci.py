@@ -24,9 +24,9 @@ def _address(text: str) -> str:
 
 def devices(text: str) -> list[dict[str, Any]]:
     """Every device: ``{"address", "class", "name", "port", "link_cap", "link_sta", "bus",
-    "acs", "denied"}`` (``link_*``: ``{"speed", "width"}``; ``bus``: the secondary and
+    "acs", "denied", "driver"}`` (``link_*``: ``{"speed", "width"}``; ``bus``: the secondary and
     subordinate bus numbers of a bridge; ``acs``: the ACSCtl flags; ``denied``: lspci could not
-    read the capabilities, not run as root)."""
+    read the capabilities, not run as root; ``driver``: the kernel driver in use, or None)."""
     found: list[dict[str, Any]] = []
     device: dict[str, Any] | None = None
     for line in text.splitlines():
@@ -44,6 +44,7 @@ def devices(text: str) -> list[dict[str, Any]]:
                     "bus": None,
                     "acs": None,
                     "denied": False,
+                    "driver": None,
                 }
                 found.append(device)
             continue
@@ -58,6 +59,8 @@ def devices(text: str) -> list[dict[str, Any]]:
         elif key in ("LnkCap", "LnkSta") and (link := _LINK.search(value)):
             slot = "link_cap" if key == "LnkCap" else "link_sta"
             device[slot] = {"speed": link.group(1), "width": int(link.group(2))}
+        elif key == "Kernel driver in use":
+            device["driver"] = value.strip()
         elif key == "ACSCtl":
             device["acs"] = {name: sign == "+" for name, sign in _FLAG.findall(value)}
         elif bus := _BUS.match(body):
