@@ -207,6 +207,39 @@ def test_an_unescaped_process_name_neither_adds_an_element_nor_costs_the_gpus_fa
     assert parsed[0]["reset_required"] is None
 
 
+H200_NAMES = (
+    Path(__file__).resolve().parents[1]
+    / "fixtures"
+    / "hardware"
+    / "h200_process_names"
+    / "nvidia-smi-q-x_odd-names.xml"
+)
+
+
+def test_the_lent_h200s_own_xml_with_odd_process_names_is_read_whole(tmp_path):
+    # driver 580.159.04 escapes <, >, &, quotes in a name and prints bytes that are not UTF-8
+    # as they are (tests/fixtures/hardware/h200_process_names/): read, its GPU's facts whole
+    document = H200_NAMES.read_bytes()
+    assert b"&lt;/process_name&gt;&lt;gpu_reset_status&gt;" in document
+    assert b"\xff\xfe</process_name>" in document
+    state = smi_state(tmp_path, document)
+    assert (state["smi"], state["driver"]) == ("ok", "580.159.04")
+    assert state["gpus"] == [
+        {
+            "bus": "00000000:00:06.0",
+            "persistence": "Enabled",
+            "fabric_state": "N/A",
+            "fabric_status": "N/A",
+        }
+    ]
+    (gpu,) = smi_xml.gpus(smi_xml.smi_root(document))
+    assert (gpu["model"], gpu["reset_required"], gpu["recovery_action"]) == (
+        "NVIDIA H200",
+        None,
+        "None",
+    )
+
+
 def test_a_process_name_that_frames_a_gpu_of_its_own_is_refused(tmp_path):
     state = smi_state(tmp_path, (CAPTURES / FORGED_GPU).read_bytes())
     assert state["smi"] == "refused: attached_gpus says 1, the document opens 2 GPUs"
