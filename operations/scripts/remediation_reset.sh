@@ -71,8 +71,10 @@ n=0
 while :; do
   doing="the checks after the reset"
   x=$(timeout -k 2 "$t" nvidia-smi -q -x 2>/dev/null) || fail "nvidia-smi -q -x failed after the reset"
-  bad=$(printf '%s\n' "$x" | grep -E '<(reset_required|remapped_row_pending|pending_retirement)>Yes<|<gpu_recovery_action>' |
-    grep -v -E '<gpu_recovery_action>(None|N/A)<' | tr -d ' \t' | tr '\n' ' ')
+  # -a: a process name's bytes that are not UTF-8 (nvidia-smi prints them as they are) must not
+  # make grep call the document binary and keep its lines back
+  bad=$(printf '%s\n' "$x" | grep -a -E '<(reset_required|remapped_row_pending|pending_retirement)>Yes<|<gpu_recovery_action>' |
+    grep -a -v -E '<gpu_recovery_action>(None|N/A)<' | tr -d ' \t' | tr '\n' ' ')
   [ -z "$bad" ] || fail "a GPU still asks for a reset: $bad"
   [ "$mode" = all ] || break
   f=$(printf '%s\n' "$x" | awk '/<fabric>/ { f = 1 } /<\/fabric>/ { f = 0 } f && /<(state|status)>/ { gsub(/[ \t]/, ""); print }')

@@ -748,6 +748,21 @@ def test_a_hangup_or_term_says_where_things_stand(tmp_path, signum, hang, said):
     ]
 
 
+@pytest.mark.parametrize("lang", ["C.UTF-8", "C"])
+def test_a_process_name_of_odd_bytes_after_the_reset_fails_no_check(lang, tmp_path):
+    # the lent H200's own XML while a process named with bytes that are not UTF-8 held it
+    # (grep in a UTF-8 locale calls such input binary and prints no line of it)
+    result, _ = run_reset(
+        tmp_path,
+        ["each", "20", "00000000:00:06.0", "0"],
+        XML=str(HW / "h200_process_names" / "nvidia-smi-q-x_odd-names.xml"),
+        LANG=lang,
+        LC_ALL=lang,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "trainfleet: checked: no GPU asks for a reset"
+
+
 def test_a_gpu_still_asking_or_a_fabric_not_built_fails_the_check(tmp_path):
     result, _ = run_reset(
         tmp_path,
