@@ -35,9 +35,8 @@ def prepare_keys(store: KeyStore, cluster: Cluster, gathered: Gathered) -> KeyMa
         if gathered.host_keys is not None:
             # A host key the CA vouched for that its node no longer presents (reimaged, removed
             # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
-            store.record_host_keys(
-                {name: found for name, found in gathered.host_keys.items() if found}, names
-            )
+            seen = {name: found for name, found in gathered.host_keys.items() if found}
+            store.record_host_keys(seen, names, mesh.unread_host_keys(cluster, seen))
         whole = set(names) <= set(gathered.sshd)  # every node was read this run
         if store.ca_moving() and whole and presents_ca(cluster, gathered, ca.public):
             store.ca_settled()  # every node already moved to the new CA: partial runs are safe

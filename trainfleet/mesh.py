@@ -72,13 +72,33 @@ def cluster_host_keys(
     return keys, fallback
 
 
-def controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
-    """A node's host keys in the controller's known_hosts (``type base64``, sorted)."""
+def controller_known_keys(
+    address: str, port: int, known_hosts: str | None, files: dict[Path, Any] | None = None
+) -> list[str]:
+    """A node's host keys in the controller's known_hosts (``type base64``, sorted): what
+    pyinfra verifies it by. ``files``: parsed files to reuse (path -> paramiko.HostKeys)."""
     path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
     if not path.exists():
         return []
-    entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
+    files = {} if files is None else files
+    if path not in files:
+        files[path] = paramiko.HostKeys(str(path))
+    entry = files[path].lookup(address if port == 22 else f"[{address}]:{port}")
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+def unread_host_keys(cluster: Cluster, read: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The host keys the controller's known_hosts lists for every node that gave none this run
+    (``read``: ``node -> keys`` of the nodes read): the keys it will present when it is back,
+    or pyinfra refuses it."""
+    files: dict[Path, Any] = {}
+    return {
+        node.name: controller_known_keys(
+            node.address, node.ssh["port"], node.ssh["known_hosts"], files
+        )
+        for node in cluster.nodes
+        if not read.get(node.name)
+    }
 
 
 FULL_PROBE_ENV = (

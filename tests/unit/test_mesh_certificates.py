@@ -48,7 +48,7 @@ from trainfleet.mesh import (
     plan_certificates,
 )
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, sshd_part
+from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, plan_cluster, sshd_part
 from trainfleet.spec import SpecError, parse_spec
 
 needs_openssh = pytest.mark.skipif(
@@ -1414,7 +1414,7 @@ def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_th
     assert not (old / "ca").exists() and (old / "ca.pub").exists()
     # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new
     # CA.
-    store.readmit_host_keys("gpu-b02")
+    store.readmit_host_keys("gpu-b02", [host_key_of(cluster, "gpu-b02")])
     back = plan_of(cluster, tmp_path / "keys")
     (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
     assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(
@@ -1541,7 +1541,7 @@ def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_re
     )
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert revoked(tmp_path / "krl", key, tmp_path)
-    KeyStore("mix", root=root).readmit_host_keys("gpu-b02")  # the operator's explicit word
+    KeyStore("mix", root=root).readmit_host_keys("gpu-b02", [key])  # the operator's word
     plan = plan_of(cluster, root)
     assert key not in refused_keys(root) and plan.nodes["gpu-b02"].sshd.problems == []
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
@@ -1596,3 +1596,37 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
         ) != mesh.host_certificates_summary(again.certificates), why
     assert mesh.certificate_summary(bad["damaged"]).startswith("BAD SIGNATURE: host gpu-a01,")
     assert mesh.certificate_summary(good).startswith("host gpu-a01,")
+
+
+def test_a_node_down_at_the_first_deploy_of_new_servers_changes_no_krl_when_it_is_back(tmp_path):
+    """Issue #38: the store vouched for gpu-b02's host key in the cluster's earlier life; new
+    servers are deployed with gpu-b02 down. The controller's known_hosts lists gpu-b02's new key,
+    so its old one is revoked in that first run (and drift expects it), not in the run that reads
+    gpu-b02 again: that run plans every node the KRL the first one wrote."""
+    known = tmp_path / "known_hosts"
+    cluster = Cluster.parse(MIXED + f"ssh: {{known_hosts: {known}}}\n")
+    names = [n.name for n in cluster.nodes]
+    store = KeyStore("mix", root=tmp_path / "keys")
+    earlier = public_key()
+    store.record_host_keys({"gpu-b02": [earlier]}, names)
+    store.certificate_authority()  # the CA of the earlier life
+    now = {name: [public_key()] for name in names}
+    known.write_text(f"[2001:db8::b2]:2222 {now['gpu-b02'][0]}\n")
+    down = {name: keys for name, keys in now.items() if name != "gpu-b02"}
+    drift_first = plan_cluster(
+        cluster,
+        gathered_for(cluster, host_keys=down, sshd={n: fresh_sshd() for n in down}),
+        store.snapshot(cluster.mesh_users, names),
+    )
+    first = plan_of(
+        cluster, tmp_path / "keys", host_keys=down, sshd={n: fresh_sshd() for n in down}
+    )
+    assert refused_keys(tmp_path / "keys") == [earlier]
+    back = plan_of(cluster, tmp_path / "keys", host_keys=now)
+    krls = {
+        p.nodes["gpu-a01"].sshd.revoked_keys for p in (drift_first, first, back)
+    }  # drift expected it
+    assert len(krls) == 1
+    (tmp_path / "krl").write_bytes(krls.pop())
+    assert revoked(tmp_path / "krl", earlier, tmp_path)
+    assert refused_keys(tmp_path / "keys") == [earlier]

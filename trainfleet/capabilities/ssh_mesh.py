@@ -202,7 +202,8 @@ def revoked_host_key_problems(
         "which the cluster revoked: give the node new host keys (reimage it, or move "
         "/etc/ssh/ssh_host_*_key* aside, run `ssh-keygen -A` and update the controller's "
         "known_hosts), or, only if that key is known safe, take it back with "
-        f"`python -m trainfleet keys readmit SPEC {node.name}`"
+        f"`python -m trainfleet keys readmit SPEC {node.name} --fingerprint "
+        f"{certificates.fingerprint(key)}`"
         for key in host_keys
         if " ".join(key.split()[:2]) in revoked
     ]
