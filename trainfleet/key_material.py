@@ -38,6 +38,7 @@ class KeyMaterial:
     + ca_moving: a new CA whose move is not confirmed on every node (``keys rotate-ca``)
     + revoked_lines: every mesh and host key taken out, oldest first (the KRL's content)
     + host_keys: ``node -> keys`` the CA has vouched for (``type base64``)
+    + retired_cas: the public lines of every CA ``keys rotate-ca`` replaced, oldest first
     """
 
     cluster: str
@@ -48,6 +49,7 @@ class KeyMaterial:
     ca_moving: bool = False
     revoked_lines: tuple[str, ...] = ()
     host_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    retired_cas: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"KeyMaterial({self.cluster!r}, {len(self.pairs)} keys, ca={self.ca!r})"
@@ -83,6 +85,13 @@ class KeyMaterial:
             return self
         return replace(self, revoked_lines=(*self.revoked_lines, *fresh.values()))
 
+    def settled(self) -> KeyMaterial:
+        """This material once the CA move has settled (every node presents the new CA's
+        certificates): the retired CAs are revoked too, so the KRL refuses whatever they signed.
+        Nothing is written: the deploy's ``prepare_keys`` does the same to the store."""
+        lines = with_retired_cas(self.revoked_lines, self.retired_cas)
+        return replace(self, ca_moving=False, revoked_lines=lines)
+
     def missing_problems(self, user: str, nodes: list[str] | None = None) -> list[str]:
         """Why a part that needs ``user``'s keys of ``nodes`` (None: of every node read)
         cannot be planned: keys the store lacks (none: ``[]``)."""
@@ -101,6 +110,18 @@ class KeyMaterial:
 def key_of(line: str) -> str:
     """``type base64`` of a public key line: what revocation compares, whatever the comment."""
     return " ".join(line.split()[:2])
+
+
+def with_retired_cas(revoked: Iterable[str], retired_cas: Iterable[str]) -> tuple[str, ...]:
+    """The revoked list with every retired CA's key added once (``KeyStore.revoke_retired_cas``
+    appends the same lines the same way)."""
+    lines = list(revoked)
+    listed = {key_of(line) for line in lines}
+    for line in retired_cas:
+        if key_of(line) not in listed:
+            listed.add(key_of(line))
+            lines.append(line)
+    return tuple(lines)
 
 
 def host_comment(cluster: str, node: str) -> str:

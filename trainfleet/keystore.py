@@ -103,6 +103,7 @@ class KeyStore:
             ca_moving=self.ca_moving(),
             revoked_lines=tuple(self.revoked_keys()),
             host_keys={node: tuple(keys) for node, keys in self.host_keys().items()},
+            retired_cas=tuple(self.retired_cas()),
         )
 
     def _path(self, user: str, node: str) -> Path:
@@ -160,13 +161,36 @@ class KeyStore:
         return (self.dir / CA_DIR / CA_MOVING).exists()
 
     def ca_settled(self) -> None:
-        """Every node presents certificates of the current CA: partial deploys are safe again, and
-        the private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
-        nothing may sign with them again."""
+        """Every node presents certificates of the current CA: partial deploys are safe again, the
+        private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
+        nothing may sign with them again, and they join the revoked list: no node accepts
+        anything they signed."""
         with self._locked():
+            self._revoke_lines(self.retired_cas())
             (self.dir / CA_DIR / CA_MOVING).unlink(missing_ok=True)
             for old in (self.dir / CA_DIR / RETIRED).glob("*/ca"):
                 old.unlink()
+
+    def retired_cas(self) -> list[str]:
+        """The public lines of the CAs ``rotate_certificate_authority`` moved aside, oldest
+        first (``.ca/retired/<time>/ca.pub``)."""
+        top = self.dir / CA_DIR / RETIRED
+        if not top.is_dir():
+            return []
+        found = (_read_text(path) for path in sorted(top.glob("*/ca.pub")))
+        return [text.strip() for text in found if text and text.strip()]
+
+    def revoke_retired_cas(self) -> list[str]:
+        """Put every retired CA in the revoked list (a store whose CA move settled before they
+        were revoked there); returns the lines added."""
+        listed = {key_of(line) for line in self.revoked_keys()}
+        fresh = [line for line in self.retired_cas() if key_of(line) not in listed]
+        if not fresh or self.ca_moving():
+            return []
+        with self._locked():
+            before = set(self.revoked_keys())
+            self._revoke_lines(self.retired_cas())
+            return [line for line in self.revoked_keys() if line not in before]
 
     def _pair(self, path: Path, comment: str) -> KeyPair:
         found = self._read_at(path, comment)

@@ -135,6 +135,8 @@ def plan_cluster(
         keys = keys.presenting(
             seen, [n.name for n in cluster.nodes], mesh.unread_host_keys(cluster, seen)
         )
+        if keys.ca_moving and keys.ca and mesh.settles(cluster, gathered, keys.ca.public, keys):
+            keys = keys.settled()  # what the next deploy's prepare_keys does: drift expects it
     certs = (
         mesh.plan_certificates(cluster, keys) if keys and cluster.mesh == "certificates" else None
     )

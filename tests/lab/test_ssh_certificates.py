@@ -439,7 +439,18 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     assert again.returncode == 0 and again.changed() == {}, again.describe()
 
     assert_every_login_worked(logs, restarts)
+    # The move's run put the old CA in the KRL (no node failed): every sshd and ssh refuses
+    # whatever it signed, and the re-run above, the store settled, changed nothing.
+    assert set(
+        move.changed()["Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"]
+    ) == set(NODES)
     for node in NODES:
+        assert "REVOKED" in lab.ssh(
+            node,
+            f"echo 'ssh-ed25519 {old_ca}' > /run/old-ca.pub; "
+            "ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys /run/old-ca.pub",
+            check=False,
+        )
         files = mesh_files(lab, node)
         assert old_ca not in "".join(
             text or "" for text in files.values()

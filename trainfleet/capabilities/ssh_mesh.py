@@ -65,6 +65,8 @@ class SshdPlan:
     client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf (ssh's KRL)
     # some node's known_hosts trusts another way now: certificates change only without failures
     moving: bool = False
+    # a CA move: the KRL once every node presents the new CA's (the old CA refused too)
+    settled_revoked_keys: bytes | None = None
 
 
 def mesh_user_part(
@@ -170,7 +172,11 @@ def sshd_part(
     )
     client = render("ssh_mesh/ssh_mesh.conf.j2", cluster=cluster.name, revoked_keys=REVOKED_KEYS)
     return SshdPlan(
-        certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys, client_drop_in=client
+        certificates=wanted,
+        drop_in=drop_in,
+        revoked_keys=certs.revoked_keys,
+        client_drop_in=client,
+        settled_revoked_keys=certs.settled_revoked_keys,
     )
 
 
