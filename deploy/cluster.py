@@ -130,6 +130,7 @@ if plan.sshd.drop_in is not None:
         ssh_mesh_ops.revoked_keys(
             name="Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)",
             content=settled,
+            written=plan.sshd.revoked_keys,
             _if=no_root_step_failed,
         )
 for user in in_user_homes:

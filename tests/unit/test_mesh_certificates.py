@@ -1786,3 +1786,30 @@ def test_a_store_whose_ca_move_settled_before_old_cas_were_revoked_revokes_them_
 
 def names_of(cluster: Cluster) -> list[str]:
     return [n.name for n in cluster.nodes]
+
+
+def test_the_settled_krl_replaces_the_one_sshd_certificates_wrote_this_run_on_a_new_node(tmp_path):
+    """A node that had no KRL got the plan's from sshd_certificates this run (a move from a key
+    mesh): the settled KRL (the old CA revoked) is written over it, the plain one is not again."""
+    from operations.ssh_mesh_ops import revoked_keys
+
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    old = plan_of(cluster, tmp_path / "keys")
+    store.rotate_certificate_authority()
+    sshd = planned(cluster, converged_gathered(cluster, old), store).nodes["gpu-a01"].sshd
+    facts = [(SshdMesh, {}, fresh_sshd())]  # no KRL when the run began
+    plain, _ = run_op(revoked_keys, facts, content=sshd.revoked_keys)
+    assert plain == []
+    settled, _ = run_op(
+        revoked_keys, facts, content=sshd.settled_revoked_keys, written=sshd.revoked_keys
+    )
+    ((path, _, data),) = [written(command) for command in settled]
+    assert (path, data) == (REVOKED_KEYS, sshd.settled_revoked_keys)
+    same, _ = run_op(
+        revoked_keys,
+        [(SshdMesh, {}, {**fresh_sshd(), "revoked_keys": sshd.settled_revoked_keys})],
+        content=sshd.settled_revoked_keys,
+        written=sshd.revoked_keys,
+    )
+    assert same == []
