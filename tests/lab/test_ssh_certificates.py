@@ -539,7 +539,6 @@ def test_a_node_down_during_the_first_deploy_joins_later_changing_nothing_on_the
     again = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
     assert mesh_matrix(lab3) == {src: {dst: dst for dst in NODES} for src in NODES}
-    (krl,) = {lab3.ssh(node, "sha256sum /etc/ssh/trainfleet_revoked_keys") for node in NODES}
     assert "REVOKED" in lab3.ssh(
         "node1",
         f"echo '{earlier}' > /run/earlier.pub; "
