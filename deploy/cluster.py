@@ -15,7 +15,16 @@ from operations import (
     ssh_mesh_ops,
     stack_ops,
 )
-from runtime.gather import deploy_plan, no_host_failed, this_node, whole_cluster_healthy
+from runtime.gather import (
+    a_root_step_failed,
+    deploy_plan,
+    mesh_users_begin,
+    no_host_failed,
+    no_root_step_failed,
+    this_node,
+    whole_cluster_healthy,
+    whole_cluster_root_steps_healthy,
+)
 
 cluster, node = this_node()
 
@@ -35,7 +44,10 @@ hosts_ops.hosts_block(
 # moves (keys <-> certificates, a new CA) first trusts the old way and the new everywhere;
 # then nodes change what they present (while moving: only if no node failed its trust step);
 # then, only in a run that reached every node without a failure, the old trust is dropped.
-# A revoked key goes at once. Each user's steps come before the next user's.
+# A revoked key goes at once. Each user's steps come before the next user's. The root-owned
+# steps (known_hosts, sshd, root's own files) come first, their old trust dropped before any
+# step in another mesh user's home, which that user can make fail every run: such a failure
+# costs its own node only (the others move and drop old trust without it).
 ssh_mesh_ops.known_hosts(
     name="known_hosts also trusts the cluster's new host lines",
     entries=plan.known_hosts,
@@ -53,7 +65,9 @@ if (
         client_drop_in=plan.sshd.client_drop_in,
         _if=no_host_failed if plan.sshd.moving else None,
     )
-for user in plan.mesh:
+root_owned = [user for user in plan.mesh if user.user == "root"]
+in_user_homes = [user for user in plan.mesh if user.user != "root"]
+for user in root_owned:
     ssh_mesh_ops.mesh_trust(
         name=f"{user.user} also trusts the mesh's new lines",
         user=user.user,
@@ -70,16 +84,12 @@ for user in plan.mesh:
         problems=user.problems,
         _if=no_host_failed if user.moving else None,
     )
-if plan.sshd.drop_in is not None:
-    ssh_mesh_ops.revoked_keys(
-        name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)", content=plan.sshd.revoked_keys
-    )
 ssh_mesh_ops.known_hosts(
     name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
     entries=plan.known_hosts,
     _if=whole_cluster_healthy,
 )
-for user in plan.mesh:
+for user in root_owned:
     ssh_mesh_ops.mesh_trust(
         name=f"{user.user} trusts exactly the mesh",
         user=user.user,
@@ -88,13 +98,57 @@ for user in plan.mesh:
         refused=user.refused,
         _if=whole_cluster_healthy,
     )
+for user in in_user_homes:
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} also trusts the mesh's new lines",
+        user=user.user,
+        authorized=user.authorized,
+        refused=user.refused,
+        exactly=False,
+        _if=mesh_users_begin,
+    )
+    ssh_mesh_ops.mesh_user(
+        name=f"SSH mesh for {user.user}",
+        user=user.user,
+        identity=user.identity,
+        config=user.config,
+        certificate=user.certificate,
+        problems=user.problems,
+        _if=no_root_step_failed if user.moving else None,
+    )
+if plan.sshd.drop_in is not None:
+    # A CA move: once every node presents the new CA's host and root certificates (no node
+    # failed a root-owned step of this run), the old CA joins the KRL: nothing it signed is
+    # accepted anywhere again (the next run's plan, its move settled, has the same bytes).
+    settled = plan.sshd.settled_revoked_keys
+    ssh_mesh_ops.revoked_keys(
+        name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)",
+        content=plan.sshd.revoked_keys,
+        _if=a_root_step_failed if settled is not None else None,
+    )
+    if settled is not None:
+        ssh_mesh_ops.revoked_keys(
+            name="Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)",
+            content=settled,
+            written=plan.sshd.revoked_keys,
+            _if=no_root_step_failed,
+        )
+for user in in_user_homes:
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} trusts exactly the mesh",
+        user=user.user,
+        authorized=user.authorized,
+        certificate=user.certificate,
+        refused=user.refused,
+        _if=whole_cluster_root_steps_healthy,
+    )
 if plan.sshd.drop_in is None and not plan.sshd.problems:
     ssh_mesh_ops.sshd_certificates(
         name="sshd without trainfleet's certificates",
         certificates={},
         drop_in=None,
         revoked_keys=None,
-        _if=whole_cluster_healthy,
+        _if=whole_cluster_root_steps_healthy,
     )
 
 # pdsh: `pdsh -a` runs on every node, over ssh.

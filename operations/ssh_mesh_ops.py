@@ -161,13 +161,15 @@ def known_hosts(entries: list[str], path: str = SYSTEM_KNOWN_HOSTS, exactly: boo
 
 
 @operation()
-def revoked_keys(content: bytes):
+def revoked_keys(content: bytes, written: bytes | None = None):
     """
     The cluster's key revocation list (``/etc/ssh/trainfleet_revoked_keys``), the same bytes on
     every node: sshd reads it at every login, so no reload. Run after ``mesh_user``, so a key
     rotated away is refused only once its node holds the new one.
 
-    + content: the KRL (the plan's ``sshd.revoked_keys``)
+    + content: the KRL (the plan's ``sshd.revoked_keys``, or ``sshd.settled_revoked_keys``)
+    + written: what ``sshd_certificates`` wrote this run on a node that had no KRL (the plan's
+      ``sshd.revoked_keys``; None: ``content``)
 
     **Example:**
 
@@ -175,11 +177,10 @@ def revoked_keys(content: bytes):
 
         ssh_mesh.revoked_keys(name="Revoked mesh keys", content=plan.sshd.revoked_keys)
     """
-    current = fact(SshdMesh)
-    if current["revoked_keys"] in (
-        None,
-        content,
-    ):  # None: sshd_certificates wrote it this run, before its drop-in
+    now = fact(SshdMesh)["revoked_keys"]
+    if now is None:  # sshd_certificates wrote it this run, before its drop-in
+        now = content if written is None else written
+    if now == content:
         host.noop(f"{REVOKED_KEYS} is the cluster's")
         return
     yield from write_command(REVOKED_KEYS, content, mode="644")

@@ -47,6 +47,8 @@ class RunFacts:
         self.whole_cluster = (
             False  # every inventory host was in the run, none failed, when the plan was made
         )
+        # hosts failed when the first step in a mesh user's own home began (mesh_users_begin)
+        self.failed_before_users: set[Any] | None = None
 
 
 def run_facts(state: State) -> RunFacts:
@@ -236,6 +238,38 @@ def no_host_failed() -> bool:
     node unreachable from the start was never part of it)."""
     state = ctx_state.get()
     return set(state.failed_hosts) <= run_facts(state).failed_before_plan
+
+
+def mesh_users_begin() -> bool:
+    """For ``_if`` of each step in a (non-root) mesh user's home: notes, at the first such
+    step, which nodes had failed before any of them (the root-owned mesh steps: known_hosts,
+    sshd, root's own). pyinfra runs each step on every node before the next, so that is every
+    failure a user could not cause. Always true."""
+    facts = run_facts(ctx_state.get())
+    if facts.failed_before_users is None:
+        facts.failed_before_users = set(ctx_state.get().failed_hosts)
+    return True
+
+
+def no_root_step_failed() -> bool:
+    """For ``_if`` of a mesh user's steps: no node failed a root-owned mesh step this run. A
+    failure in a mesh user's home (which the user can cause, every run) costs its own node only:
+    the other nodes move and drop old trust without it."""
+    state = ctx_state.get()
+    facts = run_facts(state)
+    before = facts.failed_before_users
+    return (set(state.failed_hosts) if before is None else before) <= facts.failed_before_plan
+
+
+def a_root_step_failed() -> bool:
+    """For ``_if``: ``no_root_step_failed``'s opposite."""
+    return not no_root_step_failed()
+
+
+def whole_cluster_root_steps_healthy() -> bool:
+    """For ``_if``: this run reached every node (no ``--limit``, none down) and no node failed a
+    root-owned mesh step: a mesh user's old trust may go on every node that got this far."""
+    return run_facts(ctx_state.get()).whole_cluster and no_root_step_failed()
 
 
 def whole_cluster_healthy() -> bool:

@@ -3,7 +3,8 @@
 - ``check SPEC...``: validate specs without contacting any host
 - ``schema``: print the spec reference
 - ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store;
-  ``keys readmit SPEC NODE...``: take back host keys revoked under a node's name;
+  ``keys readmit SPEC NODE... --fingerprint SHA256:...|--known-hosts``: take back the named
+  host keys revoked under a node's name;
   ``keys ca|rotate-ca SPEC``: the cluster's SSH certificate authority
 - ``diagnose DIR [--spec SPEC] [--json]``: judge a hardware capture offline (exit 0: clean,
   1: findings, 2: bad input)
@@ -13,12 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
 from trainfleet.diagnose import CaptureError, judge
 from trainfleet.keystore import KeyStore
+from trainfleet.mesh import controller_known_keys
 from trainfleet.model import Cluster
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -40,14 +44,26 @@ def main(argv: list[str] | None = None) -> int:
         help="list: public keys; rotate: new keys (takes a revoked node back, the old key "
         "revoked); revoke: take nodes out of the mesh; retired: keys of nodes removed from "
         "the spec (moved aside by the deploy); readmit: take back the host keys "
-        "revoked under the nodes' names (left the spec, replaced by a reimage), "
-        "only when known safe; "
+        "revoked under the nodes' names (left the spec, replaced by a reimage) that "
+        "--fingerprint names or --known-hosts lists, only when known safe; "
         "ca: the cluster CA's public key; rotate-ca: "
         "a new cluster CA (the next deploy moves every node to it, then trusts only it)",
     )
     keys.add_argument("spec")
     keys.add_argument("nodes", nargs="*", help="nodes to act on (rotate: all when none given)")
     keys.add_argument("--user", action="append", help="mesh user (default: every mesh user)")
+    keys.add_argument(
+        "--fingerprint",
+        action="append",
+        help="readmit: a revoked host key to take back, as `ssh-keygen -l` prints it "
+        "(SHA256:...; the deploy's message names it); repeat for several",
+    )
+    keys.add_argument(
+        "--known-hosts",
+        action="store_true",
+        help="readmit: take back the revoked host keys the controller's known_hosts lists for "
+        "each node (the ones pyinfra verifies it by: what it presents when the deploy reaches it)",
+    )
     diagnose = sub.add_parser(
         "diagnose",
         help="judge a hardware capture (pyinfra INVENTORY deploy/capture.py) offline: "
@@ -126,6 +142,86 @@ def _diagnose(args: argparse.Namespace) -> int:
     return 1 if report.findings else 0
 
 
+def _readmit(args: argparse.Namespace, cluster: Cluster, store: KeyStore) -> int:
+    """``keys readmit``: take back only the revoked host keys the operator names (by fingerprint)
+    or that the controller's known_hosts lists for each node; any doubt is exit 2 with nothing
+    taken back."""
+    if bool(args.fingerprint) == args.known_hosts:
+        print(
+            "readmit takes back only the host keys you name: --fingerprint SHA256:... (repeat "
+            "for several) or --known-hosts (those the controller's known_hosts lists for each "
+            "node); give one of the two",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_SPEC
+    revoked = {node: store.revoked_host_keys(node) for node in args.nodes}
+    if args.known_hosts:
+        wanted, problems = _known_hosts_keys(cluster, args.nodes)
+    else:
+        wanted, problems = _fingerprinted_keys(args.fingerprint, revoked)
+    if problems:
+        print("\n".join(problems) + "\nnothing was taken back", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    for node in args.nodes:
+        back = store.readmit_host_keys(node, wanted[node])
+        taken = ", ".join(fingerprint(line) for line in back)
+        kept = len(revoked[node]) - len(back)
+        print(
+            f"{node}: {len(back)} revoked host key(s) taken back"
+            + (f" ({taken}); run the deploy to vouch for them again" if back else "")
+            + (f"; {kept} other(s) revoked under its name stay revoked" if kept else "")
+        )
+    return 0
+
+
+_FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
+
+
+def _fingerprinted_keys(
+    fingerprints: list[str], revoked: dict[str, list[str]]
+) -> tuple[dict[str, list[str]], list[str]]:
+    """The revoked keys of each node that the operator's fingerprints name; every fingerprint
+    must be well formed and name a key revoked under one of the nodes."""
+    problems = [
+        f"{printable(fp)!r} is not a fingerprint as `ssh-keygen -l` prints it (SHA256:<43 chars>)"
+        for fp in fingerprints
+        if not _FINGERPRINT.fullmatch(fp)
+    ]
+    if problems:
+        return {}, problems
+    named = set(fingerprints)
+    wanted = {
+        node: [line for line in lines if fingerprint(line) in named]
+        for node, lines in revoked.items()
+    }
+    found = {fingerprint(line) for lines in wanted.values() for line in lines}
+    for fp in sorted(named - found):
+        under = "; ".join(
+            f"{node}: {', '.join(fingerprint(line) for line in lines) or 'none'}"
+            for node, lines in revoked.items()
+        )
+        problems.append(f"{fp} is not a host key revoked under these names (revoked: {under})")
+    return wanted, problems
+
+
+def _known_hosts_keys(cluster: Cluster, nodes: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Each node's keys in the controller's known_hosts; a node it lists no key for is an
+    error (nothing to go by)."""
+    wanted, problems = {}, []
+    for name in nodes:
+        node = cluster.node(name)
+        wanted[name] = controller_known_keys(
+            node.address, node.ssh["port"], node.ssh["known_hosts"]
+        )
+        if not wanted[name]:
+            problems.append(
+                f"the controller's known_hosts ({node.ssh['known_hosts'] or '~/.ssh/known_hosts'}) "
+                f"lists no host key for {name} ({node.address}): put the keys it presents there "
+                "first, or name them with --fingerprint"
+            )
+    return wanted, problems
+
+
 def _prog() -> str:
     """How the user called us, for usage lines: ``-m`` runs this file as ``__main__.py``, whose
     name would read badly; the console script is ``trainfleet``."""
@@ -160,6 +256,9 @@ def _keys(args: argparse.Namespace) -> int:
         print(f"{args.action} needs the nodes to act on", file=sys.stderr)
         return EXIT_BAD_SPEC
     store = KeyStore(cluster.name)
+    if args.action != "readmit" and (args.fingerprint or args.known_hosts):
+        print("--fingerprint and --known-hosts are readmit's", file=sys.stderr)
+        return EXIT_BAD_SPEC
     if args.action in ("ca", "rotate-ca", "readmit") and args.user:
         print(f"{args.action} acts on host keys or the CA: it takes no users", file=sys.stderr)
         return EXIT_BAD_SPEC
@@ -179,17 +278,7 @@ def _keys(args: argparse.Namespace) -> int:
         )
         return 0
     if args.action == "readmit":
-        for node in args.nodes:
-            back = store.readmit_host_keys(node)
-            print(
-                f"{node}: {len(back)} revoked host key(s) taken back"
-                + (
-                    "; run the deploy to vouch for them again"
-                    if back
-                    else " (none was revoked under its name)"
-                )
-            )
-        return 0
+        return _readmit(args, cluster, store)
     if args.action == "retired":
         for path in store.retired():
             print(path)

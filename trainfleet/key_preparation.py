@@ -35,22 +35,12 @@ def prepare_keys(store: KeyStore, cluster: Cluster, gathered: Gathered) -> KeyMa
         if gathered.host_keys is not None:
             # A host key the CA vouched for that its node no longer presents (reimaged, removed
             # from the spec) keeps a valid certificate: the KRL must refuse it from now on.
-            store.record_host_keys(
-                {name: found for name, found in gathered.host_keys.items() if found}, names
-            )
-        whole = set(names) <= set(gathered.sshd)  # every node was read this run
-        if store.ca_moving() and whole and presents_ca(cluster, gathered, ca.public):
+            seen = {name: found for name, found in gathered.host_keys.items() if found}
+            store.record_host_keys(seen, names, mesh.unread_host_keys(cluster, seen))
+        if store.ca_moving() and mesh.settles(
+            cluster, gathered, ca.public, store.snapshot(users, names)
+        ):
             store.ca_settled()  # every node already moved to the new CA: partial runs are safe
+        else:
+            store.revoke_retired_cas()  # a store whose move settled before CAs were revoked
     return store.snapshot(users, names)
-
-
-def presents_ca(cluster: Cluster, gathered: Gathered, ca_public: str) -> bool:
-    """Every node presents host and user certificates of ``ca_public`` (and no other's)."""
-    for node in cluster.nodes:
-        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
-        held += [
-            gathered.user_certificates.get(node.name, {}).get(user) for user in cluster.mesh_users
-        ]
-        if not held or not all(mesh.signed_by(line, ca_public) for line in held):
-            return False
-    return True

@@ -21,7 +21,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -103,6 +103,7 @@ class KeyStore:
             ca_moving=self.ca_moving(),
             revoked_lines=tuple(self.revoked_keys()),
             host_keys={node: tuple(keys) for node, keys in self.host_keys().items()},
+            retired_cas=tuple(self.retired_cas()),
         )
 
     def _path(self, user: str, node: str) -> Path:
@@ -160,13 +161,36 @@ class KeyStore:
         return (self.dir / CA_DIR / CA_MOVING).exists()
 
     def ca_settled(self) -> None:
-        """Every node presents certificates of the current CA: partial deploys are safe again, and
-        the private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
-        nothing may sign with them again."""
+        """Every node presents certificates of the current CA: partial deploys are safe again, the
+        private keys of retired CAs leave the store (their ``ca.pub`` stays, for the record):
+        nothing may sign with them again, and they join the revoked list: no node accepts
+        anything they signed."""
         with self._locked():
+            self._revoke_lines(self.retired_cas())
             (self.dir / CA_DIR / CA_MOVING).unlink(missing_ok=True)
             for old in (self.dir / CA_DIR / RETIRED).glob("*/ca"):
                 old.unlink()
+
+    def retired_cas(self) -> list[str]:
+        """The public lines of the CAs ``rotate_certificate_authority`` moved aside, oldest
+        first (``.ca/retired/<time>/ca.pub``)."""
+        top = self.dir / CA_DIR / RETIRED
+        if not top.is_dir():
+            return []
+        found = (_read_text(path) for path in sorted(top.glob("*/ca.pub")))
+        return [text.strip() for text in found if text and text.strip()]
+
+    def revoke_retired_cas(self) -> list[str]:
+        """Put every retired CA in the revoked list (a store whose CA move settled before they
+        were revoked there); returns the lines added."""
+        listed = {key_of(line) for line in self.revoked_keys()}
+        fresh = [line for line in self.retired_cas() if key_of(line) not in listed]
+        if not fresh or self.ca_moving():
+            return []
+        with self._locked():
+            before = set(self.revoked_keys())
+            self._revoke_lines(self.retired_cas())
+            return [line for line in self.revoked_keys() if line not in before]
 
     def _pair(self, path: Path, comment: str) -> KeyPair:
         found = self._read_at(path, comment)
@@ -203,23 +227,35 @@ class KeyStore:
         """The comment of a node's host key in the revoked list (the key id of its certificates)."""
         return host_comment(self.dir.name, node)
 
-    def record_host_keys(self, seen: dict[str, list[str]], nodes: Iterable[str]) -> list[str]:
+    def record_host_keys(
+        self,
+        seen: dict[str, list[str]],
+        nodes: Iterable[str],
+        listed: Mapping[str, Iterable[str]] | None = None,
+    ) -> list[str]:
         """Remember the host keys each node presents now (``seen``: ``type base64`` lines of the
         nodes read this run) and revoke those the CA vouched for that are gone: a reimaged
-        node's old keys, and every key of a node no longer in ``nodes``. Their certificates
-        stay valid until they expire, so the KRL must refuse them. Returns the keys revoked.
+        node's old keys (one not read this run: when the controller's known_hosts, ``listed``,
+        lists other keys for it), and every key of a node no longer in ``nodes``. Their
+        certificates stay valid until they expire, so the KRL must refuse them. Returns the
+        keys revoked.
 
         Revocation is monotone: a node presenting a key revoked before (removed from the spec,
         then added back as it was; a reimage rolled back) is not vouched for again, the plan
         names it; only ``readmit_host_keys`` (``keys readmit``, the operator's word) takes it
         back."""
-        changed, gone, _ = host_key_changes(self.host_keys(), seen, nodes, self.revoked_keys())
-        if not changed and not gone:  # the common case, without taking the lock
-            return []
+        nodes = list(nodes)
+        listed_now = self.revoked_keys()
+        changed, gone, dropped = host_key_changes(self.host_keys(), seen, nodes, listed_now, listed)
+        refused = {key_of(line) for line in listed_now}
+        if not changed and not gone and all(key in refused for key, _ in dropped):
+            return []  # the common case, without taking the lock
         with self._locked():
             changed, gone, revoked = host_key_changes(
-                self.host_keys(), seen, nodes, self.revoked_keys()
+                self.host_keys(), seen, nodes, self.revoked_keys(), listed
             )
+            refused = {key_of(line) for line in self.revoked_keys()}
+            revoked = [(key, node) for key, node in revoked if key not in refused]
             self._revoke_lines([f"{key} {self.host_comment(node)}" for key, node in revoked])
             top = self.dir / CA_DIR / HOSTS_DIR
             _private_dirs(top, self.root)
@@ -230,14 +266,24 @@ class KeyStore:
                 (top / node).unlink(missing_ok=True)
             return [key for key, _ in revoked]
 
-    def readmit_host_keys(self, node: str) -> list[str]:
-        """Take every host key revoked under ``node``'s name (it left the spec, or a reimage
-        replaced it) back out of the revoked list; the next deploy vouches for the ones the node
-        presents. Returns the lines taken back. For keys known safe only: never a stolen one."""
+    def revoked_host_keys(self, node: str) -> list[str]:
+        """The revoked list's lines of host keys revoked under ``node``'s name."""
         self._path("hosts", node)  # the node name's grammar
+        return [
+            line for line in self.revoked_keys() if line.split()[2:] == [self.host_comment(node)]
+        ]
+
+    def readmit_host_keys(self, node: str, keys: Iterable[str]) -> list[str]:
+        """Take the host ``keys`` (``type base64``) revoked under ``node``'s name (it left the
+        spec, or a reimage replaced it) back out of the revoked list; the next deploy vouches
+        for them if the node presents them. Every other revoked key stays revoked, whatever
+        name it was revoked under. Returns the lines taken back. For keys known safe only:
+        never a stolen one (``keys readmit`` takes the operator's fingerprints, or the keys the
+        controller's known_hosts lists for the node)."""
+        wanted = {key_of(key) for key in keys}
         with self._locked():
             listed = self.revoked_keys()
-            back = [line for line in listed if line.split()[2:] == [self.host_comment(node)]]
+            back = [line for line in self.revoked_host_keys(node) if key_of(line) in wanted]
             if back:
                 _write_atomic(
                     self.dir / CA_DIR / REVOKED_LIST,

@@ -72,13 +72,33 @@ def cluster_host_keys(
     return keys, fallback
 
 
-def controller_known_keys(address: str, port: int, known_hosts: str | None) -> list[str]:
-    """A node's host keys in the controller's known_hosts (``type base64``, sorted)."""
+def controller_known_keys(
+    address: str, port: int, known_hosts: str | None, files: dict[Path, Any] | None = None
+) -> list[str]:
+    """A node's host keys in the controller's known_hosts (``type base64``, sorted): what
+    pyinfra verifies it by. ``files``: parsed files to reuse (path -> paramiko.HostKeys)."""
     path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
     if not path.exists():
         return []
-    entry = paramiko.HostKeys(str(path)).lookup(address if port == 22 else f"[{address}]:{port}")
+    files = {} if files is None else files
+    if path not in files:
+        files[path] = paramiko.HostKeys(str(path))
+    entry = files[path].lookup(address if port == 22 else f"[{address}]:{port}")
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+def unread_host_keys(cluster: Cluster, read: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The host keys the controller's known_hosts lists for every node that gave none this run
+    (``read``: ``node -> keys`` of the nodes read): the keys it will present when it is back,
+    or pyinfra refuses it."""
+    files: dict[Path, Any] = {}
+    return {
+        node.name: controller_known_keys(
+            node.address, node.ssh["port"], node.ssh["known_hosts"], files
+        )
+        for node in cluster.nodes
+        if not read.get(node.name)
+    }
 
 
 FULL_PROBE_ENV = (
@@ -211,6 +231,8 @@ class Certificates:
     revoked_count: int
     moving: bool = False  # a new CA not yet presented by every node (KeyMaterial.ca_moving)
     revoked: frozenset[str] = frozenset()  # ``type base64`` of every revoked mesh key
+    # moving: the KRL once the move settles (the retired CAs revoked too); None: not moving
+    settled_revoked_keys: bytes | None = None
 
     def __repr__(self) -> str:
         return f"Certificates(ca_public={self.ca_public!r}, revoked={self.revoked_count})"
@@ -255,20 +277,47 @@ def plan_certificates(
     if ca is None:
         return None
     revoked = keys.revoked_keys()
-    # Bytes that depend on the list alone (not on a file's time): a copied store changes nothing.
-    krl_bytes = krl.build(
-        None, [], revoked, version=len(revoked), generated=0, comment=f"trainfleet:{cluster.name}"
-    )
     return Certificates(
         ca_public=ca.public,
         ca=serialization.load_ssh_private_key(ca.private.encode(), password=None),
         validity=timedelta(days=cluster.certificate_days),
         now=now or datetime.now(UTC),
-        revoked_keys=krl_bytes,
+        revoked_keys=revocation_list(cluster, revoked),
         revoked_count=len(revoked),
         moving=keys.ca_moving,
         revoked=frozenset(" ".join(line.split()[:2]) for line in revoked),
+        settled_revoked_keys=revocation_list(cluster, keys.settled().revoked_keys())
+        if keys.ca_moving
+        else None,
     )
+
+
+def revocation_list(cluster: Cluster, revoked: list[str]) -> bytes:
+    """The KRL of these revoked lines: bytes that depend on the list alone (not on a file's
+    time), so a copied store changes nothing."""
+    return krl.build(
+        None, [], revoked, version=len(revoked), generated=0, comment=f"trainfleet:{cluster.name}"
+    )
+
+
+def settles(cluster: Cluster, gathered: Any, ca_public: str, keys: KeyMaterial) -> bool:
+    """Whether a CA move is over: every node was read (``gathered``: the plan's ``Gathered``)
+    and presents host certificates of ``ca_public`` and no other's, and root (where it is a
+    mesh user with a key) a user certificate of it: what only root writes. Another mesh user's
+    certificate is left out: that user can hold it back (a step in its home failing every run),
+    and whoever still presents one of the old CA's is its own node's loss, not the cluster's."""
+    if not {n.name for n in cluster.nodes} <= set(gathered.sshd):
+        return False
+    root = "root" in cluster.mesh_users
+    for node in cluster.nodes:
+        held = [line for line in gathered.sshd[node.name]["certificates"].values() if line]
+        if not held:
+            return False
+        if root and not keys.is_revoked("root", node.name):
+            held.append(gathered.user_certificates.get(node.name, {}).get("root"))
+        if not all(signed_by(line, ca_public) for line in held):
+            return False
+    return True
 
 
 def signed_by(line: str | None, ca_public: str) -> bool:

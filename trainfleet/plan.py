@@ -131,10 +131,12 @@ def plan_cluster(
         # A host key the CA vouched for that its node no longer presents (reimaged, removed
         # from the spec) keeps a valid certificate: the KRL must refuse it (the deploy's
         # prepare_keys recorded that already; drift expects it of the next deploy).
+        seen = {name: found for name, found in gathered.host_keys.items() if found}
         keys = keys.presenting(
-            {name: found for name, found in gathered.host_keys.items() if found},
-            [n.name for n in cluster.nodes],
+            seen, [n.name for n in cluster.nodes], mesh.unread_host_keys(cluster, seen)
         )
+        if keys.ca_moving and keys.ca and mesh.settles(cluster, gathered, keys.ca.public, keys):
+            keys = keys.settled()  # what the next deploy's prepare_keys does: drift expects it
     certs = (
         mesh.plan_certificates(cluster, keys) if keys and cluster.mesh == "certificates" else None
     )

@@ -130,9 +130,19 @@ def deploy_twice(
 
 def readmit(lab: LabController, *nodes: str) -> None:
     """The operator's word that nodes put back in the spec may present the host keys they had
-    when they left it (``keys readmit``): revoked host keys come back only this way."""
+    when they left it (``keys readmit``): revoked host keys come back only this way, and only
+    those the lab's known_hosts (the controller's) lists for them."""
     subprocess.run(
-        [sys.executable, "-m", "trainfleet", "keys", "readmit", str(lab.lab.spec), *nodes],
+        [
+            sys.executable,
+            "-m",
+            "trainfleet",
+            "keys",
+            "readmit",
+            str(lab.lab.spec),
+            *nodes,
+            "--known-hosts",
+        ],
         check=True,
         cwd=REPO,
         capture_output=True,

@@ -15,6 +15,7 @@ import pytest
 
 from tests.lab.harness import LAB_INVENTORY, REPO, deploy_twice, pyinfra, readmit
 from tests.lab.test_ssh_mesh import NODES, mesh_matrix
+from tests.unit.test_plan import public_key
 from trainfleet.certificates import fingerprint
 from trainfleet.keystore import KeyStore
 
@@ -438,7 +439,18 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     assert again.returncode == 0 and again.changed() == {}, again.describe()
 
     assert_every_login_worked(logs, restarts)
+    # The move's run put the old CA in the KRL (no node failed): every sshd and ssh refuses
+    # whatever it signed, and the re-run above, the store settled, changed nothing.
+    assert set(
+        move.changed()["Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"]
+    ) == set(NODES)
     for node in NODES:
+        assert "REVOKED" in lab.ssh(
+            node,
+            f"echo 'ssh-ed25519 {old_ca}' > /run/old-ca.pub; "
+            "ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys /run/old-ca.pub",
+            check=False,
+        )
         files = mesh_files(lab, node)
         assert old_ca not in "".join(
             text or "" for text in files.values()
@@ -491,11 +503,15 @@ def test_a_ca_rotation_with_a_node_down_completes_without_it_and_the_node_rejoin
 def test_a_node_down_during_the_first_deploy_joins_later_changing_nothing_on_the_others(
     lab3, tmp_path
 ):
-    """(Last in the module: a fresh lab of its own.) node3 is down while the cluster is first
-    deployed; when it is back, the deploy that takes it in changes no file of the others'
-    mesh (the KRL byte for byte) and no step there. (A store that knew other host keys of
-    node3, a node reimaged while down, must revoke those everywhere: a store of its own.)"""
-    home = {"TRAINFLEET_HOME": str(tmp_path / "home")}  # a first deploy: no state, here or there
+    """(Last in the module: a fresh lab of its own.) New servers (every host key new), node3 down
+    while they are first deployed, with the controller's store from the cluster's earlier life
+    (it vouched for another host key of node3): the first deploy revokes that key already (the
+    controller's known_hosts lists other keys for node3), so when node3 is back, the deploy that
+    takes it in changes no file of the others' mesh (the KRL byte for byte) and no step there."""
+    home = {"TRAINFLEET_HOME": str(tmp_path / "home")}  # nothing on the nodes, a store of its own
+    store = KeyStore("lab", root=tmp_path / "home" / "keys")
+    earlier = public_key()  # node3's host key in the cluster's earlier life
+    store.record_host_keys({"node3": [earlier]}, NODES)
     lab3.lab.stop("node3")
     try:
         first = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
@@ -504,7 +520,10 @@ def test_a_node_down_during_the_first_deploy_joins_later_changing_nothing_on_the
     assert first.returncode != 0 and "[node3] Could not connect" in first.stderr, first.describe()
     converged = ("node1", "node2")
     before = {node: mesh_digests(lab3, node) for node in converged}
-    revoked = KeyStore("lab", root=tmp_path / "home" / "keys").revoked_keys()
+    revoked = store.revoked_keys()
+    assert [" ".join(line.split()[:2]) for line in revoked] == [
+        earlier
+    ]  # gone while node3 was down
 
     joined = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
 
@@ -516,7 +535,13 @@ def test_a_node_down_during_the_first_deploy_joins_later_changing_nothing_on_the
     }
     assert elsewhere == {}, elsewhere
     assert {node: mesh_digests(lab3, node) for node in converged} == before
-    assert KeyStore("lab", root=tmp_path / "home" / "keys").revoked_keys() == revoked
+    assert store.revoked_keys() == revoked
     again = pyinfra(LAB_INVENTORY, DEPLOY, env=home)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
     assert mesh_matrix(lab3) == {src: {dst: dst for dst in NODES} for src in NODES}
+    assert "REVOKED" in lab3.ssh(
+        "node1",
+        f"echo '{earlier}' > /run/earlier.pub; "
+        "ssh-keygen -Q -f /etc/ssh/trainfleet_revoked_keys /run/earlier.pub",
+        check=False,
+    )

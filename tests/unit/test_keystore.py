@@ -277,29 +277,138 @@ def test_a_revoked_host_key_stays_revoked_when_its_node_presents_it_again_until_
     assert store.host_keys().get("c", []) == []
 
     # Only the operator's explicit word takes it back: then the next run vouches for it again.
-    assert store.readmit_host_keys("a") == []  # nothing of a's was revoked
-    assert [" ".join(line.split()[:2]) for line in store.readmit_host_keys("c")] == [c_key]
+    assert store.readmit_host_keys("a", [a_key, c_key]) == []  # nothing of a's was revoked
+    assert store.readmit_host_keys("c", [HOST_A]) == []  # not a key revoked under c's name
+    assert [" ".join(line.split()[:2]) for line in store.readmit_host_keys("c", [c_key])] == [c_key]
     assert store.revoked_keys() == []
     store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
     assert store.host_keys()["c"] == [c_key] and store.revoked_keys() == []
 
 
-def test_keys_readmit_is_explicit_and_takes_back_only_the_named_nodes_host_keys(
+SPEC_C1 = (
+    "cluster: {name: c1, mesh_users: [root]}\nssh: {known_hosts: KNOWN}\nnodes:\n"
+    "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n"
+)
+
+
+def readmit_setup(tmp_path, monkeypatch) -> tuple[Path, Path, KeyStore, list[str], str]:
+    """A cluster whose nodes a and c both left the spec (their host keys revoked: a's two, c's
+    one, returned); the controller's known_hosts file (empty) named by the spec."""
+    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    spec = tmp_path / "c1.yml"
+    spec.write_text(SPEC_C1.replace("KNOWN", str(known)))
+    store = KeyStore("c1")
+    a_keys = sorted([public_key_line(), public_key_line()])
+    c_key = public_key_line()
+    store.record_host_keys({"a": a_keys, "c": [c_key]}, ["a", "c"])
+    store.record_host_keys({}, [])  # both left the spec
+    return spec, known, store, a_keys, c_key
+
+
+def public_key_line() -> str:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return (
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        .decode()
+    )
+
+
+def revoked_types_and_keys(store: KeyStore) -> list[str]:
+    return sorted(" ".join(line.split()[:2]) for line in store.revoked_keys())
+
+
+def test_keys_readmit_takes_back_only_the_fingerprints_the_operator_names(
+    tmp_path, monkeypatch, capsys
+):
+    from trainfleet.__main__ import main
+    from trainfleet.certificates import fingerprint
+
+    spec, _, store, a_keys, c_key = readmit_setup(tmp_path, monkeypatch)
+    everything = revoked_types_and_keys(store)
+    assert main(["keys", "readmit", str(spec), "a", "--fingerprint", fingerprint(a_keys[0])]) == 0
+    out = capsys.readouterr().out
+    assert f"a: 1 revoked host key(s) taken back ({fingerprint(a_keys[0])})" in out
+    assert "1 other(s) revoked under its name stay revoked" in out
+    assert revoked_types_and_keys(store) == sorted(set(everything) - {a_keys[0]})
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        ([], "give one of the two"),  # neither: nothing is taken back on a node's name alone
+        (["--known-hosts", "--fingerprint", "FP_A"], "give one of the two"),  # both
+        (["--fingerprint", "SHA256:short"], "is not a fingerprint"),
+        (["--fingerprint", "FP_C"], "is not a host key revoked under these names"),  # c's, not a's
+        (["--fingerprint", "FP_A", "--fingerprint", "FP_C"], "FP_C is not a host key revoked"),
+        (["--known-hosts"], "lists no host key for a"),  # the controller lists nothing for a
+    ],
+)
+def test_keys_readmit_refuses_doubtful_input_with_exit_2_and_takes_nothing_back(
+    tmp_path, monkeypatch, capsys, extra, why
+):
+    from trainfleet.__main__ import main
+    from trainfleet.certificates import fingerprint
+
+    spec, _, store, a_keys, c_key = readmit_setup(tmp_path, monkeypatch)
+    everything = store.revoked_keys()
+    prints = {"FP_A": fingerprint(a_keys[0]), "FP_C": fingerprint(c_key)}
+    argv = [prints.get(arg, arg) for arg in ["keys", "readmit", str(spec), "a", *extra]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert why.replace("FP_C", prints["FP_C"]) in err
+    assert store.revoked_keys() == everything
+
+
+def test_keys_readmit_known_hosts_takes_back_the_keys_the_controller_lists_for_the_node_only(
     tmp_path, monkeypatch, capsys
 ):
     from trainfleet.__main__ import main
 
-    monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path / "home"))
-    spec = tmp_path / "c1.yml"
-    spec.write_text(
-        "cluster: {name: c1, mesh_users: [root]}\nnodes:\n"
-        "  - {name: a, address: 198.18.0.11}\n  - {name: c, address: 198.18.0.13}\n"
+    spec, known, store, a_keys, c_key = readmit_setup(tmp_path, monkeypatch)
+    # The controller's known_hosts lists one of a's revoked keys and a key never revoked; c has
+    # its own revoked key listed under a's address: it is not taken back under a's name.
+    known.write_text(
+        f"198.18.0.11 {a_keys[1]}\n198.18.0.11 {public_key_line()}\n198.18.0.11 {c_key}\n"
     )
-    store = KeyStore("c1")
-    a_key, c_key = HOST_A, HOST_C
-    store.record_host_keys({"a": [a_key], "c": [c_key]}, ["a", "c"])
-    store.record_host_keys({}, [])  # both left the spec
-    assert main(["keys", "readmit", str(spec)]) != 0  # names no node: refused, nothing taken back
-    assert main(["keys", "readmit", str(spec), "c"]) == 0
-    assert "c: 1 revoked host key(s) taken back" in capsys.readouterr().out
-    assert [" ".join(line.split()[:2]) for line in store.revoked_keys()] == [a_key]
+    assert main(["keys", "readmit", str(spec), "a", "--known-hosts"]) == 0
+    assert "a: 1 revoked host key(s) taken back" in capsys.readouterr().out
+    assert " ".join(a_keys[1].split()[:2]) not in revoked_types_and_keys(store)
+    assert a_keys[0] in revoked_types_and_keys(store)
+    assert c_key in revoked_types_and_keys(store)
+
+
+def test_keys_readmit_names_no_node_or_acts_for_another_command_is_refused(tmp_path, monkeypatch):
+    from trainfleet.__main__ import main
+
+    spec, _, store, _, _ = readmit_setup(tmp_path, monkeypatch)
+    everything = store.revoked_keys()
+    assert main(["keys", "readmit", str(spec), "--known-hosts"]) == 2  # names no node
+    assert main(["keys", "list", str(spec), "--known-hosts"]) == 2
+    assert store.revoked_keys() == everything
+
+
+def test_a_node_reinstalled_while_down_has_its_old_host_keys_revoked_at_once(tmp_path):
+    """The controller's known_hosts lists other keys for a node not read this run (new servers;
+    the store knew the earlier ones): they are gone now, not when the node is back, and its
+    record is left for the run that reads it. A listing that still holds one vouched key, or
+    none at all, is no reimage: nothing is revoked."""
+    store = KeyStore("c1", root=tmp_path / "keys")
+    earlier = sorted([public_key_line(), public_key_line()])
+    store.record_host_keys({"a": [HOST_A], "c": earlier}, ["a", "c"])
+    assert store.record_host_keys({"a": [HOST_A]}, ["a", "c"], {"c": [earlier[1]]}) == []
+    assert store.record_host_keys({"a": [HOST_A]}, ["a", "c"], {"c": []}) == []
+    assert store.record_host_keys({"a": [HOST_A]}, ["a", "c"]) == []
+    assert store.revoked_keys() == []
+    new = public_key_line()
+    assert store.record_host_keys({"a": [HOST_A]}, ["a", "c"], {"c": [new]}) == earlier
+    assert store.host_keys()["c"] == earlier  # vouched for until the node is read
+    revoked = store.revoked_keys()
+    # Later runs, still down, then back with the listed key: nothing more is revoked.
+    assert store.record_host_keys({"a": [HOST_A]}, ["a", "c"], {"c": [new]}) == []
+    assert store.record_host_keys({"a": [HOST_A], "c": [new]}, ["a", "c"]) == []
+    assert store.revoked_keys() == revoked and store.host_keys()["c"] == [new]

@@ -48,7 +48,7 @@ from trainfleet.mesh import (
     plan_certificates,
 )
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, sshd_part
+from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, plan_cluster, sshd_part
 from trainfleet.spec import SpecError, parse_spec
 
 needs_openssh = pytest.mark.skipif(
@@ -1414,7 +1414,7 @@ def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_th
     assert not (old / "ca").exists() and (old / "ca.pub").exists()
     # gpu-b02 back (its host key readmitted by the operator): it is planned certificates of the new
     # CA.
-    store.readmit_host_keys("gpu-b02")
+    store.readmit_host_keys("gpu-b02", [host_key_of(cluster, "gpu-b02")])
     back = plan_of(cluster, tmp_path / "keys")
     (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
     assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(
@@ -1541,7 +1541,7 @@ def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_re
     )
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
     assert revoked(tmp_path / "krl", key, tmp_path)
-    KeyStore("mix", root=root).readmit_host_keys("gpu-b02")  # the operator's explicit word
+    KeyStore("mix", root=root).readmit_host_keys("gpu-b02", [key])  # the operator's word
     plan = plan_of(cluster, root)
     assert key not in refused_keys(root) and plan.nodes["gpu-b02"].sshd.problems == []
     (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
@@ -1596,3 +1596,220 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
         ) != mesh.host_certificates_summary(again.certificates), why
     assert mesh.certificate_summary(bad["damaged"]).startswith("BAD SIGNATURE: host gpu-a01,")
     assert mesh.certificate_summary(good).startswith("host gpu-a01,")
+
+
+def test_a_node_down_at_the_first_deploy_of_new_servers_changes_no_krl_when_it_is_back(tmp_path):
+    """Issue #38: the store vouched for gpu-b02's host key in the cluster's earlier life; new
+    servers are deployed with gpu-b02 down. The controller's known_hosts lists gpu-b02's new key,
+    so its old one is revoked in that first run (and drift expects it), not in the run that reads
+    gpu-b02 again: that run plans every node the KRL the first one wrote."""
+    known = tmp_path / "known_hosts"
+    cluster = Cluster.parse(MIXED + f"ssh: {{known_hosts: {known}}}\n")
+    names = [n.name for n in cluster.nodes]
+    store = KeyStore("mix", root=tmp_path / "keys")
+    earlier = public_key()
+    store.record_host_keys({"gpu-b02": [earlier]}, names)
+    store.certificate_authority()  # the CA of the earlier life
+    now = {name: [public_key()] for name in names}
+    known.write_text(f"[2001:db8::b2]:2222 {now['gpu-b02'][0]}\n")
+    down = {name: keys for name, keys in now.items() if name != "gpu-b02"}
+    drift_first = plan_cluster(
+        cluster,
+        gathered_for(cluster, host_keys=down, sshd={n: fresh_sshd() for n in down}),
+        store.snapshot(cluster.mesh_users, names),
+    )
+    first = plan_of(
+        cluster, tmp_path / "keys", host_keys=down, sshd={n: fresh_sshd() for n in down}
+    )
+    assert refused_keys(tmp_path / "keys") == [earlier]
+    back = plan_of(cluster, tmp_path / "keys", host_keys=now)
+    krls = {
+        p.nodes["gpu-a01"].sshd.revoked_keys for p in (drift_first, first, back)
+    }  # drift expected it
+    assert len(krls) == 1
+    (tmp_path / "krl").write_bytes(krls.pop())
+    assert revoked(tmp_path / "krl", earlier, tmp_path)
+    assert refused_keys(tmp_path / "keys") == [earlier]
+
+
+def converged_gathered(cluster: Cluster, plan: ClusterPlan) -> Gathered:
+    """What every node answers once it holds ``plan``: its certificates and trust blocks."""
+    return dataclasses.replace(
+        gathered_for(
+            cluster,
+            sshd={
+                name: {
+                    **fresh_sshd(),
+                    "certificates": {
+                        path: line.strip() for path, line in p.sshd.certificates.items()
+                    },
+                }
+                for name, p in plan.nodes.items()
+            },
+            user_certificates={
+                name: {u.user: u.certificate.strip() for u in p.mesh}
+                for name, p in plan.nodes.items()
+            },
+        ),
+        trust={
+            name: {
+                "/etc/ssh/ssh_known_hosts": p.known_hosts,
+                **{u.user: u.authorized for u in p.mesh},
+            }
+            for name, p in plan.nodes.items()
+        },
+    )
+
+
+def simulate_run(monkeypatch, cluster: Cluster, plan: ClusterPlan, fails: set[tuple[str, str]]):
+    """deploy/cluster.py's mesh steps as pyinfra runs them: each step on every node before the
+    next, its ``_if`` evaluated as it runs, a node that failed running nothing more. ``fails``:
+    ``(node, step name)`` that fail. Returns ``{step name: nodes it ran on}``."""
+    from types import SimpleNamespace
+
+    from tests.unit.test_plan import deploy_order
+
+    steps = {
+        node.name: [
+            kwargs
+            for op, kwargs in deploy_order(monkeypatch, cluster, node.name, plan)
+            if op.startswith("ssh_mesh.")
+        ]
+        for node in cluster.nodes
+    }
+    names = [kwargs["name"] for kwargs in steps[cluster.nodes[0].name]]
+    assert all([k["name"] for k in s] == names for s in steps.values())  # one order everywhere
+    state = SimpleNamespace(failed_hosts=set())
+    facts = run_facts(state)
+    facts.whole_cluster, facts.failed_before_plan = True, set()
+    ran: dict[str, list[str]] = {}
+    with ctx_state.use(state):
+        for at, name in enumerate(names):
+            for node, node_steps in steps.items():
+                gates = node_steps[at].get("_if") or []
+                gates = gates if isinstance(gates, list) else [gates]
+                if node in state.failed_hosts or not all(gate() for gate in gates):
+                    continue
+                ran.setdefault(name, []).append(node)
+                if (node, name) in fails:
+                    state.failed_hosts.add(node)
+    return ran
+
+
+def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowhere_else(
+    tmp_path, monkeypatch
+):
+    """Issue #38: alice makes her own step on gpu-a02 fail every run (`chmod 500 ~/.ssh`). The
+    other nodes move every user to the new CA and drop the old one, the KRL refusing it too; on
+    gpu-a02 itself the root-owned trust (known_hosts, root's authorized_keys) drops it as well,
+    before alice's step. A root-owned failure still holds every drop back, as before."""
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    old = plan_of(cluster, tmp_path / "keys")
+    store.rotate_certificate_authority()
+    plan = planned(cluster, converged_gathered(cluster, old), store)
+    a01 = plan.nodes["gpu-a01"]
+    assert a01.sshd.moving and all(u.moving for u in a01.mesh)
+    assert a01.sshd.settled_revoked_keys not in (None, a01.sshd.revoked_keys)
+    others = ["gpu-a01", "gpu-b01", "gpu-b02"]
+
+    ran = simulate_run(
+        monkeypatch, cluster, plan, {("gpu-a02", "alice also trusts the mesh's new lines")}
+    )
+
+    # Every node moved host and root; the others moved alice too and dropped the old CA.
+    assert sorted(ran["sshd presents its host certificates, refuses revoked keys"]) == sorted(
+        [*others, "gpu-a02"]
+    )
+    assert sorted(ran["SSH mesh for alice"]) == others
+    for step in ("known_hosts trusts exactly", "root trusts exactly the mesh"):
+        (name,) = [n for n in ran if n.startswith(step)]
+        assert sorted(ran[name]) == sorted([*others, "gpu-a02"]), name  # gpu-a02's root files too
+    assert sorted(ran["alice trusts exactly the mesh"]) == others
+    assert sorted(ran["Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"]) == (
+        others
+    )
+    assert "Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)" not in ran
+    # The KRL they got refuses the old CA's certificates: gpu-a02's alice (never moved) is out.
+    (tmp_path / "krl").write_bytes(a01.sshd.settled_revoked_keys)
+    assert revoked(tmp_path / "krl", old.nodes["gpu-a02"].mesh[1].certificate.strip(), tmp_path)
+    assert not revoked(tmp_path / "krl", a01.mesh[1].certificate.strip(), tmp_path)
+
+    # A root-owned failure (gpu-a02's sshd) holds every move and drop back, as before.
+    held = simulate_run(
+        monkeypatch,
+        cluster,
+        plan,
+        {("gpu-a02", "sshd presents its host certificates, refuses revoked keys")},
+    )
+    assert not [name for name in held if "exactly" in name or name.startswith("SSH mesh for")]
+    assert sorted(held["Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)"]) == others
+
+
+def test_the_old_ca_joins_the_krl_once_every_node_presents_the_new_one_and_a_rerun_changes_nothing(
+    tmp_path,
+):
+    """The move's run writes the settled KRL (the old CA revoked); the next run's prepare_keys
+    settles the store (its root's and hosts' certificates are the new CA's), which then plans the
+    same bytes; drift, between the two, expects them too. gpu-a02's alice, still on the old CA,
+    does not hold it back."""
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    old = plan_of(cluster, tmp_path / "keys")
+    old_ca = store.certificate_authority().public
+    store.rotate_certificate_authority()
+    move = planned(cluster, converged_gathered(cluster, old), store)
+    settled = move.nodes["gpu-a01"].sshd.settled_revoked_keys
+    after = converged_gathered(cluster, move)
+    after.user_certificates["gpu-a02"]["alice"] = old.nodes["gpu-a02"].mesh[1].certificate.strip()
+    drift = plan_cluster(cluster, after, store.snapshot(cluster.mesh_users, names_of(cluster)))
+    assert store.ca_moving() and drift.nodes["gpu-b01"].sshd.revoked_keys == settled
+    rerun = planned(cluster, after, store)
+    assert not store.ca_moving()
+    assert " ".join(old_ca.split()[:2]) in refused_keys(tmp_path / "keys")
+    assert {p.sshd.revoked_keys for p in rerun.nodes.values()} == {settled}
+    assert rerun.nodes["gpu-a01"].sshd.settled_revoked_keys is None  # nothing moves any more
+    assert planned(cluster, after, store).nodes["gpu-a01"].sshd.revoked_keys == settled
+
+
+def test_a_store_whose_ca_move_settled_before_old_cas_were_revoked_revokes_them_once(tmp_path):
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    plan_of(cluster, tmp_path / "keys")
+    old_ca = store.certificate_authority().public
+    store.rotate_certificate_authority()
+    (store.dir / ".ca" / "moving").unlink()  # what an older trainfleet's settled move left
+    assert store.revoke_retired_cas() == [old_ca]
+    assert store.revoke_retired_cas() == []
+    assert refused_keys(tmp_path / "keys") == [" ".join(old_ca.split()[:2])]
+
+
+def names_of(cluster: Cluster) -> list[str]:
+    return [n.name for n in cluster.nodes]
+
+
+def test_the_settled_krl_replaces_the_one_sshd_certificates_wrote_this_run_on_a_new_node(tmp_path):
+    """A node that had no KRL got the plan's from sshd_certificates this run (a move from a key
+    mesh): the settled KRL (the old CA revoked) is written over it, the plain one is not again."""
+    from operations.ssh_mesh_ops import revoked_keys
+
+    cluster = Cluster.parse(MIXED)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    old = plan_of(cluster, tmp_path / "keys")
+    store.rotate_certificate_authority()
+    sshd = planned(cluster, converged_gathered(cluster, old), store).nodes["gpu-a01"].sshd
+    facts = [(SshdMesh, {}, fresh_sshd())]  # no KRL when the run began
+    plain, _ = run_op(revoked_keys, facts, content=sshd.revoked_keys)
+    assert plain == []
+    settled, _ = run_op(
+        revoked_keys, facts, content=sshd.settled_revoked_keys, written=sshd.revoked_keys
+    )
+    ((path, _, data),) = [written(command) for command in settled]
+    assert (path, data) == (REVOKED_KEYS, sshd.settled_revoked_keys)
+    same, _ = run_op(
+        revoked_keys,
+        [(SshdMesh, {}, {**fresh_sshd(), "revoked_keys": sshd.settled_revoked_keys})],
+        content=sshd.settled_revoked_keys,
+        written=sshd.revoked_keys,
+    )
+    assert same == []

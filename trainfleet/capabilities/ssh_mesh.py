@@ -65,6 +65,8 @@ class SshdPlan:
     client_drop_in: str | None = None  # /etc/ssh/ssh_config.d/trainfleet-mesh.conf (ssh's KRL)
     # some node's known_hosts trusts another way now: certificates change only without failures
     moving: bool = False
+    # a CA move: the KRL once every node presents the new CA's (the old CA refused too)
+    settled_revoked_keys: bytes | None = None
 
 
 def mesh_user_part(
@@ -170,7 +172,11 @@ def sshd_part(
     )
     client = render("ssh_mesh/ssh_mesh.conf.j2", cluster=cluster.name, revoked_keys=REVOKED_KEYS)
     return SshdPlan(
-        certificates=wanted, drop_in=drop_in, revoked_keys=certs.revoked_keys, client_drop_in=client
+        certificates=wanted,
+        drop_in=drop_in,
+        revoked_keys=certs.revoked_keys,
+        client_drop_in=client,
+        settled_revoked_keys=certs.settled_revoked_keys,
     )
 
 
@@ -202,7 +208,8 @@ def revoked_host_key_problems(
         "which the cluster revoked: give the node new host keys (reimage it, or move "
         "/etc/ssh/ssh_host_*_key* aside, run `ssh-keygen -A` and update the controller's "
         "known_hosts), or, only if that key is known safe, take it back with "
-        f"`python -m trainfleet keys readmit SPEC {node.name}`"
+        f"`python -m trainfleet keys readmit SPEC {node.name} --fingerprint "
+        f"{certificates.fingerprint(key)}`"
         for key in host_keys
         if " ".join(key.split()[:2]) in revoked
     ]
