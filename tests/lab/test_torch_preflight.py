@@ -37,6 +37,35 @@ LEFTOVERS = 'pgrep -f "[p]reflight\'s collective|s[.]listen[(]128[)]" || true'
 # marker when imported. sitecustomize and os would be found only on a path set before startup.
 PLANTED_BY_USER = ["json", "socket", "torch", "os", "sitecustomize", "threading", "datetime"]
 PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
+# A node user's attack on the collective's rendezvous (issue #38), with the node's own torch:
+# connect to the master's rendezvous port as a client of torch's store, push the `joined`
+# counter back by 1000 and delete `joined/2` (node3's rank), over and over until told to stop.
+# Before the store was the ranks' own (authenticated), this left every node out of the healthy
+# subset; it prints how often it reached the port and how often its writes were accepted.
+STORE_ATTACK = r"""
+import os, socket, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+print("ready", flush=True)
+reached = forged = 0
+while not os.path.exists(stop):
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+        reached += 1
+        store = dist.TCPStore(
+            host, port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False
+        )
+        while not os.path.exists(stop):
+            store.add("joined", -1000)
+            store.delete_key("joined/2")
+            forged += 1
+            time.sleep(0.02)
+    except Exception:
+        time.sleep(0.05)
+print("reached", reached, "forged", forged, flush=True)
+"""
+ATTACK_OUT, ATTACK_STOP = "/run/tf-store-attack.out", "/run/tf-store-attack.stop"
 
 
 def preflight(inventory: str, stale: str | None = None):
@@ -74,6 +103,74 @@ def environment_edited(lab, inventory: str, node: str, sed: str):
         assert again.returncode == 0 and again.changed() == {}, again.describe()
 
 
+@contextmanager
+def store_attacker(lab, node: str = "node2"):
+    """``nobody`` on ``node`` attacks the master's rendezvous port (STORE_ATTACK) for the
+    block's length; yields a dict that gets, once it stopped, how often it reached the port
+    and how often the store accepted its writes."""
+    master = lab.lab.node("node1").address
+    lab.ssh(node, f"rm -f {ATTACK_OUT} {ATTACK_STOP}")
+    lab.ssh(
+        node,
+        f"nohup timeout 600 runuser -u nobody -- /opt/trainfleet/venv/bin/python -I -c "
+        f"{shlex.quote(STORE_ATTACK)} {master} 29500 {ATTACK_STOP} "
+        f">{ATTACK_OUT} 2>&1 </dev/null &",
+    )
+    # ready (torch imported) before the preflight starts: the event, not a guessed delay
+    lab.ssh(node, f"for i in $(seq 300); do grep -q ready {ATTACK_OUT} && exit 0; sleep 0.1; done")
+    said: dict[str, int] = {}
+    try:
+        yield said
+    finally:
+        lab.ssh(
+            node,
+            f"touch {ATTACK_STOP}; "
+            f"for i in $(seq 100); do grep -q reached {ATTACK_OUT} && break; sleep 0.1; done",
+        )
+        out = lab.ssh(node, f"cat {ATTACK_OUT}; rm -f {ATTACK_OUT} {ATTACK_STOP}").splitlines()
+        _, reached, _, forged = next(line for line in out if line.startswith("reached ")).split()
+        said.update(reached=int(reached), forged=int(forged))
+        print(f"the store attack from {node}: {said}")
+
+
+# The local address of every socket the collective's ranks listen on at the master port,
+# sampled until told to stop.
+WATCH_STORE = r"""
+until [ -e "$1" ]; do
+  ss -Hltnp 'sport = :29500' | while read -r line; do
+    pid=$(printf '%s\n' "$line" | sed -n 's/.*pid=\([0-9]*\).*/\1/p')
+    grep -qa "reflight.s collective" "/proc/$pid/cmdline" 2>/dev/null \
+      && printf '%s\n' "$line" | awk '{print $4}'
+  done
+  sleep 0.05
+done | sort -u
+"""
+
+
+@contextmanager
+def store_listeners(lab):
+    """The addresses the rendezvous store listened on at node1 during the block."""
+    stop = "/run/tf-store-watch.stop"
+    lab.ssh("node1", f"rm -f {stop}")
+    watch = subprocess.Popen(
+        [
+            "ssh",
+            *lab.lab.ssh_options(),
+            f"root@{lab.lab.node('node1').address}",
+            f"sh -c {shlex.quote(WATCH_STORE)} sh {stop}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    seen: set[str] = set()
+    try:
+        yield seen
+    finally:
+        lab.ssh("node1", f"touch {stop}")
+        seen.update(watch.communicate(timeout=30)[0].split())
+        lab.ssh("node1", f"rm -f {stop}")
+
+
 def assert_nothing_left_running(lab):
     for node in NODES:
         assert lab.ssh(node, LEFTOVERS).strip() == "", f"preflight processes left on {node}"
@@ -81,7 +178,12 @@ def assert_nothing_left_running(lab):
 
 def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     lab, inventory = torch_lab
-    run, report, _ = preflight(inventory)
+    # a user on node2 attacks the rendezvous store all along: it decides nothing
+    with store_attacker(lab) as attack, store_listeners(lab) as listened:
+        run, report, _ = preflight(inventory)
+    assert attack["reached"] > 0  # it ran while the preflight did
+    # the store listened on the master's cluster address alone, not on every interface
+    assert listened == {"198.18.0.11:29500"}
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
@@ -92,6 +194,7 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
         "multiple_of": None,
         "note": None,
     }
+    assert attack["forged"] == 0, "a node user wrote into the ranks' rendezvous store"
     assert report["details"]["ssh"] == {
         node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
     }
@@ -267,7 +370,11 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
         "nft add rule inet tf_test out tcp dport 29500 drop",
     )
     try:
-        run, report, took = preflight(inventory)
+        # the same user on node2 attacking the rendezvous store neither hides node3 nor names
+        # another node
+        with store_attacker(lab) as attack:
+            run, report, took = preflight(inventory)
+        assert attack["reached"] > 0
         assert run.returncode != 0
         assert took < report["details"]["bound"]["seconds"]  # within its stated worst case
         assert f"at most {report['details']['bound']['seconds']} s for 3 nodes" in run.stderr
