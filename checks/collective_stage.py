@@ -16,6 +16,7 @@ from checks.collective_verdicts import (
 )
 from checks.fabric_verdicts import nccl_socket_problems
 from checks.nccl_decisions import nccl_decision_problems
+from checks.pair_ports import pair_port
 from checks.preflight_report import PreflightReport, Problem
 from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
@@ -186,7 +187,7 @@ def run_pairs(
     hosting: dict[str, list[StringCommand]] = {}
     joining: dict[str, StringCommand] = {}
     for i, (a, b) in enumerate(pairs):
-        port = cluster.master_port + 1 + i
+        port = pair_port(cluster, i)
         address = cluster.node(a).address
         hosting.setdefault(a, []).append(
             collective_command(0, 1, 2, address, port, backend, seconds)

@@ -329,28 +329,38 @@ def test_a_shared_hostname_and_a_node_whose_mesh_key_is_gone_are_named(torch_lab
     assert_nothing_left_running(lab)
 
 
-def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
+def test_a_taken_master_port_and_a_taken_pair_port_are_named_with_their_holders(torch_lab):
     lab, inventory = torch_lab
-    pid = lab.ssh(
-        "node1",
-        "nohup timeout 120 python3 -m http.server 29500 --bind 198.18.0.11 "
-        ">/dev/null 2>&1 & echo $!",
-    ).strip()
+    # node1 holds the master port, node2 the port of the bandwidth pair it hosts (node2-node3)
+    held = {"node1": ("198.18.0.11", 29500), "node2": ("198.18.0.12", 29502)}
+    pids = {
+        node: lab.ssh(
+            node,
+            f"nohup timeout 120 python3 -m http.server {port} --bind {address} "
+            ">/dev/null 2>&1 & echo $!",
+        ).strip()
+        for node, (address, port) in held.items()
+    }
     try:
         # Listening before the preflight looks (the event, not a guessed delay), within 10 s.
-        lab.ssh(
-            "node1",
-            "for i in $(seq 100); do ss -Hltn 'sport = :29500' | grep -q . && exit 0; "
-            "sleep 0.1; done; exit 1",
-        )
+        for node, (_, port) in held.items():
+            lab.ssh(
+                node,
+                f"for i in $(seq 100); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; "
+                "sleep 0.1; done; exit 1",
+            )
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
-        (problem,) = [p for p in problems(report) if p[1] == "hygiene"]
-        assert problem[0] == "node1" and "master port 29500 is already in use" in problem[2]
-        assert "timeout" in problem[2] or "python3" in problem[2]
+        master, pair = [p for p in problems(report) if p[1] == "hygiene"]
+        assert master[0] == "node1" and "master port 29500 is already in use" in master[2]
+        assert "timeout" in master[2] or "python3" in master[2]
+        assert pair[0] == "node2" and pair[2].startswith(
+            "port 29502, the bandwidth pair node2-node3's rendezvous, is already in use (users:(("
+        )
         assert report["stages"]["collective"] == "skipped"
     finally:
-        lab.ssh("node1", f"kill {pid}")
+        for node, pid in pids.items():
+            lab.ssh(node, f"kill {pid}")
 
 
 def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab):

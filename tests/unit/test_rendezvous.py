@@ -7,14 +7,19 @@ import json
 import os
 import re
 import secrets
+import socket
 import subprocess
 from types import SimpleNamespace
 
 import pytest
 
-from checks import collective_stage, rank_output, stage_runner
+from checks import bandwidth_stage, collective_stage, rank_output, stage_runner
 from checks.collective_verdicts import collective_problems
+from checks.hygiene_output import parse_hygiene
+from checks.hygiene_verdicts import pair_port_problems
+from checks.pair_ports import hosted_ports
 from checks.preflight_report import PreflightReport
+from checks.stage_runner import shell_stage, stage_script
 from trainfleet import Cluster
 
 LAB = Cluster.parse(
@@ -250,3 +255,71 @@ def test_run_everywhere_hands_the_secret_to_pyinfra_as_stdin_not_in_the_command(
     assert all(g["_stdin"] == secret and secret not in g["command"] for g in got.values())
     stage_runner.run_everywhere(state, commands, 5)  # the other stages send nothing
     assert all("_stdin" not in g for g in got.values())
+
+
+# ---- the pairs' rendezvous ports are checked for a holder, like the master port --------------
+
+
+def test_each_node_is_checked_for_the_pair_ports_it_would_host():
+    assert hosted_ports(LAB) == {
+        # the bandwidth ring's (node1, node2), (node1, node3); the isolation's first pass
+        "node1": {
+            29501: "the bandwidth pair node1-node2",
+            29502: "the isolation's node1-node3",
+            29503: "the bandwidth pair node1-node3",
+        },
+        # (node2, node3); a second pass may pair a suspect with node2 or node3 on 29501
+        "node2": {29502: "the bandwidth pair node2-node3", 29501: "an isolation pair"},
+        "node3": {29501: "an isolation pair"},
+    }
+    # the ports the stages use are the ones checked
+    jobs = bandwidth_stage.bandwidth_jobs(LAB, bandwidth_stage.bandwidth_plan(LAB)[0], 25, 30)
+    for node, node_jobs in jobs.items():
+        for _, first, _, address, port, _ in node_jobs:
+            if address == LAB.node(node).address:  # this node hosts the pair
+                assert first == 0 and port in hosted_ports(LAB)[node]
+
+
+def test_a_held_pair_port_is_named_on_the_node_that_would_host_it_from_what_ss_printed(
+    tmp_path,
+):
+    """The real hygiene script and the real ss, a real socket listening on a pair's port."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        command = shell_stage(
+            stage_script("hygiene.sh"), port - 1, 1, "node1", "/nonexistent", "x", f"1 {port}"
+        )
+        out = subprocess.run(
+            ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()
+    seen = parse_hygiene(out)
+    assert list(seen["pair_port_holders"]) == [port]
+    assert seen["pair_port_holders"][port].startswith('users:(("python')
+    hosted = {"node1": {port: "the bandwidth pair node1-node2"}}
+    ((node, cause),) = [(p.node, p.cause) for p in pair_port_problems({"node1": seen}, hosted)]
+    assert node == "node1" and cause.startswith(
+        f"port {port}, the bandwidth pair node1-node2's rendezvous, is already in use (users:(("
+    )
+    # a port the node would host no pair on is not its problem
+    assert pair_port_problems({"node2": seen}, {"node2": {port + 1: "x"}}) == []
+
+
+def test_a_held_pair_port_runs_no_pair_and_no_isolation(monkeypatch):
+    from checks import preflight_check
+
+    sent: list[str] = []
+
+    def run_everywhere(state, commands, seconds, stdin=None):
+        sent.extend(c.get_raw_value() for c in commands.values())
+        return {}  # every rank silent: the collective fails
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(preflight_check, "run_isolation", lambda *a: pytest.fail("isolation ran"))
+    report = PreflightReport(cluster="lab", nodes=NODES)
+    holder = 'users:(("nc",pid=77,fd=3))'
+    report.details["hygiene"] = {"node2": {"pair_port_holders": {29502: holder}}}
+    preflight_check._collective_stages(None, LAB, report, {}, set(NODES))
+    assert len(sent) == 3 and not any(",29502," in raw or ",29501," in raw for raw in sent)
+    assert report.stages["bandwidth"] == "skipped"
