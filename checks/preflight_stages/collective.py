@@ -102,6 +102,8 @@ class Failed(Exception):
 SECRET_FILE = "secret"  # collective.sh wrote it from stdin (0600, in this root-only directory)
 MAX_FIELD = 1 << 20  # a store value: an address, NCCL's unique id, a host name
 MAX_FIELDS = 1 << 16
+HANDSHAKE = 5  # seconds a connection has to prove itself, in one message of two 32-byte fields
+PENDING = 256  # connections proving themselves at once; more are closed at once (a flood)
 
 
 def read_secret():
@@ -122,9 +124,11 @@ def send(sock, *fields):
     )
 
 
-def receive_exactly(sock, size):
+def receive_exactly(sock, size, until=None):
     data = bytearray()
     while len(data) < size:
+        if until is not None:  # a bound on the whole message, not on each piece of it
+            sock.settimeout(max(0.01, until - time.monotonic()))
         chunk = sock.recv(size - len(data))
         if not chunk:
             raise ConnectionError("the rendezvous connection closed")
@@ -132,18 +136,18 @@ def receive_exactly(sock, size):
     return bytes(data)
 
 
-def receive(sock):
+def receive(sock, fields=MAX_FIELDS, size=MAX_FIELD, until=None):
     """One message: its fields, bounded in number and size (anything else ends the link)."""
-    (count,) = struct.unpack("!I", receive_exactly(sock, 4))
-    if count > MAX_FIELDS:
+    (count,) = struct.unpack("!I", receive_exactly(sock, 4, until))
+    if count > fields:
         raise ConnectionError("too many fields")
-    fields = []
+    message = []
     for _ in range(count):
-        (size,) = struct.unpack("!I", receive_exactly(sock, 4))
-        if size > MAX_FIELD:
+        (length,) = struct.unpack("!I", receive_exactly(sock, 4, until))
+        if length > size:
             raise ConnectionError("a field too large")
-        fields.append(receive_exactly(sock, size))
-    return fields
+        message.append(receive_exactly(sock, length, until))
+    return message
 
 
 def proof(secret, who, nonces):
@@ -158,6 +162,7 @@ class StoreServer:
 
     def __init__(self, address, port, secret):
         self.secret, self.data, self.changed = secret, {}, threading.Condition()
+        self.pending = threading.BoundedSemaphore(PENDING)
         family, kind, proto, _, where = socket.getaddrinfo(address, port, 0, socket.SOCK_STREAM)[0]
         self.sock = socket.socket(family, kind, proto)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT, not stealing
@@ -176,26 +181,38 @@ class StoreServer:
                 conn, _ = self.sock.accept()
             except OSError:
                 return  # closed: the job is over
+            if not self.pending.acquire(blocking=False):
+                conn.close()  # root's process keeps its threads and memory bounded
+                continue
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
     def serve(self, conn):
         with conn:
             try:
-                conn.settimeout(5)  # a peer that does not prove itself at once is dropped
-                mine = os.urandom(32)
-                send(conn, mine)
-                theirs, shown = receive(conn)
-                nonces = mine + theirs
-                if len(theirs) != 32 or not hmac.compare_digest(
-                    shown, proof(self.secret, b"rank", nonces)
-                ):
-                    return
-                send(conn, proof(self.secret, b"store", nonces))
-                conn.settimeout(None)
-                while True:
+                proved = self.handshake(conn)
+            except (OSError, ValueError, struct.error):
+                proved = False
+            finally:
+                self.pending.release()
+            try:
+                while proved:
                     send(conn, *self.answer(receive(conn)))
             except (OSError, ValueError, struct.error):
                 return
+
+    def handshake(self, conn):
+        """Whether the peer proved it holds the secret (then the server proves it back)."""
+        until = time.monotonic() + HANDSHAKE
+        mine = os.urandom(32)
+        conn.settimeout(HANDSHAKE)
+        send(conn, mine)
+        theirs, shown = receive(conn, 2, 32, until)
+        nonces = mine + theirs
+        if len(theirs) != 32 or not hmac.compare_digest(shown, proof(self.secret, b"rank", nonces)):
+            return False
+        send(conn, proof(self.secret, b"store", nonces))
+        conn.settimeout(None)
+        return True
 
     def wait_for(self, keys, millis):
         return self.changed.wait_for(lambda: all(k in self.data for k in keys), millis / 1000)
@@ -280,11 +297,11 @@ class Store(dist.Store):
                 time.sleep(0.1)
                 continue
             try:
-                (theirs,) = receive(sock)
+                (theirs,) = receive(sock, 1, 32, time.monotonic() + HANDSHAKE)
                 mine = os.urandom(32)
                 nonces = theirs + mine
                 send(sock, mine, proof(secret, b"rank", nonces))
-                (shown,) = receive(sock)
+                (shown,) = receive(sock, 1, 32, time.monotonic() + HANDSHAKE)
                 if hmac.compare_digest(shown, proof(secret, b"store", nonces)):
                     sock.settimeout(None)
                     return sock
