@@ -266,6 +266,7 @@ def as_bytes(value):
 
 
 CLONES = []
+STORE_TIMEOUT = getattr(dist, "DistStoreError", TimeoutError)  # what torch's stores raise
 
 
 class Store(dist.Store):
@@ -320,8 +321,7 @@ class Store(dist.Store):
             send(self.sock, *fields)
             answer = receive(self.sock)
         if answer[:1] == [b"timeout"]:
-            timed_out = getattr(dist, "DistStoreError", RuntimeError)
-            raise timed_out(f"timed out waiting for {fields[1:2]!r} in the rendezvous store")
+            raise STORE_TIMEOUT(f"timed out waiting for {fields[1:2]!r} in the rendezvous store")
         if answer[:1] != [b"ok"]:
             raise RuntimeError(f"the rendezvous store refused {fields[0]!r}")
         return answer[1:]
@@ -372,16 +372,20 @@ def run(job, rank, world, master, port, nbytes, deadline, secret):
 def joined_run(job, rank, world, master, port, nbytes, deadline, secret):
     # Rendezvous through the job's store first, so that on a timeout the ranks can say which
     # ranks joined and which did not (only the job's ranks can write there).
+    # Each rank waits in the store for the last one to join to say so (one request per rank,
+    # not a poll: the store is a python thread of rank 0's, and a job may have thousands).
     store = Store(master, port, secret, deadline)
     say("reached", job=job)
     store.set(f"joined/{rank}", socket.gethostname())
-    store.add("joined", 1)
-    while (count := int(store.add("joined", 0))) < world:
-        if time.monotonic() > deadline:
-            joined = [r for r in range(world) if store.check([f"joined/{r}"])]
-            missing = [r for r in range(world) if r not in joined]
-            raise Failed("rendezvous", "timeout", joined=joined, missing=missing, count=count)
-        time.sleep(0.1)
+    if int(store.add("joined", 1)) == world:
+        store.set("joined/all", "1")
+    try:
+        store.wait(["joined/all"], timedelta(seconds=max(0.01, deadline - time.monotonic())))
+    except STORE_TIMEOUT:
+        count = int(store.add("joined", 0))
+        joined = [r for r in range(world) if store.check([f"joined/{r}"])]
+        missing = [r for r in range(world) if r not in joined]
+        raise Failed("rendezvous", "timeout", joined=joined, missing=missing, count=count) from None
     say("joined", job=job)
     if backend == "nccl":
         torch.cuda.set_device(
