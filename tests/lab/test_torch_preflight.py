@@ -44,16 +44,18 @@ PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 # failed") and left out of the healthy subset. It prints how often it reached the port, how
 # often the ranks' own store answered it there, and how often its writes were accepted.
 STORE_ATTACK = r"""
-import os, socket, sys, time
+import socket, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-host, port, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host, port = sys.argv[1], int(sys.argv[2])
+count = {"reached": 0, "answered": 0, "forged": 0}
+def tell():  # after every try: the attack is ended by a signal, wherever it is
+    print(*(f"{key} {n}" for key, n in count.items()), flush=True)
 print("ready", flush=True)
-reached = answered = forged = 0
-while not os.path.exists(stop):
+while True:
     try:
         probe = socket.create_connection((host, port), timeout=0.5)
-        reached += 1
+        count["reached"] += 1
         try:  # the ranks' own store speaks first (its nonce); torch's and a listener do not
             probe.settimeout(0.5)
             spoke = bool(probe.recv(4))
@@ -61,22 +63,24 @@ while not os.path.exists(stop):
             spoke = False
         probe.close()
         if spoke:  # not torch's store: no client of torch's gets past it (its window is short)
-            answered += 1
+            count["answered"] += 1
+            tell()
             time.sleep(0.02)
             continue
         store = dist.TCPStore(
             host, port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False
         )
-        while not os.path.exists(stop):
+        while True:
             store.add("joined", -1000)
             store.delete_key("joined/2")
-            forged += 1
+            count["forged"] += 1
+            tell()
             time.sleep(0.02)
     except Exception:
+        tell()
         time.sleep(0.05)
-print("reached", reached, "answered", answered, "forged", forged, flush=True)
 """
-ATTACK_OUT, ATTACK_STOP = "/run/tf-store-attack.out", "/run/tf-store-attack.stop"
+ATTACK_OUT = "/run/tf-store-attack.out"
 
 
 def preflight(inventory: str, stale: str | None = None):
@@ -115,32 +119,32 @@ def environment_edited(lab, inventory: str, node: str, sed: str):
 
 
 @contextmanager
-def store_attacker(lab, node: str = "node2"):
+def store_attacker(lab, node: str = "node2", meanwhile=None):
     """``nobody`` on ``node`` attacks the master's rendezvous port (STORE_ATTACK) for the
-    block's length; yields a dict that gets, once it stopped, how often it reached the port,
-    how often the ranks' store answered there, and how often a store accepted its writes."""
+    block's length (``meanwhile`` runs while its torch imports); yields a dict that gets, once
+    it ended, how often it reached the port, how often the ranks' store answered there, and
+    how often a store accepted its writes."""
     master = lab.lab.node("node1").address
-    lab.ssh(node, f"rm -f {ATTACK_OUT} {ATTACK_STOP}")
-    lab.ssh(
+    pid = lab.ssh(
         node,
-        f"nohup timeout 600 runuser -u nobody -- /opt/trainfleet/venv/bin/python -I -c "
-        f"{shlex.quote(STORE_ATTACK)} {master} 29500 {ATTACK_STOP} "
-        f">{ATTACK_OUT} 2>&1 </dev/null &",
-    )
-    # ready (torch imported) before the preflight starts: the event, not a guessed delay
-    lab.ssh(node, f"for i in $(seq 300); do grep -q ready {ATTACK_OUT} && exit 0; sleep 0.1; done")
+        f"nohup timeout 600 setpriv --reuid=nobody --regid=nogroup --clear-groups "
+        f"/opt/trainfleet/venv/bin/python -I -c {shlex.quote(STORE_ATTACK)} {master} 29500 "
+        f">{ATTACK_OUT} 2>&1 </dev/null & echo $!",
+    ).strip()
     said: dict[str, int] = {}
     try:
+        if meanwhile:
+            meanwhile()
+        # ready (torch imported) before the preflight starts: the event, not a guessed delay
+        lab.ssh(
+            node, f"for i in $(seq 300); do grep -q ready {ATTACK_OUT} && exit 0; sleep 0.1; done"
+        )
         yield said
     finally:
-        lab.ssh(
-            node,
-            f"touch {ATTACK_STOP}; "
-            f"for i in $(seq 100); do grep -q reached {ATTACK_OUT} && break; sleep 0.1; done",
-        )
-        out = lab.ssh(node, f"cat {ATTACK_OUT}; rm -f {ATTACK_OUT} {ATTACK_STOP}").splitlines()
-        words = next(line for line in out if line.startswith("reached ")).split()
-        said.update({key: int(n) for key, n in zip(words[::2], words[1::2], strict=True)})
+        out = lab.ssh(node, f"kill {pid}; cat {ATTACK_OUT}; rm -f {ATTACK_OUT}").splitlines()
+        told = [line.split() for line in out if line.startswith("reached ")]
+        last = told[-1] if told else ["reached", "0", "answered", "0", "forged", "0"]
+        said.update({key: int(n) for key, n in zip(last[::2], last[1::2], strict=True)})
         print(f"the store attack from {node}: {said}")
 
 
@@ -381,19 +385,22 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
     staleness-bounded preflight tests node3 alone with a partner; the healthy files equal the
     full ones."""
     lab, inventory = torch_lab
+
     # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
     # own network namespace and drops what it sends to port 29500, nothing else.
-    lab.ssh(
-        "node3",
-        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
-        "nft add table inet tf_test && "
-        "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
-        "nft add rule inet tf_test out tcp dport 29500 drop",
-    )
+    def firewall():
+        lab.ssh(
+            "node3",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
+            "nft add table inet tf_test && "
+            "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
+            "nft add rule inet tf_test out tcp dport 29500 drop",
+        )
+
     try:
-        # the same user on node2 attacking the rendezvous store neither hides node3 nor names
-        # another node
-        with store_attacker(lab) as attack:
+        # the same user on node2 attacking the rendezvous store (started while the fault is
+        # set) neither hides node3 nor names another node
+        with store_attacker(lab, meanwhile=firewall) as attack:
             run, report, took = preflight(inventory)
         assert attack["reached"] > 0
         assert run.returncode != 0
