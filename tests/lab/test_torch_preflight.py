@@ -44,41 +44,43 @@ PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 # failed") and left out of the healthy subset. It prints how often it reached the port, how
 # often the ranks' own store answered it there, and how often its writes were accepted.
 STORE_ATTACK = r"""
-import socket, sys, time
+import socket, sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
 host, port = sys.argv[1], int(sys.argv[2])
 count = {"reached": 0, "answered": 0, "forged": 0}
-def tell():  # after every try: the attack is ended by a signal, wherever it is
-    print(*(f"{key} {n}" for key, n in count.items()), flush=True)
-print("ready", flush=True)
-while True:
-    try:
-        probe = socket.create_connection((host, port), timeout=0.5)
-        count["reached"] += 1
-        try:  # the ranks' own store speaks first (its nonce); torch's and a listener do not
-            probe.settimeout(0.5)
-            spoke = bool(probe.recv(4))
+said = threading.Lock()
+def tell(key):  # after every try: the attack is ended by a signal, wherever it is
+    with said:
+        count[key] += 1
+        print(*(f"{key} {n}" for key, n in count.items()), flush=True)
+def probe():  # the ranks' own store speaks first (its nonce); torch's and a listener do not
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5) as connection:
+                tell("reached")
+                connection.settimeout(0.5)
+                if connection.recv(4):
+                    tell("answered")
         except OSError:
-            spoke = False
-        probe.close()
-        if spoke:  # not torch's store: no client of torch's gets past it (its window is short)
-            count["answered"] += 1
-            tell()
+            pass
+        time.sleep(0.02)
+def forge():  # as a client of torch's store, over and over
+    while True:
+        try:
+            store = dist.TCPStore(
+                host, port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False
+            )
+            while True:
+                store.add("joined", -1000)
+                store.delete_key("joined/2")
+                tell("forged")
+                time.sleep(0.02)
+        except Exception:
             time.sleep(0.02)
-            continue
-        store = dist.TCPStore(
-            host, port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False
-        )
-        while True:
-            store.add("joined", -1000)
-            store.delete_key("joined/2")
-            count["forged"] += 1
-            tell()
-            time.sleep(0.02)
-    except Exception:
-        tell()
-        time.sleep(0.05)
+threading.Thread(target=probe, daemon=True).start()
+print("ready", flush=True)
+forge()
 """
 ATTACK_OUT = "/run/tf-store-attack.out"
 
@@ -196,9 +198,6 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     # a user on node2 attacks the rendezvous store all along: it decides nothing
     with store_attacker(lab) as attack, store_listeners(lab) as listened:
         run, report, _ = preflight(inventory)
-    assert attack["answered"] > 0  # it reached the ranks' store while the preflight ran
-    # the store listened on the master's cluster address alone, not on every interface
-    assert listened == {"198.18.0.11:29500"}
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
@@ -209,7 +208,10 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
         "multiple_of": None,
         "note": None,
     }
+    assert attack["answered"] > 0  # it reached the ranks' store while the preflight ran
     assert attack["forged"] == 0, "a node user wrote into the ranks' rendezvous store"
+    # the store listened on the master's cluster address alone, not on every interface
+    assert listened == {"198.18.0.11:29500"}
     assert report["details"]["ssh"] == {
         node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
     }
