@@ -40,8 +40,8 @@ PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 # A node user's attack on the collective's rendezvous (issue #38), with the node's own torch:
 # connect to the master's rendezvous port as a client of torch's store, push the `joined`
 # counter back by 1000 and delete `joined/2` (node3's rank), over and over until told to stop.
-# Before the store was the ranks' own (authenticated), this got node3 named ("collective
-# failed") and left out of the healthy subset. It prints how often it reached the port, how
+# Before the store was the ranks' own (authenticated), this got node3 named by the collective
+# and left out of the healthy subset. It prints how often it reached the port, how
 # often the ranks' own store answered it there, and how often its writes were accepted.
 STORE_ATTACK = r"""
 import socket, sys, threading, time
