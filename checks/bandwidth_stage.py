@@ -13,11 +13,11 @@ from checks.bandwidth_verdicts import (
     bandwidth_problems,
     pair_figures,
     pair_name,
-    pair_rounds,
 )
 from checks.collective_stage import Job, backend_of
 from checks.collective_verdicts import rank_layout
 from checks.counters_verdicts import Counters, counter_problems, read_counters
+from checks.pair_ports import bandwidth_rounds, pair_port
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS
@@ -50,10 +50,10 @@ def bandwidth_jobs(
     once."""
     backend = backend_of(cluster)
     jobs: dict[str, list[Job]] = {}
-    port = cluster.master_port
+    count = 0
     for index, pairs in enumerate(rounds):
         for pair in pairs:
-            port += 1
+            port, count = pair_port(cluster, count), count + 1
             nodes = [cluster.node(name) for name in pair]
             layout = rank_layout(nodes)
             world = sum(n.slots for n in nodes)
@@ -74,11 +74,8 @@ def bandwidth_jobs(
 
 def bandwidth_plan(cluster: Cluster) -> tuple[list[list[tuple[str, ...]]], str | None]:
     """The rounds of pairs to measure, or none and why: a single node measures its GPUs alone."""
-    names = [n.name for n in cluster.nodes]
-    if len(names) > 1:
-        return pair_rounds(names), None
-    if cluster.nodes[0].slots > 1:
-        return [[(names[0],)]], None
+    if rounds := bandwidth_rounds(cluster):
+        return rounds, None
     what = "one GPU" if cluster.uses_gpus else "one CPU rank (gloo)"
     return [], f"a single node with {what}: no link to measure"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from pyinfra.api import State, StringCommand
@@ -15,6 +16,7 @@ from checks.collective_verdicts import (
 )
 from checks.fabric_verdicts import nccl_socket_problems
 from checks.nccl_decisions import nccl_decision_problems
+from checks.pair_ports import pair_port
 from checks.preflight_report import PreflightReport, Problem
 from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
@@ -62,6 +64,13 @@ def jobs_command(count: int, backend: str, jobs: list[Job]) -> StringCommand:
     )
 
 
+def rendezvous_secret() -> str:
+    """A fresh secret for one command's rendezvous stores: only ranks that hold it are served
+    (checks/preflight_stages/collective.py). It reaches them on stdin alone: never in a command
+    line or an environment another user of the node can read, never printed or reported."""
+    return secrets.token_hex(32)
+
+
 def backend_of(cluster: Cluster) -> str:
     return "nccl" if cluster.uses_gpus else "gloo"
 
@@ -101,6 +110,7 @@ def run_collective(
         state,
         {n.name: jobs_command(layout[n.name][1], backend, jobs[n.name]) for n in cluster.nodes},
         max(job[0] for node_jobs in jobs.values() for job in node_jobs),
+        stdin=rendezvous_secret(),
     )
     ranks = {
         node: [job_steps(rank, len(jobs[node])) for rank in node_steps(lines, layout[node][1])]
@@ -177,15 +187,24 @@ def run_pairs(
     hosting: dict[str, list[StringCommand]] = {}
     joining: dict[str, StringCommand] = {}
     for i, (a, b) in enumerate(pairs):
-        port = cluster.master_port + 1 + i
+        port = pair_port(cluster, i)
         address = cluster.node(a).address
         hosting.setdefault(a, []).append(
             collective_command(0, 1, 2, address, port, backend, seconds)
         )
         joining[b] = collective_command(1, 1, 2, address, port, backend, seconds)
+    # a node hosting several pairs reads the secret once and hands it to each on its stdin
+    # (printf is the shell's own: no process shows it in its arguments)
     commands = {
         node: StringCommand(
-            *[part for c in sides for part in ("(", c, ")", ">/dev/null", "2>&1", "&")], "wait"
+            *("IFS=", "read", "-r", "secret;"),
+            *[
+                part
+                for c in sides
+                for part in ("(", "printf", "'%s\\n'", '"$secret"', "|", c, ")")
+                + (">/dev/null", "2>&1", "&")
+            ],
+            "wait",
         )
         for node, sides in hosting.items()
     }
@@ -194,5 +213,5 @@ def run_pairs(
             f"a node both hosts and joins a pair: {sorted(hosting.keys() & joining.keys())}"
         )
     commands |= joining
-    out = run_everywhere(state, commands, seconds)
+    out = run_everywhere(state, commands, seconds, stdin=rendezvous_secret())
     return {b: rank_failure(node_steps(out.get(b, []), 1)[0]) for _, b in pairs}

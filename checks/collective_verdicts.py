@@ -21,18 +21,15 @@ def collective_problems(
     names = [n.name for n in cluster.nodes]
     places = rank_places(cluster)
     causes = {node: [rank_failure(s) for s in ranks_of(cluster, steps, node)] for node in names}
-    rendezvous = next(
-        (
-            s
-            for node in names
-            for rank in steps.get(node, [])
-            for s in rank
-            if s.get("stage") == "rendezvous"
-        ),
-        None,
-    )
-    if rendezvous:
-        return _rendezvous_problems(cluster, steps, causes, rendezvous)
+    timeouts = [
+        s
+        for node in names
+        for rank in steps.get(node, [])
+        for s in rank
+        if s.get("stage") == "rendezvous"
+    ]
+    if timeouts:
+        return _rendezvous_problems(cluster, steps, causes, timeouts)
     for node in names:
         problems += [
             Problem("collective", node, cause)
@@ -109,22 +106,37 @@ def _rendezvous_problems(
     cluster: Cluster,
     steps: dict[str, list[list[dict[str, Any]]]],
     causes: dict[str, list[str | None]],
-    rendezvous: dict[str, Any],
+    timeouts: list[dict[str, Any]],
 ) -> list[Problem]:
-    """The ranks the master's store never saw, by node; a rank that failed on its own (no venv,
-    no torch) says why instead."""
+    """The ranks the job's store never saw, by node, from the views of the ranks that reached it
+    (each rank's timeout step); a rank that failed on its own (no venv, no torch) says why
+    instead. Fails closed: a view the ranks' processes cannot have produced, or a timeout with
+    no rank missing, fails every node alike (the rendezvous decided nothing about one node)."""
     places = rank_places(cluster)
+    where = f"the rendezvous at {cluster.master.name}:{cluster.master_port}"
+    if why := rendezvous_contradiction(cluster, steps, timeouts):
+        cause = f"{where} {why}: not one node's verdict, every node is named alike"
+        return [Problem("collective", node.name, cause) for node in cluster.nodes]
+    views = [t for t in timeouts if "missing" in t]
+    if not views:  # no rank reached the store: its own server's failure, or nobody's alone
+        master = cluster.master.name
+        own = [c for c in causes.get(master, []) if c and "timed out" not in c]
+        if own:
+            return [
+                Problem("collective", master, cause)
+                for cause in node_causes(cluster, steps, master, causes[master])
+            ]
+        cause = f"no rank reached the store of {where} in time"
+        return [Problem("collective", node.name, cause) for node in cluster.nodes]
+    seen = {r for view in views for r in _ints(view.get("joined"))}
     joined_nodes = sorted(
-        {places[r][0] for r in _ints(rendezvous.get("joined")) if r in places},
-        key=lambda n: cluster.node(n).rank,
+        {places[r][0] for r in seen if r in places}, key=lambda n: cluster.node(n).rank
     )
     missing: dict[str, list[int]] = {}
-    for r in _ints(rendezvous.get("missing")):
-        if r in places:
-            missing.setdefault(places[r][0], []).append(places[r][1])
+    for r in sorted({r for view in views for r in _ints(view.get("missing"))} - seen):
+        missing.setdefault(places[r][0], []).append(places[r][1])
     problems = []
-    joined = ", ".join(joined_nodes) or "none"
-    where = f"the rendezvous at {cluster.master.name}:{cluster.master_port} (joined: {joined})"
+    where = f"{where} (joined: {', '.join(joined_nodes) or 'none'})"
     for node, locals_ in missing.items():
         slots = cluster.node(node).slots
         own = [
@@ -145,12 +157,59 @@ def _rendezvous_problems(
     return problems
 
 
+def rendezvous_contradiction(
+    cluster: Cluster,
+    steps: dict[str, list[list[dict[str, Any]]]],
+    timeouts: list[dict[str, Any]],
+) -> str | None:
+    """What in the ranks' views of the store the job's processes cannot have written (None:
+    nothing): each rank sets ``joined/<rank>`` and then adds 1 to ``joined``, so a view splits
+    the world into joined and missing ranks, its counter lies between 0 and the ranks joined,
+    and a rank that never started (no venv, no torch) or never reached the store is not among
+    the joined; a timeout needs a missing rank; a server that could not prove the run's secret
+    is not the job's."""
+    world = len(rank_places(cluster))
+    places = rank_places(cluster)
+    if any(t.get("impostor") for t in timeouts):
+        return "was answered by a process that does not hold the run's secret"
+    views = [t for t in timeouts if "missing" in t or "joined" in t]
+    for view in views:
+        joined, missing = view.get("joined"), view.get("missing")
+        count = view.get("count", len(_ints(joined)))
+        if (
+            not isinstance(joined, list)
+            or not isinstance(missing, list)
+            or _ints(joined) != joined
+            or _ints(missing) != missing
+            or sorted(joined + missing) != list(range(world))
+        ):
+            return "reported ranks that are not the job's, or not each once"
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= len(joined):
+            return f"counted {printable(str(count), 20)} ranks joined, not 0 to {len(joined)}"
+        if not missing:
+            return "timed out though every rank had joined it"
+    seen = {r for view in views for r in view["joined"]}
+    for r in sorted(seen):
+        node, local = places[r]
+        rank = ranks_of(cluster, steps, node)[local]
+        if any(
+            (s.get("step") == "error" and s.get("stage") in BEFORE_THE_NETWORK)
+            or (s.get("stage") == "rendezvous" and s.get("reached") is False)
+            for s in rank
+        ):
+            return f"lists rank {r} of {node} as joined, which never reached it"
+    return None
+
+
 def _ints(values: Any) -> list[int]:
     return (
         [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
         if isinstance(values, list)
         else []
     )
+
+
+BEFORE_THE_NETWORK = ("python", "import", "secret")  # a rank's failures before it reached any peer
 
 
 def failed_before_the_network(steps: dict[str, list[list[dict[str, Any]]]]) -> set[str]:
@@ -161,7 +220,7 @@ def failed_before_the_network(steps: dict[str, list[list[dict[str, Any]]]]) -> s
         for node, ranks in steps.items()
         if ranks
         and all(
-            any(s.get("step") == "error" and s.get("stage") in ("python", "import") for s in rank)
+            any(s.get("step") == "error" and s.get("stage") in BEFORE_THE_NETWORK for s in rank)
             for rank in ranks
         )
     }

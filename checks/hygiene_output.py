@@ -10,9 +10,9 @@ from trainfleet.text import printable
 
 
 def parse_hygiene(lines: list[str]) -> dict[str, Any]:
-    """One node's hygiene output: port holder, name resolution, its hostname, GPUs visible
-    (``nvidia-smi -L`` lines, limited by CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env,
-    its hostfile slots."""
+    """One node's hygiene output: the holders of the master port and of the pair ports it may
+    host, name resolution, its hostname, GPUs visible (``nvidia-smi -L`` lines, limited by
+    CUDA_VISIBLE_DEVICES), the non-login NCCL/Gloo env, its hostfile slots."""
     data: dict[str, Any] = {"resolves": {}, "env": {}}
     sysvipc = [line[len("sysvipc ") :] for line in lines if line.startswith("sysvipc ")]
     if sysvipc:
@@ -23,6 +23,11 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
             users = re.search(r"users:\(\(.*\)\)", rest)
             # Any user names their own processes: nothing they chose reaches a terminal raw.
             data["port_holder"] = (
+                printable(users.group(0)) if users else "by a process ss cannot name"
+            )
+        elif kind == "pairport" and (held := re.fullmatch(r"([0-9]{1,5}) (.*)", rest, re.S)):
+            users = re.search(r"users:\(\(.*\)\)", held.group(2))
+            data.setdefault("pair_port_holders", {})[int(held.group(1))] = (
                 printable(users.group(0)) if users else "by a process ss cannot name"
             )
         elif kind == "resolve":

@@ -8,7 +8,13 @@ from pyinfra.api import State
 
 from checks.fabric_verdicts import ib_port_problems, mtu_problems
 from checks.hygiene_output import parse_hygiene
-from checks.hygiene_verdicts import clock_problems, hygiene_problems, shm_warnings
+from checks.hygiene_verdicts import (
+    clock_problems,
+    hygiene_problems,
+    pair_port_problems,
+    shm_warnings,
+)
+from checks.pair_ports import hosted_ports
 from checks.preflight_report import PreflightReport, Problem
 from checks.stage_runner import BOUNDS, run_everywhere, shell_stage, stage_script
 from facts.nccl_env_facts import NcclNetwork
@@ -38,6 +44,7 @@ def run_hygiene(
     """Stage 1; returns each node's NcclNetwork fact (the collective judges NCCL's choice by it)
     and the plan it judged with (the stamps digest each node's part)."""
     names = [name for n in cluster.nodes for name in n.names]
+    hosted = hosted_ports(cluster)
     out = run_everywhere(
         state,
         {
@@ -48,6 +55,7 @@ def run_hygiene(
                 n.name,
                 f"{LAUNCH_DIR}/hostfile",
                 GREP,
+                " ".join(map(str, hosted[n.name])),
                 *names,
                 bound=BOUNDS["hygiene"],
             )
@@ -81,6 +89,7 @@ def run_hygiene(
     expected = {name: p.nccl.env for name, p in plan.nodes.items() if not p.nccl.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
+    report.problems += pair_port_problems(seen, hosted)
     report.problems += ib_port_problems(cluster, networks)
     report.problems += mtu_problems(cluster, networks)
     report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")

@@ -85,6 +85,24 @@ def hygiene_problems(
     return problems
 
 
+def pair_port_problems(
+    seen: dict[str, dict[str, Any]], hosted: dict[str, dict[int, str]]
+) -> list[Problem]:
+    """A port a pair's rendezvous would listen on (``hosted``: each node's, and which pair's)
+    already held there: named on that node before any pair runs, as the master port is (else
+    the pair would fail, and its partner be named with it)."""
+    return [
+        Problem(
+            "hygiene",
+            node,
+            f"port {port}, {hosted[node][port]}'s rendezvous, is already in use ({holder})",
+        )
+        for node, data in sorted(seen.items())
+        for port, holder in sorted((data.get("pair_port_holders") or {}).items())
+        if port in hosted.get(node, {})
+    ]
+
+
 def clock_problems(
     readings: dict[str, tuple[float, float, float]], max_ms: int, expected: set[str]
 ) -> list[Problem]:

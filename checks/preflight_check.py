@@ -31,7 +31,9 @@ from checks.collective_verdicts import failed_before_the_network
 from checks.drift_check import read_ledger
 from checks.healthy_subset import healthy_lines, healthy_subset
 from checks.hygiene_stage import run_hygiene
+from checks.hygiene_verdicts import pair_port_problems
 from checks.mesh_stage import run_ssh_mesh
+from checks.pair_ports import hosted_ports
 from checks.preflight_report import PreflightReport, Problem
 from checks.preflight_scope import bound_line, scope, seen_now, worst_case
 from checks.publish import publish
@@ -165,7 +167,9 @@ def _collective_stages(
     only where the collective passed); when the collective fails for a link's sake, isolation;
     when it passes, the pairs are judged. The error counters are read before the command and
     after it."""
-    rounds, _ = bandwidth_plan(cluster)
+    # a pair's port already held (named by hygiene): no pair runs, nor is one named for it
+    pairs_held = bool(pair_port_problems(report.details.get("hygiene", {}), hosted_ports(cluster)))
+    rounds, _ = bandwidth_plan(cluster) if not pairs_held else ([], None)
     watched = watched_nodes(cluster, networks) if rounds else []
     before = read_error_counters(state, watched)
     pairs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
@@ -185,12 +189,13 @@ def _collective_stages(
         and not same_everywhere
         and not on_their_own
         and len(cluster.nodes) > 2
+        and not pairs_held
     ):
         run_isolation(state, cluster, report)
         report.stages["isolation"] = (
             "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
         )
-    if finished:  # (NCCL over sockets is measured too: the figure shows what it costs)
+    if finished and not pairs_held:  # (NCCL over sockets is measured too: what it costs)
         judge_bandwidth(state, cluster, report, ranks, before, watched)
     else:
         report.stages["bandwidth"] = "skipped"

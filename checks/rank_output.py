@@ -14,8 +14,8 @@ _EXIT_LINE = re.compile(r"exit ([0-9]{1,3})", re.ASCII)
 
 def _steps(lines: list[str]) -> list[dict[str, Any]]:
     """The collective's JSON steps, and what collective.sh says when python itself failed:
-    ``nopython`` (no venv), ``exit N`` and the last ``stderr`` lines (escaped: a user may
-    write into what a failing import prints)."""
+    ``nopython`` (no venv), ``nosecret`` (no rendezvous secret on stdin), ``exit N`` and the
+    last ``stderr`` lines (escaped: a user may write into what a failing import prints)."""
     steps: list[dict[str, Any]] = []
     for line in lines:
         exited = _EXIT_LINE.fullmatch(line)
@@ -27,6 +27,10 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
                     "error": f"no python at {VENV_DIR}/bin/python: the node has no venv "
                     "(pin stack.torch and deploy)",
                 }
+            )
+        elif line == "nosecret":  # the controller's fault, never a user's: named all the same
+            steps.append(
+                {"step": "error", "stage": "secret", "error": "no rendezvous secret came on stdin"}
             )
         elif exited:
             steps.append({"step": "exit", "code": int(exited.group(1))})

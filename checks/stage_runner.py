@@ -96,9 +96,12 @@ def run_everywhere(
     commands: dict[str, StringCommand],
     seconds: float,
     windows: dict[str, tuple[float, float]] | None = None,
+    stdin: str | None = None,
 ) -> dict[str, list[str]]:
     """Run one command per node, all at once; {node: stdout lines} (nodes that failed: []).
-    ``windows`` gets each node's (sent, answered) controller wall-clock times."""
+    ``windows`` gets each node's (sent, answered) controller wall-clock times; ``stdin``, one
+    line every command reads on its standard input (a secret: never in a command line, which
+    every user of the node may read, nor in pyinfra's log)."""
     hosts = {h.data.trainfleet_node: h for h in state.inventory.get_active_hosts()}
 
     def one(name: str) -> tuple[str, list[str]]:
@@ -112,6 +115,7 @@ def run_everywhere(
                 _timeout=seconds + 10,
                 _sudo=bool(host.data.get("_sudo")),
                 _preserve_sudo_env=bool(host.data.get("_preserve_sudo_env")),
+                **({"_stdin": stdin} if stdin is not None else {}),
             )
         except Exception:  # timeout or lost connection: the stage's verdict names the node
             return name, []

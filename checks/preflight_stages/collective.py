@@ -10,9 +10,16 @@
 # collective.sh adds) is the process's.
 # Run as `python -I -c` in a private root-only directory: no module a node user planted in the
 # working directory (or named in PYTHON* variables) is imported instead of the standard library's.
+# The rendezvous store is the ranks' own (``Store`` below), not torch's TCPStore, which any user
+# who reaches its port may read, list and write: rank 0 of a job serves it on its node's cluster
+# address only, and serves a connection only once both ends proved they hold the run's secret
+# (the file ``secret`` collective.sh wrote from stdin into this directory, root's alone).
+import hashlib
+import hmac
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -92,25 +99,293 @@ class Failed(Exception):
         self.stage, self.data = stage, data
 
 
-def run(job, rank, world, master, port, nbytes, deadline):
-    # Rendezvous through the master's store first, so that on a timeout the master can say
-    # which ranks joined and which did not.
-    store = dist.TCPStore(
-        master,
-        port,
-        world,
-        rank == 0,
-        timedelta(seconds=max(1.0, deadline - time.monotonic())),
-        wait_for_workers=False,
+SECRET_FILE = "secret"  # collective.sh wrote it from stdin (0600, in this root-only directory)
+MAX_FIELD = 1 << 20  # a store value: an address, NCCL's unique id, a host name
+MAX_FIELDS = 1 << 16
+HANDSHAKE = 5  # seconds a connection has to prove itself, in one message of two 32-byte fields
+PENDING = 256  # connections proving themselves at once; more are closed at once (a flood)
+
+
+def read_secret():
+    """The run's secret (never printed): without one no store is served or joined."""
+    try:
+        with open(SECRET_FILE, "rb") as f:
+            secret = f.read().strip()
+    except OSError:
+        secret = b""
+    if len(secret) < 32:
+        raise Failed("secret", "no secret for the rendezvous store (none came on stdin)")
+    return secret
+
+
+def send(sock, *fields):
+    sock.sendall(
+        struct.pack("!I", len(fields)) + b"".join(struct.pack("!I", len(f)) + f for f in fields)
     )
+
+
+def receive_exactly(sock, size, until=None):
+    data = bytearray()
+    while len(data) < size:
+        if until is not None:  # a bound on the whole message, not on each piece of it
+            sock.settimeout(max(0.01, until - time.monotonic()))
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("the rendezvous connection closed")
+        data += chunk
+    return bytes(data)
+
+
+def receive(sock, fields=MAX_FIELDS, size=MAX_FIELD, until=None):
+    """One message: its fields, bounded in number and size (anything else ends the link)."""
+    (count,) = struct.unpack("!I", receive_exactly(sock, 4, until))
+    if count > fields:
+        raise ConnectionError("too many fields")
+    message = []
+    for _ in range(count):
+        (length,) = struct.unpack("!I", receive_exactly(sock, 4, until))
+        if length > size:
+            raise ConnectionError("a field too large")
+        message.append(receive_exactly(sock, length, until))
+    return message
+
+
+def proof(secret, who, nonces):
+    return hmac.new(secret, who + nonces, hashlib.sha256).digest()
+
+
+class StoreServer:
+    """A job's rendezvous store, served by its rank 0 on its node's cluster address alone (not
+    every interface); a connection is served once it proved it holds the run's secret (an
+    HMAC of both ends' fresh nonces), and the server proves it back. Values are bytes; what
+    ``add`` counts is decimal text, as in torch's stores."""
+
+    def __init__(self, address, port, secret):
+        self.secret, self.data, self.changed = secret, {}, threading.Condition()
+        self.pending = threading.BoundedSemaphore(PENDING)
+        family, kind, proto, _, where = socket.getaddrinfo(address, port, 0, socket.SOCK_STREAM)[0]
+        self.sock = socket.socket(family, kind, proto)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT, not stealing
+        try:
+            self.sock.bind(where)
+            self.sock.listen(1024)
+        except OSError as exc:
+            self.sock.close()
+            why = f"cannot serve the rendezvous on {address}:{port}: {exc}"
+            raise Failed("store", why) from None
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed: the job is over
+            if not self.pending.acquire(blocking=False):
+                conn.close()  # root's process keeps its threads and memory bounded
+                continue
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+    def serve(self, conn):
+        with conn:
+            try:
+                proved = self.handshake(conn)
+            except (OSError, ValueError, struct.error):
+                proved = False
+            finally:
+                self.pending.release()
+            try:
+                while proved:
+                    send(conn, *self.answer(receive(conn)))
+            except (OSError, ValueError, struct.error):
+                return
+
+    def handshake(self, conn):
+        """Whether the peer proved it holds the secret (then the server proves it back)."""
+        until = time.monotonic() + HANDSHAKE
+        mine = os.urandom(32)
+        conn.settimeout(HANDSHAKE)
+        send(conn, mine)
+        theirs, shown = receive(conn, 2, 32, until)
+        nonces = mine + theirs
+        if len(theirs) != 32 or not hmac.compare_digest(shown, proof(self.secret, b"rank", nonces)):
+            return False
+        send(conn, proof(self.secret, b"store", nonces))
+        conn.settimeout(None)
+        return True
+
+    def wait_for(self, keys, millis):
+        return self.changed.wait_for(lambda: all(k in self.data for k in keys), millis / 1000)
+
+    def answer(self, request):
+        op, args = (request[0], request[1:]) if request else (b"", [])
+        with self.changed:
+            if op == b"set" and len(args) == 2:
+                self.data[args[0]] = args[1]
+                self.changed.notify_all()
+                return [b"ok"]
+            if op == b"get" and len(args) == 2:
+                if not self.wait_for(args[:1], int(args[1])):
+                    return [b"timeout"]
+                return [b"ok", self.data[args[0]]]
+            if op == b"add" and len(args) == 2:
+                value = int(self.data.get(args[0], b"0")) + int(args[1])
+                self.data[args[0]] = str(value).encode()
+                self.changed.notify_all()
+                return [b"ok", self.data[args[0]]]
+            if op == b"check":
+                return [b"ok", b"1" if all(k in self.data for k in args) else b"0"]
+            if op == b"wait" and args:
+                return [b"ok"] if self.wait_for(args[1:], int(args[0])) else [b"timeout"]
+            if op == b"compare_set" and len(args) == 3:
+                key, expected, desired = args
+                if key not in self.data:
+                    if expected:
+                        return [b"ok", expected]
+                    self.data[key] = desired
+                elif self.data[key] == expected:
+                    self.data[key] = desired
+                self.changed.notify_all()
+                return [b"ok", self.data[key]]
+            if op == b"delete_key" and len(args) == 1:
+                return [b"ok", b"1" if self.data.pop(args[0], None) is not None else b"0"]
+            if op == b"num_keys":
+                return [b"ok", str(len(self.data)).encode()]
+        return [b"error", b"unknown request"]
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept
+        except OSError:
+            pass
+        self.sock.close()
+
+
+def as_bytes(value):
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+CLONES = []
+STORE_TIMEOUT = getattr(dist, "DistStoreError", TimeoutError)  # what torch's stores raise
+
+
+class Store(dist.Store):
+    """A client of the job's ``StoreServer``, for this rank and its process group (gloo and
+    NCCL exchange their addresses through it)."""
+
+    def __init__(self, address, port, secret, deadline):
+        super().__init__()
+        self.lock, self.where = threading.Lock(), (address, port, secret, deadline)
+        self.sock = self.connect(address, port, secret, deadline)
+        self.set_timeout(timedelta(seconds=max(1.0, deadline - time.monotonic())))
+
+    def clone(self):
+        """A connection of its own (for a thread of torch's); kept: torch holds no Python
+        reference to it."""
+        twin = Store(*self.where)
+        CLONES.append(twin)
+        return twin
+
+    @staticmethod
+    def connect(address, port, secret, deadline):
+        """Connected and proved both ways, retried until ``deadline`` (the server may not be up
+        yet); a server that cannot prove the secret is not the job's: never used."""
+        impostor = False
+        while time.monotonic() < deadline:
+            try:
+                sock = socket.create_connection((address, port), timeout=5)
+            except OSError:
+                time.sleep(0.1)
+                continue
+            try:
+                (theirs,) = receive(sock, 1, 32, time.monotonic() + HANDSHAKE)
+                mine = os.urandom(32)
+                nonces = theirs + mine
+                send(sock, mine, proof(secret, b"rank", nonces))
+                (shown,) = receive(sock, 1, 32, time.monotonic() + HANDSHAKE)
+                if hmac.compare_digest(shown, proof(secret, b"store", nonces)):
+                    sock.settimeout(None)
+                    return sock
+                impostor = True
+            except (OSError, ValueError, struct.error):
+                pass
+            sock.close()
+            time.sleep(0.1)
+        raise Failed(
+            "rendezvous", "timeout", reached=False, **({"impostor": True} if impostor else {})
+        )
+
+    def call(self, *fields, millis=0):
+        with self.lock:
+            self.sock.settimeout(millis / 1000 + 30)
+            send(self.sock, *fields)
+            answer = receive(self.sock)
+        if answer[:1] == [b"timeout"]:
+            raise STORE_TIMEOUT(f"timed out waiting for {fields[1:2]!r} in the rendezvous store")
+        if answer[:1] != [b"ok"]:
+            raise RuntimeError(f"the rendezvous store refused {fields[0]!r}")
+        return answer[1:]
+
+    def millis(self, timeout=None):
+        return str(int((timeout or self.timeout).total_seconds() * 1000)).encode()
+
+    def set(self, key, value):
+        self.call(b"set", as_bytes(key), as_bytes(value))
+
+    def get(self, key):
+        millis = self.millis()
+        return self.call(b"get", as_bytes(key), millis, millis=int(millis))[0]
+
+    def add(self, key, amount):
+        return int(self.call(b"add", as_bytes(key), str(int(amount)).encode())[0])
+
+    def check(self, keys):
+        return self.call(b"check", *map(as_bytes, keys))[0] == b"1"
+
+    def wait(self, keys, timeout=None):
+        millis = self.millis(timeout)
+        self.call(b"wait", millis, *map(as_bytes, keys), millis=int(millis))
+
+    def compare_set(self, key, expected, desired):
+        return self.call(b"compare_set", as_bytes(key), as_bytes(expected), as_bytes(desired))[0]
+
+    def delete_key(self, key):
+        return self.call(b"delete_key", as_bytes(key))[0] == b"1"
+
+    def num_keys(self):
+        return int(self.call(b"num_keys")[0])
+
+    def close(self):
+        self.sock.close()
+
+
+def run(job, rank, world, master, port, nbytes, deadline, secret):
+    """One job; its rank 0 serves the job's store until the job ends here."""
+    server = StoreServer(master, port, secret) if rank == 0 else None
+    try:
+        return joined_run(job, rank, world, master, port, nbytes, deadline, secret)
+    finally:
+        if server:
+            server.close()
+
+
+def joined_run(job, rank, world, master, port, nbytes, deadline, secret):
+    # Rendezvous through the job's store first, so that on a timeout the ranks can say which
+    # ranks joined and which did not (only the job's ranks can write there).
+    # Each rank waits in the store for the last one to join to say so (one request per rank,
+    # not a poll: the store is a python thread of rank 0's, and a job may have thousands).
+    store = Store(master, port, secret, deadline)
+    say("reached", job=job)
     store.set(f"joined/{rank}", socket.gethostname())
-    store.add("joined", 1)
-    while int(store.add("joined", 0)) < world:
-        if time.monotonic() > deadline:
-            joined = [r for r in range(world) if store.check([f"joined/{r}"])]
-            missing = [r for r in range(world) if r not in joined]
-            raise Failed("rendezvous", "timeout", joined=joined, missing=missing)
-        time.sleep(0.1)
+    if int(store.add("joined", 1)) == world:
+        store.set("joined/all", "1")
+    try:
+        store.wait(["joined/all"], timedelta(seconds=max(0.01, deadline - time.monotonic())))
+    except STORE_TIMEOUT:
+        count = int(store.add("joined", 0))
+        joined = [r for r in range(world) if store.check([f"joined/{r}"])]
+        missing = [r for r in range(world) if r not in joined]
+        raise Failed("rendezvous", "timeout", joined=joined, missing=missing, count=count) from None
     say("joined", job=job)
     if backend == "nccl":
         torch.cuda.set_device(
@@ -169,6 +444,11 @@ def watchdog():
 
 
 threading.Thread(target=watchdog, daemon=True).start()
+try:
+    secret = read_secret()
+except Failed as failed:
+    say("error", stage=failed.stage, error=str(failed))
+    sys.exit(2)
 status, passed = 0, True
 for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
     rank, world, nbytes = int(first) + local, int(world), int(nbytes)
@@ -178,7 +458,7 @@ for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
     if job:
         say("start", job=job, rank=rank, local=local, gpu=gpu if backend == "nccl" else None)
     try:
-        passed = run(job, rank, world, master, int(port), nbytes, started + float(end))
+        passed = run(job, rank, world, master, int(port), nbytes, started + float(end), secret)
         status = 0
     except Failed as failed:
         kind = "timeout" if failed.stage == "rendezvous" else "error"

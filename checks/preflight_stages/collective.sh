@@ -4,8 +4,14 @@
 # status and the last lines it wrote to stderr, and the lines of NCCL's INFO log that say which
 # network it used. A python that is missing or cannot start prints no step of its own: this
 # script says so (`nopython`, or the exit status), never a silence the controller could only
-# call a timeout.
+# call a timeout. The run's rendezvous secret comes on stdin (one line, never an argument or a
+# variable another user could read): kept in this private root-only directory, 0600 (the
+# umask), for the ranks, and removed with it.
 python=$1 seconds=$2 script=$3 count=$4; shift 4
+IFS= read -r secret || true
+case $secret in *[!0-9a-f]* | "") echo "nosecret"; exit 2 ;; esac
+printf '%s\n' "$secret" >secret || exit 97
+secret=""
 if [ ! -x "$python" ]; then echo "nopython"; exit 2; fi
 pids="" i=0
 while [ "$i" -lt "$count" ]; do

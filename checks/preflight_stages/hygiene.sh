@@ -1,8 +1,14 @@
-# Hygiene: master port holder ($2 = 1 on the master), how every cluster name resolves, GPUs
-# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's hostfile slots, SysV shm,
-# the boot and how many kernel lines match the GPU/fabric error pattern ($5) for the stamps.
-port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5; shift 5
+# Hygiene: master port holder ($2 = 1 on the master), the holders of the ports this node may
+# host a pair's rendezvous on ($6, space-separated), how every cluster name resolves, GPUs
+# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's
+# hostfile slots, SysV shm, the boot and how many kernel lines match the GPU/fabric error
+# pattern ($5) for the stamps.
+port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5 pairs=$6; shift 6
 if [ "$is_master" = 1 ]; then ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1 | sed 's/^/holder /'; fi
+# one listing for every pair port (hundreds on a large cluster): the first holder of each
+[ -n "$pairs" ] && ss -Hltnp 2>/dev/null | awk -v ports=" $pairs " '
+  { n = split($4, at, ":"); p = at[n] }
+  index(ports, " " p " ") && !(p in seen) { seen[p] = 1; print "pairport " p " " $0 }'
 for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1}')"; done
 echo "hostname $(hostname)"
 command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/null | sed 's/^/gpu /'; }

@@ -37,6 +37,52 @@ LEFTOVERS = 'pgrep -f "[p]reflight\'s collective|s[.]listen[(]128[)]" || true'
 # marker when imported. sitecustomize and os would be found only on a path set before startup.
 PLANTED_BY_USER = ["json", "socket", "torch", "os", "sitecustomize", "threading", "datetime"]
 PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
+# A node user's attack on the collective's rendezvous (issue #38), with the node's own torch:
+# connect to the master's rendezvous port as a client of torch's store, push the `joined`
+# counter back by 1000 and delete `joined/2` (node3's rank), over and over until told to stop.
+# Before the store was the ranks' own (authenticated), this got node3 named by the collective
+# and left out of the healthy subset. It prints how often it reached the port, how
+# often the ranks' own store answered it there, and how often its writes were accepted.
+STORE_ATTACK = r"""
+import socket, sys, threading, time
+from datetime import timedelta
+import torch.distributed as dist
+host, port = sys.argv[1], int(sys.argv[2])
+count = {"reached": 0, "answered": 0, "forged": 0}
+said = threading.Lock()
+def tell(key):  # after every try: the attack is ended by a signal, wherever it is
+    with said:
+        count[key] += 1
+        print(*(f"{key} {n}" for key, n in count.items()), flush=True)
+def probe():  # the ranks' own store speaks first (its nonce); torch's and a listener do not
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5) as connection:
+                tell("reached")
+                connection.settimeout(0.5)
+                if connection.recv(4):
+                    tell("answered")
+        except OSError:
+            pass
+        time.sleep(0.02)
+def forge():  # as a client of torch's store, over and over
+    while True:
+        try:
+            store = dist.TCPStore(
+                host, port, is_master=False, timeout=timedelta(seconds=1), wait_for_workers=False
+            )
+            while True:
+                store.add("joined", -1000)
+                store.delete_key("joined/2")
+                tell("forged")
+                time.sleep(0.02)
+        except Exception:
+            time.sleep(0.02)
+threading.Thread(target=probe, daemon=True).start()
+print("ready", flush=True)
+forge()
+"""
+ATTACK_OUT = "/run/tf-store-attack.out"
 
 
 def preflight(inventory: str, stale: str | None = None):
@@ -74,6 +120,74 @@ def environment_edited(lab, inventory: str, node: str, sed: str):
         assert again.returncode == 0 and again.changed() == {}, again.describe()
 
 
+@contextmanager
+def store_attacker(lab, node: str = "node2", meanwhile=None):
+    """``nobody`` on ``node`` attacks the master's rendezvous port (STORE_ATTACK) for the
+    block's length (``meanwhile`` runs while its torch imports); yields a dict that gets, once
+    it ended, how often it reached the port, how often the ranks' store answered there, and
+    how often a store accepted its writes."""
+    master = lab.lab.node("node1").address
+    pid = lab.ssh(
+        node,
+        f"nohup timeout 600 setpriv --reuid=nobody --regid=nogroup --clear-groups "
+        f"/opt/trainfleet/venv/bin/python -I -c {shlex.quote(STORE_ATTACK)} {master} 29500 "
+        f">{ATTACK_OUT} 2>&1 </dev/null & echo $!",
+    ).strip()
+    said: dict[str, int] = {}
+    try:
+        if meanwhile:
+            meanwhile()
+        # ready (torch imported) before the preflight starts: the event, not a guessed delay
+        lab.ssh(
+            node, f"for i in $(seq 300); do grep -q ready {ATTACK_OUT} && exit 0; sleep 0.1; done"
+        )
+        yield said
+    finally:
+        out = lab.ssh(node, f"kill {pid}; cat {ATTACK_OUT}; rm -f {ATTACK_OUT}").splitlines()
+        told = [line.split() for line in out if line.startswith("reached ")]
+        last = told[-1] if told else ["reached", "0", "answered", "0", "forged", "0"]
+        said.update({key: int(n) for key, n in zip(last[::2], last[1::2], strict=True)})
+        print(f"the store attack from {node}: {said}")
+
+
+# The local address of every socket the collective's ranks listen on at the master port,
+# sampled until told to stop.
+WATCH_STORE = r"""
+until [ -e "$1" ]; do
+  ss -Hltnp 'sport = :29500' | while read -r line; do
+    pid=$(printf '%s\n' "$line" | sed -n 's/.*pid=\([0-9]*\).*/\1/p')
+    grep -qa "reflight.s collective" "/proc/$pid/cmdline" 2>/dev/null \
+      && printf '%s\n' "$line" | awk '{print $4}'
+  done
+  sleep 0.05
+done | sort -u
+"""
+
+
+@contextmanager
+def store_listeners(lab):
+    """The addresses the rendezvous store listened on at node1 during the block."""
+    stop = "/run/tf-store-watch.stop"
+    lab.ssh("node1", f"rm -f {stop}")
+    watch = subprocess.Popen(
+        [
+            "ssh",
+            *lab.lab.ssh_options(),
+            f"root@{lab.lab.node('node1').address}",
+            f"sh -c {shlex.quote(WATCH_STORE)} sh {stop}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    seen: set[str] = set()
+    try:
+        yield seen
+    finally:
+        lab.ssh("node1", f"touch {stop}")
+        seen.update(watch.communicate(timeout=30)[0].split())
+        lab.ssh("node1", f"rm -f {stop}")
+
+
 def assert_nothing_left_running(lab):
     for node in NODES:
         assert lab.ssh(node, LEFTOVERS).strip() == "", f"preflight processes left on {node}"
@@ -81,7 +195,9 @@ def assert_nothing_left_running(lab):
 
 def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     lab, inventory = torch_lab
-    run, report, _ = preflight(inventory)
+    # a user on node2 attacks the rendezvous store all along: it decides nothing
+    with store_attacker(lab) as attack, store_listeners(lab) as listened:
+        run, report, _ = preflight(inventory)
     assert run.returncode == 0, run.describe()
     assert report["ok"] is True
     assert report["stages"] == HEALTHY_STAGES
@@ -92,6 +208,10 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
         "multiple_of": None,
         "note": None,
     }
+    assert attack["answered"] > 0  # it reached the ranks' store while the preflight ran
+    assert attack["forged"] == 0, "a node user wrote into the ranks' rendezvous store"
+    # the store listened on the master's cluster address alone, not on every interface
+    assert listened == {"198.18.0.11:29500"}
     assert report["details"]["ssh"] == {
         node: {"root": {peer: "ok" for peer in NODES}} for node in NODES
     }
@@ -226,28 +346,38 @@ def test_a_shared_hostname_and_a_node_whose_mesh_key_is_gone_are_named(torch_lab
     assert_nothing_left_running(lab)
 
 
-def test_a_taken_master_port_is_named_with_its_holder(torch_lab):
+def test_a_taken_master_port_and_a_taken_pair_port_are_named_with_their_holders(torch_lab):
     lab, inventory = torch_lab
-    pid = lab.ssh(
-        "node1",
-        "nohup timeout 120 python3 -m http.server 29500 --bind 198.18.0.11 "
-        ">/dev/null 2>&1 & echo $!",
-    ).strip()
+    # node1 holds the master port, node2 the port of the bandwidth pair it hosts (node2-node3)
+    held = {"node1": ("198.18.0.11", 29500), "node2": ("198.18.0.12", 29502)}
+    pids = {
+        node: lab.ssh(
+            node,
+            f"nohup timeout 120 python3 -m http.server {port} --bind {address} "
+            ">/dev/null 2>&1 & echo $!",
+        ).strip()
+        for node, (address, port) in held.items()
+    }
     try:
         # Listening before the preflight looks (the event, not a guessed delay), within 10 s.
-        lab.ssh(
-            "node1",
-            "for i in $(seq 100); do ss -Hltn 'sport = :29500' | grep -q . && exit 0; "
-            "sleep 0.1; done; exit 1",
-        )
+        for node, (_, port) in held.items():
+            lab.ssh(
+                node,
+                f"for i in $(seq 100); do ss -Hltn 'sport = :{port}' | grep -q . && exit 0; "
+                "sleep 0.1; done; exit 1",
+            )
         run, report, _ = preflight(inventory)
         assert run.returncode != 0
-        (problem,) = [p for p in problems(report) if p[1] == "hygiene"]
-        assert problem[0] == "node1" and "master port 29500 is already in use" in problem[2]
-        assert "timeout" in problem[2] or "python3" in problem[2]
+        master, pair = [p for p in problems(report) if p[1] == "hygiene"]
+        assert master[0] == "node1" and "master port 29500 is already in use" in master[2]
+        assert "timeout" in master[2] or "python3" in master[2]
+        assert pair[0] == "node2" and pair[2].startswith(
+            "port 29502, the bandwidth pair node2-node3's rendezvous, is already in use (users:(("
+        )
         assert report["stages"]["collective"] == "skipped"
     finally:
-        lab.ssh("node1", f"kill {pid}")
+        for node, pid in pids.items():
+            lab.ssh(node, f"kill {pid}")
 
 
 def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab):
@@ -257,17 +387,24 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
     staleness-bounded preflight tests node3 alone with a partner; the healthy files equal the
     full ones."""
     lab, inventory = torch_lab
+
     # nftables comes from the host's apt cache (make host-deps); the rule lives in node3's
     # own network namespace and drops what it sends to port 29500, nothing else.
-    lab.ssh(
-        "node3",
-        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
-        "nft add table inet tf_test && "
-        "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
-        "nft add rule inet tf_test out tcp dport 29500 drop",
-    )
+    def firewall():
+        lab.ssh(
+            "node3",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1; "
+            "nft add table inet tf_test && "
+            "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
+            "nft add rule inet tf_test out tcp dport 29500 drop",
+        )
+
     try:
-        run, report, took = preflight(inventory)
+        # the same user on node2 attacking the rendezvous store (started while the fault is
+        # set) neither hides node3 nor names another node
+        with store_attacker(lab, meanwhile=firewall) as attack:
+            run, report, took = preflight(inventory)
+        assert attack["reached"] > 0
         assert run.returncode != 0
         assert took < report["details"]["bound"]["seconds"]  # within its stated worst case
         assert f"at most {report['details']['bound']['seconds']} s for 3 nodes" in run.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -376,7 +377,7 @@ def test_a_node_printing_hostile_pid_lines_is_named_and_they_reach_no_command(mo
         "gpu-a03": ["pid 5000"],
     }
 
-    def run_everywhere(state, commands, seconds):
+    def run_everywhere(state, commands, seconds, stdin=None):
         sent.extend(c.get_raw_value() for c in commands.values())
         if len(sent) == len(commands):  # the first call starts the listeners
             return listener_output
@@ -447,7 +448,9 @@ def _use_venv(monkeypatch, path: str) -> None:
         monkeypatch.setattr(module, "VENV_DIR", path)
 
 
-def _run_stage(command, cwd, **env) -> subprocess.CompletedProcess:
+def _run_stage(command, cwd, stdin: str | None = None, **env) -> subprocess.CompletedProcess:
+    """``command`` run by sh in ``cwd``, a fresh rendezvous secret on its stdin (as the
+    controller sends it) unless ``stdin`` says otherwise."""
     return subprocess.run(
         ["sh", "-c", command.get_raw_value()],
         cwd=cwd,
@@ -455,6 +458,7 @@ def _run_stage(command, cwd, **env) -> subprocess.CompletedProcess:
         text=True,
         timeout=30,
         env={**os.environ, **env},
+        input=secrets.token_hex(32) + "\n" if stdin is None else stdin,
     )
 
 
@@ -1003,7 +1007,7 @@ def _preflight_collective(
     ranks answering from their command; the commands each node got, and the report."""
     calls: list[tuple[dict[str, str], int]] = []
 
-    def run_everywhere(state, commands, seconds):
+    def run_everywhere(state, commands, seconds, stdin=None):
         raw = {node: c.get_raw_value() for node, c in commands.items()}
         if "counters" in next(iter(raw.values())):
             return {node: [] for node in raw}
@@ -1276,7 +1280,7 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
         if "NET/" in line or "Using network" in line
     ]
 
-    def run_everywhere(state, commands, seconds):
+    def run_everywhere(state, commands, seconds, stdin=None):
         out = {}
         for node, command in commands.items():
             first = 0 if node == "gpu-a01" else 2
@@ -1664,7 +1668,7 @@ def test_error_counters_are_read_around_the_collective_and_pairs_on_nodes_with_h
     calls: list[list[str]] = []
     counters = iter([["ib mlx5_0 1 symbol_error 0"], ["ib mlx5_0 1 symbol_error 7"]])
 
-    def run_everywhere(state, commands, seconds):
+    def run_everywhere(state, commands, seconds, stdin=None):
         calls.append(sorted(commands))
         if "counters" in next(iter(commands.values())).get_raw_value():
             return {"node2": next(counters)}
@@ -1741,7 +1745,7 @@ def test_isolation_runs_its_second_pass_on_the_suspects_nodes_with_their_partner
     at its own address; the verdict is the second pass's."""
     sent: list[dict[str, str]] = []
 
-    def silent(state, commands, seconds):
+    def silent(state, commands, seconds, stdin=None):
         sent.append({node: c.get_raw_value() for node, c in commands.items()})
         return {}
 
@@ -1766,7 +1770,7 @@ def test_isolation_runs_its_second_pass_on_the_suspects_nodes_with_their_partner
     assert len({p.cause for p in report.problems}) == 1  # alike: no one rank's words added
     # one node silent, the others done: it alone is named, ending with its own rank's words
 
-    def only_n3_silent(state, commands, seconds):
+    def only_n3_silent(state, commands, seconds, stdin=None):
         return {node: ['0 {"step": "done"}'] for node in commands if node != "n3"}
 
     monkeypatch.setattr(collective_stage, "run_everywhere", only_n3_silent)

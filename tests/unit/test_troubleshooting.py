@@ -494,7 +494,7 @@ def _examples() -> list[str]:
         "step": "timeout",
         "stage": "rendezvous",
         "joined": list(range(8)),
-        "missing": list(range(8, 16)),
+        "missing": list(range(8, 24)),
     }
     unique = Finding("gpu-a01", "hostname", "unique", "node", "also on gpu-a02")
     not_seen = Finding(

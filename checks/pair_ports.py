@@ -1,0 +1,42 @@
+"""The ports of the preflight's 2-node jobs (the bandwidth stage's pairs, the isolation's), and
+which node hosts each one's rendezvous: the hygiene stage checks them for a holder before any
+of them runs, as it checks the master port. No host is touched here."""
+
+from __future__ import annotations
+
+from checks.bandwidth_verdicts import pair_name, pair_rounds
+from trainfleet.model import Cluster
+
+
+def pair_port(cluster: Cluster, index: int) -> int:
+    """The rendezvous port of a stage's ``index``-th pair: one of its own, after the master's."""
+    return cluster.master_port + 1 + index
+
+
+def bandwidth_rounds(cluster: Cluster) -> list[list[tuple[str, ...]]]:
+    """The bandwidth stage's rounds of pairs (a single node with several GPUs: itself alone)."""
+    names = [n.name for n in cluster.nodes]
+    if len(names) > 1:
+        return [list(pairs) for pairs in pair_rounds(names)]
+    return [[(names[0],)]] if cluster.nodes[0].slots > 1 else []
+
+
+def hosted_ports(cluster: Cluster) -> dict[str, dict[int, str]]:
+    """Each node's ports that a pair's rendezvous may listen on there, and what uses each: a
+    bandwidth pair on its first node; the isolation's first pass, the master with each node,
+    on the master; its second pass (a suspect with a node known good, known only then) on any
+    other node, so each of them may host any of its ports."""
+    hosted: dict[str, dict[int, str]] = {n.name: {} for n in cluster.nodes}
+    pairs = [pair for pairs in bandwidth_rounds(cluster) for pair in pairs]
+    for index, pair in enumerate(pairs):
+        hosted[pair[0]].setdefault(
+            pair_port(cluster, index), f"the bandwidth pair {pair_name(pair)}"
+        )
+    if len(cluster.nodes) > 2:  # the isolation runs on three nodes or more
+        master, *others = [n.name for n in cluster.nodes]
+        for index, node in enumerate(others):
+            hosted[master].setdefault(pair_port(cluster, index), f"the isolation's {master}-{node}")
+        for node in others:
+            for index in range(len(others) - 1):
+                hosted[node].setdefault(pair_port(cluster, index), "an isolation pair")
+    return hosted

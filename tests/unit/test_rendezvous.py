@@ -1,0 +1,325 @@
+"""The collective's rendezvous is the ranks' own (issue #38): its secret reaches them on stdin
+only, and its verdicts fail closed, never singling out one node on what the store said."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from checks import bandwidth_stage, collective_stage, rank_output, stage_runner
+from checks.collective_verdicts import collective_problems
+from checks.hygiene_output import parse_hygiene
+from checks.hygiene_verdicts import pair_port_problems
+from checks.pair_ports import hosted_ports
+from checks.preflight_report import PreflightReport
+from checks.stage_runner import shell_stage, stage_script
+from trainfleet import Cluster
+
+LAB = Cluster.parse(
+    "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
+    "  - {name: node3, address: 198.18.0.13}\n"
+)
+NODES = ["node1", "node2", "node3"]
+SECRET = re.compile(r"[0-9a-f]{64}")
+
+
+def started(rank: int) -> dict:
+    return {"step": "start", "job": 0, "rank": rank}
+
+
+def timed_out(joined: list, missing: list, count=None, **more) -> dict:
+    """A rank's rendezvous timeout, as collective.py prints it."""
+    view = {"step": "timeout", "job": 0, "stage": "rendezvous", "joined": joined}
+    view |= {"missing": missing} | ({"count": count} if count is not None else {}) | more
+    return view
+
+
+def verdicts(steps: dict[str, list[dict]]) -> list[tuple[str, str]]:
+    return [(p.node, p.cause) for p in collective_problems(LAB, {n: [s] for n, s in steps.items()})]
+
+
+def every_node_alike(found: list[tuple[str, str]], why: str) -> None:
+    assert [node for node, _ in found] == NODES, found
+    assert len({cause for _, cause in found}) == 1, found  # one cause: nobody singled out
+    assert why in found[0][1] and "every node is named alike" in found[0][1], found
+
+
+def test_node3_that_never_joined_is_named_alone_from_the_ranks_own_view():
+    found = verdicts(
+        {
+            "node1": [started(0), {"step": "reached"}, timed_out([0, 1], [2], count=2)],
+            "node2": [started(1), {"step": "reached"}, timed_out([0, 1], [2], count=2)],
+            "node3": [started(2)],
+        }
+    )
+    assert found == [("node3", "never joined the rendezvous at node1:29500 (joined: node1, node2)")]
+
+
+def test_a_rendezvous_that_timed_out_with_no_rank_missing_fails_every_node_alike():
+    # (before #38: no problem at all, so a run whose counter a user held back passed)
+    view = timed_out([0, 1, 2], [], count=2)
+    found = verdicts({n: [started(r), view] for r, n in enumerate(NODES)})
+    every_node_alike(found, "timed out though every rank had joined it")
+
+
+@pytest.mark.parametrize("count", [-998, -1, 3, 4, 1000, "2", True, None])
+def test_a_counter_the_ranks_cannot_have_left_fails_every_node_alike(count):
+    # ranks set joined/<rank> before they add 1: the count lies between 0 and the ranks joined
+    view = timed_out([0, 1], [2], count=count) | ({"count": None} if count is None else {})
+    found = verdicts({"node1": [started(0), view], "node2": [started(1), view], "node3": []})
+    every_node_alike(found, "ranks joined, not 0 to 2")
+
+
+@pytest.mark.parametrize(
+    ("joined", "missing"),
+    [
+        ([0, 1, 2, 7], [3]),  # a rank the job has not
+        ([0, 0, 1], [2]),  # a rank twice
+        ([0, 1], [1, 2]),  # joined and missing at once
+        ([0], [2]),  # a rank neither joined nor missing
+        ([0, "1"], [2]),  # not a rank at all
+        ("0,1", [2]),
+    ],
+)
+def test_a_view_that_is_not_the_jobs_ranks_each_once_fails_every_node_alike(joined, missing):
+    view = timed_out(joined, missing, count=1)
+    found = verdicts({"node1": [started(0), view], "node2": [started(1), view], "node3": []})
+    every_node_alike(found, "reported ranks that are not the job's, or not each once")
+
+
+def test_a_rank_listed_as_joined_that_never_started_fails_every_node_alike():
+    # node3 has no venv (its own output says so): its joined/2 key appeared from nowhere
+    view = timed_out([0, 2], [1], count=1)
+    nopython = rank_output.node_steps(["nopython"], 1)[0]
+    found = verdicts({"node1": [started(0), view], "node2": [started(1), view], "node3": nopython})
+    every_node_alike(found, "lists rank 2 of node3 as joined, which never reached it")
+    # likewise a rank that says itself it never reached the store
+    unreached = {"step": "timeout", "job": 0, "stage": "rendezvous", "reached": False}
+    found = verdicts(
+        {"node1": [started(0), view], "node2": [started(1), view], "node3": [unreached]}
+    )
+    every_node_alike(found, "lists rank 2 of node3 as joined, which never reached it")
+
+
+def test_a_store_that_could_not_prove_the_secret_fails_every_node_alike():
+    impostor = {"step": "timeout", "stage": "rendezvous", "reached": False, "impostor": True}
+    found = verdicts({"node1": [started(0)], "node2": [impostor], "node3": [impostor]})
+    every_node_alike(found, "answered by a process that does not hold the run's secret")
+
+
+def test_no_rank_reaching_the_store_names_the_masters_own_failure_or_every_node():
+    unreached = {"step": "timeout", "job": 0, "stage": "rendezvous", "reached": False}
+    bind = {
+        "step": "error",
+        "job": 0,
+        "stage": "store",
+        "error": "cannot serve the rendezvous on 198.18.0.11:29500: [Errno 98] Address in use",
+    }
+    found = verdicts({"node1": [started(0), bind], "node2": [unreached], "node3": [unreached]})
+    assert found == [
+        (
+            "node1",
+            "store failed: cannot serve the rendezvous on 198.18.0.11:29500: "
+            "[Errno 98] Address in use",
+        )
+    ]
+    found = verdicts({n: [unreached] for n in NODES})
+    assert [n for n, _ in found] == NODES
+    assert {c for _, c in found} == {
+        "no rank reached the store of the rendezvous at node1:29500 in time"
+    }
+
+
+def test_an_all_alike_rendezvous_verdict_runs_no_isolation(monkeypatch):
+    """Isolation would pair nodes up and name one: where the store's view was impossible, the
+    verdict is the cluster's, and no pair test runs."""
+    from checks import preflight_check
+
+    ran: list[str] = []
+
+    def run_everywhere(state, commands, seconds, stdin=None):
+        ran.append(stdin or "")
+        view = json.dumps(timed_out([0, 1, 2], [], count=1000))
+        return {node: [f"0 {view}"] for node in commands}
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(preflight_check, "run_isolation", lambda *a: pytest.fail("isolation ran"))
+    report = PreflightReport(cluster="lab", nodes=NODES)
+    preflight_check._collective_stages(None, LAB, report, {}, set(NODES))
+    assert len(ran) == 1 and report.stages["collective"] == "failed"
+    assert [p.node for p in report.problems] == NODES
+
+
+# ---- the secret: on stdin, never in a command line -------------------------------------------
+
+
+def test_each_collective_and_pair_command_gets_a_fresh_secret_on_stdin_never_in_its_arguments(
+    monkeypatch,
+):
+    sent: list[tuple[dict[str, str], str | None]] = []
+
+    def run_everywhere(state, commands, seconds, stdin=None):
+        sent.append(({n: c.get_raw_value() for n, c in commands.items()}, stdin))
+        return {}
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="lab", nodes=NODES)
+    collective_stage.run_collective(None, LAB, report, {})
+    collective_stage.run_isolation(None, LAB, report)
+    assert len(sent) == 3  # the collective, isolation's two passes
+    secrets_sent = [stdin for _, stdin in sent]
+    assert all(s and SECRET.fullmatch(s) for s in secrets_sent)
+    assert len(set(secrets_sent)) == 3  # one per command, never reused
+    for commands, secret in sent:
+        assert not any(secret in raw for raw in commands.values())
+    # node1 hosts both of the first pass's pairs: it reads the secret once, hands it to each
+    hosting = sent[1][0]["node1"]
+    assert hosting.startswith("IFS= read -r secret; ( printf '%s\\n' \"$secret\" | timeout ")
+    assert hosting.count("printf '%s\\n' \"$secret\" |") == 2
+
+
+def _stand_in_python(tmp_path) -> str:
+    """A venv whose "python" reports the secret file the ranks read: its mode and content."""
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        "#!/bin/sh\nshift 3\n"  # -I -c SCRIPT
+        'printf \'{"step": "start", "mode": "%s", "secret": "%s", "args": "%s"}\\n\' '
+        '"$(stat -c %a secret)" "$(cat secret)" "$*"\n'
+        'echo \'{"step": "done"}\'\n'
+    )
+    python.chmod(0o755)
+    return str(tmp_path / "venv")
+
+
+def test_the_secret_on_stdin_becomes_a_0600_file_only_the_ranks_read(tmp_path, monkeypatch):
+    base = tmp_path / "run"
+    monkeypatch.setattr(stage_runner, "RUN_DIR", str(base))
+    venv = _stand_in_python(tmp_path)
+    for module in (collective_stage, rank_output):
+        monkeypatch.setattr(module, "VENV_DIR", venv)
+    command = collective_stage.collective_command(0, 2, 2, "127.0.0.1", 1, "gloo", 5)
+    secret = secrets.token_hex(32)
+
+    def run(stdin: str) -> list[list[dict]]:
+        done = subprocess.run(
+            ["sh", "-c", command.get_raw_value()],
+            cwd=tmp_path,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=dict(os.environ),
+        )
+        return rank_output.node_steps(done.stdout.splitlines(), 2)
+
+    ranks = run(secret + "\n")
+    for rank in ranks:
+        start = rank[0]
+        assert (start["mode"], start["secret"]) == ("600", secret)
+        assert secret not in start["args"]
+    assert list(base.iterdir()) == []  # removed with the private directory
+    # no secret (or a line that is not one): every rank fails before the network, named
+    for stdin in ("", "\n", "not hex; rm -rf /\n"):
+        ranks = run(stdin)
+        assert [r[0] for r in ranks] == [
+            {"step": "error", "stage": "secret", "error": "no rendezvous secret came on stdin"}
+        ] * 2
+
+
+def test_run_everywhere_hands_the_secret_to_pyinfra_as_stdin_not_in_the_command():
+    got: dict[str, dict] = {}
+
+    class Host:
+        def __init__(self, name: str):
+            self.name, self.data = name, SimpleNamespace(trainfleet_node=name, get=lambda k: None)
+
+        def run_shell_command(self, command, **kwargs):
+            got[self.name] = {"command": command.get_raw_value(), **kwargs}
+            return True, SimpleNamespace(stdout_lines=["ok"])
+
+    hosts = [Host(n) for n in NODES]
+    state = SimpleNamespace(inventory=SimpleNamespace(get_active_hosts=lambda: hosts))
+    secret = secrets.token_hex(32)
+    commands = {n: stage_runner.shell_stage("cat >/dev/null") for n in NODES}
+    assert stage_runner.run_everywhere(state, commands, 5, stdin=secret) == {
+        n: ["ok"] for n in NODES
+    }
+    assert all(g["_stdin"] == secret and secret not in g["command"] for g in got.values())
+    stage_runner.run_everywhere(state, commands, 5)  # the other stages send nothing
+    assert all("_stdin" not in g for g in got.values())
+
+
+# ---- the pairs' rendezvous ports are checked for a holder, like the master port --------------
+
+
+def test_each_node_is_checked_for_the_pair_ports_it_would_host():
+    assert hosted_ports(LAB) == {
+        # the bandwidth ring's (node1, node2), (node1, node3); the isolation's first pass
+        "node1": {
+            29501: "the bandwidth pair node1-node2",
+            29502: "the isolation's node1-node3",
+            29503: "the bandwidth pair node1-node3",
+        },
+        # (node2, node3); a second pass may pair a suspect with node2 or node3 on 29501
+        "node2": {29502: "the bandwidth pair node2-node3", 29501: "an isolation pair"},
+        "node3": {29501: "an isolation pair"},
+    }
+    # the ports the stages use are the ones checked
+    jobs = bandwidth_stage.bandwidth_jobs(LAB, bandwidth_stage.bandwidth_plan(LAB)[0], 25, 30)
+    for node, node_jobs in jobs.items():
+        for _, first, _, address, port, _ in node_jobs:
+            if address == LAB.node(node).address:  # this node hosts the pair
+                assert first == 0 and port in hosted_ports(LAB)[node]
+
+
+def test_a_held_pair_port_is_named_on_the_node_that_would_host_it_from_what_ss_printed(
+    tmp_path,
+):
+    """The real hygiene script and the real ss, a real socket listening on a pair's port."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        command = shell_stage(
+            stage_script("hygiene.sh"), port - 1, 1, "node1", "/nonexistent", "x", f"1 {port}"
+        )
+        out = subprocess.run(
+            ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30
+        ).stdout.splitlines()
+    seen = parse_hygiene(out)
+    assert list(seen["pair_port_holders"]) == [port]
+    assert seen["pair_port_holders"][port].startswith('users:(("python')
+    hosted = {"node1": {port: "the bandwidth pair node1-node2"}}
+    ((node, cause),) = [(p.node, p.cause) for p in pair_port_problems({"node1": seen}, hosted)]
+    assert node == "node1" and cause.startswith(
+        f"port {port}, the bandwidth pair node1-node2's rendezvous, is already in use (users:(("
+    )
+    # a port the node would host no pair on is not its problem
+    assert pair_port_problems({"node2": seen}, {"node2": {port + 1: "x"}}) == []
+
+
+def test_a_held_pair_port_runs_no_pair_and_no_isolation(monkeypatch):
+    from checks import preflight_check
+
+    sent: list[str] = []
+
+    def run_everywhere(state, commands, seconds, stdin=None):
+        sent.extend(c.get_raw_value() for c in commands.values())
+        return {}  # every rank silent: the collective fails
+
+    monkeypatch.setattr(collective_stage, "run_everywhere", run_everywhere)
+    monkeypatch.setattr(preflight_check, "run_isolation", lambda *a: pytest.fail("isolation ran"))
+    report = PreflightReport(cluster="lab", nodes=NODES)
+    holder = 'users:(("nc",pid=77,fd=3))'
+    report.details["hygiene"] = {"node2": {"pair_port_holders": {29502: holder}}}
+    preflight_check._collective_stages(None, LAB, report, {}, set(NODES))
+    assert len(sent) == 3 and not any(",29502," in raw or ",29501," in raw for raw in sent)
+    assert report.stages["bandwidth"] == "skipped"
