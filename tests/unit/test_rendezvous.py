@@ -9,11 +9,12 @@ import re
 import secrets
 import socket
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from checks import bandwidth_stage, collective_stage, rank_output, stage_runner
+from checks import bandwidth_stage, collective_stage, collective_verdicts, rank_output, stage_runner
 from checks.collective_verdicts import collective_problems
 from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import pair_port_problems
@@ -323,3 +324,46 @@ def test_a_held_pair_port_runs_no_pair_and_no_isolation(monkeypatch):
     preflight_check._collective_stages(None, LAB, report, {}, set(NODES))
     assert len(sent) == 3 and not any(",29502," in raw or ",29501," in raw for raw in sent)
     assert report.stages["bandwidth"] == "skipped"
+
+
+# ---- the ranks' own store as it ran on a real H200 (fixtures/hardware/h200_rendezvous)
+
+H200_RUNS = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "h200_rendezvous"
+
+
+def _h200_run(name: str, jobs: int) -> list[list[dict]]:
+    """One rank's steps per job, from collective.sh's real output on the H200."""
+    lines = (H200_RUNS / f"{name}.out").read_text().splitlines()
+    (rank,) = [rank_output.job_steps(r, jobs) for r in rank_output.node_steps(lines, 1)]
+    return rank
+
+
+def test_nccl_meets_in_the_ranks_own_store_on_a_real_gpu_collective_then_a_timed_pair():
+    collective, pair = _h200_run("nccl-collective-then-bandwidth", 2)
+    for job in (collective, pair):
+        assert collective_verdicts.rank_failure(job) is None
+        steps = [s["step"] for s in job if s["step"] != "nccl"]
+        assert steps[:4] == ["start", "reached", "joined", "initialised"], steps
+    assert next(s for s in collective if s["step"] == "initialised")["backend"] == "nccl"
+    (timed,) = [s for s in pair if s["step"] == "bandwidth"]
+    assert timed["bytes"] == 256 << 20 and timed["iters"] >= 3
+    assert any("NCCL INFO NCCL version 2.28.9" in s.get("text", "") for s in pair)
+
+
+def test_torchs_store_client_forged_nothing_while_two_real_ranks_met_in_the_store():
+    """nobody ran torch's own client against the port while rank 0 waited 6 s for rank 1:
+    it got no store to write to, and both ranks passed with the right sum."""
+    tries, forged = re.match(
+        r"tries (\d+) forged (\d+) ", (H200_RUNS / "attack.txt").read_text()
+    ).groups()
+    assert int(tries) > 0 and int(forged) == 0
+    for name in ("gloo-late-rank0", "gloo-late-rank1"):
+        (job,) = _h200_run(name, 1)
+        assert collective_verdicts.rank_failure(job) is None
+        (summed,) = [s for s in job if s["step"] == "all_reduce"]
+        assert summed["ok"] and summed["got"] == summed["expected"] == 3.0
+
+
+def test_without_a_secret_on_stdin_no_rank_starts_on_the_real_machine():
+    assert (H200_RUNS / "no-secret.out").read_text().split() == ["nosecret"]
+    assert "rc 2" in (H200_RUNS / "no-secret.err").read_text()
