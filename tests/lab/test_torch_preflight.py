@@ -39,7 +39,8 @@ PLANTED_BY_USER = ["json", "socket", "torch", "os", "sitecustomize", "threading"
 PLANTED_IN_ROOTS_HOME = ["json", "socket", "torch"]
 # A node user's attack on the collective's rendezvous (issue #38), with the node's own torch:
 # connect to the master's rendezvous port as a client of torch's store, push the `joined`
-# counter back by 1000 and delete `joined/2` (node3's rank), over and over until told to stop.
+# counter back by 1000 and delete `joined/<RANK>` (node3's rank unless told another), over and
+# over until told to stop.
 # Before the store was the ranks' own (authenticated), this got node3 named by the collective
 # and left out of the healthy subset. It prints how often it reached the port, how
 # often the ranks' own store answered it there, and how often its writes were accepted.
@@ -47,7 +48,7 @@ STORE_ATTACK = r"""
 import socket, sys, threading, time
 from datetime import timedelta
 import torch.distributed as dist
-host, port = sys.argv[1], int(sys.argv[2])
+host, port, victim = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 count = {"reached": 0, "answered": 0, "forged": 0}
 said = threading.Lock()
 def tell(key):  # after every try: the attack is ended by a signal, wherever it is
@@ -73,7 +74,7 @@ def forge():  # as a client of torch's store, over and over
             )
             while True:
                 store.add("joined", -1000)
-                store.delete_key("joined/2")
+                store.delete_key(f"joined/{victim}")
                 tell("forged")
                 time.sleep(0.02)
         except Exception:
@@ -121,17 +122,17 @@ def environment_edited(lab, inventory: str, node: str, sed: str):
 
 
 @contextmanager
-def store_attacker(lab, node: str = "node2", meanwhile=None):
-    """``nobody`` on ``node`` attacks the master's rendezvous port (STORE_ATTACK) for the
-    block's length (``meanwhile`` runs while its torch imports); yields a dict that gets, once
-    it ended, how often it reached the port, how often the ranks' store answered there, and
-    how often a store accepted its writes."""
+def store_attacker(lab, node: str = "node2", meanwhile=None, victim: int = 2):
+    """``nobody`` on ``node`` attacks the master's rendezvous port (STORE_ATTACK, deleting rank
+    ``victim``'s key) for the block's length (``meanwhile`` runs while its torch imports);
+    yields a dict that gets, once it ended, how often it reached the port, how often the
+    ranks' store answered there, and how often a store accepted its writes."""
     master = lab.lab.node("node1").address
     pid = lab.ssh(
         node,
         f"nohup timeout 600 setpriv --reuid=nobody --regid=nogroup --clear-groups "
-        f"/opt/trainfleet/venv/bin/python -I -c {shlex.quote(STORE_ATTACK)} {master} 29500 "
-        f">{ATTACK_OUT} 2>&1 </dev/null & echo $!",
+        f"/opt/trainfleet/venv/bin/python -I -c {shlex.quote(STORE_ATTACK)} "
+        f"{master} 29500 {victim} >{ATTACK_OUT} 2>&1 </dev/null & echo $!",
     ).strip()
     said: dict[str, int] = {}
     try:
@@ -493,24 +494,30 @@ def test_missing_gloo_and_nccl_variables_in_one_nodes_non_login_environment_are_
 
 def test_a_different_torch_on_one_node_is_named(torch_lab):
     lab, inventory = torch_lab
-    # No second torch release is available offline: node2 gets a locally patched build of
+    # No second torch release is available offline: node3 gets a locally patched build of
     # the same wheel that reports another version, as a hand-rebuilt torch would.
     version_file = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch/version.py"
     lab.ssh(
-        "node2",
+        "node3",
         f"sed -i \"s/^__version__ = '2.13.0+cpu'/__version__ = '2.13.1+cpu'/\" {version_file}",
     )
     try:
-        run, report, _ = preflight(inventory)
+        # a user on node2 attacks the store while the collective runs into node3's real
+        # fault, deleting node2's own key (with torch's store this named node2 "never
+        # joined"): node3 alone is named, for its torch
+        with store_attacker(lab, victim=1) as attack:
+            run, report, _ = preflight(inventory)
         assert run.returncode != 0
         assert (
-            "node2",
+            "node3",
             "collective",
             "torch 2.13.1+cpu differs from the other ranks' 2.13.0+cpu",
         ) in problems(report)
+        assert {node for node, _, _ in problems(report)} == {"node3"}
+        assert attack["answered"] > 0 and attack["forged"] == 0
     finally:
         lab.ssh(
-            "node2",
+            "node3",
             f"sed -i \"s/^__version__ = '2.13.1+cpu'/__version__ = '2.13.0+cpu'/\" {version_file}",
         )
 
