@@ -82,6 +82,13 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         # Each fails where alice's link meets alice's own privileges (pyinfra then counts the
         # node's later operations as failed too); node3 and root's steps go on.
         assert run.errors()["SSH mesh for alice"] == ["node2"]
+        # That failure (ignored there, #38 review 1) holds back none of node2's root-owned
+        # steps; node2 is failed in the mesh's last step, naming alice and her step.
+        assert run.errors()["The mesh steps in the homes of alice ran"] == ["node2"]
+        assert (
+            "[node2] trainfleet: alice: the step 'SSH mesh for alice' failed in their home"
+            in run.stderr
+        )
         assert "node1" in run.errors()["OpenMPI network (~/.openmpi/mca-params.conf)"]
         assert "SSH mesh for root" not in run.errors()
         assert (
