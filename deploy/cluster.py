@@ -16,6 +16,8 @@ from operations import (
     stack_ops,
 )
 from runtime.gather import (
+    HomeIntact,
+    a_mesh_user_step_failed,
     a_root_step_failed,
     deploy_plan,
     mesh_users_begin,
@@ -47,7 +49,8 @@ hosts_ops.hosts_block(
 # A revoked key goes at once. Each user's steps come before the next user's. The root-owned
 # steps (known_hosts, sshd, root's own files) come first, their old trust dropped before any
 # step in another mesh user's home, which that user can make fail every run: such a failure
-# costs its own node only (the others move and drop old trust without it).
+# costs that user's later steps on its own node only (the other nodes and users move and drop
+# old trust without it, its node's KRL still takes every revocation), then fails its node.
 ssh_mesh_ops.known_hosts(
     name="known_hosts also trusts the cluster's new host lines",
     entries=plan.known_hosts,
@@ -98,6 +101,8 @@ for user in root_owned:
         refused=user.refused,
         _if=whole_cluster_healthy,
     )
+# A step in a user's home fails no node (_ignore_errors): it skips that user's later steps
+# on its node (HomeIntact), and the node fails in the mesh's last step, once its KRL is written.
 for user in in_user_homes:
     ssh_mesh_ops.mesh_trust(
         name=f"{user.user} also trusts the mesh's new lines",
@@ -105,7 +110,8 @@ for user in in_user_homes:
         authorized=user.authorized,
         refused=user.refused,
         exactly=False,
-        _if=mesh_users_begin,
+        _if=[mesh_users_begin, HomeIntact(user.user)],
+        _ignore_errors=True,
     )
     ssh_mesh_ops.mesh_user(
         name=f"SSH mesh for {user.user}",
@@ -114,7 +120,8 @@ for user in in_user_homes:
         config=user.config,
         certificate=user.certificate,
         problems=user.problems,
-        _if=no_root_step_failed if user.moving else None,
+        _if=[HomeIntact(user.user), *([no_root_step_failed] if user.moving else [])],
+        _ignore_errors=True,
     )
 if plan.sshd.drop_in is not None:
     # A CA move: once every node presents the new CA's host and root certificates (no node
@@ -140,7 +147,8 @@ for user in in_user_homes:
         authorized=user.authorized,
         certificate=user.certificate,
         refused=user.refused,
-        _if=whole_cluster_root_steps_healthy,
+        _if=[HomeIntact(user.user), whole_cluster_root_steps_healthy],
+        _ignore_errors=True,
     )
 if plan.sshd.drop_in is None and not plan.sshd.problems:
     ssh_mesh_ops.sshd_certificates(
@@ -149,6 +157,11 @@ if plan.sshd.drop_in is None and not plan.sshd.problems:
         drop_in=None,
         revoked_keys=None,
         _if=whole_cluster_root_steps_healthy,
+    )
+if in_user_homes:
+    ssh_mesh_ops.mesh_users_failed(
+        name=f"The mesh steps in the homes of {', '.join(u.user for u in in_user_homes)} ran",
+        _if=a_mesh_user_step_failed,
     )
 
 # pdsh: `pdsh -a` runs on every node, over ssh.

@@ -18,7 +18,7 @@ from facts.ssh_mesh_facts import (
 )
 from operations.managed_block_ops import block_change
 from operations.remote import as_user_command, fail_command, script, write_command
-from runtime.gather import fact
+from runtime.gather import fact, home_failures
 from trainfleet.blocks import split_block, with_block
 from trainfleet.defaults import (
     HOST_CERT_SUFFIX,
@@ -184,6 +184,28 @@ def revoked_keys(content: bytes, written: bytes | None = None):
         host.noop(f"{REVOKED_KEYS} is the cluster's")
         return
     yield from write_command(REVOKED_KEYS, content, mode="644")
+
+
+@operation()
+def mesh_users_failed():
+    """
+    Fails this node if a step in a mesh user's own home failed on it this run (those steps run
+    with ``_ignore_errors``, so that a user who makes one fail every run cannot hold back the
+    node's KRL nor the other users' steps): the run still ends failed, naming the user and step.
+    Run last of the mesh's steps, with ``_if=a_mesh_user_step_failed``.
+
+    **Example:**
+
+    .. code:: python
+
+        ssh_mesh.mesh_users_failed(name="Mesh users' own steps", _if=a_mesh_user_step_failed)
+    """
+    failed = home_failures()
+    if not failed:
+        host.noop("every mesh user's steps ran")
+        return
+    steps = [f"{user}: the step {step!r} failed in their home" for user, step in failed.items()]
+    yield fail_command("; ".join(steps) + " (this node's root-owned mesh steps and its KRL ran)")
 
 
 @operation()

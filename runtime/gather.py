@@ -15,6 +15,7 @@ from pyinfra import host as current_host
 from pyinfra import logger
 from pyinfra.api import FactBase, State
 from pyinfra.api.facts import get_fact
+from pyinfra.api.state import BaseStateCallback
 from pyinfra.context import ctx_host, ctx_state
 
 from facts.sudo_facts import sudo_form, sudo_probe_command, sudo_refusal
@@ -49,6 +50,8 @@ class RunFacts:
         )
         # hosts failed when the first step in a mesh user's own home began (mesh_users_begin)
         self.failed_before_users: set[Any] | None = None
+        # host name -> {mesh user: the step in that user's home that failed there this run}
+        self.home_failures: dict[str, dict[str, str]] = {}
 
 
 def run_facts(state: State) -> RunFacts:
@@ -136,6 +139,7 @@ def this_node() -> tuple[Cluster, Node]:
     deploy file starts here, before any fact or stage could make pyinfra prompt for one.
     A node that fails a step from here on is named with what happened (runtime/faults.py)."""
     once_per_run("step faults", name_step_faults)
+    once_per_run("home faults", lambda state: state.add_callback_handler(HomeFaults()))
     once_per_run(
         "sudo proved", lambda state: prove_sudo(state, list(state.inventory.get_active_hosts()))
     )
@@ -241,10 +245,10 @@ def no_host_failed() -> bool:
 
 
 def mesh_users_begin() -> bool:
-    """For ``_if`` of each step in a (non-root) mesh user's home: notes, at the first such
-    step, which nodes had failed before any of them (the root-owned mesh steps: known_hosts,
-    sshd, root's own). pyinfra runs each step on every node before the next, so that is every
-    failure a user could not cause. Always true."""
+    """For ``_if`` of the first step in a (non-root) mesh user's home: notes which nodes had
+    failed before any of them (the root-owned mesh steps: known_hosts, sshd, root's own).
+    pyinfra runs each step on every node before the next, so that is every failure a user
+    could not cause (a step in a user's home fails no node: ``HomeIntact``). Always true."""
     facts = run_facts(ctx_state.get())
     if facts.failed_before_users is None:
         facts.failed_before_users = set(ctx_state.get().failed_hosts)
@@ -252,9 +256,10 @@ def mesh_users_begin() -> bool:
 
 
 def no_root_step_failed() -> bool:
-    """For ``_if`` of a mesh user's steps: no node failed a root-owned mesh step this run. A
-    failure in a mesh user's home (which the user can cause, every run) costs its own node only:
-    the other nodes move and drop old trust without it."""
+    """For ``_if`` of a mesh user's steps and the KRL: no node failed a root-owned mesh step
+    before the users' homes this run. A failure in a mesh user's home (which the user can cause,
+    every run) is none of those: it costs that user's later steps on its own node only, the
+    other nodes move and drop old trust without it, and its node's KRL is still written."""
     state = ctx_state.get()
     facts = run_facts(state)
     before = facts.failed_before_users
@@ -270,6 +275,53 @@ def whole_cluster_root_steps_healthy() -> bool:
     """For ``_if``: this run reached every node (no ``--limit``, none down) and no node failed a
     root-owned mesh step: a mesh user's old trust may go on every node that got this far."""
     return run_facts(ctx_state.get()).whole_cluster and no_root_step_failed()
+
+
+class HomeIntact:
+    """For ``_if`` of a step in a (non-root) mesh user's own home, run with ``_ignore_errors``:
+    no earlier step in that home failed on this node this run. The user can make such a step
+    fail every run (``chmod 500 ~/.ssh``): it costs that user's later steps on that node, never
+    the node's root-owned steps (its KRL) nor the other users' steps; ``a_mesh_user_step_failed``
+    fails the node once those ran."""
+
+    def __init__(self, user: str) -> None:
+        self.user = user
+
+    def __call__(self) -> bool:
+        return self.user not in home_failures()
+
+
+def note_home_failure(state: Any, host_name: str, step: str, gates: Any) -> bool:
+    """Records a failed step that ran with ``_ignore_errors`` in a mesh user's home (its gates
+    hold a ``HomeIntact``); True if it was one."""
+    gates = gates if isinstance(gates, list) else [gates]
+    users = [gate.user for gate in gates if isinstance(gate, HomeIntact)]
+    for user in users:
+        run_facts(state).home_failures.setdefault(host_name, {}).setdefault(user, step)
+    return bool(users)
+
+
+class HomeFaults(BaseStateCallback):
+    """Notes each step in a mesh user's home that failed (pyinfra reports an ignored error to
+    ``operation_host_error`` too)."""
+
+    def operation_host_error(
+        self, state: State, host: Any, op_hash: Any, retry_count: int = 0, max_retries: int = 0
+    ) -> None:
+        arguments = state.get_op_data_for_host(host, op_hash).global_arguments
+        if arguments.get("_ignore_errors"):
+            step = ", ".join(state.get_op_meta(op_hash).names) or "an operation"
+            note_home_failure(state, host.name, step, arguments.get("_if"))
+
+
+def home_failures() -> dict[str, str]:
+    """This node's failed steps in mesh users' homes this run: ``{user: step}``."""
+    return run_facts(ctx_state.get()).home_failures.get(current_host.name, {})
+
+
+def a_mesh_user_step_failed() -> bool:
+    """For ``_if`` of the mesh's last step: a step in a mesh user's home failed on this node."""
+    return bool(home_failures())
 
 
 def whole_cluster_healthy() -> bool:

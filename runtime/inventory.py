@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from runtime.controller import configure_pyinfra
-from trainfleet import stamps
+from trainfleet import mesh, stamps
 from trainfleet.mesh import probe_env_problems
 from trainfleet.model import Cluster, Node
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -65,6 +65,10 @@ def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
     problems = probe_env_problems(len(cluster.nodes), os.environ)
     if problems:
         _refuse(problems, "in the environment")
+    known_hosts = {Path(n.ssh["known_hosts"] or "~/.ssh/known_hosts") for n in cluster.nodes}
+    unreadable = [mesh.known_hosts_problem(p.expanduser()) for p in sorted(known_hosts)]
+    if any(unreadable):  # the plan falls back on it for a node it cannot read
+        _refuse([p for p in unreadable if p], "in the controller's known_hosts")
     try:  # the preflight's stamps, which the deploy, drift and the preflight read later
         stamps.load(cluster.name)
     except ValueError as exc:

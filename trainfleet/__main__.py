@@ -22,7 +22,7 @@ from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
 from trainfleet.diagnose import CaptureError, judge
 from trainfleet.keystore import KeyStore
-from trainfleet.mesh import controller_known_keys
+from trainfleet.mesh import KnownHostsError, every_listed_key
 from trainfleet.model import Cluster
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError
@@ -157,6 +157,7 @@ def _readmit(args: argparse.Namespace, cluster: Cluster, store: KeyStore) -> int
     revoked = {node: store.revoked_host_keys(node) for node in args.nodes}
     if args.known_hosts:
         wanted, problems = _known_hosts_keys(cluster, args.nodes)
+        problems = problems or _ambiguous_known_hosts(wanted, store.revoked_keys())
     else:
         wanted, problems = _fingerprinted_keys(args.fingerprint, revoked)
     if problems:
@@ -210,9 +211,10 @@ def _known_hosts_keys(cluster: Cluster, nodes: list[str]) -> tuple[dict[str, lis
     wanted, problems = {}, []
     for name in nodes:
         node = cluster.node(name)
-        wanted[name] = controller_known_keys(
-            node.address, node.ssh["port"], node.ssh["known_hosts"]
-        )
+        try:
+            wanted[name] = every_listed_key(node.address, node.ssh["port"], node.ssh["known_hosts"])
+        except KnownHostsError as exc:
+            return {}, [str(exc)]
         if not wanted[name]:
             problems.append(
                 f"the controller's known_hosts ({node.ssh['known_hosts'] or '~/.ssh/known_hosts'}) "
@@ -220,6 +222,26 @@ def _known_hosts_keys(cluster: Cluster, nodes: list[str]) -> tuple[dict[str, lis
                 "first, or name them with --fingerprint"
             )
     return wanted, problems
+
+
+def _ambiguous_known_hosts(wanted: dict[str, list[str]], revoked: list[str]) -> list[str]:
+    """Nodes whose known_hosts lists a revoked key beside an unrevoked key of the same type: a
+    new key appended without ``ssh-keygen -R``, which says nothing of which one the node
+    presents now; taking the old one back would admit its still valid certificate again."""
+    problems = []
+    refused = {" ".join(line.split()[:2]) for line in revoked}
+    for node, lines in wanted.items():
+        gone = {line for line in lines if line in refused}
+        kept_types = {line.split()[0] for line in lines if line not in gone}
+        for line in sorted(gone):
+            if line.split()[0] in kept_types:
+                problems.append(
+                    f"{node}: the controller's known_hosts lists the revoked {line.split()[0]} "
+                    f"key {fingerprint(line)} beside another {line.split()[0]} key: which one "
+                    "the node presents now is unknown; remove the stale line (ssh-keygen -R) or "
+                    "name the key with --fingerprint"
+                )
+    return problems
 
 
 def _prog() -> str:

@@ -24,6 +24,7 @@ from trainfleet import certificates, krl
 from trainfleet.defaults import HOST_CERT_SUFFIX, RENEW_FRACTION
 from trainfleet.key_material import KeyMaterial, KeyPair
 from trainfleet.model import Cluster, Node
+from trainfleet.text import printable
 
 
 def host_patterns(node: Node) -> list[str]:
@@ -82,9 +83,60 @@ def controller_known_keys(
         return []
     files = {} if files is None else files
     if path not in files:
+        known_hosts_problem(path, raising=True)
         files[path] = paramiko.HostKeys(str(path))
     entry = files[path].lookup(address if port == 22 else f"[{address}]:{port}")
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+def every_listed_key(address: str, port: int, known_hosts: str | None) -> list[str]:
+    """Every host key the controller's known_hosts lists for a node (``type base64``, sorted),
+    two of one type included (paramiko's lookup keeps one per type)."""
+    path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
+    if not path.exists():
+        return []
+    known_hosts_problem(path, raising=True)
+    keys = paramiko.HostKeys(str(path))
+    name = address if port == 22 else f"[{address}]:{port}"
+    found = set()
+    for entry in keys._entries:  # noqa: SLF001 (the one way to see a second key of a type)
+        for listed in entry.hostnames:
+            hashed = listed.startswith("|1|") and keys.hash_host(name, listed) == listed
+            if (hashed or listed == name) and entry.key is not None:
+                found.add(f"{entry.key.get_name()} {entry.key.get_base64()}")
+    return sorted(found)
+
+
+class KnownHostsError(ValueError):
+    """A known_hosts file the controller cannot read, named with the line at fault."""
+
+
+def known_hosts_problem(path: Path, raising: bool = False) -> str | None:
+    """Why the controller's known_hosts at ``path`` cannot be read (``path:line: why``), or
+    None. paramiko skips a line it cannot parse only when it raises SSHException; a bad
+    base64 key (InvalidHostKey) or bytes that are not UTF-8 would escape as a traceback."""
+    if not path.exists():
+        return None
+    problem = None
+    text = b""
+    try:
+        text = path.read_bytes()
+        for number, line in enumerate(text.decode().splitlines(), 1):
+            try:
+                paramiko.hostkeys.HostKeyEntry.from_line(line, number)
+            except paramiko.hostkeys.InvalidHostKey as exc:
+                problem = f"{path}:{number}: not a host key line ({printable(str(exc.exc))})"
+                break
+            except paramiko.SSHException:
+                continue  # paramiko skips it too
+    except UnicodeDecodeError as exc:
+        line = text[: exc.start].count(b"\n") + 1
+        problem = f"{path}:{line}: not UTF-8 text"
+    except OSError as exc:
+        problem = f"{path}: cannot be read ({exc.strerror})"
+    if problem and raising:
+        raise KnownHostsError(problem)
+    return problem
 
 
 def unread_host_keys(cluster: Cluster, read: Mapping[str, list[str]]) -> dict[str, list[str]]:

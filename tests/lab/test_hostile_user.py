@@ -81,7 +81,16 @@ def test_alices_links_and_planted_files_give_her_nothing_of_roots(hostile):
         assert failed == {"node1", "node2"}, run.errors()
         # Each fails where alice's link meets alice's own privileges (pyinfra then counts the
         # node's later operations as failed too); node3 and root's steps go on.
-        assert run.errors()["SSH mesh for alice"] == ["node2"]
+        # On node2 her first step fails (ignored there, #38 review 1): her later steps wait,
+        # none of node2's root-owned steps does; node2 is failed in the mesh's last step, naming
+        # alice and her step.
+        assert run.errors()["alice also trusts the mesh's new lines"] == ["node2"]
+        assert "SSH mesh for alice" not in run.errors()
+        assert run.errors()["The mesh steps in the homes of alice ran"] == ["node2"]
+        assert (
+            '[node2] trainfleet: alice: the step "alice also trusts the mesh\'s new lines" '
+            "failed in their home" in run.stderr
+        )
         assert "node1" in run.errors()["OpenMPI network (~/.openmpi/mca-params.conf)"]
         assert "SSH mesh for root" not in run.errors()
         assert (

@@ -370,16 +370,56 @@ def test_keys_readmit_known_hosts_takes_back_the_keys_the_controller_lists_for_t
     from trainfleet.__main__ import main
 
     spec, known, store, a_keys, c_key = readmit_setup(tmp_path, monkeypatch)
-    # The controller's known_hosts lists one of a's revoked keys and a key never revoked; c has
-    # its own revoked key listed under a's address: it is not taken back under a's name.
-    known.write_text(
-        f"198.18.0.11 {a_keys[1]}\n198.18.0.11 {public_key_line()}\n198.18.0.11 {c_key}\n"
-    )
+    # The controller's known_hosts lists one of a's revoked keys; c has its own revoked key
+    # listed under a's address: it is not taken back under a's name.
+    known.write_text(f"198.18.0.11 {a_keys[1]}\n198.18.0.11 {c_key}\n")
     assert main(["keys", "readmit", str(spec), "a", "--known-hosts"]) == 0
     assert "a: 1 revoked host key(s) taken back" in capsys.readouterr().out
     assert " ".join(a_keys[1].split()[:2]) not in revoked_types_and_keys(store)
     assert a_keys[0] in revoked_types_and_keys(store)
     assert c_key in revoked_types_and_keys(store)
+
+
+@pytest.mark.parametrize(
+    "listing, why",
+    [
+        # Review finding 6: a new key appended beside the revoked one (no ssh-keygen -R).
+        ("198.18.0.11 A1\n198.18.0.11 NEW\n", "beside another ssh-ed25519 key"),
+        # Review finding 10: a line paramiko cannot parse is named, never a traceback.
+        ("198.18.0.11 A1\n198.18.0.11 ssh-ed25519 AAAA!!notbase64\n", "known_hosts:2: not a"),
+        ("198.18.0.11 A1\n# caf\xe9\n", "known_hosts:2: not UTF-8 text"),
+    ],
+)
+def test_keys_readmit_known_hosts_refuses_an_ambiguous_or_malformed_listing(
+    tmp_path, monkeypatch, capsys, listing, why
+):
+    from trainfleet.__main__ import main
+
+    spec, known, store, a_keys, _ = readmit_setup(tmp_path, monkeypatch)
+    everything = store.revoked_keys()
+    text = listing.replace("A1", a_keys[1]).replace("NEW", public_key_line())
+    known.write_bytes(text.encode("latin-1"))
+    assert main(["keys", "readmit", str(spec), "a", "--known-hosts"]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "nothing was taken back" in err and "Traceback" not in err
+    assert store.revoked_keys() == everything
+
+
+def test_a_malformed_controller_known_hosts_is_named_by_the_plan_and_the_inventory(tmp_path):
+    """Review finding 10: the deploy's and drift's plan (a node not read falls back on the
+    controller's known_hosts) and the inventory that every run loads name the file and line."""
+    from runtime.inventory import load_cluster_or_exit
+    from trainfleet import mesh
+
+    known = tmp_path / "known_hosts"
+    known.write_text(f"198.18.0.11 {public_key_line()}\n198.18.0.13 ssh-ed25519 AAAA!!notbase64\n")
+    with pytest.raises(mesh.KnownHostsError, match=r"known_hosts:2: not a host key line"):
+        mesh.controller_known_keys("198.18.0.11", 22, str(known))
+    spec = tmp_path / "c1.yml"
+    spec.write_text(SPEC_C1.replace("KNOWN", str(known)))
+    with pytest.raises(SystemExit) as exit_:
+        load_cluster_or_exit(spec)
+    assert exit_.value.code == 2
 
 
 def test_keys_readmit_names_no_node_or_acts_for_another_command_is_refused(tmp_path, monkeypatch):

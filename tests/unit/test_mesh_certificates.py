@@ -31,8 +31,14 @@ from facts.ssh_mesh_facts import (
     SshMeshUser,
 )
 from operations.remote import ABSENT, FailCommand
-from operations.ssh_mesh_ops import mesh_trust, mesh_user, sshd_certificates
-from runtime.gather import _key, run_facts
+from operations.ssh_mesh_ops import (
+    mesh_trust,
+    mesh_user,
+    mesh_users_failed,
+    revoked_keys,
+    sshd_certificates,
+)
+from runtime.gather import HomeIntact, _key, note_home_failure, run_facts
 from tests.unit.test_krl import revoked
 from tests.unit.test_plan import fresh_sshd, planned, prepared, public_key
 from trainfleet import certificates, keystore, mesh
@@ -1663,22 +1669,25 @@ def converged_gathered(cluster: Cluster, plan: ClusterPlan) -> Gathered:
 
 def simulate_run(monkeypatch, cluster: Cluster, plan: ClusterPlan, fails: set[tuple[str, str]]):
     """deploy/cluster.py's mesh steps as pyinfra runs them: each step on every node before the
-    next, its ``_if`` evaluated as it runs, a node that failed running nothing more. ``fails``:
-    ``(node, step name)`` that fail. Returns ``{step name: nodes it ran on}``."""
+    next, its ``_if`` evaluated as it runs, a node that failed running nothing more; a failed
+    step run with ``_ignore_errors`` fails no node and is noted (as ``HomeFaults`` notes it);
+    ``mesh_users_failed`` fails every node it runs on.
+    ``fails``: ``(node, step name)`` that fail. Returns ``{step name: nodes it ran on}`` and the
+    nodes failed at the end."""
     from types import SimpleNamespace
 
     from tests.unit.test_plan import deploy_order
 
     steps = {
         node.name: [
-            kwargs
+            (op, kwargs)
             for op, kwargs in deploy_order(monkeypatch, cluster, node.name, plan)
             if op.startswith("ssh_mesh.")
         ]
         for node in cluster.nodes
     }
-    names = [kwargs["name"] for kwargs in steps[cluster.nodes[0].name]]
-    assert all([k["name"] for k in s] == names for s in steps.values())  # one order everywhere
+    names = [kwargs["name"] for _, kwargs in steps[cluster.nodes[0].name]]
+    assert all([k["name"] for _, k in s] == names for s in steps.values())  # one order everywhere
     state = SimpleNamespace(failed_hosts=set())
     facts = run_facts(state)
     facts.whole_cluster, facts.failed_before_plan = True, set()
@@ -1686,24 +1695,33 @@ def simulate_run(monkeypatch, cluster: Cluster, plan: ClusterPlan, fails: set[tu
     with ctx_state.use(state):
         for at, name in enumerate(names):
             for node, node_steps in steps.items():
-                gates = node_steps[at].get("_if") or []
-                gates = gates if isinstance(gates, list) else [gates]
-                if node in state.failed_hosts or not all(gate() for gate in gates):
-                    continue
+                op, kwargs = node_steps[at]
+                with ctx_host.use(SimpleNamespace(name=node)):
+                    gates = kwargs.get("_if") or []
+                    gates = gates if isinstance(gates, list) else [gates]
+                    if node in state.failed_hosts or not all(gate() for gate in gates):
+                        continue
                 ran.setdefault(name, []).append(node)
-                if (node, name) in fails:
-                    state.failed_hosts.add(node)
-    return ran
+                if op == "ssh_mesh.mesh_users_failed" or (node, name) in fails:
+                    if not kwargs.get("_ignore_errors"):
+                        state.failed_hosts.add(node)
+                    else:
+                        assert note_home_failure(state, node, name, kwargs.get("_if")), name
+    return ran, state.failed_hosts
+
+
+WITH_BOB = MIXED.replace("[root, alice]", "[root, alice, bob]")
 
 
 def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowhere_else(
     tmp_path, monkeypatch
 ):
-    """Issue #38: alice makes her own step on gpu-a02 fail every run (`chmod 500 ~/.ssh`). The
-    other nodes move every user to the new CA and drop the old one, the KRL refusing it too; on
-    gpu-a02 itself the root-owned trust (known_hosts, root's authorized_keys) drops it as well,
-    before alice's step. A root-owned failure still holds every drop back, as before."""
-    cluster = Cluster.parse(MIXED)
+    """Issue #38, review finding 1: alice makes her own step on gpu-a02 fail every run (`chmod
+    500 ~/.ssh`). Every node, gpu-a02 included, moves host, root and bob to the new CA, drops
+    the old one and writes the KRL that refuses it; only alice's later steps on gpu-a02 wait,
+    and gpu-a02 is still failed, in the mesh's last step. A root-owned failure still holds
+    every drop back, as before."""
+    cluster = Cluster.parse(WITH_BOB)
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     store.rotate_certificate_authority()
@@ -1712,31 +1730,38 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
     assert a01.sshd.moving and all(u.moving for u in a01.mesh)
     assert a01.sshd.settled_revoked_keys not in (None, a01.sshd.revoked_keys)
     others = ["gpu-a01", "gpu-b01", "gpu-b02"]
+    every = sorted([*others, "gpu-a02"])
 
-    ran = simulate_run(
+    ran, failed = simulate_run(
         monkeypatch, cluster, plan, {("gpu-a02", "alice also trusts the mesh's new lines")}
     )
 
-    # Every node moved host and root; the others moved alice too and dropped the old CA.
-    assert sorted(ran["sshd presents its host certificates, refuses revoked keys"]) == sorted(
-        [*others, "gpu-a02"]
-    )
+    # Every node moved host, root and bob and dropped the old CA; alice moved on the others.
+    assert sorted(ran["sshd presents its host certificates, refuses revoked keys"]) == every
     assert sorted(ran["SSH mesh for alice"]) == others
+    assert sorted(ran["SSH mesh for bob"]) == every
     for step in ("known_hosts trusts exactly", "root trusts exactly the mesh"):
         (name,) = [n for n in ran if n.startswith(step)]
-        assert sorted(ran[name]) == sorted([*others, "gpu-a02"]), name  # gpu-a02's root files too
+        assert sorted(ran[name]) == every, name  # gpu-a02's root files too
     assert sorted(ran["alice trusts exactly the mesh"]) == others
-    assert sorted(ran["Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"]) == (
-        others
-    )
+    assert sorted(ran["bob trusts exactly the mesh"]) == every
+    # gpu-a02's KRL takes the old CA too, and gpu-a02 alone is failed, after it.
+    settled = "Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"
+    assert sorted(ran[settled]) == every
+    assert {plan.nodes[n].sshd.settled_revoked_keys for n in every} == {
+        a01.sshd.settled_revoked_keys
+    }
     assert "Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)" not in ran
-    # The KRL they got refuses the old CA's certificates: gpu-a02's alice (never moved) is out.
+    (last,) = [n for n in ran if n.startswith("The mesh steps in the homes of")]
+    assert list(ran).index(last) > list(ran).index(settled) and ran[last] == ["gpu-a02"]
+    assert failed == {"gpu-a02"}
+    # The KRL refuses the old CA's certificates: gpu-a02's alice (never moved) is out.
     (tmp_path / "krl").write_bytes(a01.sshd.settled_revoked_keys)
     assert revoked(tmp_path / "krl", old.nodes["gpu-a02"].mesh[1].certificate.strip(), tmp_path)
     assert not revoked(tmp_path / "krl", a01.mesh[1].certificate.strip(), tmp_path)
 
     # A root-owned failure (gpu-a02's sshd) holds every move and drop back, as before.
-    held = simulate_run(
+    held, failed = simulate_run(
         monkeypatch,
         cluster,
         plan,
@@ -1744,6 +1769,53 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
     )
     assert not [name for name in held if "exactly" in name or name.startswith("SSH mesh for")]
     assert sorted(held["Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)"]) == others
+    assert failed == {"gpu-a02"}
+
+
+def test_a_mesh_user_failing_on_one_node_holds_back_no_revocation_on_it(tmp_path, monkeypatch):
+    """Review finding 1: root's key on gpu-b01 is stolen and revoked; alice's own step on gpu-a02
+    fails every run. gpu-a02's KRL still takes the revocation in the same run (so root's trust
+    of the CA there no longer admits the thief's certificate), bob's steps there still run, and
+    gpu-a02 is failed in the mesh's last step, naming alice and her step."""
+    cluster = Cluster.parse(WITH_BOB)
+    store = KeyStore("mix", root=tmp_path / "keys")
+    old = plan_of(cluster, tmp_path / "keys")
+    stolen = store.keypair("root", "gpu-b01").public.strip()
+    stolen_certificate = old.nodes["gpu-b01"].mesh[0].certificate.strip()
+    store.revoke("root", "gpu-b01")
+    gathered = converged_gathered(cluster, old)
+    for name, p in old.nodes.items():
+        gathered.sshd[name]["revoked_keys"] = p.sshd.revoked_keys  # the KRL each node holds
+    plan = planned(cluster, gathered, store)
+    a02 = plan.nodes["gpu-a02"]
+    assert a02.sshd.revoked_keys != old.nodes["gpu-a02"].sshd.revoked_keys
+
+    ran, failed = simulate_run(
+        monkeypatch, cluster, plan, {("gpu-a02", "alice also trusts the mesh's new lines")}
+    )
+
+    step = "Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)"
+    assert "gpu-a02" in ran[step] and "gpu-a02" in ran["bob trusts exactly the mesh"]
+    assert "gpu-a02" not in ran["alice trusts exactly the mesh"]
+    assert failed == {"gpu-a02"}
+    (tmp_path / "krl").write_bytes(a02.sshd.revoked_keys)
+    assert revoked(tmp_path / "krl", stolen, tmp_path)
+    assert revoked(tmp_path / "krl", stolen_certificate, tmp_path)
+    # The operation writes it on gpu-a02 (it holds the old KRL), and fails the node with alice.
+    writes, _ = run_op(
+        revoked_keys, [(SshdMesh, {}, gathered.sshd["gpu-a02"])], content=a02.sshd.revoked_keys
+    )
+    assert [written(c)[0] for c in writes] == [REVOKED_KEYS]
+    state = FakeState()
+    node = create_host(state, name="gpu-a02", facts={})
+    note_home_failure(
+        state, node.name, "alice also trusts the mesh's new lines", HomeIntact("alice")
+    )
+    with ctx_state.use(state), ctx_host.use(node):
+        (failing,) = list(mesh_users_failed._inner())
+    assert isinstance(failing, FailCommand)
+    said = shlex.split(failing.get_raw_value())[1]
+    assert said.startswith('trainfleet: alice: the step "alice also trusts the mesh\'s new lines"')
 
 
 def test_the_old_ca_joins_the_krl_once_every_node_presents_the_new_one_and_a_rerun_changes_nothing(

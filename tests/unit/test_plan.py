@@ -134,7 +134,14 @@ def deploy_order(
         (hosts_ops, ["hostname", "hosts_block"]),
         (
             ssh_mesh_ops,
-            ["known_hosts", "mesh_user", "mesh_trust", "sshd_certificates", "revoked_keys"],
+            [
+                "known_hosts",
+                "mesh_user",
+                "mesh_trust",
+                "sshd_certificates",
+                "revoked_keys",
+                "mesh_users_failed",
+            ],
         ),
         (pdsh_ops, ["pdsh"]),
         (stack_ops, ["software"]),
