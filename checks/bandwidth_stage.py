@@ -11,6 +11,8 @@ from pyinfra.api import State
 from checks.bandwidth_verdicts import (
     bandwidth_failures,
     bandwidth_problems,
+    intruded,
+    intruded_problems,
     pair_figures,
     pair_name,
 )
@@ -119,8 +121,11 @@ def judge_bandwidth(
         return
     measured: dict[tuple[str, ...], float] = {}
     pairs_of = node_pairs(rounds)
+    intruded_pairs: list[str] = []
+    index = 0  # each pair's port, as bandwidth_jobs gave it
     for pairs in rounds:
         for pair in pairs:
+            port, index = pair_port(cluster, index), index + 1
             steps = {
                 node: [
                     jobs[1 + pairs_of[node].index(pair)] if len(jobs) > len(pairs_of[node]) else []
@@ -129,11 +134,16 @@ def judge_bandwidth(
                 for node in pair
             }
             figures = pair_figures([rank for node in pair for rank in steps[node]])
+            if figures is None and intruded([r for node in pair for r in steps[node]]):
+                intruded_pairs.append(pair_name(pair))  # named for nobody, failed for all
+                continue
             if figures is None:
-                report.problems += bandwidth_failures(cluster, pair, steps)
+                report.problems += bandwidth_failures(cluster, pair, steps, port)
                 continue
             measured[pair] = figures["busbw_gbps"]
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
+    if intruded_pairs:
+        report.problems += intruded_problems(cluster, "bandwidth", intruded_pairs)
     report.problems += bandwidth_problems(measured, floor)
     watched = watched or []
     report.problems += counter_problems(

@@ -7,6 +7,7 @@ from typing import Any
 from checks.collective_verdicts import node_causes, rank_failure, ranks_of
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
+from trainfleet.text import printable
 
 
 def busbw(algbw: float, ranks: int) -> float:
@@ -64,11 +65,65 @@ def pair_figures(ranks: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
     }
 
 
+def store_refused(ranks: list[list[dict[str, Any]]]) -> int:
+    """The connections a job's store refused or closed (its rank 0's ``store`` step: intruders,
+    processes that did not prove the run's secret, or a flood); a count that cannot be what the
+    store printed (not a whole number from 0) counts as one."""
+    counts = [s.get("refused") for rank in ranks for s in rank if s.get("step") == "store"]
+    return sum(
+        n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 1 for n in counts
+    )
+
+
+def failed_at_rendezvous(ranks: list[list[dict[str, Any]]]) -> bool:
+    """A rank of the job never joined its rendezvous (timed out, never reached the store, or
+    the store failed it): what an intruder on the store can cause."""
+    return any(not any(s.get("step") == "joined" for s in rank) for rank in ranks)
+
+
+def intruded(ranks: list[list[dict[str, Any]]]) -> bool:
+    """A job that failed at its rendezvous while its store refused or closed connections: its
+    failure may be an intruder's doing, so it says nothing about any of its nodes."""
+    return failed_at_rendezvous(ranks) and store_refused(ranks) > 0
+
+
+def intruded_problems(cluster: Cluster, stage: str, jobs: list[str]) -> list[Problem]:
+    """Every node named alike for ``jobs`` (pairs) that failed at an intruded rendezvous."""
+    cause = (
+        f"the rendezvous of {', '.join(jobs)} failed while a process that does not hold the "
+        "run's secret connected to the pair's store: not one node's verdict, every node is "
+        "named alike"
+    )
+    return [Problem(stage, node.name, cause) for node in cluster.nodes]
+
+
+def unserved(host_rank: list[dict[str, Any]], port: int | None) -> str | None:
+    """Why a pair's host rank 0 could not serve its rendezvous (an ``error`` step of stage
+    ``store`` before it reached the store: the bind failed), else None."""
+    if any(s.get("step") == "reached" for s in host_rank):
+        return None
+    errors = [s.get("error") for s in host_rank if s.get("step") == "error"]
+    stages = [s.get("stage") for s in host_rank if s.get("step") == "error"]
+    if "store" not in stages:
+        return None
+    error = errors[stages.index("store")]
+    why = str(error).split(": ", 1)[-1] if str(error).startswith("cannot serve") else str(error)
+    return f"cannot serve the pair's rendezvous on {port}: {printable(why)}"
+
+
 def bandwidth_failures(
-    cluster: Cluster, pair: tuple[str, ...], steps: dict[str, list[list[dict[str, Any]]]]
+    cluster: Cluster,
+    pair: tuple[str, ...],
+    steps: dict[str, list[list[dict[str, Any]]]],
+    port: int | None = None,
 ) -> list[Problem]:
     """A pair whose timed all_reduce gave no figure: each failing rank named in its own words,
-    by node (and local rank); with no rank failing, the missing figure itself (no pass)."""
+    by node (and local rank); a host that could not serve the pair's rendezvous (``port``) is
+    named alone (its partner only could not reach it); with no rank failing, the missing figure
+    itself (no pass)."""
+    host = ranks_of(cluster, steps, pair[0])
+    if host and (why := unserved(host[0], port)):
+        return [Problem("bandwidth", pair[0], why)]
     problems = []
     together = f"with {pair[1]}" if len(pair) == 2 else "alone"
     for node in pair:

@@ -7,6 +7,7 @@ from typing import Any
 
 from pyinfra.api import State, StringCommand
 
+from checks.bandwidth_verdicts import intruded, intruded_problems, unserved
 from checks.collective_verdicts import (
     collective_problems,
     isolate,
@@ -19,7 +20,15 @@ from checks.nccl_decisions import nccl_decision_problems
 from checks.pair_ports import pair_port
 from checks.preflight_report import PreflightReport, Problem
 from checks.rank_output import job_steps, node_steps
-from checks.stage_runner import BOUNDS, python_stage, refusals, run_everywhere, stage_script
+from checks.stage_runner import (
+    BOUNDS,
+    RUN_DIR,
+    private_workdir,
+    python_stage,
+    refusals,
+    run_everywhere,
+    stage_script,
+)
 from trainfleet.defaults import VENV_DIR
 from trainfleet.model import Cluster
 
@@ -151,16 +160,33 @@ def run_isolation(state: State, cluster: Cluster, report: PreflightReport) -> No
     """Two passes of 2-rank collectives (one rank each), every pair of a pass at once on a port
     of its own: the master with each node; then each suspect with a node known good (one that
     passed with the master), or, where every pair with the master failed, the first other node
-    with each of the rest (is it the master, or not one node at all?)."""
-    said = run_pairs(state, cluster, [(cluster.master.name, n.name) for n in cluster.nodes[1:]])
+    with each of the rest (is it the master, or not one node at all?). A pair whose host could
+    not serve its rendezvous names the host alone and is judged no further; one that failed at
+    a rendezvous whose store refused an intruder gives no verdict: every node is named alike."""
+    with_master = [(cluster.master.name, n.name) for n in cluster.nodes[1:]]
+    said, unserved_on, intruded_pairs = _judged_pairs(
+        cluster, with_master, run_pairs(state, cluster, with_master)
+    )
     first = {node: why is None for node, why in said.items()}
-    pairs = second_pass(cluster, first)
-    then = run_pairs(state, cluster, pairs) if pairs else {}
-    second = {b: (a, then[b] is None) for a, b in pairs}
+    pairs = second_pass(cluster, first) if not intruded_pairs and not unserved_on else []
+    then: dict[str, str | None] = {}
+    if pairs:
+        then, more_unserved, more_intruded = _judged_pairs(
+            cluster, pairs, run_pairs(state, cluster, pairs)
+        )
+        unserved_on += more_unserved
+        intruded_pairs += more_intruded
+    second = {b: (a, then[b] is None) for a, b in pairs if b in then}
     report.details["isolation"] = {
         "with the master": first,
-        "second pass": {f"{a} {b}": then[b] is None for a, b in pairs},
+        "second pass": {f"{a} {b}": then[b] is None for a, b in pairs if b in then},
     }
+    report.problems += unserved_on
+    if intruded_pairs:
+        report.problems += intruded_problems(cluster, "isolation", intruded_pairs)
+        return
+    if unserved_on:
+        return  # a host's own port decided those pairs: nothing tells the rest apart
     # each culprit's cause ends with its own rank's words, from its last failing pair (not
     # where every node is named alike: that verdict is the cluster's, not one rank's)
     found = isolate(cluster, first, second)
@@ -175,20 +201,46 @@ def run_isolation(state: State, cluster: Cluster, report: PreflightReport) -> No
     report.problems += found
 
 
+def _judged_pairs(
+    cluster: Cluster,
+    pairs: list[tuple[str, str]],
+    ranks: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+) -> tuple[dict[str, str | None], list[Problem], list[str]]:
+    """From each pair's two ranks (``run_pairs``): ``{second node: why its rank failed, None
+    where it passed}`` for the pairs that can be judged; a Problem naming the host alone for
+    each pair whose host could not serve its rendezvous; the pairs whose rendezvous failed while
+    their store refused an intruder (judged for nobody)."""
+    said: dict[str, str | None] = {}
+    unserved_on: list[Problem] = []
+    intruded_pairs: list[str] = []
+    for i, (a, b) in enumerate(pairs):
+        host, joiner = ranks[b]
+        if intruded([host, joiner]):
+            intruded_pairs.append(f"the isolation pair {a}-{b}")
+        elif why := unserved(host, pair_port(cluster, i)):
+            unserved_on.append(Problem("isolation", a, why))
+        else:
+            said[b] = rank_failure(joiner)
+    return said, unserved_on, intruded_pairs
+
+
 def run_pairs(
     state: State, cluster: Cluster, pairs: list[tuple[str, str]]
-) -> dict[str, str | None]:
+) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Each pair's 2-rank collective, all at once (rank 0 on the pair's first node, where its
     rendezvous is; rank 1 on the second, each node second in one pair at most): ``{second
-    node: why its rank failed, None where it passed}``, in the pairs' order. A node first in
-    several pairs runs them side by side."""
+    node: (its pair's rank 0's steps, its own rank's steps)}``, in the pairs' order. A node
+    first in several pairs runs them side by side, each one's output kept in a file of its own
+    (in a private root-only directory) and printed after, behind the pair's place among them."""
     backend = backend_of(cluster)
     seconds = BOUNDS["isolation"]
     hosting: dict[str, list[StringCommand]] = {}
     joining: dict[str, StringCommand] = {}
+    place: dict[str, tuple[str, int]] = {}  # second node -> (its host, the pair's place there)
     for i, (a, b) in enumerate(pairs):
         port = pair_port(cluster, i)
         address = cluster.node(a).address
+        place[b] = (a, len(hosting.get(a, [])))
         hosting.setdefault(a, []).append(
             collective_command(0, 1, 2, address, port, backend, seconds)
         )
@@ -198,13 +250,16 @@ def run_pairs(
     commands = {
         node: StringCommand(
             *("IFS=", "read", "-r", "secret;"),
+            private_workdir(RUN_DIR),
             *[
                 part
-                for c in sides
+                for j, c in enumerate(sides)
                 for part in ("(", "printf", "'%s\\n'", '"$secret"', "|", c, ")")
-                + (">/dev/null", "2>&1", "&")
+                + (f'>"$work/{j}"', "2>&1", "&")
             ],
-            "wait",
+            "wait;",
+            *[part for j in range(len(sides)) for part in ("sed", f"'s/^/{j} /'", f'"$work/{j}";')],
+            "true",
         )
         for node, sides in hosting.items()
     }
@@ -214,4 +269,16 @@ def run_pairs(
         )
     commands |= joining
     out = run_everywhere(state, commands, seconds, stdin=rendezvous_secret())
-    return {b: rank_failure(node_steps(out.get(b, []), 1)[0]) for _, b in pairs}
+    return {
+        b: (
+            node_steps(hosted_lines(out.get(a, []), j), 1)[0],
+            node_steps(out.get(b, []), 1)[0],
+        )
+        for b, (a, j) in place.items()
+    }
+
+
+def hosted_lines(lines: list[str], place: int) -> list[str]:
+    """The output of a host's ``place``-th pair, from the lines run_pairs printed behind it."""
+    tag = f"{place} "
+    return [line[len(tag) :] for line in lines if line.startswith(tag)]

@@ -25,6 +25,8 @@ def parse_hygiene(lines: list[str]) -> dict[str, Any]:
             data["port_holder"] = (
                 printable(users.group(0)) if users else "by a process ss cannot name"
             )
+        elif line == "noss":  # ss missing or failing: no listing, so no "no holder" either
+            data["ports_unlisted"] = True
         elif kind == "pairport" and (held := re.fullmatch(r"([0-9]{1,5}) (.*)", rest, re.S)):
             users = re.search(r"users:\(\(.*\)\)", held.group(2))
             data.setdefault("pair_port_holders", {})[int(held.group(1))] = (

@@ -12,6 +12,7 @@ from checks.hygiene_verdicts import (
     clock_problems,
     hygiene_problems,
     pair_port_problems,
+    port_listing_problems,
     shm_warnings,
 )
 from checks.pair_ports import hosted_ports
@@ -56,6 +57,7 @@ def run_hygiene(
                 f"{LAUNCH_DIR}/hostfile",
                 GREP,
                 " ".join(map(str, hosted[n.name])),
+                n.address,
                 *names,
                 bound=BOUNDS["hygiene"],
             )
@@ -89,6 +91,7 @@ def run_hygiene(
     expected = {name: p.nccl.env for name, p in plan.nodes.items() if not p.nccl.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
+    report.problems += port_listing_problems(cluster, seen, hosted)
     report.problems += pair_port_problems(seen, hosted)
     report.problems += ib_port_problems(cluster, networks)
     report.problems += mtu_problems(cluster, networks)

@@ -103,6 +103,19 @@ def pair_port_problems(
     ]
 
 
+def port_listing_problems(
+    cluster: Cluster, seen: dict[str, dict[str, Any]], hosted: dict[str, dict[int, str]]
+) -> list[Problem]:
+    """A node whose ports had to be checked for a holder (the master; a pair's host) but whose
+    ``ss`` is missing or failed: named, never taken for "no holder" (a check that saw nothing
+    fails)."""
+    return [
+        Problem("hygiene", node, "cannot list listening ports: ss missing or failed")
+        for node, data in sorted(seen.items())
+        if data.get("ports_unlisted") and (node == cluster.master.name or hosted.get(node))
+    ]
+
+
 def clock_problems(
     readings: dict[str, tuple[float, float, float]], max_ms: int, expected: set[str]
 ) -> list[Problem]:

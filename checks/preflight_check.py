@@ -102,8 +102,7 @@ def _run(
     report.healthy = healthy_subset(
         report.nodes, report.problems, cluster.preflight.get("healthy_multiple_of")
     )
-    # Stamped: the nodes of this run (not those a --limit left out) that it tested or named. A
-    # node no problem names passed only where the collective ran and passed with it.
+    # Stamped: the nodes of this run (not those a --limit left out) that it tested or named.
     in_run = {h.data.trainfleet_node for h in state.inventory if state.is_host_in_limit(h)}
     stamped = ({n.name for n in tested.nodes} | {p.node for p in report.problems}) & in_run
     stamps.save(
@@ -114,7 +113,7 @@ def _run(
             seen,
             report.nodes,
             now,
-            complete=report.stages.get("collective") == "ok" and not report.healthy["note"],
+            complete=complete(report, tested),
         ),
     )
     _publish(report)
@@ -168,8 +167,8 @@ def _collective_stages(
     when it passes, the pairs are judged. The error counters are read before the command and
     after it."""
     # a pair's port already held (named by hygiene): no pair runs, nor is one named for it
-    pairs_held = bool(pair_port_problems(report.details.get("hygiene", {}), hosted_ports(cluster)))
-    rounds, _ = bandwidth_plan(cluster) if not pairs_held else ([], None)
+    held = pairs_held(report, cluster)
+    rounds, _ = bandwidth_plan(cluster) if not held else ([], None)
     watched = watched_nodes(cluster, networks) if rounds else []
     before = read_error_counters(state, watched)
     pairs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
@@ -189,16 +188,33 @@ def _collective_stages(
         and not same_everywhere
         and not on_their_own
         and len(cluster.nodes) > 2
-        and not pairs_held
+        and not held
     ):
         run_isolation(state, cluster, report)
         report.stages["isolation"] = (
             "failed" if any(p.stage == "isolation" for p in report.problems) else "ok"
         )
-    if finished and not pairs_held:  # (NCCL over sockets is measured too: what it costs)
+    if finished and not held:  # (NCCL over sockets is measured too: what it costs)
         judge_bandwidth(state, cluster, report, ranks, before, watched)
     else:
         report.stages["bandwidth"] = "skipped"
+
+
+def complete(report: PreflightReport, tested: Cluster) -> bool:
+    """Whether a node no problem names passed: only where the collective ran and passed with it,
+    a healthy subset was found, and no pair was skipped for a held port (those pairs never ran:
+    nobody passed them, so nobody may carry a pass over a staleness bound)."""
+    return (
+        report.stages.get("collective") == "ok"
+        and not report.healthy["note"]
+        and not (tested.nodes and pairs_held(report, tested))
+    )
+
+
+def pairs_held(report: PreflightReport, cluster: Cluster) -> bool:
+    """Whether hygiene found a port that one of ``cluster``'s pairs would host held: then no
+    pair runs (fails closed: the bandwidth stage and the isolation test nobody)."""
+    return bool(pair_port_problems(report.details.get("hygiene", {}), hosted_ports(cluster)))
 
 
 def report_path(cluster: str) -> Path:

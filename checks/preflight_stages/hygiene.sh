@@ -1,14 +1,26 @@
 # Hygiene: master port holder ($2 = 1 on the master), the holders of the ports this node may
-# host a pair's rendezvous on ($6, space-separated), how every cluster name resolves, GPUs
-# visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's
+# host a pair's rendezvous on ($6, space-separated; $7 its cluster address), how every cluster
+# name resolves, GPUs visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's
 # hostfile slots, SysV shm, the boot and how many kernel lines match the GPU/fabric error
 # pattern ($5) for the stamps.
-port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5 pairs=$6; shift 6
-if [ "$is_master" = 1 ]; then ss -Hltnp "sport = :$port" 2>/dev/null | head -n 1 | sed 's/^/holder /'; fi
-# one listing for every pair port (hundreds on a large cluster): the first holder of each
-[ -n "$pairs" ] && ss -Hltnp 2>/dev/null | awk -v ports=" $pairs " '
-  { n = split($4, at, ":"); p = at[n] }
-  index(ports, " " p " ") && !(p in seen) { seen[p] = 1; print "pairport " p " " $0 }'
+port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5 pairs=$6 address=$7; shift 7
+# One listing for both (hundreds of pair ports on a large cluster). ss missing or failing is
+# `noss`: a listing that saw nothing is never "no holder".
+if [ "$is_master" = 1 ] || [ -n "$pairs" ]; then
+  if listening=$(ss -Hltnp 2>/dev/null); then
+    [ "$is_master" = 1 ] && printf '%s\n' "$listening" | awk -v port="$port" '
+      { n = split($4, at, ":") } at[n] == port { print "holder " $0; exit }'
+    # the first holder of each pair port: only a listener on this node's cluster address or on
+    # every address conflicts with the pair store's bind (one on 127.0.0.1 does not)
+    [ -n "$pairs" ] && printf '%s\n' "$listening" | awk -v ports=" $pairs " -v me="$address" '
+      { n = split($4, at, ":"); p = at[n]; a = substr($4, 1, length($4) - length(p) - 1)
+        sub(/%.*/, "", a); gsub(/[][]/, "", a) }
+      (a == "*" || a == "0.0.0.0" || a == "::" || a == me || a == "::ffff:" me) \
+        && index(ports, " " p " ") && !(p in seen) { seen[p] = 1; print "pairport " p " " $0 }'
+  else
+    echo "noss"
+  fi
+fi
 for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1}')"; done
 echo "hostname $(hostname)"
 command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/null | sed 's/^/gpu /'; }
