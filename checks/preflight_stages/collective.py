@@ -15,7 +15,7 @@
 # TCPStore, which any user who reaches its port may read, list and write: rank 0 of a job serves
 # it on its node's cluster address only, and serves a connection only once both ends proved
 # they hold the run's secret (the file ``secret`` collective.sh wrote from stdin into this
-# directory, root's alone) for this job (its number, address, port and world). Rank 0 prints,
+# directory, root's alone) for this job (its address, port, world, end and bytes). Rank 0 prints,
 # just before the job's last step, how many connections its store refused (``store`` step).
 import hashlib
 import hmac
@@ -70,9 +70,11 @@ def read_secret():
     return secret
 
 
-def job_context(job, address, port, world):
-    """What a proof is for: one job's store (a proof for another job's is not this one's)."""
-    return f"{job}:{address}:{port}:{world}".encode()
+def job_context(address, port, world, end, nbytes):
+    """What a proof is for: one job of the command, as every rank of it was given it (its
+    address, port, world, end and bytes; not its place in a node's list of jobs, which differs
+    between the pair's two nodes): a proof for another job's store is not this one's."""
+    return f"{address}:{port}:{world}:{end}:{nbytes}".encode()
 
 
 def send(sock, *fields):
@@ -123,8 +125,8 @@ def _number(value):
 class StoreServer:
     """A job's rendezvous store, served by its rank 0 on its node's cluster address alone (not
     every interface); a connection is served once it proved it holds the run's secret for this
-    job (an HMAC of the job and both ends' fresh nonces), and the server proves it back. Values
-    are bytes; what ``add`` counts is decimal text, as in torch's stores.
+    job (an HMAC of the job's ``context`` and both ends' fresh nonces), and the server proves it
+    back. Values are bytes; what ``add`` counts is decimal text, as in torch's stores.
 
     ``refused`` counts the connections no rank of the job would make: closed because
     ``pending`` others were proving themselves, failed or unfinished handshakes (a silent peer
@@ -132,9 +134,9 @@ class StoreServer:
     too), and anything invalid sent after it. A rank of the run that reached another job's
     store (its proof valid, for its own job) is closed uncounted."""
 
-    def __init__(self, address, port, secret, job=0, world=1, pending=PENDING, handshake=HANDSHAKE):
+    def __init__(self, address, port, secret, context, pending=PENDING, handshake=HANDSHAKE):
         self.secret, self.data, self.changed = secret, {}, threading.Condition()
-        self.context, self.handshake_bound = job_context(job, address, port, world), handshake
+        self.context, self.handshake_bound = context, handshake
         self.slots, self.counted = threading.BoundedSemaphore(pending), threading.Lock()
         self.dropped = self.proving = 0
         family, kind, proto, _, where = socket.getaddrinfo(address, port, 0, socket.SOCK_STREAM)[0]
@@ -291,9 +293,8 @@ class Client:
     """One connection of a rank to its job's ``StoreServer``; keys and values are bytes,
     waits in milliseconds."""
 
-    def __init__(self, address, port, secret, deadline, job=0, world=1, handshake=HANDSHAKE):
-        self.lock, self.where = threading.Lock(), (address, port, secret, deadline, job, world)
-        context = job_context(job, address, port, world)
+    def __init__(self, address, port, secret, deadline, context, handshake=HANDSHAKE):
+        self.lock, self.where = threading.Lock(), (address, port, secret, deadline, context)
         self.sock = connect(address, port, secret, deadline, context, handshake)
 
     def clone(self):
@@ -450,12 +451,12 @@ def timed_all_reduce(device, rank, world, nbytes):
     return (time.perf_counter() - started) / iters, iters
 
 
-def run(job, rank, world, master, port, nbytes, deadline, secret):
+def run(job, rank, world, master, port, nbytes, deadline, secret, context):
     """One job; its rank 0 serves the job's store until the job ends here, and says, just
     before the job's last step (done, timeout or error), how many connections it refused."""
-    server = StoreServer(master, port, secret, job, world) if rank == 0 else None
+    server = StoreServer(master, port, secret, context) if rank == 0 else None
     try:
-        passed = joined_run(job, rank, world, master, port, nbytes, deadline, secret)
+        passed = joined_run(job, rank, world, master, port, nbytes, deadline, secret, context)
     finally:
         if server:
             say("store", job=job, refused=server.close())
@@ -463,8 +464,8 @@ def run(job, rank, world, master, port, nbytes, deadline, secret):
     return passed
 
 
-def joined_run(job, rank, world, master, port, nbytes, deadline, secret):
-    client = Client(master, port, secret, deadline, job, world)
+def joined_run(job, rank, world, master, port, nbytes, deadline, secret, context):
+    client = Client(master, port, secret, deadline, context)
     say("reached", job=job)
     meet(client, rank, world, deadline)
     say("joined", job=job)
@@ -572,7 +573,9 @@ def main():
         if job:
             say("start", job=job, rank=rank, local=local, gpu=gpu if backend == "nccl" else None)
         try:
-            passed = run(job, rank, world, master, int(port), nbytes, started + float(end), secret)
+            context = job_context(master, port, world, end, nbytes)
+            deadline = started + float(end)
+            passed = run(job, rank, world, master, int(port), nbytes, deadline, secret, context)
             status = 0
         except Failed as failed:
             kind = "timeout" if failed.stage == "rendezvous" else "error"

@@ -490,7 +490,9 @@ def _free_port() -> int:
 def store():
     """A job's store (job 0 of world 2) on loopback, the pending limit and handshake bound made
     small so a flood and a silent peer take a moment, not 5 s."""
-    server = P.StoreServer("127.0.0.1", _free_port(), KEY, 0, 2, pending=2, handshake=0.5)
+    port = _free_port()
+    job = P.job_context("127.0.0.1", port, 2, 25, 0)
+    server = P.StoreServer("127.0.0.1", port, KEY, job, pending=2, handshake=0.5)
     yield server
     server.close()
 
@@ -499,8 +501,10 @@ def _port(server) -> int:
     return server.sock.getsockname()[1]
 
 
-def _client(server, secret=KEY, job=0, seconds=3.0):
-    return P.Client("127.0.0.1", _port(server), secret, time.monotonic() + seconds, job, 2, 0.5)
+def _client(server, secret=KEY, seconds=3.0):
+    return P.Client(
+        "127.0.0.1", _port(server), secret, time.monotonic() + seconds, server.context, 0.5
+    )
 
 
 def _refused(server, expected: int) -> int:
@@ -581,12 +585,12 @@ def test_a_wrong_secret_is_refused_and_counted_and_a_rank_never_trusts_a_store_w
         threading.Thread(target=answer_anything, daemon=True).start()
         port = impostor.getsockname()[1]
         with pytest.raises(P.Failed) as failed:
-            P.Client("127.0.0.1", port, KEY, time.monotonic() + 0.5, 0, 2, 0.5)
+            P.Client("127.0.0.1", port, KEY, time.monotonic() + 0.5, b"job", 0.5)
     assert failed.value.data == {"reached": False, "impostor": True}
 
 
 def test_a_proof_replayed_from_another_connection_or_made_for_another_job_is_refused(store):
-    own = P.job_context(0, "127.0.0.1", _port(store), 2)
+    own, port = store.context, _port(store)
     theirs, (nonce, shown), answer = _handshake(store, own)
     assert answer == [P.proof(KEY, b"store", own, theirs + nonce)]  # a genuine rank's
     # the same message on a connection of its own: the store's nonce is fresh, the proof stale
@@ -594,10 +598,10 @@ def test_a_proof_replayed_from_another_connection_or_made_for_another_job_is_ref
     assert answer is None and _refused(store, 1) == 1
     # a proof made with the secret for another job, or another port, passed off as this one's
     for other in (
-        P.job_context(1, "127.0.0.1", _port(store), 2),
-        P.job_context(0, "127.0.0.1", _port(store) + 1, 2),
-        P.job_context(0, "127.0.0.2", _port(store), 2),
-        P.job_context(0, "127.0.0.1", _port(store), 3),
+        P.job_context("127.0.0.1", port + 1, 2, 25, 0),  # another port
+        P.job_context("127.0.0.2", port, 2, 25, 0),  # another address
+        P.job_context("127.0.0.1", port, 3, 25, 0),  # another world
+        P.job_context("127.0.0.1", port, 2, 55, 268435456),  # another round's pair
     ):
         with socket.create_connection(("127.0.0.1", _port(store)), timeout=3) as conn:
             (nonce,) = P.receive(conn, 1, 32)
@@ -608,7 +612,7 @@ def test_a_proof_replayed_from_another_connection_or_made_for_another_job_is_ref
     assert _refused(store, 5) == 5
     # a rank of the run honestly at another job's store (a relay, or a port reused by a later
     # round) is refused too, uncounted: it proved the secret, for a job of its own
-    *_, answer = _handshake(store, P.job_context(1, "127.0.0.1", _port(store), 2))
+    *_, answer = _handshake(store, P.job_context("127.0.0.1", port + 1, 2, 25, 0))
     assert answer is None and _refused(store, 5) == 5
 
 
