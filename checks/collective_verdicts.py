@@ -28,24 +28,14 @@ def collective_problems(
         for s in rank
         if s.get("stage") == "rendezvous"
     ]
-    if timeouts:
+    every_rank = [rank for node in names for rank in ranks_of(cluster, steps, node)]
+    if timeouts or rendezvous_tampered(every_rank):
         return _rendezvous_problems(cluster, steps, causes, timeouts)
     for node in names:
         problems += [
             Problem("collective", node, cause)
             for cause in node_causes(cluster, steps, node, causes[node])
         ]
-        for local, rank in enumerate(ranks_of(cluster, steps, node)):
-            for step in rank:
-                if step.get("step") == "all_reduce" and not step.get("ok"):
-                    problems.append(
-                        Problem(
-                            "collective",
-                            node,
-                            f"{_who(cluster, steps, node, local)}all_reduce gave "
-                            f"{step.get('got')}, expected {step.get('expected')}",
-                        )
-                    )
     gathered = next(
         (
             s["versions"]
@@ -167,9 +157,18 @@ def rendezvous_contradiction(
     the world into joined and missing ranks, its counter lies between 0 and the ranks joined,
     and a rank that never started (no venv, no torch) or never reached the store is not among
     the joined; a timeout needs a missing rank; a server that could not prove the run's secret
-    is not the job's."""
+    is not the job's; a failed rendezvous whose store refused connections decided nothing
+    about any one node."""
     world = len(rank_places(cluster))
     places = rank_places(cluster)
+    refused = max(
+        (store_refused(rank) or 0 for ranks in steps.values() for rank in ranks), default=0
+    )
+    if refused:
+        return (
+            f"failed while its store refused {refused} connection(s) that were not the job's "
+            "ranks' (a flood can make any chosen rank late)"
+        )
     if any(t.get("impostor") for t in timeouts):
         return "was answered by a process that does not hold the run's secret"
     views = [t for t in timeouts if "missing" in t or "joined" in t]
@@ -199,6 +198,47 @@ def rendezvous_contradiction(
         ):
             return f"lists rank {r} of {node} as joined, which never reached it"
     return None
+
+
+def store_refused(steps: list[dict[str, Any]]) -> int | None:
+    """How many connections a job's store refused (connections no rank of the job makes: past
+    its pending limit, a failed or unfinished handshake, anything invalid), from one rank's
+    steps of that job: its rank 0 prints ``{"step": "store", "job": J, "refused": N}`` just
+    before the job's last step, once its store ran. None: no such step (not rank 0, its store
+    never ran, or it was cut off first). A count that is not a whole number >= 0 (never
+    printed by the ranks) counts as 1: fails closed."""
+    counts = [s.get("refused") for s in steps if s.get("step") == "store"]
+    if not counts:
+        return None
+    return max(
+        c if isinstance(c, int) and not isinstance(c, bool) and c >= 0 else 1 for c in counts
+    )
+
+
+RENDEZVOUS_STAGES = ("rendezvous", "store")
+
+
+def rendezvous_failed(ranks: list[list[dict[str, Any]]]) -> bool:
+    """Whether a job (each of its ranks' steps of that job) failed at its rendezvous: a rank
+    timed out or failed there, or one that started stopped before it joined for no cause of
+    its own (not a failure before the network)."""
+    for rank in ranks:
+        if any(s.get("stage") in RENDEZVOUS_STAGES for s in rank):
+            return True
+        said = {s.get("step") for s in rank}
+        own = any(s.get("step") == "error" and s.get("stage") in BEFORE_THE_NETWORK for s in rank)
+        if "start" in said and "joined" not in said and not own:
+            return True
+    return False
+
+
+def rendezvous_tampered(ranks: list[list[dict[str, Any]]]) -> bool:
+    """Whether a job (each of its ranks' steps of that job, in any order) failed at its
+    rendezvous while its store refused connections: then which rank was late says nothing about
+    its node (a flood timed by a user can make any chosen rank late), and every node of the
+    job is named alike. A job that met and then failed on its own (a sum, a version) is not."""
+    refused = max((store_refused(rank) or 0 for rank in ranks), default=0)
+    return refused > 0 and rendezvous_failed(ranks)
 
 
 def _ints(values: Any) -> list[int]:
@@ -259,6 +299,11 @@ def rank_failure(steps: list[dict[str, Any]]) -> str | None:
     """Why one rank did not finish, in the words of what failed (None: it finished)."""
     progress = [s for s in steps if s.get("step") not in ("exit", "stderr", "nccl")]
     last = progress[-1] if progress else {"step": "no output"}
+    summed = next(
+        (s for s in steps if s.get("step") == "all_reduce" and s.get("ok") is not True), None
+    )
+    if summed:
+        return f"all_reduce gave {summed.get('got')}, expected {summed.get('expected')}"
     if last.get("step") == "done":
         return None
     if last.get("step") == "error":

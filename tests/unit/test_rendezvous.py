@@ -3,12 +3,15 @@ only, and its verdicts fail closed, never singling out one node on what the stor
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import secrets
 import socket
 import subprocess
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -156,6 +159,92 @@ def test_an_all_alike_rendezvous_verdict_runs_no_isolation(monkeypatch):
     preflight_check._collective_stages(None, LAB, report, {}, set(NODES))
     assert len(ran) == 1 and report.stages["collective"] == "failed"
     assert [p.node for p in report.problems] == NODES
+
+
+# ---- intruders at a store whose rendezvous failed: nobody is singled out ---------------------
+
+
+def store_said(refused) -> dict:
+    """What rank 0 prints just before its job's last step."""
+    return {"step": "store", "job": 0, "refused": refused}
+
+
+@pytest.mark.parametrize("refused", [0, 3])
+def test_a_failed_rendezvous_whose_store_refused_connections_fails_every_node_alike(refused):
+    """A flood timed to hold node3's rank back until the end: the store counted what it refused,
+    and the late rank says nothing about node3."""
+    view = timed_out([0, 1], [2], count=2)
+    late = {"step": "timeout", "job": 0, "stage": "rendezvous", "reached": False}
+    found = verdicts(
+        {
+            "node1": [started(0), {"step": "reached"}, store_said(refused), view],
+            "node2": [started(1), {"step": "reached"}, view],
+            "node3": [started(2), late],
+        }
+    )
+    if refused:
+        every_node_alike(found, "its store refused 3 connection(s) that were not the job's")
+    else:
+        assert found == [
+            ("node3", "never joined the rendezvous at node1:29500 (joined: node1, node2)")
+        ]
+
+
+def test_a_collective_that_met_then_failed_on_its_own_is_judged_as_before_with_intruders():
+    versions = [{"torch": "2.13.0+cpu"}, {"torch": "2.13.0+cpu"}, {"torch": "2.13.1+cpu"}]
+    gathered = {"step": "all_gather", "job": 0, "versions": versions}
+    summed = {"step": "all_reduce", "job": 0, "ok": True, "got": 6.0, "expected": 6.0}
+    ranks = {
+        n: [started(r), {"step": "joined", "job": 0}, summed, gathered]
+        + ([store_said(40)] if r == 0 else [])
+        + [{"step": "done", "job": 0}]
+        for r, n in enumerate(NODES)
+    }
+    assert verdicts(ranks) == [
+        ("node3", "torch 2.13.1+cpu differs from the other ranks' 2.13.0+cpu")
+    ]
+    assert not collective_verdicts.rendezvous_tampered(list(ranks.values()))
+
+
+def test_the_pairs_side_reads_a_jobs_store_count_and_whether_its_rendezvous_was_tampered_with():
+    """``store_refused`` and ``rendezvous_tampered``, as the bandwidth and isolation pairs call
+    them with one job's ranks' steps."""
+    host = [started(0), {"step": "reached", "job": 0}, store_said(4)]
+    host += [timed_out([0], [1], count=1)]
+    joiner = [started(1), {"step": "timeout", "job": 0, "stage": "rendezvous", "reached": False}]
+    assert collective_verdicts.store_refused(host) == 4
+    assert collective_verdicts.store_refused(joiner) is None  # only rank 0 says it
+    assert collective_verdicts.rendezvous_tampered([host, joiner])
+    assert collective_verdicts.rendezvous_tampered([joiner, host])  # in any order
+    clean = [*host[:2], store_said(0), host[3]]
+    assert not collective_verdicts.rendezvous_tampered([clean, joiner])
+    # a rank cut off after it started, before it joined, fails the rendezvous too
+    cut = [started(1), {"step": "reached", "job": 0}, {"step": "exit", "code": 124}]
+    assert collective_verdicts.rendezvous_tampered([host, cut])
+    # the host could not bind its port: no count, the host alone is named (as before)
+    bind = [started(0), {"step": "error", "job": 0, "stage": "store", "error": "in use"}]
+    assert collective_verdicts.store_refused(bind) is None
+    assert not collective_verdicts.rendezvous_tampered([bind, joiner])
+    # a count the ranks never print fails closed
+    for odd in (-1, "3", None, True, 1.5):
+        assert collective_verdicts.store_refused([store_said(odd)]) == 1
+    # a pair that met, then summed wrongly: its own failure, not the store's
+    wrong = {"step": "all_reduce", "job": 0, "ok": False, "got": 2.0, "expected": 3.0}
+    met = [started(0), {"step": "joined", "job": 0}, wrong, store_said(9), {"step": "done"}]
+    assert not collective_verdicts.rendezvous_tampered([met, met[:3] + met[4:]])
+
+
+def test_a_rank_whose_all_reduce_gave_a_wrong_sum_failed_even_when_it_finished():
+    """An isolation or bandwidth pair judged by ``rank_failure`` alone: a wrong sum fails it."""
+    wrong = {"step": "all_reduce", "job": 0, "ok": False, "got": 2.0, "expected": 3.0}
+    rank = [started(1), {"step": "joined", "job": 0}, wrong, {"step": "done", "job": 0}]
+    assert collective_verdicts.rank_failure(rank) == "all_reduce gave 2.0, expected 3.0"
+    right = wrong | {"ok": True, "got": 3.0}
+    assert collective_verdicts.rank_failure([*rank[:2], right, rank[3]]) is None
+    # the collective names it once, as before (no second problem for the same sum)
+    steps = {n: [started(r), right, {"step": "done"}] for r, n in enumerate(NODES)}
+    steps["node2"] = [started(1), wrong, {"step": "done"}]
+    assert verdicts(steps) == [("node2", "all_reduce gave 2.0, expected 3.0")]
 
 
 # ---- the secret: on stdin, never in a command line -------------------------------------------
@@ -350,13 +439,17 @@ def test_nccl_meets_in_the_ranks_own_store_on_a_real_gpu_collective_then_a_timed
     assert any("NCCL INFO NCCL version 2.28.9" in s.get("text", "") for s in pair)
 
 
-def test_torchs_store_client_forged_nothing_while_two_real_ranks_met_in_the_store():
-    """nobody ran torch's own client against the port while rank 0 waited 6 s for rank 1:
-    it got no store to write to, and both ranks passed with the right sum."""
-    tries, forged = re.match(
-        r"tries (\d+) forged (\d+) ", (H200_RUNS / "attack.txt").read_text()
-    ).groups()
+def test_torchs_store_client_could_not_even_complete_its_handshake_with_the_ranks_store():
+    """On the H200, ``nobody`` ran torch's own store client against the port while rank 0
+    waited 6 s for rank 1. All the recording shows: each try ended in torch's client's own
+    connect timeout (the ranks' store speaks a protocol torch's client does not), so it forged
+    nothing, and both ranks passed with the right sum. What a client of our own protocol
+    without the secret gets is tested above, over loopback."""
+    said = (H200_RUNS / "attack.txt").read_text()
+    tries, forged = re.match(r"tries (\d+) forged (\d+) ", said).groups()
     assert int(tries) > 0 and int(forged) == 0
+    assert "DistNetworkError: The client socket has timed out" in said
+    assert "while trying to connect to (192.0.2.2, 29721)" in said  # the ranks' store's port
     for name in ("gloo-late-rank0", "gloo-late-rank1"):
         (job,) = _h200_run(name, 1)
         assert collective_verdicts.rank_failure(job) is None
@@ -367,3 +460,197 @@ def test_torchs_store_client_forged_nothing_while_two_real_ranks_met_in_the_stor
 def test_without_a_secret_on_stdin_no_rank_starts_on_the_real_machine():
     assert (H200_RUNS / "no-secret.out").read_text().split() == ["nosecret"]
     assert "rc 2" in (H200_RUNS / "no-secret.err").read_text()
+
+
+# ---- the store's protocol, over real loopback sockets (collective.py imports without torch) ---
+
+
+def _protocol():
+    """collective.py as a module: its store and client; its ranks' code needs torch only when
+    run as the script (``python -I -c``)."""
+    path = Path(stage_runner.STAGES) / "collective.py"
+    spec = importlib.util.spec_from_file_location("collective_protocol", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.torch is None  # torch was not imported
+    return module
+
+
+P = _protocol()
+KEY = secrets.token_bytes(32)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def store():
+    """A job's store (job 0 of world 2) on loopback, the pending limit and handshake bound made
+    small so a flood and a silent peer take a moment, not 5 s."""
+    port = _free_port()
+    job = P.job_context("127.0.0.1", port, 2, 25, 0)
+    server = P.StoreServer("127.0.0.1", port, KEY, job, pending=2, handshake=0.5)
+    yield server
+    server.close()
+
+
+def _port(server) -> int:
+    return server.sock.getsockname()[1]
+
+
+def _client(server, secret=KEY, seconds=3.0):
+    return P.Client(
+        "127.0.0.1", _port(server), secret, time.monotonic() + seconds, server.context, 0.5
+    )
+
+
+def _refused(server, expected: int) -> int:
+    """The store's count once it settled at ``expected`` (its threads count as they finish)."""
+    until = time.monotonic() + 3
+    while server.refused != expected and time.monotonic() < until:
+        time.sleep(0.02)
+    return server.refused
+
+
+def _handshake(server, context: bytes, nonce: bytes | None = None, shown: bytes | None = None):
+    """One raw handshake: (the store's nonce, what we sent, the store's answer or None where it
+    closed the connection)."""
+    with socket.create_connection(("127.0.0.1", _port(server)), timeout=3) as conn:
+        (theirs,) = P.receive(conn, 1, 32)
+        mine = nonce or secrets.token_bytes(32)
+        shown = shown or P.proof(KEY, b"rank", context, theirs + mine)
+        P.send(conn, mine, context, shown)
+        try:
+            answer = P.receive(conn, 1, 32)
+        except ConnectionError:
+            answer = None
+        return theirs, (mine, shown), answer
+
+
+def test_ranks_holding_the_secret_meet_in_the_store_both_ends_proved_and_nothing_refused(store):
+    ranks = [_client(store), _client(store)]
+    deadline = time.monotonic() + 3
+    done = []
+    threads = [
+        threading.Thread(target=lambda r=r: done.append(P.meet(ranks[r], r, 2, deadline)))
+        for r in (0, 1)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert done == [None, None]
+    one = ranks[0]
+    assert one.add(b"joined", 0) == 2 and one.check([b"joined/0", b"joined/1", b"joined/all"])
+    one.set(b"k", b"v")
+    assert ranks[1].get(b"k", 1000) == b"v"
+    assert one.compare_set(b"k", b"v", b"w") == b"w" and one.delete_key(b"k")
+    twin = one.clone()  # torch's threads get connections of their own, proved the same way
+    assert twin.num_keys() == 4
+    for client in (*ranks, twin):
+        client.close()  # a rank closing its end is no intruder
+    assert _refused(store, 0) == 0
+    assert store.close() == 0
+
+
+def test_a_rendezvous_a_rank_misses_says_who_joined_and_who_did_not(store):
+    with pytest.raises(P.Failed) as late:
+        P.meet(_client(store), 0, 2, time.monotonic() + 0.3)
+    assert (late.value.stage, late.value.data) == (
+        "rendezvous",
+        {"joined": [0], "missing": [1], "count": 1},
+    )
+
+
+def test_a_wrong_secret_is_refused_and_counted_and_a_rank_never_trusts_a_store_without_it(store):
+    with pytest.raises(P.Failed) as refused:
+        _client(store, secret=secrets.token_bytes(32), seconds=0.5)
+    assert refused.value.data == {"reached": False}  # each try closed by the store
+    assert store.refused >= 1  # counted before it closed
+    # the other way: a process holding the port that answers without the secret is never used
+    with socket.socket() as impostor:
+        impostor.bind(("127.0.0.1", 0))
+        impostor.listen()
+
+        def answer_anything():
+            conn, _ = impostor.accept()
+            with conn:
+                P.send(conn, secrets.token_bytes(32))
+                P.receive(conn, 3, 256)
+                P.send(conn, secrets.token_bytes(32))
+
+        threading.Thread(target=answer_anything, daemon=True).start()
+        port = impostor.getsockname()[1]
+        with pytest.raises(P.Failed) as failed:
+            P.Client("127.0.0.1", port, KEY, time.monotonic() + 0.5, b"job", 0.5)
+    assert failed.value.data == {"reached": False, "impostor": True}
+
+
+def test_a_proof_replayed_from_another_connection_or_made_for_another_job_is_refused(store):
+    own, port = store.context, _port(store)
+    theirs, (nonce, shown), answer = _handshake(store, own)
+    assert answer == [P.proof(KEY, b"store", own, theirs + nonce)]  # a genuine rank's
+    # the same message on a connection of its own: the store's nonce is fresh, the proof stale
+    *_, answer = _handshake(store, own, nonce, shown)
+    assert answer is None and _refused(store, 1) == 1
+    # a proof made with the secret for another job, or another port, passed off as this one's
+    for other in (
+        P.job_context("127.0.0.1", port + 1, 2, 25, 0),  # another port
+        P.job_context("127.0.0.2", port, 2, 25, 0),  # another address
+        P.job_context("127.0.0.1", port, 3, 25, 0),  # another world
+        P.job_context("127.0.0.1", port, 2, 55, 268435456),  # another round's pair
+    ):
+        with socket.create_connection(("127.0.0.1", _port(store)), timeout=3) as conn:
+            (nonce,) = P.receive(conn, 1, 32)
+            mine = secrets.token_bytes(32)
+            P.send(conn, mine, own, P.proof(KEY, b"rank", other, nonce + mine))
+            with pytest.raises(ConnectionError):
+                P.receive(conn, 1, 32)
+    assert _refused(store, 5) == 5
+    # a rank of the run honestly at another job's store (a relay, or a port reused by a later
+    # round) is refused too, uncounted: it proved the secret, for a job of its own
+    *_, answer = _handshake(store, P.job_context("127.0.0.1", port + 1, 2, 25, 0))
+    assert answer is None and _refused(store, 5) == 5
+
+
+def test_connections_past_the_pending_limit_are_closed_at_once_and_counted(store):
+    held = [socket.create_connection(("127.0.0.1", _port(store)), timeout=3) for _ in range(2)]
+    try:
+        for conn in held:
+            assert len(P.receive(conn, 1, 32)[0]) == 32  # both are proving themselves
+        assert store.refused == 2  # still proving: not a rank's yet
+        with socket.create_connection(("127.0.0.1", _port(store)), timeout=3) as third:
+            assert third.recv(4) == b""  # closed without a word
+        assert _refused(store, 3) == 3
+    finally:
+        for conn in held:
+            conn.close()
+    assert _refused(store, 3) == 3  # each counted once
+    client = _client(store)  # a rank gets in once the slots are free
+    client.close()
+
+
+def test_a_silent_peer_is_dropped_after_the_handshake_bound_and_counted(store):
+    with socket.create_connection(("127.0.0.1", _port(store)), timeout=3) as silent:
+        began = time.monotonic()
+        P.receive(silent, 1, 32)
+        assert silent.recv(4) == b""  # the store hung up on it
+        assert 0.4 < time.monotonic() - began < 2.0
+    assert _refused(store, 1) == 1
+
+
+def test_a_proved_peer_that_sends_what_no_rank_sends_is_cut_off_and_counted(store):
+    client = _client(store)
+    with pytest.raises(ConnectionError):
+        client.call(b"list_keys")  # no rank asks this (torch's list_keys would read every key)
+    assert _refused(store, 1) == 1
+    client.close()
+
+
+def test_a_peer_still_proving_itself_when_the_store_closes_is_counted(store):
+    with socket.create_connection(("127.0.0.1", _port(store)), timeout=3) as silent:
+        P.receive(silent, 1, 32)
+        assert store.close() == 1
