@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.collective_verdicts import node_causes, rank_failure, ranks_of
+from checks.collective_verdicts import (
+    node_causes,
+    rank_failure,
+    ranks_of,
+    rendezvous_tampered,
+)
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
 from trainfleet.text import printable
@@ -65,26 +70,11 @@ def pair_figures(ranks: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
     }
 
 
-def store_refused(ranks: list[list[dict[str, Any]]]) -> int:
-    """The connections a job's store refused or closed (its rank 0's ``store`` step: intruders,
-    processes that did not prove the run's secret, or a flood); a count that cannot be what the
-    store printed (not a whole number from 0) counts as one."""
-    counts = [s.get("refused") for rank in ranks for s in rank if s.get("step") == "store"]
-    return sum(
-        n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else 1 for n in counts
-    )
-
-
-def failed_at_rendezvous(ranks: list[list[dict[str, Any]]]) -> bool:
-    """A rank of the job never joined its rendezvous (timed out, never reached the store, or
-    the store failed it): what an intruder on the store can cause."""
-    return any(not any(s.get("step") == "joined" for s in rank) for rank in ranks)
-
-
 def intruded(ranks: list[list[dict[str, Any]]]) -> bool:
-    """A job that failed at its rendezvous while its store refused or closed connections: its
-    failure may be an intruder's doing, so it says nothing about any of its nodes."""
-    return failed_at_rendezvous(ranks) and store_refused(ranks) > 0
+    """A pair job that failed at its rendezvous while its store refused or closed connections
+    (the store's own count, ``collective_verdicts.rendezvous_tampered``): its failure may be an
+    intruder's doing, so it says nothing about either of its nodes."""
+    return rendezvous_tampered(ranks)
 
 
 def intruded_problems(cluster: Cluster, stage: str, jobs: list[str]) -> list[Problem]:

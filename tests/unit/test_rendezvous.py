@@ -271,7 +271,7 @@ def test_each_collective_and_pair_command_gets_a_fresh_secret_on_stdin_never_in_
         assert not any(secret in raw for raw in commands.values())
     # node1 hosts both of the first pass's pairs: it reads the secret once, hands it to each
     hosting = sent[1][0]["node1"]
-    assert hosting.startswith("IFS= read -r secret; ( printf '%s\\n' \"$secret\" | timeout ")
+    assert hosting.startswith("IFS= read -r secret; ")
     assert hosting.count("printf '%s\\n' \"$secret\" |") == 2
 
 
@@ -375,11 +375,18 @@ def test_a_held_pair_port_is_named_on_the_node_that_would_host_it_from_what_ss_p
 ):
     """The real hygiene script and the real ss, a real socket listening on a pair's port."""
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
+        held.bind(("0.0.0.0", 0))  # every address: it meets the pair store's bind
         held.listen()
         port = held.getsockname()[1]
         command = shell_stage(
-            stage_script("hygiene.sh"), port - 1, 1, "node1", "/nonexistent", "x", f"1 {port}"
+            stage_script("hygiene.sh"),
+            port - 1,
+            1,
+            "node1",
+            "/nonexistent",
+            "x",
+            f"1 {port}",
+            "127.0.0.2",
         )
         out = subprocess.run(
             ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30
