@@ -362,6 +362,14 @@ torch = dist = None  # imported by main(): this file's protocol above needs neit
 CLONES = []
 
 
+def kept(store):
+    """``store``, held for the process's life: torch keeps only its C++ half, and NCCL calls
+    the Python half's methods (``clone`` for its watchdog) after init_process_group returned;
+    a store Python had collected fails there ("Not implemented", seen on the lent H200)."""
+    CLONES.append(store)
+    return store
+
+
 def as_bytes(value):
     return value.encode() if isinstance(value, str) else bytes(value)
 
@@ -380,9 +388,7 @@ def store_class():
         def clone(self):
             """A connection of its own (for a thread of torch's); kept: torch holds no Python
             reference to it."""
-            twin = Store(self.client.clone(), self.deadline)
-            CLONES.append(twin)
-            return twin
+            return kept(Store(self.client.clone(), self.deadline))
 
         def millis(self, timeout=None):
             return int((timeout or self.timeout).total_seconds() * 1000)
@@ -473,7 +479,7 @@ def joined_run(job, rank, world, master, port, nbytes, deadline, secret, context
         torch.cuda.set_device(local)  # local rank i: the i-th device CUDA_VISIBLE_DEVICES leaves
     dist.init_process_group(
         backend,
-        store=store_class()(client, deadline),
+        store=kept(store_class()(client, deadline)),
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=max(1.0, deadline - time.monotonic())),

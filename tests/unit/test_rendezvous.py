@@ -444,14 +444,28 @@ def test_nccl_meets_in_the_ranks_own_store_on_a_real_gpu_collective_then_a_timed
     (timed,) = [s for s in pair if s["step"] == "bandwidth"]
     assert timed["bytes"] == 256 << 20 and timed["iters"] >= 3
     assert any("NCCL INFO NCCL version 2.28.9" in s.get("text", "") for s in pair)
+    # rank 0 said, for each job, how many connections its store refused: none
+    assert [collective_verdicts.store_refused(job) for job in (collective, pair)] == [0, 0]
+
+
+def test_nccl_failed_on_the_real_gpu_while_the_store_was_not_kept_alive():
+    """Before ``kept``: NCCL called the store's Python ``clone`` after init_process_group, the
+    Python half already collected ("Not implemented"); gloo, the lab's backend, never does. The
+    rank names its failure as the collective's, never a pass."""
+    lines = (H200_RUNS / "nccl-store-not-kept_before-fix.out").read_text().splitlines()
+    ((job, *_),) = [rank_output.job_steps(r, 2) for r in rank_output.node_steps(lines, 1)]
+    failure = collective_verdicts.rank_failure(job)
+    assert failure is not None and "Not implemented" in failure
+    assert not collective_verdicts.rendezvous_failed([job])  # it met: not the store's verdict
 
 
 def test_torchs_store_client_could_not_even_complete_its_handshake_with_the_ranks_store():
     """On the H200, ``nobody`` ran torch's own store client against the port while rank 0
     waited 6 s for rank 1. All the recording shows: each try ended in torch's client's own
     connect timeout (the ranks' store speaks a protocol torch's client does not), so it forged
-    nothing, and both ranks passed with the right sum. What a client of our own protocol
-    without the secret gets is tested above, over loopback."""
+    nothing; the store counted what it refused, and both ranks passed with the right sum (a
+    job that met is not failed by intruders). What a client of our own protocol without the
+    secret gets is tested below, over loopback."""
     said = (H200_RUNS / "attack.txt").read_text()
     tries, forged = re.match(r"tries (\d+) forged (\d+) ", said).groups()
     assert int(tries) > 0 and int(forged) == 0
@@ -462,6 +476,10 @@ def test_torchs_store_client_could_not_even_complete_its_handshake_with_the_rank
         assert collective_verdicts.rank_failure(job) is None
         (summed,) = [s for s in job if s["step"] == "all_reduce"]
         assert summed["ok"] and summed["got"] == summed["expected"] == 3.0
+    (host,), (joiner,) = _h200_run("gloo-late-rank0", 1), _h200_run("gloo-late-rank1", 1)
+    assert collective_verdicts.store_refused(host) >= int(tries)  # each try, counted
+    assert collective_verdicts.store_refused(joiner) is None  # only rank 0 serves the store
+    assert not collective_verdicts.rendezvous_tampered([host, joiner])
 
 
 def test_without_a_secret_on_stdin_no_rank_starts_on_the_real_machine():
