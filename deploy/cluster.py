@@ -5,6 +5,8 @@ operation lives in operations/<capability>.py, its facts in facts/<capability>.p
 templates in templates/<capability>/.
 """
 
+from typing import Any
+
 from operations import (
     gpu_node_ops,
     hosts_ops,
@@ -27,6 +29,46 @@ from runtime.gather import (
     whole_cluster_healthy,
     whole_cluster_root_steps_healthy,
 )
+from trainfleet.capabilities.ssh_mesh import MeshUserPlan
+
+
+def user_joins_the_mesh(
+    user: MeshUserPlan, trust_if: Any, mesh_if: Any, in_their_home: bool
+) -> None:
+    """A mesh user's first two steps: the mesh's new lines trusted beside the old, then its
+    key, config and certificate. A step in a user's home fails no node (``in_their_home``)."""
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} also trusts the mesh's new lines",
+        user=user.user,
+        authorized=user.authorized,
+        refused=user.refused,
+        exactly=False,
+        _if=trust_if,
+        _ignore_errors=in_their_home,
+    )
+    ssh_mesh_ops.mesh_user(
+        name=f"SSH mesh for {user.user}",
+        user=user.user,
+        identity=user.identity,
+        config=user.config,
+        certificate=user.certificate,
+        problems=user.problems,
+        _if=mesh_if,
+        _ignore_errors=in_their_home,
+    )
+
+
+def user_trusts_exactly_the_mesh(user: MeshUserPlan, trust_if: Any, in_their_home: bool) -> None:
+    ssh_mesh_ops.mesh_trust(
+        name=f"{user.user} trusts exactly the mesh",
+        user=user.user,
+        authorized=user.authorized,
+        certificate=user.certificate,
+        refused=user.refused,
+        _if=trust_if,
+        _ignore_errors=in_their_home,
+    )
+
 
 cluster, node = this_node()
 
@@ -70,58 +112,24 @@ if (
     )
 root_owned = [user for user in plan.mesh if user.user == "root"]
 in_user_homes = [user for user in plan.mesh if user.user != "root"]
+
 for user in root_owned:
-    ssh_mesh_ops.mesh_trust(
-        name=f"{user.user} also trusts the mesh's new lines",
-        user=user.user,
-        authorized=user.authorized,
-        refused=user.refused,
-        exactly=False,
-    )
-    ssh_mesh_ops.mesh_user(
-        name=f"SSH mesh for {user.user}",
-        user=user.user,
-        identity=user.identity,
-        config=user.config,
-        certificate=user.certificate,
-        problems=user.problems,
-        _if=no_host_failed if user.moving else None,
-    )
+    user_joins_the_mesh(user, None, no_host_failed if user.moving else None, in_their_home=False)
 ssh_mesh_ops.known_hosts(
     name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
     entries=plan.known_hosts,
     _if=whole_cluster_healthy,
 )
 for user in root_owned:
-    ssh_mesh_ops.mesh_trust(
-        name=f"{user.user} trusts exactly the mesh",
-        user=user.user,
-        authorized=user.authorized,
-        certificate=user.certificate,
-        refused=user.refused,
-        _if=whole_cluster_healthy,
-    )
+    user_trusts_exactly_the_mesh(user, whole_cluster_healthy, in_their_home=False)
 # A step in a user's home fails no node (_ignore_errors): it skips that user's later steps
 # on its node (HomeIntact), and the node fails in the mesh's last step, once its KRL is written.
 for user in in_user_homes:
-    ssh_mesh_ops.mesh_trust(
-        name=f"{user.user} also trusts the mesh's new lines",
-        user=user.user,
-        authorized=user.authorized,
-        refused=user.refused,
-        exactly=False,
-        _if=[mesh_users_begin, HomeIntact(user.user)],
-        _ignore_errors=True,
-    )
-    ssh_mesh_ops.mesh_user(
-        name=f"SSH mesh for {user.user}",
-        user=user.user,
-        identity=user.identity,
-        config=user.config,
-        certificate=user.certificate,
-        problems=user.problems,
-        _if=[HomeIntact(user.user), *([no_root_step_failed] if user.moving else [])],
-        _ignore_errors=True,
+    user_joins_the_mesh(
+        user,
+        [mesh_users_begin, HomeIntact(user.user)],
+        [HomeIntact(user.user), *([no_root_step_failed] if user.moving else [])],
+        in_their_home=True,
     )
 if plan.sshd.drop_in is not None:
     # A CA move: once every node presents the new CA's host and root certificates (no node
@@ -141,14 +149,8 @@ if plan.sshd.drop_in is not None:
             _if=no_root_step_failed,
         )
 for user in in_user_homes:
-    ssh_mesh_ops.mesh_trust(
-        name=f"{user.user} trusts exactly the mesh",
-        user=user.user,
-        authorized=user.authorized,
-        certificate=user.certificate,
-        refused=user.refused,
-        _if=[HomeIntact(user.user), whole_cluster_root_steps_healthy],
-        _ignore_errors=True,
+    user_trusts_exactly_the_mesh(
+        user, [HomeIntact(user.user), whole_cluster_root_steps_healthy], in_their_home=True
     )
 if plan.sshd.drop_in is None and not plan.sshd.problems:
     ssh_mesh_ops.sshd_certificates(

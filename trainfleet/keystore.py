@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from trainfleet.controller_files import write_atomic
 from trainfleet.key_material import (
     KeyMaterial,
     KeyPair,
@@ -506,18 +506,8 @@ def _new_dir(parent: Path, top: Path) -> Path:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    """Write through a unique temp file (mkstemp: 0600, O_EXCL) in the same directory, fsynced,
-    renamed over ``path``: a reader sees the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """A file of the store, root's alone (0600) like every other, a public key's included."""
+    write_atomic(path, data, mode=0o600)
 
 
 def _fsync_dir(path: Path) -> None:
