@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lab_report import machine, plot, render_markdown, source
+from bench.lab_report import drawn, machine, plot, render_markdown, source
 from bench.run import REPO, Plan, Results, Runner, measure, node_counts
 
 
@@ -57,7 +57,7 @@ def write_outputs(out: Path, document: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "benchmark.md").write_text(render_markdown(document))
-    plot(document, out / "benchmark.png")
+    drawn(plot, document, out / "benchmark.png")
 
 
 def _document(

@@ -12,6 +12,8 @@ import os
 import platform
 import re
 import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -533,6 +535,25 @@ def render_markdown(results: dict[str, Any]) -> str:
 
 
 # -- plot ----------------------------------------------------------------------------------
+
+
+def drawn(
+    plot: Callable[[dict[str, Any], Path], None], document: dict[str, Any], path: Path
+) -> bool:
+    """``plot`` of ``document`` into ``path`` where matplotlib (the ``bench`` extra) is there;
+    else a note on stderr and no picture: the md and the JSON are written either way, so a run
+    without it is not lost after its first N."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print(
+            f"bench: {path.name} not drawn: matplotlib is missing "
+            "(pip install -e '.[bench]'; make bench installs it)",
+            file=sys.stderr,
+        )
+        return False
+    plot(document, path)
+    return True
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

@@ -22,7 +22,7 @@ from bench.controller.controller_report import plot, render_markdown
 from bench.controller.fleet import MESH_MODES
 from bench.controller.measure import Results, Runner, measure
 from bench.controller.record import load, record
-from bench.lab_report import machine, source
+from bench.lab_report import drawn, machine, source
 from bench.run import REPO, node_counts
 
 NAME = "controller-benchmark"
@@ -102,7 +102,7 @@ def write_outputs(out: Path, document: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{NAME}.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / f"{NAME}.md").write_text(render_markdown(document))
-    plot(document, out / f"{NAME}.png")
+    drawn(plot, document, out / f"{NAME}.png")
 
 
 def main(argv: list[str] | None = None) -> int:

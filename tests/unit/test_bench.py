@@ -263,6 +263,28 @@ def test_plot_is_written(tmp_path: Path):
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize(
+    "bench_main, document",
+    [("bench.__main__", None), ("bench.controller.__main__", "docs/controller-benchmark.json")],
+)
+def test_without_matplotlib_the_outputs_are_written_and_the_plot_is_skipped_with_a_note(
+    bench_main, document, tmp_path: Path, monkeypatch, capsys
+):
+    """#39: without the bench extra a run crashed writing its first N's outputs (the lab's
+    benchmark and the controller's, the latter with its last real results)."""
+    import importlib
+    import sys
+
+    module = importlib.import_module(bench_main)
+    repo = Path(__file__).resolve().parents[2]
+    results = json.loads((repo / document).read_text()) if document else results_document()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    module.write_outputs(tmp_path, results)
+    written = sorted(p.suffix for p in tmp_path.iterdir())
+    assert written == [".json", ".md"]
+    assert "not drawn: matplotlib is missing" in capsys.readouterr().err
+
+
 def test_section_times_are_read_from_the_nodes_own_clock():
     from bench.run import parse_section_times
 
