@@ -14,13 +14,13 @@ from typing import Any
 from facts.hardware_facts import HardwareSources
 from runtime.gather import gather_fact, once_per_run, refused_sudo
 from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS_FILE
-from trainfleet.keystore import store_root
+from trainfleet.keystore import controller_folder
 from trainfleet.model import Cluster
 
 
 def captures_root(cluster: str) -> Path:
     """``.trainfleet/captures/<cluster>/`` (under TRAINFLEET_HOME when set)."""
-    return store_root().parent / "captures" / cluster
+    return controller_folder("captures") / cluster
 
 
 def cluster_capture(cluster: Cluster) -> tuple[Path, dict[str, str]]:

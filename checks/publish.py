@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 from trainfleet.controller_files import write_atomic
-from trainfleet.keystore import store_root
+from trainfleet.keystore import controller_folder
 
 
 def report_path(kind: str, cluster: str) -> Path:
     """``.trainfleet/reports/<kind>-<cluster>.json`` (under TRAINFLEET_HOME when set)."""
-    return store_root().parent / "reports" / f"{kind}-{cluster}.json"
+    return controller_folder("reports") / f"{kind}-{cluster}.json"
 
 
 def publish(

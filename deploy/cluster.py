@@ -1,8 +1,8 @@
 """The cluster, capability by capability: ``pyinfra inventories/prod.py deploy/cluster.py``.
 
-Each line is one capability given its part of the node's plan (trainfleet/plan.py); its
-operation lives in operations/<capability>.py, its facts in facts/<capability>.py, its
-templates in templates/<capability>/.
+Each step is one capability given its part of the node's plan (trainfleet/plan.py); its
+operations live in operations/<capability>_ops.py, its facts in facts/<capability>_facts.py,
+its templates in templates/<capability>/.
 """
 
 from typing import Any

@@ -64,6 +64,11 @@ def store_root() -> Path:
     return Path(os.environ.get("TRAINFLEET_HOME", DEFAULT_HOME)) / "keys"
 
 
+def controller_folder(name: str) -> Path:
+    """A folder of the controller's own beside the key store (``reports``, ``captures``)."""
+    return store_root().parent / name
+
+
 class KeyStore:
     """Keys of one cluster: ``<root>/<cluster>/<user>/<node>{,.pub,.revoked}``.
 

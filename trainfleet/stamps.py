@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from trainfleet.controller_files import write_atomic
-from trainfleet.keystore import store_root
+from trainfleet.keystore import controller_folder
 
 # ``--data trainfleet_stale=6h``: a whole number and a unit, seconds to days
 STALE = re.compile(r"\A([1-9][0-9]{0,5})([smhd])\Z", re.ASCII)
@@ -35,7 +35,7 @@ def cut_to_multiple(
 
 def stamps_path(cluster: str) -> Path:
     """``.trainfleet/reports/preflight-<cluster>-stamps.json`` (under TRAINFLEET_HOME when set)."""
-    return store_root().parent / "reports" / f"preflight-{cluster}-stamps.json"
+    return controller_folder("reports") / f"preflight-{cluster}-stamps.json"
 
 
 def load(cluster: str) -> dict[str, dict[str, Any]]:

@@ -3,7 +3,7 @@ values shared by every node, computed once per run by ``trainfleet.plan.plan_clu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ class PlanContext:
     cluster: Cluster
     gathered: Gathered
     derived: Mapping[str, Derived]  # node -> its derived NCCL environment
-    uniform: Mapping[str, str]  # NCCL variables with one value on every node (launchers forward)
+    uniform: Sequence[str]  # names of NCCL variables alike on every node (launchers forward)
     keys: Any  # the key material; None plans no SSH mesh
     # every cluster-wide part, rendered once: name -> value (``hosts``, ``known_hosts``,
     # ``authorized``, ``config``, ``certs``, ``mpi``, ``rank_table``...), read by the capabilities
