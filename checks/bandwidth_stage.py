@@ -11,13 +11,12 @@ from pyinfra.api import State
 from checks.bandwidth_verdicts import (
     bandwidth_failures,
     bandwidth_problems,
-    intruded,
     intruded_problems,
     pair_figures,
     pair_name,
 )
 from checks.collective_stage import Job, backend_of
-from checks.collective_verdicts import rank_layout
+from checks.collective_verdicts import rank_layout, rendezvous_tampered
 from checks.counters_verdicts import Counters, counter_problems, read_counters
 from checks.pair_ports import bandwidth_rounds, pair_port
 from checks.preflight_report import PreflightReport
@@ -134,7 +133,7 @@ def judge_bandwidth(
                 for node in pair
             }
             figures = pair_figures([rank for node in pair for rank in steps[node]])
-            if figures is None and intruded([r for node in pair for r in steps[node]]):
+            if figures is None and rendezvous_tampered([r for node in pair for r in steps[node]]):
                 intruded_pairs.append(pair_name(pair))  # named for nobody, failed for all
                 continue
             if figures is None:

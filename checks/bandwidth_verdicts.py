@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.collective_verdicts import (
-    node_causes,
-    rank_failure,
-    ranks_of,
-    rendezvous_tampered,
-)
+from checks.collective_verdicts import node_causes, rank_failure, ranks_of
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
 from trainfleet.text import printable
@@ -68,13 +63,6 @@ def pair_figures(ranks: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
         "algbw_gbps": round(algbw, 4),
         "busbw_gbps": round(busbw(algbw, len(ranks)), 4),
     }
-
-
-def intruded(ranks: list[list[dict[str, Any]]]) -> bool:
-    """A pair job that failed at its rendezvous while its store refused or closed connections
-    (the store's own count, ``collective_verdicts.rendezvous_tampered``): its failure may be an
-    intruder's doing, so it says nothing about either of its nodes."""
-    return rendezvous_tampered(ranks)
 
 
 def intruded_problems(cluster: Cluster, stage: str, jobs: list[str]) -> list[Problem]:

@@ -7,12 +7,13 @@ from typing import Any
 
 from pyinfra.api import State, StringCommand
 
-from checks.bandwidth_verdicts import intruded, intruded_problems, unserved
+from checks.bandwidth_verdicts import intruded_problems, unserved
 from checks.collective_verdicts import (
     collective_problems,
     isolate,
     rank_failure,
     rank_layout,
+    rendezvous_tampered,
     second_pass,
 )
 from checks.fabric_verdicts import nccl_socket_problems
@@ -215,7 +216,7 @@ def _judged_pairs(
     intruded_pairs: list[str] = []
     for i, (a, b) in enumerate(pairs):
         host, joiner = ranks[b]
-        if intruded([host, joiner]):
+        if rendezvous_tampered([host, joiner]):
             intruded_pairs.append(f"the isolation pair {a}-{b}")
         elif why := unserved(host, pair_port(cluster, i)):
             unserved_on.append(Problem("isolation", a, why))

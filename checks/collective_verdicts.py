@@ -159,8 +159,8 @@ def rendezvous_contradiction(
     the joined; a timeout needs a missing rank; a server that could not prove the run's secret
     is not the job's; a failed rendezvous whose store refused connections decided nothing
     about any one node."""
-    world = len(rank_places(cluster))
     places = rank_places(cluster)
+    world = len(places)
     refused = max(
         (store_refused(rank) or 0 for ranks in steps.values() for rank in ranks), default=0
     )

@@ -79,25 +79,35 @@ def controller_known_keys(
     """A node's host keys in the controller's known_hosts (``type base64``, sorted): what
     pyinfra verifies it by. ``files``: parsed files to reuse (path -> paramiko.HostKeys)."""
     path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
-    if not path.exists():
-        return []
     files = {} if files is None else files
     if path not in files:
-        known_hosts_problem(path, raising=True)
-        files[path] = paramiko.HostKeys(str(path))
-    entry = files[path].lookup(address if port == 22 else f"[{address}]:{port}")
+        files[path] = _known_hosts(path)
+    if files[path] is None:
+        return []
+    entry = files[path].lookup(_host_name(address, port))
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
+
+
+def _host_name(address: str, port: int) -> str:
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def _known_hosts(path: Path) -> paramiko.HostKeys | None:
+    """The controller's known_hosts at ``path`` parsed (None: there is none); a line paramiko
+    cannot parse is a KnownHostsError naming it, never a traceback."""
+    if not path.exists():
+        return None
+    known_hosts_problem(path, raising=True)
+    return paramiko.HostKeys(str(path))
 
 
 def every_listed_key(address: str, port: int, known_hosts: str | None) -> list[str]:
     """Every host key the controller's known_hosts lists for a node (``type base64``, sorted),
     two of one type included (paramiko's lookup keeps one per type)."""
-    path = Path(known_hosts or "~/.ssh/known_hosts").expanduser()
-    if not path.exists():
+    keys = _known_hosts(Path(known_hosts or "~/.ssh/known_hosts").expanduser())
+    if keys is None:
         return []
-    known_hosts_problem(path, raising=True)
-    keys = paramiko.HostKeys(str(path))
-    name = address if port == 22 else f"[{address}]:{port}"
+    name = _host_name(address, port)
     found = set()
     for entry in keys._entries:  # noqa: SLF001 (the one way to see a second key of a type)
         for listed in entry.hostnames:
