@@ -21,7 +21,7 @@ from checks.publish import report_path as report_file
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
-from trainfleet.capabilities import CAPABILITIES
+from trainfleet.capabilities import CAPABILITIES, RULES
 from trainfleet.compare import (
     ABSENT,
     PYTHON_PREFIX,
@@ -48,7 +48,8 @@ from trainfleet.mesh import (
 )
 from trainfleet.model import Cluster
 from trainfleet.pins import satisfies
-from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
+from trainfleet.plan import cluster_blocks, plan_cluster
+from trainfleet.plan_types import ClusterPlan, NodePlan
 
 LEDGER = "hardware ledger"  # drift's property for a node whose parts changed since the last run
 MAX_ROTATION = 10**9  # drift runs: far past any cycle of strides (N-2 runs), yet a short number
@@ -163,7 +164,9 @@ def compare_fingerprints(
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     absent_everywhere_else(observed, PYTHON_PREFIX)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
-    report = compare(cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable)
+    report = compare(
+        cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable, rules=RULES
+    )
     _explain(report, plan, fingerprints, cluster.mesh_users, read_launchers)
     return report
 

@@ -11,6 +11,7 @@ from checks.preflight_report import Problem
 from trainfleet.capabilities.gpu_node import mtu_values
 from trainfleet.compare import majority
 from trainfleet.model import Cluster
+from trainfleet.nccl import cluster_interface
 from trainfleet.text import printable
 
 # What NCCL prints at init (NCCL_DEBUG=INFO, subsystems INIT,NET), strongest evidence first:
@@ -156,7 +157,8 @@ def mtu_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None]) -
         network = networks.get(node.name)
         if network is None:
             continue  # unreachable: named by the stages that need it
-        mtu = mtu_values(network, node.address)["cluster MTU"]
+        interface, _ = cluster_interface(network["interfaces"], node.address)
+        mtu = mtu_values(network, interface)["cluster MTU"]
         if not mtu.isdigit():
             problems.append(
                 Problem(

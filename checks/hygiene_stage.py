@@ -23,7 +23,8 @@ from runtime.gather import gather_fact
 from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.hw.kernel_log import GREP
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, plan_cluster
+from trainfleet.plan import plan_cluster
+from trainfleet.plan_types import ClusterPlan, Gathered
 
 _HYGIENE = stage_script("hygiene.sh")
 
@@ -88,7 +89,7 @@ def run_hygiene(
     slots = {node: data.pop("slots") for node, data in seen.items() if "slots" in data}
     networks = gather_fact(state, NcclNetwork)
     plan = preflight_plan(state, cluster, networks)
-    expected = {name: p.nccl.env for name, p in plan.nodes.items() if not p.nccl.problems}
+    expected = {name: p.nccl_env.env for name, p in plan.nodes.items() if not p.nccl_env.problems}
     report.details["hygiene"] = seen
     report.problems += hygiene_problems(cluster, seen, expected, slots)
     report.problems += port_listing_problems(cluster, seen, hosted)

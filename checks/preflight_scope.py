@@ -15,7 +15,7 @@ from checks.stage_runner import BOUNDS
 from trainfleet import stamps
 from trainfleet.compare import digest
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan
+from trainfleet.plan_types import ClusterPlan
 
 WAIT = 10  # s the controller waits past a stage command's own bound (run_everywhere)
 SUDO = 30  # s the sudo proof may take (runtime.gather.prove_sudo)
@@ -75,7 +75,7 @@ def seen_now(
             "nccl": cluster.nccl,
             "gpu": cluster.gpu,
             "master_port": cluster.master_port,
-            "env": mine.nccl.env,
+            "env": mine.nccl_env.env,
         }
         parts = ledger.get(node.name)
         seen[node.name] = {

@@ -75,12 +75,11 @@ cluster, node = this_node()
 # What this node must be: from the spec, the key store and every node's facts (one remote
 # command per node, read once per run); the operations below bring it there.
 plan = deploy_plan(cluster).nodes[node.name]
+mesh = plan.ssh_mesh
 
 # Names: every node knows itself and every peer by name.
-hosts_ops.hostname(name="Hostname is the node's spec name", hostname=plan.hostname)
-hosts_ops.hosts_block(
-    name="Cluster hosts block in /etc/hosts", lines=plan.hosts.lines, names=plan.hosts.names
-)
+hosts_ops.hostname(name="Hostname is the node's spec name", hosts=plan.hosts)
+hosts_ops.hosts_block(name="Cluster hosts block in /etc/hosts", hosts=plan.hosts)
 
 # SSH mesh: every node reaches every node as each mesh user, host keys verified. In a
 # certificate mesh (ssh.mesh) the cluster CA vouches for hosts and users, one line on every
@@ -95,29 +94,29 @@ hosts_ops.hosts_block(
 # old trust without it, its node's KRL still takes every revocation), then fails its node.
 ssh_mesh_ops.known_hosts(
     name="known_hosts also trusts the cluster's new host lines",
-    entries=plan.known_hosts,
+    entries=mesh.known_hosts,
     exactly=False,
 )
 if (
-    plan.sshd.drop_in is not None or plan.sshd.problems
+    mesh.sshd.drop_in is not None or mesh.sshd.problems
 ):  # a node that cannot present certificates fails here
     ssh_mesh_ops.sshd_certificates(
         name="sshd presents its host certificates, refuses revoked keys",
-        certificates=plan.sshd.certificates,
-        drop_in=plan.sshd.drop_in,
-        revoked_keys=plan.sshd.revoked_keys,
-        problems=plan.sshd.problems,
-        client_drop_in=plan.sshd.client_drop_in,
-        _if=no_host_failed if plan.sshd.moving else None,
+        certificates=mesh.sshd.certificates,
+        drop_in=mesh.sshd.drop_in,
+        revoked_keys=mesh.sshd.revoked_keys,
+        problems=mesh.sshd.problems,
+        client_drop_in=mesh.sshd.client_drop_in,
+        _if=no_host_failed if mesh.sshd.moving else None,
     )
-root_owned = [user for user in plan.mesh if user.user == "root"]
-in_user_homes = [user for user in plan.mesh if user.user != "root"]
+root_owned = [user for user in mesh.users if user.user == "root"]
+in_user_homes = [user for user in mesh.users if user.user != "root"]
 
 for user in root_owned:
     user_joins_the_mesh(user, None, no_host_failed if user.moving else None, in_their_home=False)
 ssh_mesh_ops.known_hosts(
     name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",
-    entries=plan.known_hosts,
+    entries=mesh.known_hosts,
     _if=whole_cluster_healthy,
 )
 for user in root_owned:
@@ -131,28 +130,28 @@ for user in in_user_homes:
         [HomeIntact(user.user), *([no_root_step_failed] if user.moving else [])],
         in_their_home=True,
     )
-if plan.sshd.drop_in is not None:
+if mesh.sshd.drop_in is not None:
     # A CA move: once every node presents the new CA's host and root certificates (no node
     # failed a root-owned step of this run), the old CA joins the KRL: nothing it signed is
     # accepted anywhere again (the next run's plan, its move settled, has the same bytes).
-    settled = plan.sshd.settled_revoked_keys
+    settled = mesh.sshd.settled_revoked_keys
     ssh_mesh_ops.revoked_keys(
         name="Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)",
-        content=plan.sshd.revoked_keys,
+        content=mesh.sshd.revoked_keys,
         _if=a_root_step_failed if settled is not None else None,
     )
     if settled is not None:
         ssh_mesh_ops.revoked_keys(
             name="Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)",
             content=settled,
-            written=plan.sshd.revoked_keys,
+            written=mesh.sshd.revoked_keys,
             _if=no_root_step_failed,
         )
 for user in in_user_homes:
     user_trusts_exactly_the_mesh(
         user, [HomeIntact(user.user), whole_cluster_root_steps_healthy], in_their_home=True
     )
-if plan.sshd.drop_in is None and not plan.sshd.problems:
+if mesh.sshd.drop_in is None and not mesh.sshd.problems:
     ssh_mesh_ops.sshd_certificates(
         name="sshd without trainfleet's certificates",
         certificates={},
@@ -167,7 +166,7 @@ if in_user_homes:
     )
 
 # pdsh: `pdsh -a` runs on every node, over ssh.
-pdsh_ops.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh_nodes)
+pdsh_ops.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh.nodes)
 
 # Software stack: CUDA, cuDNN, NCCL, OpenMPI, GCC and PyTorch exactly at the spec's pins, held.
 stack_ops.software(
@@ -176,34 +175,19 @@ stack_ops.software(
 
 # NCCL network environment: from each node's own network, where every rank sees it.
 nccl_env_ops.nccl_env(
-    name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)",
-    profile=plan.nccl.profile,
-    environment=plan.nccl.environment,
-    nccl_conf=plan.nccl.nccl_conf,
-    problems=plan.nccl.problems,
+    name="NCCL environment (profile.d, /etc/environment, /etc/nccl.conf)", nccl=plan.nccl_env
 )
 
 # OpenMPI: its TCP and wire-up layers on the same cluster network, for every mesh user.
-openmpi_ops.mca_params(
-    name="OpenMPI network (~/.openmpi/mca-params.conf)",
-    users=plan.mpi.users,
-    lines=plan.mpi.lines,
-    problems=plan.mpi.problems,
-)
+openmpi_ops.mca_params(name="OpenMPI network (~/.openmpi/mca-params.conf)", mpi=plan.openmpi)
 
 # Launchers: DeepSpeed, OpenMPI, Horovod, accelerate, torchrun and ColossalAI, all from the spec.
-launchers_ops.launcher_files(
-    name="Launcher configs", files=plan.launchers.files, problems=plan.launchers.problems
-)
+launchers_ops.launcher_files(name="Launcher configs", launchers=plan.launchers)
 
 # GPU node settings: memlock for RDMA (every node); on GPU nodes persistence mode, the NVSwitch
 # fabric manager at exactly the driver's version, nvidia_peermem where InfiniBand/RoCE is active.
 gpu_node_ops.settings(
     name="GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
-    memlock_conf=plan.gpu.memlock_conf,
-    persistence_on=plan.gpu.persistence,
-    fabric=plan.gpu.fabric_manager,
-    peermem_on=plan.gpu.peermem,
+    gpu=plan.gpu_node,
     allow_change=plan.stack.allow_change,
-    problems=plan.gpu.problems,
 )

@@ -17,7 +17,7 @@ from operations.packages_ops import install_held, package_change
 from operations.remote import FailCommand, fail_command, write_file_command
 from operations.stack_ops import held_under_a_job
 from runtime.gather import fact
-from trainfleet.capabilities.gpu_node import FabricManagerPlan
+from trainfleet.capabilities.gpu_node import FabricManagerPlan, GpuNodePlan
 from trainfleet.defaults import VENV_DIR
 
 PEERMEM_LINE = "nvidia_peermem\n"
@@ -48,7 +48,7 @@ def memlock(conf: str | None):
 
     .. code:: python
 
-        gpu_node.memlock(name="memlock unlimited", conf=plan.gpu.memlock_conf)
+        gpu_node.memlock(name="memlock unlimited", conf=plan.gpu_node.memlock_conf)
     """
     if conf is None:
         host.noop("memlock is unmanaged (gpu.memlock: null)")
@@ -203,31 +203,28 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
 
 
 @operation()
-def settings(
-    memlock_conf: str | None,
-    persistence_on: bool,
-    fabric: FabricManagerPlan | None,
-    peermem_on: bool,
-    allow_change: bool = False,
-    problems: list[str] | None = None,
-):
+def settings(gpu: GpuNodePlan, allow_change: bool = False):
     """
-    The node's GPU settings from its plan (``trainfleet.capabilities.gpu_node.GpuNodePlan``):
-    memlock (every node), persistence mode, the fabric manager, nvidia_peermem. A part the plan
-    could not make, or one refused here, fails the node before anything on it changes.
+    The node's GPU settings from its plan's ``gpu_node`` part
+    (``trainfleet.capabilities.gpu_node.GpuNodePlan``): memlock (every node), persistence mode,
+    the fabric manager, nvidia_peermem. A part the plan could not make, or one refused here,
+    fails the node before anything on it changes.
+
+    + allow_change: the stack's ``allow_change`` (a fabric manager at another version may move)
     """
-    if problems:
-        yield fail_command("GPU node settings: " + "; ".join(problems))
+    if gpu.problems:
+        yield fail_command("GPU node settings: " + "; ".join(gpu.problems))
         return
+    fabric = gpu.fabric_manager
     commands = [
-        *memlock._inner(conf=memlock_conf),
-        *persistence._inner(wanted=persistence_on),
+        *memlock._inner(conf=gpu.memlock_conf),
+        *persistence._inner(wanted=gpu.persistence),
         *fabric_manager._inner(
             package=fabric.package if fabric else None,
             version=fabric.version if fabric else None,
             allow_change=allow_change,
         ),
-        *peermem._inner(wanted=peermem_on),
+        *peermem._inner(wanted=gpu.peermem),
     ]
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:

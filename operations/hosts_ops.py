@@ -10,15 +10,17 @@ from facts.managed_block_facts import ManagedBlock
 from operations.managed_block_ops import block_change
 from operations.remote import write_file_command
 from runtime.gather import fact
+from trainfleet.capabilities.hosts import HostsPlan
 from trainfleet.etc_hosts import stale_lines
 
 
 @operation()
-def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
+def hostname(hosts: HostsPlan, hostname_file: str = "/etc/hostname"):
     """
     Set the node's hostname, running and persistent.
 
-    + hostname: the short name the node must have
+    + hosts: the node's names, the plan's ``hosts`` part (``hosts.hostname``: the short name
+      the node must have)
     + hostname_file: the file that keeps it across reboots
 
     Writes the file atomically and sets the kernel's name with ``hostname``; this is
@@ -28,8 +30,9 @@ def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
 
     .. code:: python
 
-        hosts.hostname(name="Hostname is gpu-a01", hostname="gpu-a01")
+        hosts_ops.hostname(name="Hostname is the node's spec name", hosts=plan.hosts)
     """
+    hostname = hosts.hostname
     state = fact(HostnameState, path=hostname_file)
     if state["running"] == hostname and state["static"] == hostname:
         host.noop(f"hostname is {hostname}")
@@ -41,15 +44,13 @@ def hostname(hostname: str, hostname_file: str = "/etc/hostname"):
 
 
 @operation()
-def hosts_block(
-    lines: list[str], names: dict[str, str], path: str = "/etc/hosts", present: bool = True
-):
+def hosts_block(hosts: HostsPlan, path: str = "/etc/hosts", present: bool = True):
     """
     Keep one managed block in /etc/hosts with every cluster node's address and names.
 
-    + lines: the block, e.g. the plan's ``hosts.lines`` (one ``address fqdn name`` line per node)
-    + names: every cluster name, lower-case, -> the address it must resolve to (checked
-      against the lines outside the block)
+    + hosts: the plan's ``hosts`` part: ``lines``, the block (one ``address fqdn name`` line per
+      node); ``names``, every cluster name, lower-case, -> the address it must resolve to
+      (checked against the lines outside the block)
     + path: the hosts file
     + present: ``False`` removes the block
 
@@ -60,12 +61,9 @@ def hosts_block(
 
     .. code:: python
 
-        hosts.hosts_block(
-            name="Cluster hosts in /etc/hosts",
-            lines=["192.0.2.11 gpu-a01.cluster.example.com gpu-a01"],
-            names={"gpu-a01": "192.0.2.11", "gpu-a01.cluster.example.com": "192.0.2.11"},
-        )
+        hosts_ops.hosts_block(name="Cluster hosts block in /etc/hosts", hosts=plan.hosts)
     """
+    lines, names = hosts.lines, hosts.names
     current = fact(ManagedBlock, path=path, purpose=HOSTS_PURPOSE, expect=list(lines))
     for stale in stale_lines(current["outside"], names) if present else []:
         logger.warning(

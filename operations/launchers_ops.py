@@ -10,34 +10,31 @@ from pyinfra.api import QuoteString, StringCommand, operation
 from facts.launchers_facts import LauncherFiles
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
-from trainfleet.capabilities.launchers import HEALTHY, LAUNCH_FILE_NAMES
+from trainfleet.capabilities.launchers import HEALTHY, LAUNCH_FILE_NAMES, LaunchersPlan
 from trainfleet.defaults import LAUNCH_DIR
 
 
 @operation()
-def launcher_files(
-    files: dict[str, tuple[str, str]],
-    problems: list[str] | None = None,
-    directory: str = LAUNCH_DIR,
-):
+def launcher_files(launchers: LaunchersPlan, directory: str = LAUNCH_DIR):
     """
     Keep the launcher directory's files exactly as rendered; other files there are left alone,
     but for trainfleet's own in its ``healthy/`` folder that the plan no longer has (the node
     left the healthy subset), which are removed.
 
-    + files: file name -> (content, mode), e.g. the plan's ``launchers.files``
-    + problems: why the files cannot be right (the node's NCCL environment); the node fails
-      with them and no file is written
+    + launchers: the plan's ``launchers`` part: ``files``, file name -> (content, mode);
+      ``problems``, why the files cannot be right (the node's NCCL environment): the node
+      fails with them and no file is written
     + directory: where the files live
 
     **Example:**
 
     .. code:: python
 
-        launchers.launcher_files(name="Launcher configs", files=render_launchers(cluster, node))
+        launchers_ops.launcher_files(name="Launcher configs", launchers=plan.launchers)
     """
-    if problems:
-        yield fail_command("launcher files not written: " + "; ".join(problems))
+    files = launchers.files
+    if launchers.problems:
+        yield fail_command("launcher files not written: " + "; ".join(launchers.problems))
         return
     current = fact(LauncherFiles, directory=directory)
     commands = []

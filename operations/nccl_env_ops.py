@@ -9,21 +9,20 @@ from facts.nccl_env_facts import NcclEnvFiles
 from operations.managed_block_ops import block_change
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
+from trainfleet.capabilities.nccl_env import NcclPlan
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.nccl import ENV_PURPOSE
 
 
 @operation()
-def nccl_env(
-    profile: str, environment: list[str], nccl_conf: list[str], problems: list[str] | None = None
-):
+def nccl_env(nccl: NcclPlan):
     """
     Write the node's NCCL environment where every kind of process sees it.
 
-    + profile, environment, nccl_conf: the three files' content, e.g. the plan's ``nccl``
-      part (``trainfleet.plan.nccl_part``), which renders them from the node's variables
-    + problems: reasons the environment could not be derived; the node fails with them
-      and no file is written
+    + nccl: the plan's ``nccl_env`` part (``trainfleet.capabilities.nccl_env.nccl_part``): the
+      three files' content (``profile``, ``environment``, ``nccl_conf``), rendered from the
+      node's variables; its ``problems``, the reasons the environment could not be derived,
+      fail the node and no file is written
 
     - ``/etc/profile.d/trainfleet-nccl.sh``: login shells (the whole file is trainfleet's)
     - ``/etc/environment`` (managed block): non-login ssh sessions through pam_env, i.e. the
@@ -34,12 +33,11 @@ def nccl_env(
 
     .. code:: python
 
-        part = nccl_part(Derived(env={"NCCL_SOCKET_IFNAME": "=eth0", "NCCL_IB_DISABLE": "1"}))
-        nccl_env.nccl_env(name="NCCL environment", profile=part.profile,
-                          environment=part.environment, nccl_conf=part.nccl_conf)
+        nccl_env_ops.nccl_env(name="NCCL environment", nccl=plan.nccl_env)
     """
-    if problems:
-        yield fail_command("NCCL environment not written: " + "; ".join(problems))
+    profile, environment, nccl_conf = nccl.profile, nccl.environment, nccl.nccl_conf
+    if nccl.problems:
+        yield fail_command("NCCL environment not written: " + "; ".join(nccl.problems))
         return
     current = fact(NcclEnvFiles)
     commands = []

@@ -17,27 +17,28 @@ from facts.openmpi_facts import MCA_FILE, MCA_PURPOSE, OpenMpiState
 from operations.managed_block_ops import block_change
 from operations.remote import fail_command
 from runtime.gather import fact
+from trainfleet.capabilities.openmpi import MpiPlan
 
 
 @operation()
-def mca_params(users: list[str], lines: list[str], problems: list[str] | None = None):
+def mca_params(mpi: MpiPlan):
     """
     Keep OpenMPI's parameters in each user's ``~/.openmpi/mca-params.conf`` (managed block,
     first in the file; the user's own lines below it are kept and, later in the file, win).
 
-    + users: the users whose OpenMPI is configured (the mesh users)
-    + lines: the block's ``name = value`` lines, e.g. the plan's ``mpi.lines``
-    + problems: reasons the parameters could not be derived; the node fails with them
+    + mpi: the plan's ``openmpi`` part: ``users``, whose OpenMPI is configured (the mesh
+      users); ``lines``, the block's ``name = value`` lines; ``problems``, the reasons the
+      parameters could not be derived (the node fails with them)
 
     **Example:**
 
     .. code:: python
 
-        openmpi.mca_params(name="OpenMPI network", users=["root"],
-                           lines=["btl_tcp_if_include = eth0", "oob_tcp_if_include = eth0"])
+        openmpi_ops.mca_params(name="OpenMPI network", mpi=plan.openmpi)
     """
-    if problems:
-        yield fail_command("OpenMPI parameters not written: " + "; ".join(problems))
+    users, lines = mpi.users, mpi.lines
+    if mpi.problems:
+        yield fail_command("OpenMPI parameters not written: " + "; ".join(mpi.problems))
         return
     current = fact(OpenMpiState, users=users)
     commands = []

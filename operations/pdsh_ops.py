@@ -10,8 +10,8 @@ from operations.managed_block_ops import block_change
 from operations.packages_ops import install_any
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
+from trainfleet.capabilities.pdsh import genders_lines
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
-from trainfleet.plan import genders_lines
 
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
 

@@ -175,7 +175,7 @@ def revoked_keys(content: bytes, written: bytes | None = None):
 
     .. code:: python
 
-        ssh_mesh.revoked_keys(name="Revoked mesh keys", content=plan.sshd.revoked_keys)
+        ssh_mesh.revoked_keys(name="Revoked mesh keys", content=plan.ssh_mesh.sshd.revoked_keys)
     """
     now = fact(SshdMesh)["revoked_keys"]
     if now is None:  # sshd_certificates wrote it this run, before its drop-in

@@ -21,10 +21,10 @@ from facts.stack_facts import BUSY_PROBE, CUDA_KEYRING, GCC_PROFILE, StackVersio
 from operations.packages_ops import APT, held, or_fail, rpm_ensure
 from operations.remote import FailCommand, fail_command, script, write_file_command
 from runtime.gather import fact, lent
+from trainfleet.capabilities.stack import StackPlan
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import Pins, satisfies, torch_requirement
-from trainfleet.plan import StackPlan
 from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = CUDA_REPOS

@@ -14,8 +14,8 @@ from pyinfra.api import StringCommand
 
 from facts.fingerprint import FactBundle, Parts, resolve
 from trainfleet.capabilities import CAPABILITIES, ssh_mesh
-from trainfleet.capabilities.plan_context import Gathered
 from trainfleet.defaults import SYSTEM_KNOWN_HOSTS
+from trainfleet.plan_types import Gathered
 
 Blocks = list[str] | None  # a cluster-wide block the plan wants (trainfleet.plan.cluster_blocks)
 

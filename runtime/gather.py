@@ -27,7 +27,8 @@ from trainfleet import stamps
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster, Node
-from trainfleet.plan import ClusterPlan, cluster_blocks, plan_cluster
+from trainfleet.plan import cluster_blocks, plan_cluster
+from trainfleet.plan_types import ClusterPlan
 
 T = TypeVar("T")
 

@@ -220,18 +220,31 @@ def absent_everywhere_else(observed: dict[str, dict[str, str]], prefix: str) -> 
         props.update({p: ABSENT for p in sorted(seen) if p not in props})
 
 
+@dataclass(frozen=True)
+class Rules:
+    """What the comparison judges beyond the spec, by property: the prefixes every node must
+    share (the majority vote names the odd node), the properties no two nodes may share, and
+    the health gates' prefixes (the registry's ``trainfleet.capabilities.RULES``)."""
+
+    majority: tuple[str, ...] = ()
+    unique: tuple[str, ...] = ()
+    health: tuple[str, ...] = ()
+
+
 def compare(
     cluster: str,
     nodes: list[str],
     observed: dict[str, dict[str, str]],
     expected: dict[str, dict[str, str]],
     unreachable: dict[str, str] | None = None,
+    *,
+    rules: Rules,
 ) -> Report:
     """Findings of (a) each node against the spec, (b) nodes against each other for
     properties that must be identical, (c) properties that must be unique, (d) health gates
     (a node that reports one must report ``none``)."""
     report = Report(cluster=cluster, nodes=list(nodes), observed=observed)
-    identical, unique, health = identical_prefixes(), unique_properties(), health_prefixes()
+    identical, unique, health = rules.majority, rules.unique, rules.health
     for node, reason in (unreachable or {}).items():
         report.findings.append(Finding(node, "reachable", "unreachable", reason))
     for node, props in expected.items():
@@ -258,29 +271,6 @@ def compare(
     order = {n: i for i, n in enumerate(nodes)}
     report.findings.sort(key=lambda f: (order.get(f.node, len(order)), f.property))
     return report
-
-
-def identical_prefixes() -> tuple[str, ...]:
-    """The properties every node must share (the majority vote names the odd node): the union
-    of the capabilities' ``MAJORITY``. Imported here, not above: the capabilities use this
-    module's digests."""
-    from trainfleet.capabilities import MAJORITY
-
-    return MAJORITY
-
-
-def health_prefixes() -> tuple[str, ...]:
-    """The health gates: the union of the capabilities' ``HEALTH``."""
-    from trainfleet.capabilities import HEALTH
-
-    return HEALTH
-
-
-def unique_properties() -> tuple[str, ...]:
-    """The properties no two nodes may share: the union of the capabilities' ``UNIQUE``."""
-    from trainfleet.capabilities import UNIQUE
-
-    return UNIQUE
 
 
 def majority(prop: str, values: dict[str, str]) -> list[Finding]:

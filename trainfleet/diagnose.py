@@ -17,7 +17,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from trainfleet.capabilities import hardware
+from trainfleet.capabilities import RULES, hardware
 from trainfleet.compare import Report, compare
 from trainfleet.hw.sources import (
     CMDLINE,
@@ -220,4 +220,4 @@ def judge(directory: Path, cluster: Cluster | None = None) -> Report:
     expected = {name: hardware.expected(gpus.get(name)) for name in nodes}
     missing = {name: "not in the capture" for name in names if name not in nodes}
     title = cluster.name if cluster else directory.resolve().parent.name or str(directory)
-    return compare(title, names, observed, expected, missing)
+    return compare(title, names, observed, expected, missing, rules=RULES)

@@ -17,7 +17,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 
 if TYPE_CHECKING:
-    from trainfleet.plan import Gathered
+    from trainfleet.plan_types import Gathered
 
 
 def prepare_keys(store: KeyStore, cluster: Cluster, gathered: Gathered) -> KeyMaterial:

@@ -61,7 +61,8 @@ from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
-from trainfleet.plan import ClusterPlan, NodePlan, cluster_blocks, plan_cluster
+from trainfleet.plan import cluster_blocks, plan_cluster
+from trainfleet.plan_types import ClusterPlan, NodePlan
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
@@ -394,15 +395,15 @@ def converged_sections(
     ``everyone`` (the full N x N probe). ``parts``: the bundle's sections with their facts, as
     the deploy asks for them (``registry_answers``)."""
     out = {**base, **registry_answers(base, plan, parts)}
-    if plan.gpu.memlock_conf is not None:
-        memlock = plan.gpu.memlock_conf
+    if plan.gpu_node.memlock_conf is not None:
+        memlock = plan.gpu_node.memlock_conf
         out["gpu_node"] = joined(
             with_files(
                 text_lines(base["gpu_node"]),
                 {"memlock_conf": lambda line: [file_line("memlock_conf", memlock)]},
             )
         )
-    for user in plan.mesh:
+    for user in plan.ssh_mesh.users:
         out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
         out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
     out["identity"] = _identity(base["identity"], mine)
@@ -611,12 +612,14 @@ def mesh_files(plan: NodePlan) -> dict[str, int]:
     def block(purpose: str, lines: list[str]) -> int:
         return len(with_block(split_block("", purpose), purpose, lines).encode())
 
-    sshd = plan.sshd
+    sshd = plan.ssh_mesh.sshd
     sizes = {
-        "known_hosts": block(KNOWN_HOSTS_PURPOSE, plan.known_hosts),
-        "authorized_keys": sum(block(AUTHORIZED_PURPOSE, u.authorized) for u in plan.mesh),
-        "ssh_config": sum(block(CONFIG_PURPOSE, u.config) for u in plan.mesh),
-        "user_certificate": sum(len((u.certificate or "").encode()) for u in plan.mesh),
+        "known_hosts": block(KNOWN_HOSTS_PURPOSE, plan.ssh_mesh.known_hosts),
+        "authorized_keys": sum(
+            block(AUTHORIZED_PURPOSE, u.authorized) for u in plan.ssh_mesh.users
+        ),
+        "ssh_config": sum(block(CONFIG_PURPOSE, u.config) for u in plan.ssh_mesh.users),
+        "user_certificate": sum(len((u.certificate or "").encode()) for u in plan.ssh_mesh.users),
         "host_certificates": sum(len(c.encode()) for c in sshd.certificates.values())
         if sshd
         else 0,

@@ -1,25 +1,28 @@
-"""The capability registry: every capability declares every part, names only facts that
-exist, and a node answering what ``converged`` says it answers is observed exactly as its
-plan expects (so the benchmark's fake nodes and drift agree with the plan by construction)."""
+"""The capability registry: a part a capability leaves out takes its default (no stubs), names
+only facts that exist, and a node answering what ``converged`` says it answers is observed
+exactly as its plan expects (so the benchmark's fake nodes and drift agree with the plan by
+construction)."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 from types import ModuleType
 
 import pytest
 
 from facts.fingerprint import FACTS, resolve
 from tests.unit.test_plan import three_node_plan
-from trainfleet.capabilities import CAPABILITIES, missing_parts
-from trainfleet.compare import identical_prefixes, unique_properties
+from trainfleet.capabilities import CAPABILITIES, PARTS, RULES, Capability
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan
+from trainfleet.plan_types import ClusterPlan
 
 USERS, PEERS = ["root", "alice"], ["gpu-a01", "gpu-a02"]
 
 
-def names(capability: ModuleType) -> str:
-    return capability.__name__.rsplit(".", 1)[1]
+def names(capability: Capability) -> str:
+    return capability.name
 
 
 @pytest.fixture(scope="module", params=["certificates", "keys"])
@@ -27,15 +30,49 @@ def planned(request, tmp_path_factory) -> tuple[Cluster, ClusterPlan]:
     return three_node_plan(tmp_path_factory.mktemp("keys"), mesh_mode=request.param)
 
 
+def test_a_part_left_out_takes_its_default():
+    module = ModuleType("trainfleet.capabilities.example")
+    module.MAJORITY = ("example",)  # type: ignore[attr-defined]
+    capability = Capability.of(module)
+    assert capability.name == "example" and capability.MAJORITY == ("example",)
+    assert capability.UNIQUE == () and capability.HEALTH == ()
+    assert capability.deploy_sections(USERS, {}) == {} == capability.check_sections(USERS, PEERS)
+    assert capability.shared(None) is None and capability.plan_part(None, None) is None
+    assert capability.observe({}, None, None) == {} == capability.converged(None)
+
+
+def _only_returns_a_constant(function) -> bool:
+    body = ast.parse(inspect.getsource(function)).body[0].body
+    body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    try:
+        return body[0].value is None or ast.literal_eval(body[0].value) in ({}, (), [], None)
+    except ValueError:  # not a constant
+        return False
+
+
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=names)
-def test_declares_every_part(capability):
-    assert missing_parts(capability) == []
+def test_no_capability_declares_an_empty_stub(capability):
+    """What a capability does not do it leaves out (``Capability``'s defaults), so a new part
+    costs no edit of every module."""
+    module = importlib.import_module(f"trainfleet.capabilities.{capability.name}")
+    stubs = [
+        part
+        for part in PARTS
+        if callable(getattr(module, part, None)) and _only_returns_a_constant(getattr(module, part))
+    ]
+    assert stubs == []
+    assert [
+        part for part in ("MAJORITY", "UNIQUE", "HEALTH") if getattr(module, part, 0) == ()
+    ] == []
 
 
-def test_a_missing_part_is_named(monkeypatch):
-    capability = CAPABILITIES[0]
-    monkeypatch.delattr(capability, "converged")
-    assert missing_parts(capability) == ["converged"]
+def test_the_registry_names_each_capability_once_after_its_module():
+    assert [c.name for c in CAPABILITIES] == list(dict.fromkeys(c.name for c in CAPABILITIES))
+    for capability in CAPABILITIES:
+        module = importlib.import_module(f"trainfleet.capabilities.{capability.name}")
+        assert Capability.of(module) == capability
 
 
 @pytest.mark.parametrize("capability", CAPABILITIES, ids=names)
@@ -65,9 +102,10 @@ def test_no_two_capabilities_share_a_section():
 
 
 def test_majority_is_the_union_of_the_capabilities():
-    assert set(identical_prefixes()) == {p for c in CAPABILITIES for p in c.MAJORITY}
-    assert {"os", "hosts block", "pdsh nodes", "memlock"} <= set(identical_prefixes())
-    assert set(unique_properties()) == {"hostname", "boot_id", "machine-id"}
+    assert set(RULES.majority) == {p for c in CAPABILITIES for p in c.MAJORITY}
+    assert {"os", "hosts block", "pdsh nodes", "memlock"} <= set(RULES.majority)
+    assert set(RULES.unique) == {"hostname", "boot_id", "machine-id"}
+    assert set(RULES.health) == {p for c in CAPABILITIES for p in c.HEALTH} != set()
 
 
 def converged_answers(plan) -> dict:

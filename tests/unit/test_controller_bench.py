@@ -62,11 +62,11 @@ def test_converged_answers_are_the_plan(fleet):
         )
         assert state["hostname"] == {"running": node.name, "static": node.name}
         assert state["hosts"]["block"] == plan.hosts.lines
-        assert state["known_hosts"]["block"] == plan.known_hosts
-        assert state["pdsh"]["genders"]["block"] == [f"{n} trainfleet" for n in plan.pdsh_nodes]
-        assert state["nccl_files"]["profile"] == plan.nccl.profile
-        assert state["openmpi"]["users"]["root"]["params"]["block"] == plan.mpi.lines
-        user, mine = state["mesh_user:root"], plan.mesh[0]
+        assert state["known_hosts"]["block"] == plan.ssh_mesh.known_hosts
+        assert state["pdsh"]["genders"]["block"] == [f"{n} trainfleet" for n in plan.pdsh.nodes]
+        assert state["nccl_files"]["profile"] == plan.nccl_env.profile
+        assert state["openmpi"]["users"]["root"]["params"]["block"] == plan.openmpi.lines
+        user, mine = state["mesh_user:root"], plan.ssh_mesh.users[0]
         assert (
             user["authorized"]["block"] == mine.authorized
             and user["config"]["block"] == mine.config
@@ -77,16 +77,19 @@ def test_converged_answers_are_the_plan(fleet):
         sshd = state["sshd_mesh"]
         assert sshd["includes_drop_ins"] and sshd["other_revoked_keys"] == []
         assert {p: c for p, c in sshd["certificates"].items() if c} == {
-            p: c.strip() for p, c in plan.sshd.certificates.items()
+            p: c.strip() for p, c in plan.ssh_mesh.sshd.certificates.items()
         }
         # the recorded node has ecdsa and ed25519 host keys: the ed25519 one is certified
-        assert list(plan.sshd.certificates) == ["/etc/ssh/ssh_host_ed25519_key-cert.pub"]
+        assert list(plan.ssh_mesh.sshd.certificates) == ["/etc/ssh/ssh_host_ed25519_key-cert.pub"]
         assert (
-            sshd["drop_in"] == plan.sshd.drop_in.encode()
-            and sshd["revoked_keys"] == plan.sshd.revoked_keys
+            sshd["drop_in"] == plan.ssh_mesh.sshd.drop_in.encode()
+            and sshd["revoked_keys"] == plan.ssh_mesh.sshd.revoked_keys
         )
-        assert sshd["client_drop_in"] == plan.sshd.client_drop_in.encode()
-        assert plan.known_hosts[0].startswith("@cert-authority ") and len(plan.known_hosts) == 1
+        assert sshd["client_drop_in"] == plan.ssh_mesh.sshd.client_drop_in.encode()
+        assert (
+            plan.ssh_mesh.known_hosts[0].startswith("@cert-authority ")
+            and len(plan.ssh_mesh.known_hosts) == 1
+        )
         assert {
             n: f["sha256"] for n, f in state["launchers"].items() if n in plan.launchers.files
         } == {n: fleet_mod.sha256(c) for n, (c, _) in plan.launchers.files.items()}
@@ -244,7 +247,7 @@ def test_a_missing_host_certificate_is_named_by_drift(fleet):
     """A node whose sshd lost its ed25519 host certificate: drift names that node's host
     certificates."""
     victim = fleet.cluster.nodes[-1].name
-    plan = fleet.plan.nodes[victim].sshd
+    plan = fleet.plan.nodes[victim].ssh_mesh.sshd
     kept = {p: c for p, c in plan.certificates.items() if "ed25519" not in p}
     lines = list(fleet.converged[victim].fingerprint)
     at = lines.index(f"{fleet_mod.MARK} sshd_mesh") + 1
@@ -263,8 +266,10 @@ def test_keys_mesh_fleet(keys_fleet):
     assert fleet_mod.offline_drift(keys_fleet).findings == []
     for node in keys_fleet.cluster.nodes:
         plan = keys_fleet.plan.nodes[node.name]
-        assert plan.sshd.drop_in is None and plan.mesh[0].certificate is None
-        assert len(plan.known_hosts) == 2 * keys_fleet.nodes  # a line per node and host key
+        assert plan.ssh_mesh.sshd.drop_in is None and plan.ssh_mesh.users[0].certificate is None
+        assert (
+            len(plan.ssh_mesh.known_hosts) == 2 * keys_fleet.nodes
+        )  # a line per node and host key
         state = fleet_mod.parse_bundle(
             "deploy_state",
             keys_fleet.converged[node.name].deploy_state,
@@ -274,7 +279,7 @@ def test_keys_mesh_fleet(keys_fleet):
         assert (
             state["sshd_mesh"]["drop_in"] is None and state["mesh_user:root"]["certificate"] is None
         )
-        assert state["known_hosts"]["block"] == plan.known_hosts
+        assert state["known_hosts"]["block"] == plan.ssh_mesh.known_hosts
 
 
 def test_mesh_files_constant_in_a_certificate_mesh_and_growing_with_keys(tmp_path, keys_fleet):

@@ -85,9 +85,9 @@ def test_the_readme_is_short():
     )
 
 
-@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.__name__.rsplit(".", 1)[1])
+@pytest.mark.parametrize("capability", CAPABILITIES, ids=lambda c: c.name)
 def test_every_capability_has_a_page_linked_from_the_readme_table(capability):
-    name = capability.__name__.rsplit(".", 1)[1]
+    name = capability.name
     assert (DOCS / f"{name}.md").is_file(), f"docs/{name}.md is missing"
     rows = [line for line in README.read_text().splitlines() if line.startswith("|")]
     assert any(f"(docs/{name}.md)" in row and f"`{name}`" in row for row in rows), (

@@ -10,6 +10,7 @@ from bench.controller import fleet as fleet_mod
 from bench.controller.record import load
 from checks.drift_check import compare_fingerprints
 from facts.launchers_facts import LauncherContents, LauncherFiles
+from trainfleet.capabilities import RULES
 from trainfleet.compare import (
     DIFF_LINES,
     DIFF_WIDTH,
@@ -42,13 +43,13 @@ def expected() -> dict[str, dict[str, str]]:
 
 
 def test_a_converged_cluster_has_no_findings():
-    report = compare("c", NODES, observed(), expected())
+    report = compare("c", NODES, observed(), expected(), rules=RULES)
     assert not report.drift
     assert report.table() == "no drift: 3 nodes match the spec and each other"
 
 
 def test_a_node_off_spec_is_named_with_the_property_and_both_values():
-    report = compare("c", NODES, observed(n2__torch="2.12.0+cpu"), expected())
+    report = compare("c", NODES, observed(n2__torch="2.12.0+cpu"), expected(), rules=RULES)
     assert [str(f) for f in report.findings] == [
         "torch is '2.12.0+cpu', the spec wants '2.13.0+cpu'"
     ]
@@ -56,14 +57,18 @@ def test_a_node_off_spec_is_named_with_the_property_and_both_values():
 
 
 def test_the_odd_node_out_is_found_by_majority_and_a_tie_is_a_tie():
-    report = compare("c", NODES, observed(n3__kernel="6.5"), {})
+    report = compare("c", NODES, observed(n3__kernel="6.5"), {}, rules=RULES)
     assert [(f.node, f.kind, f.expected) for f in report.findings] == [("n3", "majority", "6.1")]
-    tie = compare("c", ["n1", "n2"], {"n1": {"kernel": "6.1"}, "n2": {"kernel": "6.5"}}, {})
+    tie = compare(
+        "c", ["n1", "n2"], {"n1": {"kernel": "6.1"}, "n2": {"kernel": "6.5"}}, {}, rules=RULES
+    )
     assert [f.kind for f in tie.findings] == ["tie", "tie"]
 
 
 def test_duplicate_hostnames_and_machine_ids_are_named_on_both_nodes():
-    report = compare("c", NODES, observed(n3__hostname="n1", n2__machine_id="id-n1"), {})
+    report = compare(
+        "c", NODES, observed(n3__hostname="n1", n2__machine_id="id-n1"), {}, rules=RULES
+    )
     found = {(f.node, f.property, f.expected) for f in report.findings if f.kind == "unique"}
     assert found == {
         ("n1", "hostname", "also on n3"),
@@ -76,7 +81,7 @@ def test_duplicate_hostnames_and_machine_ids_are_named_on_both_nodes():
 def test_an_unreachable_node_is_a_finding_and_a_marked_column():
     data = observed()
     del data["n3"]
-    report = compare("c", NODES, data, {}, unreachable={"n3": "could not connect"})
+    report = compare("c", NODES, data, {}, unreachable={"n3": "could not connect"}, rules=RULES)
     assert report.drift and [str(f) for f in report.findings] == [
         "n3: cannot be read (could not connect)"
     ]
@@ -84,7 +89,7 @@ def test_an_unreachable_node_is_a_finding_and_a_marked_column():
 
 
 def test_the_table_shows_only_differing_rows_with_odd_values_marked_and_json_has_everything():
-    report = compare("c", NODES, observed(n2__torch="2.12.0+cpu"), expected())
+    report = compare("c", NODES, observed(n2__torch="2.12.0+cpu"), expected(), rules=RULES)
     lines = report.table().splitlines()
     assert lines[0].split() == ["property", "n1", "n2", "n3"]
     assert lines[2].split() == ["torch", "2.13.0+cpu", "2.12.0+cpu", "*", "2.13.0+cpu"]
@@ -126,6 +131,7 @@ def test_a_venv_package_one_node_lacks_or_has_alone_or_at_another_version_is_nam
         NODES,
         seen,
         {n: {**want, "python deepspeed": "0.19.8"} for n, want in expected().items()},
+        rules=RULES,
     )
     assert [(f.node, f.property, f.kind, f.observed) for f in report.findings] == [
         ("n1", "python accelerate", "majority", "absent"),
@@ -142,7 +148,9 @@ def _launcher_finding(found_text: str, wanted_text: str = SMOKE) -> Report:
     seen = observed()
     for node in NODES:
         seen[node]["launcher files"] = digest(found_text if node == "n2" else wanted_text)
-    report = compare("c", NODES, seen, {n: {"launcher files": digest(wanted_text)} for n in NODES})
+    report = compare(
+        "c", NODES, seen, {n: {"launcher files": digest(wanted_text)} for n in NODES}, rules=RULES
+    )
     path = "/etc/trainfleet/launch/smoke_train.py"
     explain(
         report,

@@ -18,7 +18,7 @@ from facts.gpu_node_facts import GpuNodeState
 from facts.nccl_env_facts import NcclNetwork
 from tests.unit.gpu_node_captures import CAPTURES, FIXTURES, SCENARIOS, run_scenario
 from tests.unit.test_nccl_env import SYSFS
-from trainfleet.capabilities import gpu_node
+from trainfleet.capabilities import RULES, gpu_node
 from trainfleet.capabilities.gpu_node import FabricManagerPlan, expected, gpu_part, observed
 from trainfleet.compare import compare
 from trainfleet.hw import smi_xml
@@ -41,6 +41,7 @@ GPU = {
     "max_clock_offset_ms": 100,
 }
 ADDRESS = "198.18.0.11"
+INTERFACE = "eth0"  # the interface holding ADDRESS, as the plan derives it
 
 
 def fact(name: str) -> dict:
@@ -447,7 +448,7 @@ def test_a_converged_hgx_node_matches_what_its_plan_expects():
     state["memlock"] = "unlimited"
     plan = gpu_part(GPU, {}, 8, state, network([port("mlx5_0")]), "debian")
     state["memlock_conf"] = plan.memlock_conf
-    seen = observed(state, network([port("mlx5_0")]), ADDRESS, 100)
+    seen = observed(state, network([port("mlx5_0")]), INTERFACE, 100)
     assert {prop: seen.get(prop) for prop in expected(plan)} == expected(plan)
     assert seen["fabric manager"] == "535.54.03, active, held"
     assert (seen["cluster MTU"], seen["ib ports active"], seen["ib active MTU"]) == (
@@ -467,8 +468,9 @@ def test_each_gpu_setting_off_spec_is_a_finding_with_both_values():
     report = compare(
         "c",
         ["n1"],
-        {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)},
+        {"n1": observed(state, network([port("mlx5_0")]), INTERFACE, 100)},
         {"n1": expected(plan)},
+        rules=RULES,
     )
     found = {f.property: (f.observed, f.expected) for f in report.findings}
     assert found["persistence mode"] == ("off on 1 of 1 GPUs", "on")
@@ -483,8 +485,9 @@ def test_a_gpu_node_whose_nvidia_smi_hangs_or_vanished_fails_every_gpu_property(
         report = compare(
             "c",
             ["n1"],
-            {"n1": observed(state, network([port("mlx5_0")]), ADDRESS, 100)},
+            {"n1": observed(state, network([port("mlx5_0")]), INTERFACE, 100)},
             {"n1": expected(plan)},
+            rules=RULES,
         )
         assert {"persistence mode", "fabric manager", "nvidia_peermem", "clock offset"} <= {
             f.property for f in report.findings
@@ -497,11 +500,11 @@ def test_the_odd_node_is_named_for_a_port_down_an_mtu_and_a_slow_clock():
     slow = copy.deepcopy(good)
     slow["clock"]["offset_ms"] = -7810.5
     seen = {
-        "n1": observed(good, network([port("mlx5_0"), port("mlx5_1")]), ADDRESS, 100),
-        "n2": observed(slow, network([port("mlx5_0"), port("mlx5_1", "1:DOWN")]), ADDRESS, 100),
-        "n3": observed(good, network([port("mlx5_0"), port("mlx5_1")], mtu=1500), ADDRESS, 100),
+        "n1": observed(good, network([port("mlx5_0"), port("mlx5_1")]), INTERFACE, 100),
+        "n2": observed(slow, network([port("mlx5_0"), port("mlx5_1", "1:DOWN")]), INTERFACE, 100),
+        "n3": observed(good, network([port("mlx5_0"), port("mlx5_1")], mtu=1500), INTERFACE, 100),
     }
-    report = compare("c", nodes, seen, {})
+    report = compare("c", nodes, seen, {}, rules=RULES)
     found = {(f.node, f.property): f.observed for f in report.findings}
     assert found == {
         ("n2", "ib ports active"): "mlx5_0:1",
@@ -513,12 +516,12 @@ def test_the_odd_node_is_named_for_a_port_down_an_mtu_and_a_slow_clock():
 
 def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nodes_agree():
     seen = {
-        "gpu": observed(fact("hgx_a100_converged"), network(), ADDRESS, 100),
-        "cpu1": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100),
-        "cpu2": observed(fact("cpu_node_chrony_7s_slow"), network(), ADDRESS, 100),
+        "gpu": observed(fact("hgx_a100_converged"), network(), INTERFACE, 100),
+        "cpu1": observed(fact("cpu_node_chrony_7s_slow"), network(), INTERFACE, 100),
+        "cpu2": observed(fact("cpu_node_chrony_7s_slow"), network(), INTERFACE, 100),
     }
     assert "persistence mode" not in seen["cpu1"] and "persistence mode" in seen["gpu"]
-    report = compare("c", list(seen), seen, {})
+    report = compare("c", list(seen), seen, {}, rules=RULES)
     gpu_only = {"persistence mode", "fabric manager", "nvidia_peermem"}
     assert not gpu_only & {
         f.property for f in report.findings
@@ -527,10 +530,10 @@ def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nod
         (f.node, f.property) for f in report.findings
     }  # every node's is compared
     lab = {
-        n: observed(fact("lab_node_no_systemd"), network(), ADDRESS, 100)
+        n: observed(fact("lab_node_no_systemd"), network(), INTERFACE, 100)
         for n in ("node1", "node2", "node3")
     }
-    assert not compare("lab", list(lab), lab, {}).findings
+    assert not compare("lab", list(lab), lab, {}, rules=RULES).findings
     assert lab["node1"]["clock sync"] == "none"
     assert lab["node1"]["clock offset"] == "not synchronised (no chrony or timesyncd active)"
 
@@ -540,8 +543,8 @@ def test_cpu_nodes_beside_gpu_nodes_are_not_compared_on_gpu_settings_and_lab_nod
 
 
 def test_the_driver_pin_is_nvidias_cuda_drivers_meta_package_on_gpu_nodes_only():
+    from trainfleet.capabilities.stack import stack_part
     from trainfleet.pins import package_pins
-    from trainfleet.plan import stack_part
 
     assert package_pins({"driver": "550.54.15"}, "debian") == {"cuda-drivers-550": "550.54.15-1"}
     assert package_pins({"driver": "550"}, "debian") == {
@@ -636,13 +639,13 @@ def test_a_site_file_setting_memlock_for_the_ranks_is_read_and_named_by_drift(tm
     state = GpuNodeState().process(out.stdout.splitlines())
     assert state["memlock_other"] == ["/etc/security/limits.d/95-site.conf: * hard memlock 65536"]
     cpu = gpu_part(GPU, {}, 0, state, network(), "debian")
-    seen = observed(state, network(), ADDRESS, 100)
+    seen = observed(state, network(), INTERFACE, 100)
     assert (
         seen["memlock set elsewhere"] == "/etc/security/limits.d/95-site.conf: * hard memlock 65536"
     )
     assert [
         (f.property, f.expected)
-        for f in compare("c", ["n"], {"n": seen}, {"n": expected(cpu)}).findings
+        for f in compare("c", ["n"], {"n": seen}, {"n": expected(cpu)}, rules=RULES).findings
         if f.property == "memlock set elsewhere"
     ] == [("memlock set elsewhere", "none")]
 

@@ -19,7 +19,7 @@ from checks import drift_check
 from checks.capture_save import node_files, save_nodes, write_node
 from facts.hardware_facts import HardwareSources, HardwareState
 from trainfleet.__main__ import main
-from trainfleet.capabilities import hardware
+from trainfleet.capabilities import RULES, hardware
 from trainfleet.compare import compare
 from trainfleet.diagnose import CaptureError, judge, read_capture
 from trainfleet.hw import cmdline, infiniband, kernel_log, ledger, lspci, nvlink, smi_xml
@@ -711,7 +711,7 @@ def test_diagnose_names_each_fault_of_a_four_node_capture_as_drift_does_live(tmp
     live = {
         n: hardware.observe({"hardware": live_read(FAULTS.get(n, ()))}, None, None) for n in nodes
     }
-    report = compare("c", nodes, live, {n: {} for n in nodes})
+    report = compare("c", nodes, live, {n: {} for n in nodes}, rules=RULES)
     assert findings(report) == NAMED
     assert report.observed == {n: offline["nodes"][n]["properties"] for n in nodes}
 
@@ -719,7 +719,7 @@ def test_diagnose_names_each_fault_of_a_four_node_capture_as_drift_does_live(tmp
 def judged(nodes: dict[str, dict]) -> list[tuple[str, str, str, str]]:
     """Drift's comparison of nodes' hardware as plain data (no spec)."""
     observed = {n: hardware.observed(hw) for n, hw in nodes.items()}
-    return findings(compare("c", list(nodes), observed, {n: {} for n in nodes}))
+    return findings(compare("c", list(nodes), observed, {n: {} for n in nodes}, rules=RULES))
 
 
 def test_an_nvlink_down_on_one_gpu_of_one_node_is_named_by_gpu_index():

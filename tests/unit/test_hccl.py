@@ -317,7 +317,8 @@ def rank_table_problems(plan) -> list[str]:
 
 def _npu_plan(npu_ips):
     from trainfleet import Cluster
-    from trainfleet.plan import Gathered, plan_cluster
+    from trainfleet.plan import plan_cluster
+    from trainfleet.plan_types import Gathered
 
     cluster = Cluster.parse(NPU_CLUSTER)
     return plan_cluster(cluster, Gathered(npu_ips=npu_ips))

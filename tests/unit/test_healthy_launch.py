@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -25,7 +26,8 @@ from trainfleet.capabilities.launchers import (
     LAUNCHER_FILES,
     healthy_part,
 )
-from trainfleet.plan import Gathered, plan_cluster
+from trainfleet.plan import plan_cluster
+from trainfleet.plan_types import Gathered
 
 SPEC = """\
 cluster: {name: lab, mesh_users: [root]}
@@ -123,7 +125,8 @@ def test_the_launcher_operation_removes_trainfleets_healthy_files_a_node_no_long
     monkeypatch.setattr(ops, "fact", lambda *a, **k: have)
 
     def run(directory: Path) -> subprocess.CompletedProcess:
-        (command,) = ops.launcher_files._inner(files=mine, directory=str(directory))
+        part = replace(built.nodes["node3"].launchers, problems=[])  # no network read here
+        (command,) = ops.launcher_files._inner(launchers=part, directory=str(directory))
         assert "launch/healthy/hostfile" in command.get_raw_value()  # nothing else named
         return subprocess.run(["sh", "-c", command.get_raw_value()], capture_output=True, text=True)
 

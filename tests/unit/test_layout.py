@@ -117,6 +117,29 @@ def test_a_planted_import_breaks_its_contract(product_copy, importer, imported, 
     assert f"{module} -> {shown} (l." in _report_of(output, contract), output
 
 
+@pytest.mark.parametrize(
+    ("importer", "imported", "named"),
+    [
+        ("trainfleet/compare.py", "trainfleet.plan", "- .plan -> .capabilities"),
+        ("trainfleet/model.py", "trainfleet.capabilities.hosts", "- .model -> .capabilities"),
+        ("trainfleet/plan_types.py", "trainfleet.capabilities", "- .plan_types -> .capabilities"),
+    ],
+)
+def test_a_planted_import_circle_in_the_core_is_named(product_copy, importer, imported, named):
+    """The comparison, the model and the plan's types stay below the capabilities: an import
+    that closes a circle is refused, naming the import that would break it."""
+    planted = product_copy / importer
+    original = planted.read_text()
+    planted.write_text(original + f"\nimport {imported}  # planted\n")
+    try:
+        result = _run_lint_imports(product_copy)
+    finally:
+        planted.write_text(original)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert "No cycles are allowed in trainfleet." in output and named in output, output
+
+
 def _report_of(output: str, contract: str) -> str:
     """What lint-imports says under a broken contract's heading (its name, underlined)."""
     lines = output.splitlines()

@@ -43,6 +43,7 @@ from tests.unit.test_krl import revoked
 from tests.unit.test_plan import fresh_sshd, planned, prepared, public_key
 from trainfleet import certificates, keystore, mesh
 from trainfleet.blocks import markers, split_block, with_block
+from trainfleet.capabilities.ssh_mesh import SshdPlan, sshd_part
 from trainfleet.defaults import REVOKED_KEYS, SSH_MESH_CONF, SSHD_MESH_CONF
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import (
@@ -54,7 +55,8 @@ from trainfleet.mesh import (
     plan_certificates,
 )
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, SshdPlan, plan_cluster, sshd_part
+from trainfleet.plan import plan_cluster
+from trainfleet.plan_types import ClusterPlan, Gathered
 from trainfleet.spec import SpecError, parse_spec
 
 needs_openssh = pytest.mark.skipif(
@@ -226,7 +228,7 @@ def test_ssh_gives_cluster_names_the_planned_user_port_and_key_and_other_hosts_n
 ):
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
-    config = ssh_config_file(tmp_path, plan.nodes["gpu-a01"].mesh[1].config)  # alice's
+    config = ssh_config_file(tmp_path, plan.nodes["gpu-a01"].ssh_mesh.users[1].config)  # alice's
     for node in cluster.nodes:
         for name in host_principals(node)[:-1]:  # names: what pdsh, mpirun and the launchers ssh to
             got = ssh_resolved(config, name)
@@ -257,7 +259,7 @@ nodes:
   - {name: GPU-A02, address: 198.18.0.12, ssh: {port: 2222}}
 """)
     plan = plan_of(cluster, tmp_path / "keys")
-    config = ssh_config_file(tmp_path, plan.nodes["GPU-A01"].mesh[0].config)
+    config = ssh_config_file(tmp_path, plan.nodes["GPU-A01"].ssh_mesh.users[0].config)
     got = ssh_resolved(config, "GPU-A02")  # the name every launcher uses
     assert (got["port"], got["identityfile"]) == (["2222"], ["~/.ssh/id_trainfleet"])
 
@@ -271,7 +273,7 @@ def test_the_known_hosts_ca_lines_vouch_for_every_cluster_name_at_its_port_and_f
 ):
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
-    lines = plan.nodes["gpu-a02"].known_hosts
+    lines = plan.nodes["gpu-a02"].ssh_mesh.known_hosts
     ca = KeyStore(cluster.name, root=tmp_path / "keys").certificate_authority()
     assert (
         lines == ca_known_hosts_lines(cluster, ca.public) and len(lines) == 2
@@ -316,7 +318,7 @@ nodes:
         (cluster.nodes[0], ["gpu-a01", "gpu-a01.cluster.example.com", "198.18.0.11"]),
         (cluster.nodes[1], ["gpu-b01", "gpu-b01.cluster.example.com", "2001:db8::b1"]),
     ):
-        ((path, line),) = plan.nodes[node.name].sshd.certificates.items()
+        ((path, line),) = plan.nodes[node.name].ssh_mesh.sshd.certificates.items()
         assert path == ED25519_CERT and line.endswith(f" trainfleet:prod:host:{node.name}\n")
         cert = tmp_path / f"{node.name}-cert.pub"
         cert.write_text(line)
@@ -340,25 +342,29 @@ def test_a_rerun_with_the_nodes_current_certificates_keeps_every_one_byte_for_by
     sshd = {
         name: {
             **fresh_sshd(),
-            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+            "certificates": {
+                path: line.strip() for path, line in p.ssh_mesh.sshd.certificates.items()
+            },
         }
         for name, p in first.nodes.items()
     }
     users = {
-        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in first.nodes.items()
+        name: {u.user: u.certificate.strip() for u in p.ssh_mesh.users}
+        for name, p in first.nodes.items()
     }
     again = plan_of(
         cluster, tmp_path / "keys", host_keys=host_keys, sshd=sshd, user_certificates=users
     )
     for name in first.nodes:
-        assert again.nodes[name].sshd == first.nodes[name].sshd
-        assert [u.certificate for u in again.nodes[name].mesh] == [
-            u.certificate for u in first.nodes[name].mesh
+        assert again.nodes[name].ssh_mesh.sshd == first.nodes[name].ssh_mesh.sshd
+        assert [u.certificate for u in again.nodes[name].ssh_mesh.users] == [
+            u.certificate for u in first.nodes[name].ssh_mesh.users
         ]
     # ... and without them, every certificate is new (new serials).
     fresh = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     assert all(
-        fresh.nodes[n].sshd.certificates != first.nodes[n].sshd.certificates for n in first.nodes
+        fresh.nodes[n].ssh_mesh.sshd.certificates != first.nodes[n].ssh_mesh.sshd.certificates
+        for n in first.nodes
     )
 
 
@@ -447,8 +453,8 @@ def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_thei
     )
     node = plan.nodes["gpu-a01"]
     for new, was in (
-        (node.sshd.certificates[ED25519_CERT], host_line),
-        (node.mesh[0].certificate, user_line),
+        (node.ssh_mesh.sshd.certificates[ED25519_CERT], host_line),
+        (node.ssh_mesh.users[0].certificate, user_line),
     ):
         assert new.strip() != was
         assert certificates.read(new).time_left(datetime.now(UTC)) > timedelta(days=2, hours=23)
@@ -468,7 +474,7 @@ def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_t
     old = {
         (u.user, name): (u.identity.public, u.certificate.strip())
         for name, p in before.nodes.items()
-        for u in p.mesh
+        for u in p.ssh_mesh.users
     }
     store.revoke("alice", "gpu-a02")
     store.rotate("root", "gpu-b01")
@@ -476,34 +482,37 @@ def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_t
     gone = [("alice", "gpu-a02"), ("root", "gpu-b01"), ("root", "gpu-b02"), ("alice", "gpu-b02")]
     after = plan_of(cluster, root)
     krl = tmp_path / "revoked_keys"
-    krl.write_bytes(after.nodes["gpu-a01"].sshd.revoked_keys)
+    krl.write_bytes(after.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys)
     assert all(
-        p.sshd.revoked_keys == krl.read_bytes() for p in after.nodes.values()
+        p.ssh_mesh.sshd.revoked_keys == krl.read_bytes() for p in after.nodes.values()
     )  # the same on every node
     for who, (key, cert) in old.items():
         assert revoked(krl, key, tmp_path) == revoked(krl, cert, tmp_path) == (who in gone), who
     for p in after.nodes.values():  # the keys in use now, and their certificates, pass
-        for u in p.mesh:
+        for u in p.ssh_mesh.users:
             if u.identity:
                 assert not revoked(krl, u.identity.public, tmp_path) and not revoked(
                     krl, u.certificate, tmp_path
                 )
     # The KRL holds a 32-byte hash per revoked key (one section), nothing per node of the cluster.
-    assert len(after.nodes["gpu-a01"].sshd.revoked_keys) == len(
-        before.nodes["gpu-a01"].sshd.revoked_keys
+    assert len(after.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys) == len(
+        before.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
     ) + 1 + 4 + len(gone) * (4 + 32)
 
 
 def test_two_plans_of_the_same_key_store_write_the_same_krl_so_a_rerun_changes_nothing(tmp_path):
     cluster = Cluster.parse(MIXED)
     first, second = plan_of(cluster, tmp_path / "keys"), plan_of(cluster, tmp_path / "keys")
-    assert first.nodes["gpu-a01"].sshd.revoked_keys == second.nodes["gpu-b02"].sshd.revoked_keys
+    assert (
+        first.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
+        == second.nodes["gpu-b02"].ssh_mesh.sshd.revoked_keys
+    )
     KeyStore("mix", root=tmp_path / "keys").revoke("root", "gpu-a01")
     third, fourth = plan_of(cluster, tmp_path / "keys"), plan_of(cluster, tmp_path / "keys")
     assert (
-        third.nodes["gpu-a01"].sshd.revoked_keys
-        == fourth.nodes["gpu-a01"].sshd.revoked_keys
-        != first.nodes["gpu-a01"].sshd.revoked_keys
+        third.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
+        == fourth.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
+        != first.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
     )
 
 
@@ -516,11 +525,11 @@ def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
     plan = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     store = KeyStore("mix", root=tmp_path / "keys")
     for node_plan in plan.nodes.values():
-        assert len(node_plan.known_hosts) == 4 and not any(
-            line.startswith("@") for line in node_plan.known_hosts
+        assert len(node_plan.ssh_mesh.known_hosts) == 4 and not any(
+            line.startswith("@") for line in node_plan.ssh_mesh.known_hosts
         )
-        assert node_plan.sshd == SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
-        for user in node_plan.mesh:
+        assert node_plan.ssh_mesh.sshd == SshdPlan(certificates={}, drop_in=None, revoked_keys=None)
+        for user in node_plan.ssh_mesh.users:
             assert user.certificate is None
             assert user.authorized == [
                 store.keypair(user.user, n.name).public for n in cluster.nodes
@@ -531,9 +540,9 @@ def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
 def mesh_file_sizes(plan: ClusterPlan) -> set[int]:
     """Per node, the bytes of its known_hosts block, authorized_keys block and ssh config block."""
     return {
-        sum(len(line) + 1 for line in [*p.known_hosts, *u.authorized, *u.config])
+        sum(len(line) + 1 for line in [*p.ssh_mesh.known_hosts, *u.authorized, *u.config])
         for p in plan.nodes.values()
-        for u in p.mesh
+        for u in p.ssh_mesh.users
     }
 
 
@@ -781,7 +790,7 @@ def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     (tmp_path / "ssh_config.d").mkdir()
     (tmp_path / "ssh_config.d" / "trainfleet-mesh.conf").write_text(
-        plan.nodes["gpu-a01"].sshd.client_drop_in
+        plan.nodes["gpu-a01"].ssh_mesh.sshd.client_drop_in
     )
     system = tmp_path / "ssh_config"
     system.write_text(
@@ -911,7 +920,7 @@ def is_reload(command) -> bool:
 
 
 def sshd_args(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
-    sshd = plan.nodes[node].sshd
+    sshd = plan.nodes[node].ssh_mesh.sshd
     return {
         "certificates": sshd.certificates,
         "drop_in": sshd.drop_in,
@@ -922,7 +931,7 @@ def sshd_args(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
 
 
 def converged_sshd(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
-    sshd = plan.nodes[node].sshd
+    sshd = plan.nodes[node].ssh_mesh.sshd
     return {
         **fresh_sshd(),
         "certificates": {
@@ -941,7 +950,7 @@ def test_sshd_certificates_writes_certificates_then_krl_then_drop_ins_then_reloa
     plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, fresh_sshd())], **sshd_args(plan))
     *writes, reload = commands
-    sshd = plan.nodes["gpu-a01"].sshd
+    sshd = plan.nodes["gpu-a01"].ssh_mesh.sshd
     assert [written(c)[0] for c in writes] == [
         ED25519_CERT,
         REVOKED_KEYS,
@@ -1020,7 +1029,7 @@ def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_
     plan = plan_of(
         cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes}
     )
-    sshd = plan.nodes["gpu-a01"].sshd
+    sshd = plan.nodes["gpu-a01"].ssh_mesh.sshd
     assert list(sshd.certificates) == [certified] and not sshd.problems
     assert [line for line in sshd.drop_in.splitlines() if line.startswith("HostCertificate")] == [
         f"HostCertificate {certified}"
@@ -1034,7 +1043,7 @@ def test_a_node_with_only_an_ecdsa_host_key_gets_no_certificate_and_fails_its_st
     plan = plan_of(
         cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes}
     )
-    sshd = plan.nodes["gpu-a01"].sshd
+    sshd = plan.nodes["gpu-a01"].ssh_mesh.sshd
     assert sshd.certificates == {} and "no ed25519 (or RSA) host key" in sshd.problems[0]
 
 
@@ -1054,7 +1063,7 @@ def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_aft
     )
     current["drop_in"] = (
         plan.nodes["gpu-a01"]
-        .sshd.drop_in.replace(
+        .ssh_mesh.sshd.drop_in.replace(
             "HostCertificate", f"HostCertificate {ECDSA_CERT}\nHostCertificate", 1
         )
         .encode()
@@ -1189,7 +1198,9 @@ def keys_then_certificates(tmp_path: Path):
     store."""
     keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
     cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
-    return keys_plan.nodes["gpu-a01"].mesh[1], cert_plan.nodes["gpu-a01"].mesh[1]
+    return keys_plan.nodes["gpu-a01"].ssh_mesh.users[1], cert_plan.nodes["gpu-a01"].ssh_mesh.users[
+        1
+    ]
 
 
 def mesh_steps(fact_value: dict, user_plan) -> tuple[list, list]:
@@ -1324,7 +1335,9 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
     assert mesh.certificate_summary(forged).startswith("user alice until 9999-12-31")
     cluster = Cluster.parse(MIXED)
     plan = plan_of(cluster, tmp_path / "keys", user_certificates={"gpu-a01": {"alice": forged}})
-    assert plan.nodes["gpu-a01"].mesh[1].certificate != forged  # signed anew, the run goes on
+    assert (
+        plan.nodes["gpu-a01"].ssh_mesh.users[1].certificate != forged
+    )  # signed anew, the run goes on
     del serialization
 
 
@@ -1332,10 +1345,10 @@ def test_a_revoked_key_leaves_the_block_at_once_even_while_the_mesh_trusts_both_
     from operations.ssh_mesh_ops import trusting
 
     keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
-    lines = keys_plan.nodes["gpu-a01"].mesh[0].authorized
+    lines = keys_plan.nodes["gpu-a01"].ssh_mesh.users[0].authorized
     KeyStore("mix", root=tmp_path / "keys").revoke("root", "gpu-a02")
     cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
-    user = cert_plan.nodes["gpu-a01"].mesh[0]
+    user = cert_plan.nodes["gpu-a01"].ssh_mesh.users[0]
     current = block_state(
         {
             "state": "regular",
@@ -1366,27 +1379,32 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
     )
     plan = planned(cluster, partial, store)
     assert all(
-        any("deploy the whole cluster at once" in why for why in p.sshd.problems)
+        any("deploy the whole cluster at once" in why for why in p.ssh_mesh.sshd.problems)
         for p in plan.nodes.values()
     )
     # A whole run moves them; once every node presents the new CA's certificates, the mark goes.
     whole = plan_of(cluster, tmp_path / "keys")
-    assert store.ca_moving() and whole.nodes["gpu-a01"].sshd.problems == []
+    assert store.ca_moving() and whole.nodes["gpu-a01"].ssh_mesh.sshd.problems == []
     held = {
         name: {
             **fresh_sshd(),
-            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+            "certificates": {
+                path: line.strip() for path, line in p.ssh_mesh.sshd.certificates.items()
+            },
         }
         for name, p in whole.nodes.items()
     }
     users = {
-        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in whole.nodes.items()
+        name: {u.user: u.certificate.strip() for u in p.ssh_mesh.users}
+        for name, p in whole.nodes.items()
     }
     planned(
         cluster, Gathered(host_keys=gathered.host_keys, sshd=held, user_certificates=users), store
     )
     assert not store.ca_moving()
-    assert first.nodes["gpu-a01"].known_hosts != whole.nodes["gpu-a01"].known_hosts
+    assert (
+        first.nodes["gpu-a01"].ssh_mesh.known_hosts != whole.nodes["gpu-a01"].ssh_mesh.known_hosts
+    )
 
 
 def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_the_old_key_goes(
@@ -1403,16 +1421,22 @@ def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_th
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
     )
     moved = plan_of(smaller, tmp_path / "keys")
-    assert all(p.sshd.problems == [] and p.sshd.certificates for p in moved.nodes.values())
+    assert all(
+        p.ssh_mesh.sshd.problems == [] and p.ssh_mesh.sshd.certificates
+        for p in moved.nodes.values()
+    )
     held = {
         name: {
             **fresh_sshd(),
-            "certificates": {path: line.strip() for path, line in p.sshd.certificates.items()},
+            "certificates": {
+                path: line.strip() for path, line in p.ssh_mesh.sshd.certificates.items()
+            },
         }
         for name, p in moved.nodes.items()
     }
     users = {
-        name: {u.user: u.certificate.strip() for u in p.mesh} for name, p in moved.nodes.items()
+        name: {u.user: u.certificate.strip() for u in p.ssh_mesh.users}
+        for name, p in moved.nodes.items()
     }
     planned(smaller, gathered_for(smaller, sshd=held, user_certificates=users), store)
     # Settled: partial runs are safe again, and nothing can sign with the old CA any more.
@@ -1422,8 +1446,8 @@ def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_th
     # CA.
     store.readmit_host_keys("gpu-b02", [host_key_of(cluster, "gpu-b02")])
     back = plan_of(cluster, tmp_path / "keys")
-    (cert,) = back.nodes["gpu-b02"].sshd.certificates.values()
-    assert back.nodes["gpu-b02"].sshd.problems == [] and mesh.signed_by(
+    (cert,) = back.nodes["gpu-b02"].ssh_mesh.sshd.certificates.values()
+    assert back.nodes["gpu-b02"].ssh_mesh.sshd.problems == [] and mesh.signed_by(
         cert.strip(), store.certificate_authority().public
     )
 
@@ -1476,11 +1500,11 @@ def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certific
         },
     )  # gpu-a02 reimaged
     assert refused_keys(root) == [old_key]
-    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
+    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys)
     assert revoked(tmp_path / "krl", old_key, tmp_path)
     assert (
         "    RevokedHostKeys /etc/ssh/trainfleet_revoked_keys"
-        in plan.nodes["gpu-a01"].mesh[0].config
+        in plan.nodes["gpu-a01"].ssh_mesh.users[0].config
     )
     smaller = Cluster.parse(
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
@@ -1506,19 +1530,32 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
             cluster, dataclasses.replace(base, trust=trust), KeyStore("mix", root=tmp_path / "keys")
         )
         node = plan.nodes["gpu-a01"]
-        return node.sshd.moving, node.mesh[0].moving, node.mesh[1].moving
+        return (
+            node.ssh_mesh.sshd.moving,
+            node.ssh_mesh.users[0].moving,
+            node.ssh_mesh.users[1].moving,
+        )
 
     a01 = keys_plan.nodes["gpu-a01"]
     # A key mesh moving to certificates: hosts and root are moving, alice (no block yet) is not.
-    assert plan_with(trusting_now(a01.known_hosts, a01.mesh[0].authorized)) == (True, True, False)
+    assert plan_with(trusting_now(a01.ssh_mesh.known_hosts, a01.ssh_mesh.users[0].authorized)) == (
+        True,
+        True,
+        False,
+    )
     # New nodes: nothing works yet that could be cut.
     assert plan_with(trusting_now(None, None)) == (False, False, False)
     # Converged, or trusting both ways already: nothing moves.
     c01 = cert_plan.nodes["gpu-a01"]
-    assert plan_with(trusting_now(c01.known_hosts, c01.mesh[0].authorized)) == (False, False, False)
+    assert plan_with(trusting_now(c01.ssh_mesh.known_hosts, c01.ssh_mesh.users[0].authorized)) == (
+        False,
+        False,
+        False,
+    )
     assert plan_with(
         trusting_now(
-            a01.known_hosts + c01.known_hosts, a01.mesh[0].authorized + c01.mesh[0].authorized
+            a01.ssh_mesh.known_hosts + c01.ssh_mesh.known_hosts,
+            a01.ssh_mesh.users[0].authorized + c01.ssh_mesh.users[0].authorized,
         )
     ) == (False, False, False)
 
@@ -1537,20 +1574,21 @@ def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_re
     assert key in refused_keys(root)
     plan = plan_of(cluster, root)  # back, with the host key it had: still revoked, the node named
     assert key in refused_keys(root)
-    (why,) = plan.nodes["gpu-b02"].sshd.problems
+    (why,) = plan.nodes["gpu-b02"].ssh_mesh.sshd.problems
     assert (
         f"presents the host key {certificates.fingerprint(key)}" in why
         and "keys readmit SPEC gpu-b02" in why
     )
     assert (
-        plan.nodes["gpu-b02"].sshd.certificates == {} and plan.nodes["gpu-a01"].sshd.problems == []
+        plan.nodes["gpu-b02"].ssh_mesh.sshd.certificates == {}
+        and plan.nodes["gpu-a01"].ssh_mesh.sshd.problems == []
     )
-    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
+    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys)
     assert revoked(tmp_path / "krl", key, tmp_path)
     KeyStore("mix", root=root).readmit_host_keys("gpu-b02", [key])  # the operator's word
     plan = plan_of(cluster, root)
-    assert key not in refused_keys(root) and plan.nodes["gpu-b02"].sshd.problems == []
-    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].sshd.revoked_keys)
+    assert key not in refused_keys(root) and plan.nodes["gpu-b02"].ssh_mesh.sshd.problems == []
+    (tmp_path / "krl").write_bytes(plan.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys)
     assert not revoked(tmp_path / "krl", key, tmp_path)
 
 
@@ -1566,7 +1604,7 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
     tmp_path,
 ):
     cluster = Cluster.parse(MIXED)
-    first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].sshd
+    first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].ssh_mesh.sshd
     good = first.certificates[ED25519_CERT].strip()
     names = host_principals(cluster.node("gpu-a01"))
     kind, blob = good.split()[:2]
@@ -1592,7 +1630,7 @@ def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_
             }
             for n in cluster.nodes
         }
-        again = plan_of(cluster, tmp_path / "keys", sshd=sshd).nodes["gpu-a01"].sshd
+        again = plan_of(cluster, tmp_path / "keys", sshd=sshd).nodes["gpu-a01"].ssh_mesh.sshd
         new = again.certificates[ED25519_CERT].strip()
         assert new != line, why  # the deploy writes it anew...
         assert certificates.problem(new, ca.ca_public, "host", names) is None, why
@@ -1630,7 +1668,7 @@ def test_a_node_down_at_the_first_deploy_of_new_servers_changes_no_krl_when_it_i
     assert refused_keys(tmp_path / "keys") == [earlier]
     back = plan_of(cluster, tmp_path / "keys", host_keys=now)
     krls = {
-        p.nodes["gpu-a01"].sshd.revoked_keys for p in (drift_first, first, back)
+        p.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys for p in (drift_first, first, back)
     }  # drift expected it
     assert len(krls) == 1
     (tmp_path / "krl").write_bytes(krls.pop())
@@ -1647,20 +1685,20 @@ def converged_gathered(cluster: Cluster, plan: ClusterPlan) -> Gathered:
                 name: {
                     **fresh_sshd(),
                     "certificates": {
-                        path: line.strip() for path, line in p.sshd.certificates.items()
+                        path: line.strip() for path, line in p.ssh_mesh.sshd.certificates.items()
                     },
                 }
                 for name, p in plan.nodes.items()
             },
             user_certificates={
-                name: {u.user: u.certificate.strip() for u in p.mesh}
+                name: {u.user: u.certificate.strip() for u in p.ssh_mesh.users}
                 for name, p in plan.nodes.items()
             },
         ),
         trust={
             name: {
-                "/etc/ssh/ssh_known_hosts": p.known_hosts,
-                **{u.user: u.authorized for u in p.mesh},
+                "/etc/ssh/ssh_known_hosts": p.ssh_mesh.known_hosts,
+                **{u.user: u.authorized for u in p.ssh_mesh.users},
             }
             for name, p in plan.nodes.items()
         },
@@ -1727,8 +1765,8 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
     store.rotate_certificate_authority()
     plan = planned(cluster, converged_gathered(cluster, old), store)
     a01 = plan.nodes["gpu-a01"]
-    assert a01.sshd.moving and all(u.moving for u in a01.mesh)
-    assert a01.sshd.settled_revoked_keys not in (None, a01.sshd.revoked_keys)
+    assert a01.ssh_mesh.sshd.moving and all(u.moving for u in a01.ssh_mesh.users)
+    assert a01.ssh_mesh.sshd.settled_revoked_keys not in (None, a01.ssh_mesh.sshd.revoked_keys)
     others = ["gpu-a01", "gpu-b01", "gpu-b02"]
     every = sorted([*others, "gpu-a02"])
 
@@ -1748,17 +1786,19 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
     # gpu-a02's KRL takes the old CA too, and gpu-a02 alone is failed, after it.
     settled = "Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"
     assert sorted(ran[settled]) == every
-    assert {plan.nodes[n].sshd.settled_revoked_keys for n in every} == {
-        a01.sshd.settled_revoked_keys
+    assert {plan.nodes[n].ssh_mesh.sshd.settled_revoked_keys for n in every} == {
+        a01.ssh_mesh.sshd.settled_revoked_keys
     }
     assert "Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)" not in ran
     (last,) = [n for n in ran if n.startswith("The mesh steps in the homes of")]
     assert list(ran).index(last) > list(ran).index(settled) and ran[last] == ["gpu-a02"]
     assert failed == {"gpu-a02"}
     # The KRL refuses the old CA's certificates: gpu-a02's alice (never moved) is out.
-    (tmp_path / "krl").write_bytes(a01.sshd.settled_revoked_keys)
-    assert revoked(tmp_path / "krl", old.nodes["gpu-a02"].mesh[1].certificate.strip(), tmp_path)
-    assert not revoked(tmp_path / "krl", a01.mesh[1].certificate.strip(), tmp_path)
+    (tmp_path / "krl").write_bytes(a01.ssh_mesh.sshd.settled_revoked_keys)
+    assert revoked(
+        tmp_path / "krl", old.nodes["gpu-a02"].ssh_mesh.users[1].certificate.strip(), tmp_path
+    )
+    assert not revoked(tmp_path / "krl", a01.ssh_mesh.users[1].certificate.strip(), tmp_path)
 
     # A root-owned failure (gpu-a02's sshd) holds every move and drop back, as before.
     held, failed = simulate_run(
@@ -1781,14 +1821,16 @@ def test_a_mesh_user_failing_on_one_node_holds_back_no_revocation_on_it(tmp_path
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     stolen = store.keypair("root", "gpu-b01").public.strip()
-    stolen_certificate = old.nodes["gpu-b01"].mesh[0].certificate.strip()
+    stolen_certificate = old.nodes["gpu-b01"].ssh_mesh.users[0].certificate.strip()
     store.revoke("root", "gpu-b01")
     gathered = converged_gathered(cluster, old)
     for name, p in old.nodes.items():
-        gathered.sshd[name]["revoked_keys"] = p.sshd.revoked_keys  # the KRL each node holds
+        gathered.sshd[name]["revoked_keys"] = (
+            p.ssh_mesh.sshd.revoked_keys
+        )  # the KRL each node holds
     plan = planned(cluster, gathered, store)
     a02 = plan.nodes["gpu-a02"]
-    assert a02.sshd.revoked_keys != old.nodes["gpu-a02"].sshd.revoked_keys
+    assert a02.ssh_mesh.sshd.revoked_keys != old.nodes["gpu-a02"].ssh_mesh.sshd.revoked_keys
 
     ran, failed = simulate_run(
         monkeypatch, cluster, plan, {("gpu-a02", "alice also trusts the mesh's new lines")}
@@ -1798,12 +1840,14 @@ def test_a_mesh_user_failing_on_one_node_holds_back_no_revocation_on_it(tmp_path
     assert "gpu-a02" in ran[step] and "gpu-a02" in ran["bob trusts exactly the mesh"]
     assert "gpu-a02" not in ran["alice trusts exactly the mesh"]
     assert failed == {"gpu-a02"}
-    (tmp_path / "krl").write_bytes(a02.sshd.revoked_keys)
+    (tmp_path / "krl").write_bytes(a02.ssh_mesh.sshd.revoked_keys)
     assert revoked(tmp_path / "krl", stolen, tmp_path)
     assert revoked(tmp_path / "krl", stolen_certificate, tmp_path)
     # The operation writes it on gpu-a02 (it holds the old KRL), and fails the node with alice.
     writes, _ = run_op(
-        revoked_keys, [(SshdMesh, {}, gathered.sshd["gpu-a02"])], content=a02.sshd.revoked_keys
+        revoked_keys,
+        [(SshdMesh, {}, gathered.sshd["gpu-a02"])],
+        content=a02.ssh_mesh.sshd.revoked_keys,
     )
     assert [written(c)[0] for c in writes] == [REVOKED_KEYS]
     state = FakeState()
@@ -1831,17 +1875,21 @@ def test_the_old_ca_joins_the_krl_once_every_node_presents_the_new_one_and_a_rer
     old_ca = store.certificate_authority().public
     store.rotate_certificate_authority()
     move = planned(cluster, converged_gathered(cluster, old), store)
-    settled = move.nodes["gpu-a01"].sshd.settled_revoked_keys
+    settled = move.nodes["gpu-a01"].ssh_mesh.sshd.settled_revoked_keys
     after = converged_gathered(cluster, move)
-    after.user_certificates["gpu-a02"]["alice"] = old.nodes["gpu-a02"].mesh[1].certificate.strip()
+    after.user_certificates["gpu-a02"]["alice"] = (
+        old.nodes["gpu-a02"].ssh_mesh.users[1].certificate.strip()
+    )
     drift = plan_cluster(cluster, after, store.snapshot(cluster.mesh_users, names_of(cluster)))
-    assert store.ca_moving() and drift.nodes["gpu-b01"].sshd.revoked_keys == settled
+    assert store.ca_moving() and drift.nodes["gpu-b01"].ssh_mesh.sshd.revoked_keys == settled
     rerun = planned(cluster, after, store)
     assert not store.ca_moving()
     assert " ".join(old_ca.split()[:2]) in refused_keys(tmp_path / "keys")
-    assert {p.sshd.revoked_keys for p in rerun.nodes.values()} == {settled}
-    assert rerun.nodes["gpu-a01"].sshd.settled_revoked_keys is None  # nothing moves any more
-    assert planned(cluster, after, store).nodes["gpu-a01"].sshd.revoked_keys == settled
+    assert {p.ssh_mesh.sshd.revoked_keys for p in rerun.nodes.values()} == {settled}
+    assert (
+        rerun.nodes["gpu-a01"].ssh_mesh.sshd.settled_revoked_keys is None
+    )  # nothing moves any more
+    assert planned(cluster, after, store).nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys == settled
 
 
 def test_a_store_whose_ca_move_settled_before_old_cas_were_revoked_revokes_them_once(tmp_path):
@@ -1869,7 +1917,7 @@ def test_the_settled_krl_replaces_the_one_sshd_certificates_wrote_this_run_on_a_
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     store.rotate_certificate_authority()
-    sshd = planned(cluster, converged_gathered(cluster, old), store).nodes["gpu-a01"].sshd
+    sshd = planned(cluster, converged_gathered(cluster, old), store).nodes["gpu-a01"].ssh_mesh.sshd
     facts = [(SshdMesh, {}, fresh_sshd())]  # no KRL when the run began
     plain, _ = run_op(revoked_keys, facts, content=sshd.revoked_keys)
     assert plain == []

@@ -8,8 +8,8 @@ from pathlib import Path
 from pyinfra_testing.operations import make_operation_tests
 
 from operations.packages_ops import install_any, package_change
+from trainfleet.capabilities.stack import stack_part
 from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS
-from trainfleet.plan import stack_part
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "packages"

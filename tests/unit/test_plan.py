@@ -30,13 +30,14 @@ from operations.nccl_env_ops import nccl_env as apply_nccl_env
 from operations.remote import FailCommand
 from tests.unit.test_nccl_env import ib_ports
 from trainfleet import mesh
-from trainfleet.capabilities.nccl_env import env_string as _env_string
+from trainfleet.capabilities import ssh_mesh
 from trainfleet.compare import digest
 from trainfleet.key_material import KeyMaterial
 from trainfleet.key_preparation import prepare_keys
 from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
-from trainfleet.plan import ClusterPlan, Gathered, genders_lines, plan_cluster
+from trainfleet.plan import plan_cluster
+from trainfleet.plan_types import ClusterPlan, Gathered
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -168,60 +169,28 @@ def deploy_calls(
     return calls
 
 
-def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
-    """What the node will hold once the operations ran, digested as drift digests it, worked
-    out from nothing but the operations' arguments."""
-    (hostname,), (block,) = calls["hosts.hostname"], calls["hosts.hosts_block"]
+# The operations deploy/cluster.py gives their capability's plan part whole, by keyword.
+WHOLE = {
+    "hosts.hostname": ("hosts", "hosts"),
+    "hosts.hosts_block": ("hosts", "hosts"),
+    "stack.software": ("stack", "stack"),
+    "nccl_env.nccl_env": ("nccl_env", "nccl"),
+    "openmpi.mca_params": ("openmpi", "mpi"),
+    "launchers.launcher_files": ("launchers", "launchers"),
+    "gpu_node.settings": ("gpu_node", "gpu"),
+}
+
+
+def mesh_given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
+    """What the node's SSH mesh will be once the mesh's operations ran (they are given fields,
+    in the mesh's choreography), digested as drift digests it, worked out from nothing but the
+    operations' arguments."""
     adding, known = calls["ssh_mesh.known_hosts"]  # trust the new lines too; then exactly them
     assert adding["entries"] == known["entries"] and (
         adding["exactly"],
         known.get("exactly", True),
     ) == (False, True)
-    (pdsh_call,), (software,), (nccl,) = (
-        calls["pdsh.pdsh"],
-        calls["stack.software"],
-        calls["nccl_env.nccl_env"],
-    )
-    (mpi,), (files,) = calls["openmpi.mca_params"], calls["launchers.launcher_files"]
-    (gpu,) = calls["gpu_node.settings"]
-    given = {
-        "hostname": hostname["hostname"],
-        "hostname (persistent)": hostname["hostname"],
-        "hosts block": digest(block["lines"]),
-        "known_hosts block": digest(known["entries"]),
-        "pdsh nodes": digest(genders_lines(pdsh_call["nodes"])),
-        "torch": software["stack"].torch,
-        "cuda": software["stack"].cuda,
-    }
-    given.update(
-        {
-            f"package {name}": version
-            for name, version in software["stack"].packages.items()
-            if version
-        }
-    )
-    # apt-mark hold: every pin
-    given.update({f"package {name} hold": "held" for name in software["stack"].packages})
-    if not nccl["problems"]:
-        written = dict(
-            line.split("=", 1) for line in nccl["environment"]
-        )  # KEY=value, as pam_env reads it
-        given["NCCL env (non-login ssh)"] = _env_string(
-            {k: v.strip('"') for k, v in written.items()}
-        )
-        given["NCCL env (login shell)"] = given["NCCL env (non-login ssh)"]
-        given["NCCL env files"] = digest(
-            [nccl["profile"], *nccl["environment"], "--", *nccl["nccl_conf"]]
-        )
-    if not files["problems"]:
-        given["launcher files"] = digest(
-            [
-                f"{name} {hashlib.sha256(content.encode()).hexdigest()}"
-                for name, (content, _) in sorted(files["files"].items())
-            ]
-        )
-    if gpu["memlock_conf"] is not None and not gpu["problems"]:
-        given["memlock file"] = digest(gpu["memlock_conf"])
+    given = {"known_hosts block": digest(known["entries"])}
     (sshd,) = calls["ssh_mesh.sshd_certificates"]
     for krl in calls.get(
         "ssh_mesh.revoked_keys", []
@@ -247,35 +216,35 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
         given[f"cluster key ({name})"] = (
             f"{hashlib.sha256(user['identity'].private.encode()).hexdigest()[:12]} 600"
         )
-        if name in mpi["users"] and not mpi["problems"]:
-            given[f"openmpi params ({name})"] = digest(mpi["lines"])
     return given
 
 
-# Properties drift checks that no operation writes: the node's own answers.
-OBSERVED_ONLY = {
-    "gpus",
-    "stale /etc/hosts lines",
-    "ssh mesh (root)",
+# The mesh's properties drift checks that no operation writes: the node's own answers.
+MESH_OBSERVED_ONLY = {
+    "ssh mesh (root)",  # the live login probe of every peer
     "ssh mesh (alice)",
     "sshd mesh plan",  # "ok": the plan's problems, where it has any, are the finding
     "ssh mesh plan (root)",  # "ok": key material the store lacks, where it lacks any
     "ssh mesh plan (alice)",
-    "memlock (non-login ssh)",  # the limit a session gets once the file is in place
-    "GPU settings plan",  # "ok": the plan's problems, where it has any, are the finding
-    "memlock set elsewhere",
-}  # "none": other files' memlock lines, which no operation writes
+}
 
 
 @pytest.mark.parametrize("mesh_mode", ["certificates", "keys"])
 def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operations(
     tmp_path, monkeypatch, mesh_mode
 ):
+    """Each operation outside the mesh gets its capability's part itself, the very object
+    drift's ``expect`` reads; the mesh's operations get fields of it, and drift expects exactly
+    what they were given."""
     cluster, plan = three_node_plan(tmp_path, mesh_mode=mesh_mode)
     for node in cluster.nodes:
-        given = given_to_operations(deploy_calls(monkeypatch, cluster, node.name, plan))
-        expected = expect(plan.nodes[node.name])
-        assert set(expected) - set(given) == OBSERVED_ONLY, node.name
+        node_plan = plan.nodes[node.name]
+        calls = deploy_calls(monkeypatch, cluster, node.name, plan)
+        for op, (part, keyword) in WHOLE.items():
+            assert all(call[keyword] is getattr(node_plan, part) for call in calls[op]), op
+        given = mesh_given_to_operations(calls)
+        expected = ssh_mesh.expect(node_plan)
+        assert set(expected) - set(given) == MESH_OBSERVED_ONLY, node.name
         assert {prop: expected[prop] for prop in given} == given, node.name
     # Nothing was left out: every capability of the deploy is expected of the node.
     assert {
@@ -283,7 +252,7 @@ def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operation
         "launcher files",
         "openmpi params (alice)",
         "package libnccl2",
-    } <= set(expected)
+    } <= set(expect(node_plan))
 
 
 # The packages SPEC's stack pins, spelled out as NVIDIA's repositories name them (not worked out by
@@ -323,14 +292,16 @@ def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
     _, plan = three_node_plan(tmp_path)
     first, *others = plan.nodes.values()
     assert all(
-        p.hosts is first.hosts and p.known_hosts is first.known_hosts and p.mpi is first.mpi
+        p.hosts.lines is first.hosts.lines
+        and p.ssh_mesh.known_hosts is first.ssh_mesh.known_hosts
+        and p.openmpi is first.openmpi
         for p in others
     )
     assert (
-        len({id(user.config) for p in plan.nodes.values() for user in p.mesh}) == 2
+        len({id(user.config) for p in plan.nodes.values() for user in p.ssh_mesh.users}) == 2
     )  # one per mesh user
     assert (
-        first.nccl.env["NCCL_SOCKET_IFNAME"] == "=eth0"
+        first.nccl_env.env["NCCL_SOCKET_IFNAME"] == "=eth0"
     )  # the cluster address's NIC, not the decoy
 
 
@@ -346,7 +317,8 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
     for name in ("gpu-a01", "gpu-a02"):
         calls = deploy_calls(monkeypatch, cluster, name, plan)
         (nccl,), (files,) = calls["nccl_env.nccl_env"], calls["launchers.launcher_files"]
-        assert nccl["problems"] == ["NCCL_IB_GID_INDEX differs between nodes: gpu-a01=5, gpu-a02=3"]
+        problems = ["NCCL_IB_GID_INDEX differs between nodes: gpu-a01=5, gpu-a02=3"]
+        assert nccl["nccl"].problems == problems
         # The deploy: both steps fail the node and write nothing.
         for op, kwargs in ((apply_nccl_env, nccl), (apply_launcher_files, files)):
             commands = list(op._inner(**{k: v for k, v in kwargs.items() if k != "name"}))
@@ -354,9 +326,8 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
         # Drift, from the same plan: no NCCL files, variables or launcher files expected of it.
         expected = expect(plan.nodes[name])
         assert not {p for p in expected if p.startswith("NCCL env") or p == "launcher files"}
-        assert set(expected) - set(given_to_operations(calls)) == OBSERVED_ONLY
     # The node without RoCE is not dragged in.
-    assert plan.nodes["gpu-a03"].nccl.problems == [] and "NCCL env files" in expect(
+    assert plan.nodes["gpu-a03"].nccl_env.problems == [] and "NCCL env files" in expect(
         plan.nodes["gpu-a03"]
     )
 
@@ -366,7 +337,7 @@ def test_a_node_whose_network_was_not_read_fails_its_nccl_step_and_is_expected_n
     _, plan = three_node_plan(
         tmp_path, {n.name: plain_network(n.address) for n in cluster.nodes[:2]}
     )
-    assert plan.nodes["gpu-a03"].nccl.problems == ["the node's network could not be read"]
+    assert plan.nodes["gpu-a03"].nccl_env.problems == ["the node's network could not be read"]
     assert "NCCL env files" not in expect(plan.nodes["gpu-a03"])
 
 
@@ -393,7 +364,7 @@ def test_a_node_that_gave_no_host_keys_gets_them_from_the_controllers_known_host
         },
     )
     plan = plan_cluster(cluster, gathered)
-    assert plan.nodes["gpu-a01"].known_hosts == mesh.known_hosts_lines(
+    assert plan.nodes["gpu-a01"].ssh_mesh.known_hosts == mesh.known_hosts_lines(
         cluster,
         {"gpu-a01": ["ssh-ed25519 AAAA1"], "gpu-a02": [public], "gpu-a03": ["ssh-ed25519 AAAA3"]},
     )
@@ -408,7 +379,7 @@ def test_a_plan_without_the_key_store_plans_no_mesh_and_creates_no_key(tmp_path,
     plan = plan_cluster(
         cluster, Gathered(networks={n.name: plain_network(n.address) for n in cluster.nodes})
     )
-    assert all(p.mesh == [] and p.known_hosts == [] for p in plan.nodes.values())
+    assert all(p.ssh_mesh.users == [] and p.ssh_mesh.known_hosts == [] for p in plan.nodes.values())
     assert not any(tmp_path.iterdir())
 
 

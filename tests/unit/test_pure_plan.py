@@ -207,14 +207,14 @@ def test_the_plan_builder_performs_no_writes(fleet, keys_fleet, tmp_path, mesh):
     with NoWrites() as seen:
         plan = plan_cluster(cluster, gathered, empty)
     assert seen == [] and not (tmp_path / "keys").exists()
-    assert all(u.problems for p in plan.nodes.values() for u in p.mesh)
+    assert all(u.problems for p in plan.nodes.values() for u in p.ssh_mesh.users)
     material = prepare_keys(store, cluster, gathered)
     assert (tmp_path / "keys").exists()
     with NoWrites() as seen:
         plan = plan_cluster(cluster, gathered, material)
     assert seen == []
-    assert not any(u.problems for p in plan.nodes.values() for u in p.mesh)
-    assert all(u.identity for p in plan.nodes.values() for u in p.mesh)
+    assert not any(u.problems for p in plan.nodes.values() for u in p.ssh_mesh.users)
+    assert all(u.identity for p in plan.nodes.values() for u in p.ssh_mesh.users)
 
 
 def test_constructing_or_snapshotting_a_store_writes_nothing(tmp_path):

@@ -1,10 +1,15 @@
 """The capabilities, one module each, and their registry.
 
-Each capability module declares what the machinery loops over (``PARTS``):
+A capability module declares what the machinery loops over; what it leaves out takes
+``Capability``'s default (no sections, no shared part, no plan part, no properties, no files):
 
 + ``deploy_sections(users, blocks)``: the bundle sections the deploy and the plan read, section ->
   (fact name, arguments); ``check_sections(users, peers)``: those only checks read
-+ ``plan_part(ctx, node)``: its NodePlan attributes, from the PlanContext built once per run
++ ``blocks(cluster)``: the cluster-wide blocks it wants on every node, known from the spec alone
+  (a node holding one answers its digest)
++ ``shared(ctx)``: its cross-node part, a typed value computed once per run (``ctx.shared.NAME``
+  for the capabilities after it); ``plan_part(ctx, node)``: its part of a node's plan
+  (``node_plan.NAME``), or None
 + ``observe(fingerprint, node_plan, cluster)`` and ``expect(node_plan)``: drift's properties
 + ``found_contents(fingerprint, users)`` and ``wanted_contents(node_plan)``: its managed files
 + ``MAJORITY``: the property prefixes every node must share (majority vote); ``UNIQUE``: the
@@ -15,7 +20,10 @@ Each capability module declares what the machinery loops over (``PARTS``):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from types import ModuleType
+from typing import Any
 
 from trainfleet.capabilities import (
     gpu_node,
@@ -29,41 +37,85 @@ from trainfleet.capabilities import (
     ssh_mesh,
     stack,
 )
+from trainfleet.compare import Content, Rules
+from trainfleet.model import Cluster, Node
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 
-# Ordered: the bundle's sections and drift's properties follow this order.
-CAPABILITIES: tuple[ModuleType, ...] = (
-    hosts,
-    ssh_mesh,
-    pdsh,
-    nccl_env,
-    launchers,
-    stack,
-    openmpi,
-    gpu_node,
-    hardware,
-    identity,
+Contents = dict[str, dict[str, Content]]
+
+
+def _no_sections(users: list[str], other: Any) -> Sections:
+    return {}
+
+
+def _nothing(*args: Any) -> None:
+    return None
+
+
+def _no_properties(*args: Any) -> dict[str, str]:
+    return {}
+
+
+def _no_contents(*args: Any) -> Contents:
+    return {}
+
+
+def _no_answers(plan: NodePlan) -> dict[str, Any]:
+    return {}
+
+
+def _no_blocks(cluster: Cluster) -> dict[str, list[str]]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What the machinery reads of a capability module, each part defaulted."""
+
+    name: str
+    MAJORITY: tuple[str, ...] = ()
+    UNIQUE: tuple[str, ...] = ()
+    HEALTH: tuple[str, ...] = ()
+    deploy_sections: Callable[[list[str], WantedBlocks], Sections] = _no_sections
+    check_sections: Callable[[list[str], list[str]], Sections] = _no_sections
+    blocks: Callable[[Cluster], dict[str, list[str]]] = _no_blocks
+    shared: Callable[[PlanContext], Any] = _nothing
+    plan_part: Callable[[PlanContext, Node], Any] = _nothing
+    observe: Callable[[dict[str, Any], NodePlan, Cluster], dict[str, str]] = _no_properties
+    expect: Callable[[NodePlan], dict[str, str]] = _no_properties
+    found_contents: Callable[[dict[str, Any], list[str]], Contents] = _no_contents
+    wanted_contents: Callable[[NodePlan], Contents] = _no_contents
+    converged: Callable[[NodePlan], dict[str, Any]] = _no_answers
+
+    @classmethod
+    def of(cls, module: ModuleType) -> Capability:
+        declared = {f.name: getattr(module, f.name) for f in fields(cls) if hasattr(module, f.name)}
+        return cls(**{**declared, "name": module.__name__.rsplit(".", 1)[1]})
+
+
+PARTS = tuple(f.name for f in fields(Capability) if f.name != "name")
+
+# Ordered: the bundle's sections, drift's properties and the shared parts follow this order.
+CAPABILITIES: tuple[Capability, ...] = tuple(
+    Capability.of(module)
+    for module in (
+        hosts,
+        ssh_mesh,
+        pdsh,
+        nccl_env,
+        launchers,
+        stack,
+        openmpi,
+        gpu_node,
+        hardware,
+        identity,
+    )
 )
-PARTS = (
-    "deploy_sections",
-    "check_sections",
-    "plan_part",
-    "observe",
-    "expect",
-    "found_contents",
-    "wanted_contents",
-    "MAJORITY",
-    "UNIQUE",
-    "HEALTH",
-    "converged",
+# What drift's comparison judges beyond the spec: properties every node must share (the
+# majority vote names the odd node), those no two nodes may share, and the health gates (every
+# node that reports one must report "none").
+RULES = Rules(
+    majority=tuple(dict.fromkeys(p for cap in CAPABILITIES for p in cap.MAJORITY)),
+    unique=tuple(p for cap in CAPABILITIES for p in cap.UNIQUE),
+    health=tuple(p for cap in CAPABILITIES for p in cap.HEALTH),
 )
-# Properties every node must share: the majority vote names the odd node.
-MAJORITY = tuple(dict.fromkeys(p for cap in CAPABILITIES for p in cap.MAJORITY))
-# Properties no two nodes may share: drift names every node that shares one.
-UNIQUE = tuple(p for cap in CAPABILITIES for p in cap.UNIQUE)
-# Health gates: every node that reports one must report "none" (drift names each that does not).
-HEALTH = tuple(p for cap in CAPABILITIES for p in cap.HEALTH)
-
-
-def missing_parts(capability: ModuleType) -> list[str]:
-    """The parts a capability module does not declare."""
-    return [part for part in PARTS if not hasattr(capability, part)]

@@ -11,18 +11,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import cluster_interface
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
 
 # GPU node settings every node shares (GPU-only ones are the spec's to expect)
 MAJORITY = (
@@ -34,8 +29,6 @@ MAJORITY = (
     "clock offset",
     "persistence mode",
 )
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 FABRIC_READY = (
     "Completed",
@@ -247,16 +240,16 @@ def within(max_ms: int) -> str:
     return f"within {max_ms} ms"
 
 
-def mtu_values(network: Mapping[str, Any] | None, address: str) -> dict[str, str]:
-    """The cluster interface's MTU and each IB/RoCE port's active MTU (drift compares them
-    across nodes: one node at 1500 among 9000s fragments or drops NCCL's traffic)."""
+def mtu_values(network: Mapping[str, Any] | None, name: str | None) -> dict[str, str]:
+    """The cluster interface's MTU (``name``: the interface the plan derived; None: none) and
+    each IB/RoCE port's active MTU (drift compares them across nodes: one node at 1500 among
+    9000s fragments or drops NCCL's traffic)."""
     if not network:
         return {
             "cluster MTU": UNREADABLE,
             "ib ports active": UNREADABLE,
             "ib active MTU": UNREADABLE,
         }
-    name, _ = cluster_interface(network["interfaces"], address)
     mtu = (
         next((i.get("mtu") for i in network["interfaces"] if i["name"] == name), None)
         if name
@@ -280,12 +273,12 @@ def mtu_values(network: Mapping[str, Any] | None, address: str) -> dict[str, str
 def observed(
     state: Mapping[str, Any] | None,
     network: Mapping[str, Any] | None,
-    address: str,
+    interface: str | None,
     max_clock_offset_ms: int,
 ) -> dict[str, str]:
     """A node's GPU-settings properties. The GPU ones only where nvidia-smi is installed (a
     CPU node has none to compare); where the spec wants them on a GPU node, ``expected`` does."""
-    props = mtu_values(network, address)
+    props = mtu_values(network, interface)
     if state is None:
         return {
             **props,
@@ -330,57 +323,43 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
 # ---- the capability ------------------------------------------------------------------------
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"gpu_node": ("GpuNodeState", {})}
 
 
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
-
-
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+def plan_part(ctx: PlanContext, node: Node) -> GpuNodePlan:
     cluster, gathered = ctx.cluster, ctx.gathered
-    return {
-        "gpu": gpu_part(
-            cluster.gpu,
-            cluster.stack,
-            node.gpus,
-            gathered.gpu_nodes.get(node.name),
-            gathered.networks.get(node.name),
-            gathered.os_families.get(node.name),
-        )
-    }
+    return gpu_part(
+        cluster.gpu,
+        cluster.stack,
+        node.gpus,
+        gathered.gpu_nodes.get(node.name),
+        gathered.networks.get(node.name),
+        gathered.os_families.get(node.name),
+    )
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
     props = observed(
         fp.get("gpu_node"),
         fp.get("network"),
-        plan.node.address,
+        plan.nccl_env.interface,  # the cluster interface, as the plan derived it
         cluster.gpu.get("max_clock_offset_ms", 100),
     )
-    props["GPU settings plan"] = "; ".join(plan.gpu.problems) or "ok"
+    props["GPU settings plan"] = "; ".join(plan.gpu_node.problems) or "ok"
     return props
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
     # a part that cannot be planned (fabric manager) is left out; its problems show as the
     # plan property's value
-    return {**expected(plan.gpu), "GPU settings plan": "ok"}
-
-
-def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
-    return {}
-
-
-def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {}
+    return {**expected(plan.gpu_node), "GPU settings plan": "ok"}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned settings in force: memlock, persistence, the fabric manager held and
     active, nvidia_peermem loaded, the clock synchronised by chrony."""
-    gpu = plan.gpu
+    gpu = plan.gpu_node
     fabric = gpu.fabric_manager
     enabled = {"enabled": "enabled", "active": "active"}
     return {

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.hw import kernel_log, lspci
 from trainfleet.hw.sources import (
     CMDLINE,
@@ -25,11 +24,8 @@ from trainfleet.hw.sources import (
     SOURCES,
     TOPO,
 )
-from trainfleet.model import Cluster, Node
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
+from trainfleet.model import Cluster
+from trainfleet.plan_types import NodePlan, Sections
 
 NONE = "none"
 # Every node that has these must have the majority's value (the machine type, learned from
@@ -49,7 +45,6 @@ MAJORITY = (
     "machine",
     "IOMMU",
 )
-UNIQUE: tuple[str, ...] = ()
 # Health gates: every node that reports one must report "none".
 HEALTH = (
     "hardware sources",  # the section, and each source a node's checks depend on, was read
@@ -311,16 +306,8 @@ def expected(gpus: int | None) -> dict[str, str]:
 # ---- the capability ------------------------------------------------------------------------
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
-    return {}
-
-
 def check_sections(users: list[str], peers: list[str]) -> Sections:
     return {"hardware": ("HardwareState", {})}
-
-
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {}
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -329,14 +316,6 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     return expected(plan.node.gpus)
-
-
-def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
-    return {}
-
-
-def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:

@@ -3,25 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
-from trainfleet.compare import ABSENT, content, digest
+from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.model import Cluster, Node
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render_lines
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
 
 MAJORITY = ("hosts block",)
 UNIQUE = ("hostname",)  # no two nodes may share these
-HEALTH: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostsShared:
+    """The cluster's /etc/hosts block, the same on every node (built once per run)."""
+
+    lines: list[str]  # the /etc/hosts block
+    names: dict[str, str]  # every cluster name, lower-case -> the address it must resolve to
 
 
 @dataclass(frozen=True)
 class HostsPlan:
+    hostname: str
     lines: list[str]  # the /etc/hosts block
     names: dict[str, str]  # every cluster name, lower-case -> the address it must resolve to
 
@@ -31,16 +35,19 @@ def hosts_lines(cluster: Cluster) -> list[str]:
     return render_lines("hosts/hosts_block.j2", entries=cluster.hosts_entries())
 
 
-def hosts_plan(cluster: Cluster) -> HostsPlan:
-    """The cluster's /etc/hosts block, the same on every node (built once per run)."""
-    entries = cluster.hosts_entries()
-    return HostsPlan(
-        lines=hosts_lines(cluster),
+def shared(ctx: PlanContext) -> HostsShared:
+    entries = ctx.cluster.hosts_entries()
+    return HostsShared(
+        lines=hosts_lines(ctx.cluster),
         names={name.lower(): address for address, names in entries for name in names},
     )
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def blocks(cluster: Cluster) -> dict[str, list[str]]:
+    return {"hosts": hosts_lines(cluster)}
+
+
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     expect = {} if blocks.get("hosts") is None else {"expect": blocks["hosts"]}
     return {
         "hostname": ("HostnameState", {"path": "/etc/hostname"}),
@@ -48,12 +55,9 @@ def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     }
 
 
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
-
-
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {"hostname": node.name, "hosts": ctx.shared["hosts"]}
+def plan_part(ctx: PlanContext, node: Node) -> HostsPlan:
+    hosts = ctx.shared.get_as("hosts", HostsShared)
+    return HostsPlan(hostname=node.name, lines=hosts.lines, names=hosts.names)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -68,8 +72,8 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     return {
-        "hostname": plan.hostname,
-        "hostname (persistent)": plan.hostname,
+        "hostname": plan.hosts.hostname,
+        "hostname (persistent)": plan.hosts.hostname,
         "hosts block": digest(plan.hosts.lines),
         "stale /etc/hosts lines": "none",
     }
@@ -85,6 +89,6 @@ def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     return {
-        "hostname": {"running": plan.hostname, "static": plan.hostname},
+        "hostname": {"running": plan.hosts.hostname, "static": plan.hosts.hostname},
         "hosts": {"block": list(plan.hosts.lines), "outside": []},
     }

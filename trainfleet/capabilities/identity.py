@@ -3,31 +3,18 @@ what every node must share (OS, kernel, GPU driver). No operation: nothing here 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT
-from trainfleet.model import Cluster, Node
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
+from trainfleet.model import Cluster
+from trainfleet.plan_types import NodePlan, Sections
 
 MAJORITY = ("os", "kernel", "gpu driver")
 UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
-HEALTH: tuple[str, ...] = ()
-
-
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
-    return {}
 
 
 def check_sections(users: list[str], peers: list[str]) -> Sections:
     return {"identity": ("Identity", {})}
-
-
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {"node": node}
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -47,27 +34,19 @@ def expect(plan: NodePlan) -> dict[str, str]:
     props = {}
     if plan.node.gpus == 0:  # a GPU node's count and model are the preflight's to check
         props["gpus"] = "none"
-    if plan.gpu.driver:  # a branch pin is met by any release of it (drift's pins_met)
-        props["gpu driver"] = plan.gpu.driver
+    if plan.gpu_node.driver:  # a branch pin is met by any release of it (drift's pins_met)
+        props["gpu driver"] = plan.gpu_node.driver
     return props
-
-
-def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
-    return {}
-
-
-def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """A GPU node reports the planned driver on each of its GPUs (model: the spec does not
     say); the machine's ids are its own."""
-    gpu = {"name": "NVIDIA GPU", "driver": plan.gpu.driver or "unknown"}
+    gpu = {"name": "NVIDIA GPU", "driver": plan.gpu_node.driver or "unknown"}
     return {
         "identity": {
-            "boot_id": f"boot-{plan.hostname}",
-            "machine_id": f"machine-{plan.hostname}",
+            "boot_id": f"boot-{plan.hosts.hostname}",
+            "machine_id": f"machine-{plan.hosts.hostname}",
             "os": "Debian GNU/Linux 12 (bookworm)",
             "kernel": "6.1.0-25-amd64",
             "gpus": [gpu] * plan.node.gpus,

@@ -7,27 +7,21 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.nccl_env import derived
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
+from trainfleet.capabilities.nccl_env import NcclShared, derived
+from trainfleet.capabilities.openmpi import MpiPlan
 from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.hccl import render_rank_table
 from trainfleet.model import Cluster, Node
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render_lines, variables
 from trainfleet.stamps import cut_to_multiple
 from trainfleet.text import printable
-
-if TYPE_CHECKING:
-    from trainfleet.plan import NodePlan
-
-MAJORITY: tuple[str, ...] = ()
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType(
@@ -156,12 +150,8 @@ def rank_table_part(
     return table + "\n", []
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"launchers": ("LauncherFiles", {"directory": LAUNCH_DIR}), "npus": ("NpuDeviceIps", {})}
-
-
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
 
 
 def healthy_part(
@@ -181,27 +171,54 @@ def healthy_part(
     return (cluster.subset(keep) if keep else None), out
 
 
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+@dataclass(frozen=True)
+class LaunchersShared:
+    """The launchers' cross-node part, built once per run: the NPU nodes' rank table, the
+    healthy subset (and its rank table), and the launcher files every node shares, rendered once
+    (``rendered``: filled as nodes are planned)."""
+
+    rank_table: tuple[str | None, list[str]]  # the file (None: no NPU node), problems
+    healthy: tuple[Cluster | None, dict[str, list[str]]]  # the subset, who is left out and why
+    healthy_rank_table: tuple[str | None, list[str]]  # none while nobody is left out
+    rendered: dict[tuple[Any, ...], str] = field(default_factory=dict)
+
+
+def shared(ctx: PlanContext) -> LaunchersShared:
+    cluster, npu_ips = ctx.cluster, ctx.gathered.npu_ips
+    healthy = healthy_part(cluster, ctx.excluded, cluster.preflight.get("healthy_multiple_of"))
+    subset, excluded = healthy
+    return LaunchersShared(
+        rank_table=rank_table_part(cluster, npu_ips),
+        healthy=healthy,
+        healthy_rank_table=rank_table_part(subset, npu_ips)
+        if subset is not None and excluded
+        else (None, []),
+    )
+
+
+def plan_part(ctx: PlanContext, node: Node) -> LaunchersPlan:
     """The node's launcher files: the variables every node shares forwarded, the cluster's
     MCA parameters, on NPU nodes the rank table; on a node of the healthy subset the same files
     for that subset in ``healthy/``."""
     mine = derived(ctx, node)
-    rank_table, rank_table_problems = ctx.shared["rank_table"]
-    forward = {k: v for k, v in mine.env.items() if k in ctx.uniform}
-    mca = ctx.shared["mpi"].params
-    files = render_launchers(ctx.cluster, node, forward=forward, mca=mca, shared=ctx.shared_files)
+    own = ctx.shared.get_as("launchers", LaunchersShared)
+    uniform = ctx.shared.get_as("nccl_env", NcclShared).uniform
+    rank_table, rank_table_problems = own.rank_table
+    forward = {k: v for k, v in mine.env.items() if k in uniform}
+    mca = ctx.shared.get_as("openmpi", MpiPlan).params
+    files = render_launchers(ctx.cluster, node, forward=forward, mca=mca, shared=own.rendered)
     if node.npus and rank_table:
         files[RANK_TABLE] = (rank_table, "644")
     problems = [f"NCCL environment: {p}" for p in mine.problems]
     problems += [f"rank table: {p}" for p in rank_table_problems] if node.npus else []
-    subset, excluded = ctx.shared["healthy"]
+    subset, excluded = own.healthy
     if subset is not None and node.name not in excluded:
-        files |= _healthy_files(ctx, subset, excluded, node, files, forward, mca)
-    return {"launchers": LaunchersPlan(files=files, problems=problems)}
+        files |= _healthy_files(own, subset, excluded, node, files, forward, mca)
+    return LaunchersPlan(files=files, problems=problems)
 
 
 def _healthy_files(
-    ctx: PlanContext,
+    shared: LaunchersShared,
     subset: Cluster,
     excluded: dict[str, list[str]],
     node: Node,
@@ -214,9 +231,9 @@ def _healthy_files(
     where = f"{LAUNCH_DIR}/{HEALTHY}"
     me = subset.node(node.name)
     if excluded:
-        files = render_launchers(subset, me, forward, mca, ctx.shared_files, launch_dir=where)
+        files = render_launchers(subset, me, forward, mca, shared.rendered, launch_dir=where)
         if node.npus:
-            table, _ = ctx.shared["healthy_rank_table"]
+            table, _ = shared.healthy_rank_table
             if table:
                 files[RANK_TABLE] = (table, "644")
     else:

@@ -3,23 +3,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
-from trainfleet.compare import ABSENT, content, digest
+from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived
+from trainfleet.nccl import Derived, derive_cluster, uniform_variables
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
-
-MAJORITY: tuple[str, ...] = ()  # a node's interface is its own; the spec is what counts
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
+# No majority vote: a node's interface is its own; the spec is what counts.
 NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 UNREAD = "the node's network could not be read"
 
@@ -31,6 +26,7 @@ class NcclPlan:
     profile: str  # /etc/profile.d/trainfleet-nccl.sh
     environment: list[str]  # the /etc/environment block
     nccl_conf: list[str]  # the /etc/nccl.conf block
+    interface: str | None = None  # the cluster interface (the one holding the node's address)
 
 
 def nccl_part(derived: Derived) -> NcclPlan:
@@ -41,6 +37,7 @@ def nccl_part(derived: Derived) -> NcclPlan:
         profile=render("nccl_env/profile.sh.j2", env=env),
         environment=render_lines("nccl_env/environment.j2", env=env),
         nccl_conf=render_lines("nccl_env/nccl.conf.j2", env=env),
+        interface=derived.interface,
     )
 
 
@@ -51,7 +48,7 @@ def env_string(env: dict[str, str]) -> str:
     )
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"network": ("NcclNetwork", {}), "nccl_files": ("NcclEnvFiles", {})}
 
 
@@ -59,12 +56,40 @@ def check_sections(users: list[str], peers: list[str]) -> Sections:
     return {"nccl_seen": ("NcclEnvSeen", {})}
 
 
+@dataclass(frozen=True)
+class NcclShared:
+    """Every node's derived NCCL environment (from its own network), built once per run."""
+
+    derived: Mapping[str, Derived]  # node -> its derived environment
+    uniform: Sequence[str]  # names of variables alike on every node (the launchers forward them)
+    notes: tuple[str, ...] = ()
+
+
+def shared(ctx: PlanContext) -> NcclShared:
+    derived = derive_cluster(ctx.cluster, ctx.gathered.networks)
+    interfaces = sorted({d.interface for d in derived.values() if d.interface})
+    notes = (
+        (
+            f"cluster interfaces differ between nodes ({', '.join(interfaces)}): "
+            "each node gets its own, but DeepSpeed's and ColossalAI's runners forward "
+            "the launching node's NCCL_SOCKET_IFNAME to every node",
+        )
+        if len(interfaces) > 1
+        else ()
+    )
+    uniform = uniform_variables({name: d.env for name, d in derived.items() if not d.problems})
+    return NcclShared(derived=derived, uniform=uniform, notes=notes)
+
+
 def derived(ctx: PlanContext, node: Node) -> Derived:
-    return ctx.derived.get(node.name) or Derived(problems=[UNREAD])
+    """The node's derived environment (a node whose network was not read: its problem)."""
+    return ctx.shared.get_as("nccl_env", NcclShared).derived.get(node.name) or Derived(
+        problems=[UNREAD]
+    )
 
 
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {"nccl": nccl_part(derived(ctx, node))}
+def plan_part(ctx: PlanContext, node: Node) -> NcclPlan:
+    return nccl_part(derived(ctx, node))
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -84,7 +109,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    nccl = plan.nccl
+    nccl = plan.nccl_env
     if nccl.problems:
         return {}
     env = env_string(nccl.env)
@@ -107,7 +132,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    nccl = plan.nccl
+    nccl = plan.nccl_env
     return {
         "NCCL env files": {
             NCCL_PROFILE: content(nccl.profile),
@@ -120,7 +145,7 @@ def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned files, and every shell sees the planned variables. The network is the
     node's own (the plan was derived from it)."""
-    nccl = plan.nccl
+    nccl = plan.nccl_env
     return {
         "nccl_files": {
             "profile": nccl.profile,

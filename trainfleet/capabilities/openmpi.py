@@ -13,30 +13,24 @@ The value is the same on every node, so it can go on the ``mpirun`` line as well
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
-from trainfleet.compare import ABSENT, content, digest
+from trainfleet.capabilities.nccl_env import NcclShared
+from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import MCA_FILE
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render_lines
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
-
-MAJORITY: tuple[str, ...] = ()
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")
 
 
 def tcp_include(
-    derived: dict[str, Derived], setting: str = "auto"
+    derived: Mapping[str, Derived], setting: str = "auto"
 ) -> tuple[str | None, str | None]:
     """(value for btl/oob_tcp_if_include, None) or (None, why it cannot be derived).
 
@@ -60,7 +54,7 @@ def tcp_include(
 
 
 def cluster_params(
-    derived: dict[str, Derived], settings: dict[str, Any]
+    derived: Mapping[str, Derived], settings: dict[str, Any]
 ) -> tuple[dict[str, str], list[str]]:
     """(MCA parameters for every node, problems) from every node's derived network and the
     spec's ``openmpi`` settings; nodes whose network has problems are left out of the choice."""
@@ -87,7 +81,7 @@ class MpiPlan:
     problems: list[str]
 
 
-def mpi_plan(derived: dict[str, Derived], cluster: Cluster) -> MpiPlan:
+def mpi_plan(derived: Mapping[str, Derived], cluster: Cluster) -> MpiPlan:
     """Every node's MCA parameters (one value for the cluster), built once per run."""
     params, problems = cluster_params(derived, cluster.openmpi)
     return MpiPlan(
@@ -98,16 +92,16 @@ def mpi_plan(derived: dict[str, Derived], cluster: Cluster) -> MpiPlan:
     )
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"openmpi": ("OpenMpiState", {"users": list(users)})}
 
 
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
+def shared(ctx: PlanContext) -> MpiPlan:
+    return mpi_plan(ctx.shared.get_as("nccl_env", NcclShared).derived, ctx.cluster)
 
 
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {"mpi": ctx.shared["mpi"]}
+def plan_part(ctx: PlanContext, node: Node) -> MpiPlan:
+    return ctx.shared.get_as("openmpi", MpiPlan)  # one value for the cluster
 
 
 def _params(fp: dict[str, Any], user: str) -> list[str] | None:
@@ -123,9 +117,11 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    if plan.mpi.problems:
+    if plan.openmpi.problems:
         return {}
-    return {f"openmpi params ({user.user})": digest(plan.mpi.lines) for user in plan.mesh}
+    return {
+        f"openmpi params ({user.user})": digest(plan.openmpi.lines) for user in plan.ssh_mesh.users
+    }
 
 
 def _contents(user: str, params: list[str] | None) -> dict[str, dict[str, Content]]:
@@ -141,16 +137,16 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
     wanted: dict[str, dict[str, Content]] = {}
-    for user in plan.mesh:
-        wanted |= _contents(user.user, plan.mpi.lines)
+    for user in plan.ssh_mesh.users:
+        wanted |= _contents(user.user, plan.openmpi.lines)
     return wanted
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
-    block = {"block": list(plan.mpi.lines), "outside": []}
+    block = {"block": list(plan.openmpi.lines), "outside": []}
     return {
         "openmpi": {
             "version": "4.1.4",
-            "users": {user.user: {"exists": True, "params": block} for user in plan.mesh},
+            "users": {user.user: {"exists": True, "params": block} for user in plan.ssh_mesh.users},
         }
     }

@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
-from trainfleet.compare import content, digest
+from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 
 MAJORITY = ("pdsh nodes",)
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 
 def genders_lines(nodes: list[str]) -> list[str]:
@@ -23,7 +18,7 @@ def genders_lines(nodes: list[str]) -> list[str]:
     return [f"{name} trainfleet" for name in nodes]
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     # genders and machines by digest where the node holds the planned blocks
     return {
         "pdsh": (
@@ -33,12 +28,22 @@ def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
     }
 
 
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
+@dataclass(frozen=True)
+class PdshPlan:
+    nodes: list[str]  # every node's name, for ``pdsh -a`` (genders, machines)
 
 
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    return {"pdsh_nodes": ctx.shared["pdsh_nodes"]}
+def blocks(cluster: Cluster) -> dict[str, list[str]]:
+    names = [n.name for n in cluster.nodes]
+    return {"genders": genders_lines(names), "machines": names}
+
+
+def shared(ctx: PlanContext) -> PdshPlan:
+    return PdshPlan(nodes=[n.name for n in ctx.cluster.nodes])  # the same on every node
+
+
+def plan_part(ctx: PlanContext, node: Node) -> PdshPlan:
+    return ctx.shared.get_as("pdsh", PdshPlan)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -51,7 +56,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    return {"pdsh nodes": digest(genders_lines(plan.pdsh_nodes))}
+    return {"pdsh nodes": digest(genders_lines(plan.pdsh.nodes))}
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
@@ -59,7 +64,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {"pdsh nodes": {PDSH_GENDERS: content(genders_lines(plan.pdsh_nodes))}}
+    return {"pdsh nodes": {PDSH_GENDERS: content(genders_lines(plan.pdsh.nodes))}}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
@@ -67,7 +72,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
         "pdsh": {
             "installed": True,
             "rcmd_default": "ssh",
-            "genders": {"block": genders_lines(plan.pdsh_nodes), "outside": []},
-            "machines": {"block": list(plan.pdsh_nodes), "outside": []},
+            "genders": {"block": genders_lines(plan.pdsh.nodes), "outside": []},
+            "machines": {"block": list(plan.pdsh.nodes), "outside": []},
         }
     }

@@ -1,8 +1,8 @@
 """The SSH mesh: each mesh user's key, authorized_keys, ssh config and certificate, sshd's
 host certificates, drop-in and KRL, the system known_hosts; a live login probe of every peer.
 
-The plan parts below were moved here from trainfleet/plan.py as they were; the cluster-wide
-parts (certificates, authorized keys, config, who is moving) are built once by plan_cluster.
+The cluster-wide part (certificates, authorized keys, config, who is moving) is built once per
+run (``shared``); each node's part from it (``plan_part``).
 """
 
 from __future__ import annotations
@@ -10,12 +10,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainfleet import certificates, mesh
-from trainfleet.capabilities.plan_context import Blocks, Gathered, PlanContext, Sections
-from trainfleet.compare import ABSENT, content, digest
-from trainfleet.defaults import REVOKED_KEYS, SSH_MAIN_CONF, SSHD_MESH_CONF, SYSTEM_KNOWN_HOSTS
+from trainfleet.compare import ABSENT, Content, content, digest
+from trainfleet.defaults import (
+    MESH_KEY_NAME,
+    REVOKED_KEYS,
+    SSH_MAIN_CONF,
+    SSHD_MESH_CONF,
+    SYSTEM_KNOWN_HOSTS,
+)
 from trainfleet.key_material import NO_CA, KeyMaterial, KeyPair
 from trainfleet.mesh import (
     certificate_summary,
@@ -24,15 +29,10 @@ from trainfleet.mesh import (
     sshd_files_digest,
 )
 from trainfleet.model import Cluster, Node
-from trainfleet.render import render
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
+from trainfleet.plan_types import Gathered, NodePlan, PlanContext, Sections, WantedBlocks
+from trainfleet.render import render, render_lines
 
 MAJORITY = ("known_hosts block", "authorized_keys")
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def moving(cluster: Cluster, gathered: Gathered, part: str, lines: list[str]) ->
     return False
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {
         "host_keys": ("SshHostKeys", {}),
         "sshd_mesh": ("SshdMesh", {}),
@@ -244,33 +244,141 @@ def check_sections(users: list[str], peers: list[str]) -> Sections:
     }
 
 
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
-    """The node's mesh users and sshd part, from the cluster-wide parts built once."""
-    cluster, gathered, keys, shared = ctx.cluster, ctx.gathered, ctx.keys, ctx.shared
-    certs, users = shared["certs"], cluster.mesh_users
-    mesh_users = (
-        [
-            mesh_user_part(
-                cluster,
-                node,
-                user,
-                keys,
-                shared["authorized"][user],
-                shared["config"][user],
-                certs,
-                gathered.user_certificates.get(node.name, {}).get(user),
-                shared["refused"],
-                shared["users_moving"][user],
-            )
-            for user in users
-        ]
-        if keys
-        else []
+@dataclass(frozen=True)
+class MeshShared:
+    """The mesh's cross-node part, built once per run: the lines every node trusts, each user's
+    authorized_keys and ssh config, the certificates' CA, who is moving."""
+
+    keys: KeyMaterial | None  # as the next deploy's prepare_keys leaves it (None: no mesh)
+    known_hosts: list[str]
+    certs: mesh.Certificates | None
+    refused: frozenset[str]  # ``type base64`` of every revoked mesh key
+    partial: bool  # some node was not read this run
+    authorized: dict[str, list[str]]  # user -> authorized_keys block
+    config: dict[str, list[str]]  # user -> ~/.ssh/config block
+    users_moving: dict[str, bool]
+    hosts_moving: bool
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SshMeshPlan:
+    known_hosts: list[str]  # the system known_hosts block
+    users: list[MeshUserPlan]  # empty in a plan made without the key store
+    sshd: SshdPlan | None  # None in a plan made without the key store
+
+
+def _known_hosts(
+    ctx: PlanContext, keys: KeyMaterial | None, certs: mesh.Certificates | None
+) -> tuple[list[str], list[str]]:
+    """The system known_hosts block, and the notes on nodes whose keys came from the
+    controller's known_hosts."""
+    cluster, gathered = ctx.cluster, ctx.gathered
+    if certs:
+        return mesh.ca_known_hosts_lines(cluster, certs.ca_public), []
+    if gathered.host_keys is None or (keys and cluster.mesh == "certificates"):
+        return [], []
+    host_keys, fallback = mesh.cluster_host_keys(cluster, dict(gathered.host_keys))
+    notes = [
+        f"[{name}] not reachable: its host keys come from the controller's known_hosts "
+        f"({len(host_keys[name])} found)"
+        for name in fallback
+    ]
+    return mesh.known_hosts_lines(cluster, host_keys), notes
+
+
+def _settled_keys(ctx: PlanContext) -> KeyMaterial | None:
+    """The key material as the deploy's prepare_keys will leave it. A host key the CA vouched
+    for that its node no longer presents (reimaged, removed from the spec) keeps a valid
+    certificate: the KRL must refuse it (the deploy's prepare_keys recorded that already; drift
+    expects it of the next deploy); a CA move that every node has made is settled."""
+    cluster, gathered, keys = ctx.cluster, ctx.gathered, ctx.keys
+    if not (keys and cluster.mesh == "certificates" and gathered.host_keys is not None):
+        return keys
+    seen = {name: found for name, found in gathered.host_keys.items() if found}
+    keys = keys.presenting(
+        seen, [n.name for n in cluster.nodes], mesh.unread_host_keys(cluster, seen)
     )
-    sshd = sshd_part(cluster, node, gathered, certs, shared["partial"]) if keys else None
-    if sshd is not None and shared["hosts_moving"]:
+    if keys.ca_moving and keys.ca and mesh.settles(cluster, gathered, keys.ca.public, keys):
+        keys = keys.settled()
+    return keys
+
+
+def _user_files(
+    ctx: PlanContext, keys: KeyMaterial | None, certs: mesh.Certificates | None
+) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """Each mesh user's authorized_keys and ssh config blocks (none without the key store)."""
+    cluster, users = ctx.cluster, ctx.cluster.mesh_users
+    if keys and cluster.mesh == "certificates":  # no CA yet: no line (the parts name it)
+        authorized = {
+            user: [mesh.ca_authorized_line(cluster, user, certs.ca_public)] if certs else []
+            for user in users
+        }
+        groups = mesh.cluster_patterns(cluster, addresses=False)
+        template, context = "ssh_mesh/ssh_config_patterns.j2", {"groups": groups}
+        context |= {"revoked_keys": REVOKED_KEYS}
+    else:
+        authorized = (
+            {user: mesh.authorized_lines(cluster, user, keys) for user in users} if keys else {}
+        )
+        template, context = "ssh_mesh/ssh_config.j2", {"nodes": cluster.nodes}
+    config = {
+        user: render_lines(template, user=user, key_name=MESH_KEY_NAME, **context) for user in users
+    }
+    return authorized, config
+
+
+def shared(ctx: PlanContext) -> MeshShared:
+    cluster, gathered = ctx.cluster, ctx.gathered
+    keys = _settled_keys(ctx)
+    certs = (
+        mesh.plan_certificates(cluster, keys) if keys and cluster.mesh == "certificates" else None
+    )
+    known_hosts, notes = _known_hosts(ctx, keys, certs)
+    authorized, config = _user_files(ctx, keys, certs)
+    users = cluster.mesh_users
+    return MeshShared(
+        keys=keys,
+        known_hosts=known_hosts,
+        certs=certs,
+        refused=frozenset(" ".join(line.split()[:2]) for line in keys.revoked_keys())
+        if keys
+        else frozenset(),
+        partial=not {n.name for n in cluster.nodes} <= set(gathered.sshd),
+        authorized=authorized,
+        config=config,
+        users_moving={user: moving(cluster, gathered, user, authorized[user]) for user in users}
+        if keys
+        else {},
+        hosts_moving=moving(cluster, gathered, SYSTEM_KNOWN_HOSTS, known_hosts),
+        notes=tuple(notes),
+    )
+
+
+def plan_part(ctx: PlanContext, node: Node) -> SshMeshPlan:
+    """The node's mesh users and sshd part, from the cluster-wide parts built once."""
+    cluster, gathered = ctx.cluster, ctx.gathered
+    mine = ctx.shared.get_as("ssh_mesh", MeshShared)
+    keys, certs = mine.keys, mine.certs
+    users = [
+        mesh_user_part(
+            cluster,
+            node,
+            user,
+            keys,
+            mine.authorized[user],
+            mine.config[user],
+            certs,
+            gathered.user_certificates.get(node.name, {}).get(user),
+            mine.refused,
+            mine.users_moving[user],
+        )
+        for user in (cluster.mesh_users if keys else [])
+    ]
+    sshd = sshd_part(cluster, node, gathered, certs, mine.partial) if keys else None
+    if sshd is not None and mine.hosts_moving:
         sshd = replace(sshd, moving=True)
-    return {"known_hosts": shared["known_hosts"], "mesh": mesh_users, "sshd": sshd}
+    return SshMeshPlan(known_hosts=mine.known_hosts, users=users, sshd=sshd)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -281,9 +389,11 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
         "sshd mesh files": sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"]),
         "ssh client drop-in": file_digest(sshd["client_drop_in"]),
     }
-    if plan.sshd is not None:  # a node whose sshd part cannot be planned is a finding, not a gap
-        props["sshd mesh plan"] = "; ".join(plan.sshd.problems) or "ok"
-    for part in plan.mesh:  # key material the store lacks is a finding
+    if (
+        plan.ssh_mesh.sshd is not None
+    ):  # a node whose sshd part cannot be planned is a finding, not a gap
+        props["sshd mesh plan"] = "; ".join(plan.ssh_mesh.sshd.problems) or "ok"
+    for part in plan.ssh_mesh.users:  # key material the store lacks is a finding
         props[f"ssh mesh plan ({part.user})"] = "; ".join(part.problems) or "ok"
     for user in cluster.mesh_users:
         state = fp[f"mesh_user:{user}"]
@@ -308,15 +418,19 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     props = {}
-    if not (plan.sshd and NO_CA in plan.sshd.problems):  # no CA: nothing to trust by yet
-        props["known_hosts block"] = digest(plan.known_hosts)
-    if plan.sshd is not None:
+    if not (
+        plan.ssh_mesh.sshd and NO_CA in plan.ssh_mesh.sshd.problems
+    ):  # no CA: nothing to trust by yet
+        props["known_hosts block"] = digest(plan.ssh_mesh.known_hosts)
+    if plan.ssh_mesh.sshd is not None:
         props["sshd mesh plan"] = "ok"
-    if plan.sshd and not plan.sshd.problems:
-        props["host certificates"] = host_certificates_summary(plan.sshd.certificates)
-        props["sshd mesh files"] = sshd_files_digest(plan.sshd.drop_in, plan.sshd.revoked_keys)
-        props["ssh client drop-in"] = file_digest(plan.sshd.client_drop_in)
-    for user in plan.mesh:
+    if plan.ssh_mesh.sshd and not plan.ssh_mesh.sshd.problems:
+        props["host certificates"] = host_certificates_summary(plan.ssh_mesh.sshd.certificates)
+        props["sshd mesh files"] = sshd_files_digest(
+            plan.ssh_mesh.sshd.drop_in, plan.ssh_mesh.sshd.revoked_keys
+        )
+        props["ssh client drop-in"] = file_digest(plan.ssh_mesh.sshd.client_drop_in)
+    for user in plan.ssh_mesh.users:
         props[f"ssh config ({user.user})"] = digest(user.config)
         props[f"ssh mesh ({user.user})"] = "ok"
         props[f"ssh mesh plan ({user.user})"] = "ok"  # its problems show as this property's value
@@ -366,13 +480,15 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    wanted = {"known_hosts block": {SYSTEM_KNOWN_HOSTS: content(plan.known_hosts, shown=False)}}
-    if plan.sshd is not None:
+    wanted = {
+        "known_hosts block": {SYSTEM_KNOWN_HOSTS: content(plan.ssh_mesh.known_hosts, shown=False)}
+    }
+    if plan.ssh_mesh.sshd is not None:
         wanted["sshd mesh files"] = {
-            SSHD_MESH_CONF: content(plan.sshd.drop_in),
-            REVOKED_KEYS: content(plan.sshd.revoked_keys, shown=False),
+            SSHD_MESH_CONF: content(plan.ssh_mesh.sshd.drop_in),
+            REVOKED_KEYS: content(plan.ssh_mesh.sshd.revoked_keys, shown=False),
         }
-    for user in plan.mesh:
+    for user in plan.ssh_mesh.users:
         wanted |= _user_contents(user.user, user.authorized, user.config)
     return wanted
 
@@ -383,9 +499,9 @@ def _encoded(text: str | None) -> bytes | None:
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The node's host keys are its own (not the plan's to say); its peers all let it in."""
-    sshd = plan.sshd
+    sshd = plan.ssh_mesh.sshd
     out: dict[str, Any] = {
-        "known_hosts": {"block": list(plan.known_hosts), "outside": []},
+        "known_hosts": {"block": list(plan.ssh_mesh.known_hosts), "outside": []},
         "sshd_mesh": {
             "includes_drop_ins": True,
             "other_revoked_keys": [],
@@ -397,8 +513,8 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "client_drop_in": _encoded(sshd.client_drop_in) if sshd else None,
         },
     }
-    peers = [name for name in plan.pdsh_nodes if name != plan.hostname]
-    for user in plan.mesh:
+    peers = [name for name in plan.pdsh.nodes if name != plan.hosts.hostname]
+    for user in plan.ssh_mesh.users:
         key = user.identity
         out[f"mesh_user:{user.user}"] = {
             "identity": {"mode": "600", "owner": user.user, "sha256": _sha256(key.private)}

@@ -6,9 +6,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, PYTHON_PREFIX
 from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
 from trainfleet.model import Cluster, Node
@@ -20,14 +19,9 @@ from trainfleet.pins import (
     venv_pins,
     without_requirements,
 )
-
-if TYPE_CHECKING:
-    from trainfleet.compare import Content
-    from trainfleet.plan import NodePlan
+from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
-UNIQUE: tuple[str, ...] = ()
-HEALTH: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,17 +84,13 @@ def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> S
     )
 
 
-def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
+def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"stack": ("StackVersions", {"venv": VENV_DIR})}
 
 
-def check_sections(users: list[str], peers: list[str]) -> Sections:
-    return {}
-
-
-def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
+def plan_part(ctx: PlanContext, node: Node) -> StackPlan:
     family = ctx.gathered.os_families.get(node.name)
-    return {"stack": stack_part(ctx.cluster.stack, family, node.gpus)}
+    return stack_part(ctx.cluster.stack, family, node.gpus)
 
 
 def package_props(stack: Mapping[str, Any]) -> dict[str, str]:
@@ -140,14 +130,6 @@ def expect(plan: NodePlan) -> dict[str, str]:
     props.update({f"package {name} hold": "held" for name in stack.packages})  # each pin held
     props.update({f"{PYTHON_PREFIX}{name}": version for name, version in stack.python.items()})
     return props
-
-
-def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
-    return {}
-
-
-def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
