@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from trainfleet.driver_pins import driver_for_cuda_problem
+from trainfleet.model import Cluster
 from trainfleet.schema import (
     CLUSTER,
     NODE,
@@ -477,3 +478,13 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise SpecError([f"{path}: cannot read the spec: {exc.strerror}"]) from None
     return parse_spec(text, str(path))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """The cluster of the spec file at ``path``, validated."""
+    return Cluster.from_spec(load_spec(path), str(path))
+
+
+def parse_cluster(text: str, source: str = DEFAULT_SOURCE) -> Cluster:
+    """The cluster of a spec's text, validated; ``source`` is the file it came from."""
+    return Cluster.from_spec(parse_spec(text, source), source)
