@@ -22,10 +22,10 @@ from operations.packages_ops import APT, held, or_fail, rpm_ensure
 from operations.remote import FailCommand, fail_command, script, write_file_command
 from runtime.gather import fact, lent
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
+from trainfleet.grammar import fingerprint_problem, url_problem
 from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import Pins, satisfies, torch_requirement
 from trainfleet.plan import StackPlan
-from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = CUDA_REPOS
 KEYRING_DEB = CUDA_KEYRING_DEB

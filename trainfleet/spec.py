@@ -17,13 +17,9 @@ from typing import Any
 
 import yaml
 
+from trainfleet.capabilities.stack import STACK
 from trainfleet.driver_pins import driver_for_cuda_problem
-from trainfleet.model import Cluster
-from trainfleet.schema import (
-    CLUSTER,
-    NODE,
-    SPEC,
-    STACK,
+from trainfleet.grammar import (
     Check,
     Key,
     Section,
@@ -32,6 +28,8 @@ from trainfleet.schema import (
     normalized_dist,
     type_name,
 )
+from trainfleet.model import Cluster
+from trainfleet.schema import CLUSTER, NODE, SPEC
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from trainfleet import SpecError
+from trainfleet.grammar import Key, Section
 from trainfleet.render import (
     UnsafeValue,
     pam_env_quote,
@@ -24,7 +25,7 @@ from trainfleet.render import (
     ssh_config_word,
     yaml_scalar,
 )
-from trainfleet.schema import NODE, SPEC, Key, Section
+from trainfleet.schema import NODE, SPEC
 from trainfleet.spec import load_cluster, load_spec, parse_cluster
 
 REPO = Path(__file__).resolve().parents[2]

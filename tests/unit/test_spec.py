@@ -13,7 +13,8 @@ import yaml
 
 from trainfleet import SpecError, parse_spec
 from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
-from trainfleet.schema import NODE, SPEC, Key, Section, type_name
+from trainfleet.grammar import Key, Section, type_name
+from trainfleet.schema import NODE, SPEC
 from trainfleet.spec import dotted, load_cluster, parse_cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,9 +24,9 @@ from tests.unit.test_gpu_node import port
 from trainfleet.__main__ import main as trainfleet_main
 from trainfleet.capabilities.openmpi import tcp_include
 from trainfleet.compare import Finding
+from trainfleet.grammar import env_name_problem
 from trainfleet.hccl import rank_table
 from trainfleet.nccl import Derived, cluster_interface, gid_disagreement, ib_settings
-from trainfleet.schema import env_name_problem
 from trainfleet.spec import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
