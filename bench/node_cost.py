@@ -21,6 +21,7 @@ from runtime.bundle import DeployState, NodeFingerprint
 from tests.lab.harness import LAB_INVENTORY, LabController, deploy_twice
 from trainfleet.model import Cluster
 from trainfleet.plan import cluster_blocks
+from trainfleet.spec import load_cluster
 
 NODE = "node1"
 # bash's ``time`` counts the command's children (the bundle is one sh and what it starts).
@@ -71,7 +72,7 @@ def main() -> None:
     try:
         lab.fresh(3)
         deploy_twice(LAB_INVENTORY, "deploy/cluster.py")
-        cluster = Cluster.load(lab.lab.spec)
+        cluster = load_cluster(lab.lab.spec)
         results = [
             measure(lab, name, command, args.runs) for name, command in commands(cluster).items()
         ]

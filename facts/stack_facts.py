@@ -10,9 +10,9 @@ from pyinfra.api import FactBase, StringCommand
 from facts.managed_block_facts import SECTION, split_sections
 from facts.os_release_facts import OS_FAMILY_SH
 from facts.shell import script, shell
+from trainfleet.grammar import normalized_dist
 from trainfleet.osfamily import OsFamilyT, os_release
 from trainfleet.pins import PINNED_PACKAGES
-from trainfleet.schema import normalized_dist
 
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
 CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"

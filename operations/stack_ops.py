@@ -23,9 +23,9 @@ from operations.remote import FailCommand, fail_command, script, write_file_comm
 from runtime.gather import fact, lent
 from trainfleet.capabilities.stack import StackPlan
 from trainfleet.defaults import CUDA_KEYRING_DEB, CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
+from trainfleet.grammar import fingerprint_problem, url_problem
 from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import Pins, satisfies, torch_requirement
-from trainfleet.schema import fingerprint_problem, url_problem
 
 NVIDIA_REPOS = CUDA_REPOS
 KEYRING_DEB = CUDA_KEYRING_DEB

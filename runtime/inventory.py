@@ -12,7 +12,7 @@ from runtime.controller import configure_pyinfra
 from trainfleet import mesh, stamps
 from trainfleet.mesh import probe_env_problems
 from trainfleet.model import Cluster, Node
-from trainfleet.spec import EXIT_BAD_SPEC, SpecError
+from trainfleet.spec import EXIT_BAD_SPEC, SpecError, load_cluster
 
 HostT = tuple[str, dict[str, Any]]
 
@@ -59,7 +59,7 @@ def load_cluster_or_exit(spec_path: str | Path) -> Cluster:
     This runs while pyinfra loads the inventory, before any host is connected to.
     """
     try:
-        cluster = Cluster.load(spec_path)
+        cluster = load_cluster(spec_path)
     except SpecError as exc:
         _refuse(exc.problems, "in the spec")
     problems = probe_env_problems(len(cluster.nodes), os.environ)
@@ -96,4 +96,4 @@ def this_node() -> tuple[Cluster, Node]:
 @cache
 def _cluster_at(spec_path: str) -> Cluster:
     # Validated once already by the inventory; loaded once per run for all hosts.
-    return Cluster.load(spec_path)
+    return load_cluster(spec_path)

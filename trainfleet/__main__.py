@@ -25,7 +25,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.mesh import KnownHostsError, every_listed_key
 from trainfleet.model import Cluster
 from trainfleet.schema import reference_markdown
-from trainfleet.spec import EXIT_BAD_SPEC, SpecError
+from trainfleet.spec import EXIT_BAD_SPEC, SpecError, load_cluster
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     for path in args.specs:
         try:
-            cluster = Cluster.load(path)
+            cluster = load_cluster(path)
         except SpecError as exc:
             for problem in exc.problems:
                 print(problem, file=sys.stderr)
@@ -124,7 +124,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     cluster = None
     try:
         if args.spec:
-            cluster = Cluster.load(args.spec)
+            cluster = load_cluster(args.spec)
         report = judge(Path(args.capture), cluster)
     except SpecError as exc:
         print("\n".join(exc.problems), file=sys.stderr)
@@ -252,7 +252,7 @@ def _prog() -> str:
 
 def _keys(args: argparse.Namespace) -> int:
     try:
-        cluster = Cluster.load(args.spec)
+        cluster = load_cluster(args.spec)
     except SpecError as exc:
         print("\n".join(exc.problems), file=sys.stderr)
         return EXIT_BAD_SPEC

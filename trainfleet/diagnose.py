@@ -19,6 +19,7 @@ from typing import Any
 
 from trainfleet.capabilities import RULES, hardware
 from trainfleet.compare import Report, compare
+from trainfleet.grammar import short_name_problem
 from trainfleet.hw.sources import (
     CMDLINE,
     CPUINFO,
@@ -35,7 +36,6 @@ from trainfleet.hw.sources import (
     read_hardware,
 )
 from trainfleet.model import Cluster
-from trainfleet.schema import short_name_problem
 
 MiB = 2**20
 # The most a capture's file may hold, by source: generous against what a large node prints

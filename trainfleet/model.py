@@ -2,15 +2,15 @@
 
 Everything cross-node (every peer's address, ranks, the master) is computed here,
 from the spec alone, so operations never share state through a run.
+
+Built by ``spec.load_cluster`` and ``spec.parse_cluster``, which validate the spec first: this
+module imports none of the spec's schema, so a capability can use it and declare its section.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
-
-from trainfleet.spec import load_spec, parse_spec
 
 
 @dataclass(frozen=True)
@@ -106,14 +106,6 @@ class Cluster:
             mesh=spec["ssh"]["mesh"],
             certificate_days=spec["ssh"]["certificate_days"],
         )
-
-    @classmethod
-    def load(cls, path: str | Path) -> Cluster:
-        return cls.from_spec(load_spec(path), str(path))
-
-    @classmethod
-    def parse(cls, text: str, source: str = "<spec>") -> Cluster:
-        return cls.from_spec(parse_spec(text, source), source)
 
     @property
     def master(self) -> Node:

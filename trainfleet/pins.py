@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from trainfleet.schema import normalized_dist
+from trainfleet.grammar import normalized_dist
 
 # Package names per OS family: (runtime, dev) of NCCL; cuDNN >= 9 is libcudnnN-cuda-<CUDA major>;
 # OpenMPI's mpirun (its libraries come with it as dependencies).

@@ -18,7 +18,7 @@ import jinja2
 import jinja2.meta
 import yaml
 
-from trainfleet.schema import text_problem
+from trainfleet.grammar import text_problem
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 

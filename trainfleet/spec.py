@@ -17,12 +17,9 @@ from typing import Any
 
 import yaml
 
+from trainfleet.capabilities.stack import STACK
 from trainfleet.driver_pins import driver_for_cuda_problem
-from trainfleet.schema import (
-    CLUSTER,
-    NODE,
-    SPEC,
-    STACK,
+from trainfleet.grammar import (
     Check,
     Key,
     Section,
@@ -31,6 +28,8 @@ from trainfleet.schema import (
     normalized_dist,
     type_name,
 )
+from trainfleet.model import Cluster
+from trainfleet.schema import CLUSTER, NODE, SPEC
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
@@ -477,3 +476,13 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise SpecError([f"{path}: cannot read the spec: {exc.strerror}"]) from None
     return parse_spec(text, str(path))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """The cluster of the spec file at ``path``, validated."""
+    return Cluster.from_spec(load_spec(path), str(path))
+
+
+def parse_cluster(text: str, source: str = DEFAULT_SOURCE) -> Cluster:
+    """The cluster of a spec's text, validated; ``source`` is the file it came from."""
+    return Cluster.from_spec(parse_spec(text, source), source)

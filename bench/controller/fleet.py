@@ -63,6 +63,7 @@ from trainfleet.mesh import probe_stride, probe_targets
 from trainfleet.model import Cluster, Node
 from trainfleet.plan import cluster_blocks, plan_cluster
 from trainfleet.plan_types import ClusterPlan, NodePlan
+from trainfleet.spec import load_cluster
 
 MARK = "--trainfleet-fingerprint--"
 CLUSTER_PREFIX = 16  # one L2 network holds every node: 198.18.0.0/16
@@ -541,7 +542,7 @@ def build(
     recorded = Recorded.of(document)
     workdir.mkdir(parents=True, exist_ok=True)
     spec = write_spec(nodes, workdir, recorded, mesh)
-    cluster = Cluster.load(spec)
+    cluster = load_cluster(spec)
     users = cluster.mesh_users
     home = workdir / "home"
     keys = KeyStore(cluster.name, root=home / "keys")

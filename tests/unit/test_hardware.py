@@ -24,7 +24,7 @@ from trainfleet.compare import compare
 from trainfleet.diagnose import CaptureError, judge, read_capture
 from trainfleet.hw import cmdline, infiniband, kernel_log, ledger, lspci, nvlink, smi_xml
 from trainfleet.hw.sources import SOURCES, STATUS_FILE, read_hardware
-from trainfleet.model import Cluster
+from trainfleet.spec import load_cluster
 
 HW = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
 H100 = HW / "h100_device"  # one H100 SXM5 in a KVM guest, captured by capture_on_gpu_machine.sh
@@ -341,10 +341,10 @@ def test_the_spec_counts_each_nodes_gpus_and_misses_a_node_not_captured(tmp_path
         + "".join(f"  - {{name: node{i}, address: 192.0.2.{i}, gpus: 1}}\n" for i in (1, 2, 3))
         + "  - {name: node5, address: 192.0.2.5, gpus: 8}\n"
     )
-    report = judge(capture(tmp_path, nodes=3), Cluster.load(spec))
+    report = judge(capture(tmp_path, nodes=3), load_cluster(spec))
     assert findings(report) == [("node5", "reachable", "unreachable", "not in the capture")]
     spec.write_text(spec.read_text().replace("gpus: 1}\n", "gpus: 8}\n", 1))
-    report = judge(capture(tmp_path / "again", nodes=3), Cluster.load(spec))
+    report = judge(capture(tmp_path / "again", nodes=3), load_cluster(spec))
     assert ("node1", "GPU count", "spec", "1") in findings(report)
 
 

@@ -15,6 +15,7 @@ from pyinfra_testing.facts import make_fact_tests
 
 from facts.npu_facts import NpuDeviceIps
 from trainfleet.hccl import NpuServer, rank_table, render_rank_table
+from trainfleet.spec import parse_cluster
 
 NPU = Path(__file__).resolve().parents[1] / "fixtures" / "npu"
 
@@ -316,11 +317,10 @@ def rank_table_problems(plan) -> list[str]:
 
 
 def _npu_plan(npu_ips):
-    from trainfleet import Cluster
     from trainfleet.plan import plan_cluster
     from trainfleet.plan_types import Gathered
 
-    cluster = Cluster.parse(NPU_CLUSTER)
+    cluster = parse_cluster(NPU_CLUSTER)
     return plan_cluster(cluster, Gathered(npu_ips=npu_ips))
 
 

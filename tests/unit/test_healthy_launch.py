@@ -19,7 +19,7 @@ from checks.bandwidth_stage import bandwidth_jobs, bandwidth_plan
 from checks.hygiene_output import parse_hygiene
 from checks.preflight_scope import WAIT, bound_line, scope, worst_case
 from checks.stage_runner import BOUNDS
-from trainfleet import Cluster, stamps
+from trainfleet import stamps
 from trainfleet.capabilities.launchers import (
     HEALTHY,
     LAUNCH_FILE_NAMES,
@@ -28,6 +28,7 @@ from trainfleet.capabilities.launchers import (
 )
 from trainfleet.plan import plan_cluster
 from trainfleet.plan_types import Gathered
+from trainfleet.spec import parse_cluster
 
 SPEC = """\
 cluster: {name: lab, mesh_users: [root]}
@@ -42,7 +43,7 @@ DROPPED = ["reachability: cannot reach node1:29500 (timed out)"]
 
 
 def plan(excluded=None, multiple="null"):
-    cluster = Cluster.parse(SPEC.replace("MULTIPLE", multiple))
+    cluster = parse_cluster(SPEC.replace("MULTIPLE", multiple))
     return plan_cluster(cluster, Gathered(), excluded=excluded)
 
 
@@ -103,7 +104,7 @@ def test_every_node_left_out_leaves_no_healthy_files_anywhere():
 
 
 def test_a_cause_with_control_characters_reaches_the_readme_printable():
-    cluster = Cluster.parse(SPEC.replace("MULTIPLE", "null"))
+    cluster = parse_cluster(SPEC.replace("MULTIPLE", "null"))
     _, out = healthy_part(cluster, {"node2": ["hygiene: held by \x1b[2J\nnode9: fine"]}, None)
     assert out == {"node2": ["hygiene: held by \\x1b[2J\\x0anode9: fine"]}
 
@@ -265,7 +266,7 @@ def test_the_stated_worst_case_covers_the_longest_command_the_collective_stage_s
     nodes = "\n".join(
         f"  - {{name: n{i}, address: 192.0.2.{10 + i}, gpus: 0}}" for i in range(count)
     )
-    cluster = Cluster.parse(f"cluster: {{name: lab, mesh_users: [root]}}\nnodes:\n{nodes}\n")
+    cluster = parse_cluster(f"cluster: {{name: lab, mesh_users: [root]}}\nnodes:\n{nodes}\n")
     steps = worst_case(cluster)
     rounds, _ = bandwidth_plan(cluster)
     jobs = bandwidth_jobs(cluster, rounds, BOUNDS["collective"], BOUNDS["bandwidth"])
@@ -280,7 +281,7 @@ def test_the_stated_worst_case_covers_the_longest_command_the_collective_stage_s
 
 
 def test_a_stale_run_tests_the_changed_node_with_one_partner_known_good_and_carries_the_rest():
-    cluster = Cluster.parse(SPEC.replace("MULTIPLE", "null"))
+    cluster = parse_cluster(SPEC.replace("MULTIPLE", "null"))
     kept = {"passed": True, "at": "2026-11-27T05:00:00Z", "plan": "p", "ledger": None}
     recorded = {n: {**kept, "kernel": "boot 0"} for n in ("node1", "node2", "node3", "node4")}
     seen = {n: {**kept, "kernel": "boot 0"} for n in recorded} | {

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfleet import Cluster, SpecError
+from trainfleet import SpecError
+from trainfleet.grammar import Key, Section
 from trainfleet.render import (
     UnsafeValue,
     pam_env_quote,
@@ -24,8 +25,8 @@ from trainfleet.render import (
     ssh_config_word,
     yaml_scalar,
 )
-from trainfleet.schema import NODE, SPEC, Key, Section
-from trainfleet.spec import load_spec
+from trainfleet.schema import NODE, SPEC
+from trainfleet.spec import load_cluster, load_spec, parse_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -665,7 +666,7 @@ def test_ordinary_specs_are_accepted(tmp_path, source):
         path = REPO / source
     else:
         path = write(tmp_path, lab_spec() if source == "lab" else ORDINARY, f"{source}.yml")
-    cluster = Cluster.load(path)
+    cluster = load_cluster(path)
     assert cluster.nodes and cluster.name in ("prod", "lab", "gpu-a.prod_2")
 
 
@@ -713,7 +714,7 @@ def test_shell_quote_gives_back_the_value_as_one_word():
 
 
 def test_mpirun_line_passes_each_value_as_one_argument():
-    cluster = Cluster.parse(NODES)
+    cluster = parse_cluster(NODES)
     text = render(
         "launchers/mpirun.sh.j2",
         cluster=cluster,
@@ -730,7 +731,7 @@ def test_mpirun_line_passes_each_value_as_one_argument():
 
 
 def test_torchrun_line_with_ipv6_and_a_quoted_venv():
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         "nodes:\n  - {name: a, address: '2001:db8::1', gpus: 2}\n  - {name: b, address: "
         "'2001:db8::2'}\n"
     )
@@ -758,7 +759,7 @@ def test_ssh_config_refuses_what_it_cannot_hold():
     for value in ("a b", "%h", 'a"b', "a#b", "a=b", "a\\b", ""):
         with pytest.raises(UnsafeValue):
             ssh_config_word(value)
-    cluster = Cluster.parse(NODES)
+    cluster = parse_cluster(NODES)
     assert render(
         "ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user="root", key_name="id_trainfleet"
     ).splitlines()[:2] == ["Host gpu-a01", "    HostName 192.0.2.11"]
@@ -780,7 +781,7 @@ def test_yaml_scalar_reads_back_as_the_same_string(value):
 
 def test_accelerate_config_keeps_an_ipv6_master_a_string():
     # YAML 1.1 reads 1:2:3:4:5:6:7:8 as a base-60 integer when written plain.
-    cluster = Cluster.parse("nodes:\n  - {name: a, address: '1:2:3:4:5:6:7:8'}\n")
+    cluster = parse_cluster("nodes:\n  - {name: a, address: '1:2:3:4:5:6:7:8'}\n")
     text = render(
         "launchers/accelerate.yaml.j2", cluster=cluster, node=cluster.master, launch_dir="/l"
     )

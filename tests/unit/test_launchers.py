@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfleet import Cluster
 from trainfleet.capabilities.launchers import VERBATIM, render_launchers
 from trainfleet.launch.colossalai_run import OpenSshConnection
+from trainfleet.spec import parse_cluster
 
 NODES = """\
 nodes:
@@ -24,7 +24,7 @@ nodes:
 
 
 def files(gpus: int, node: int = 1, forward: dict[str, str] | None = None) -> dict[str, str]:
-    cluster = Cluster.parse(NODES.replace("GPUS", str(gpus)))
+    cluster = parse_cluster(NODES.replace("GPUS", str(gpus)))
     return {
         name: text
         for name, (text, _) in render_launchers(
@@ -154,7 +154,7 @@ def test_files_that_do_not_read_the_node_are_rendered_once_for_the_whole_cluster
     from trainfleet.capabilities.launchers import LAUNCHER_FILES
     from trainfleet.render import variables
 
-    cluster = Cluster.parse(NODES.replace("GPUS", "8"))
+    cluster = parse_cluster(NODES.replace("GPUS", "8"))
     shared: dict = {}
     first = render_launchers(cluster, cluster.nodes[0], shared=shared)
     second = render_launchers(cluster, cluster.nodes[1], shared=shared)

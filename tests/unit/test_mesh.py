@@ -5,10 +5,10 @@ from __future__ import annotations
 import stat
 
 from tests.unit.test_plan import prepared
-from trainfleet import Cluster
 from trainfleet.key_material import KeyMaterial
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import authorized_lines, identity, known_hosts_lines
+from trainfleet.spec import parse_cluster
 
 SPEC = """\
 cluster: {name: c1, domain: example.com}
@@ -23,7 +23,7 @@ def snapshot(store: KeyStore) -> KeyMaterial:
 
 
 def test_known_hosts_name_every_node_by_name_fqdn_and_address():
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     lines = known_hosts_lines(
         cluster, {"a": ["ssh-ed25519 AAAA1"], "b": ["ssh-ed25519 BBBB", "ecdsa-sha2-nistp256 CCCC"]}
     )
@@ -51,7 +51,7 @@ def test_keys_are_made_once_0600_in_a_0700_store_and_reused(tmp_path):
 
 
 def test_a_revoked_node_leaves_every_authorized_keys_until_rotated(tmp_path):
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     store = KeyStore("c1", root=tmp_path / "keys")
     assert authorized_lines(cluster, "root", snapshot(store)) == []  # nothing made on the way
     before = authorized_lines(cluster, "root", prepared(store, cluster))
@@ -74,7 +74,7 @@ def test_the_managed_ssh_config_wins_for_cluster_hosts_and_leaves_the_users_defa
     from trainfleet.blocks import markers
     from trainfleet.render import render_lines
 
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     begin, end = markers("ssh mesh hosts")
     block = render_lines(
         "ssh_mesh/ssh_config.j2", nodes=cluster.nodes, user="root", key_name="id_trainfleet"
@@ -170,7 +170,7 @@ def test_the_ca_lines_name_each_port_apart_and_trust_the_ca_only_for_the_mesh_us
     are."""
     from trainfleet.mesh import ca_authorized_line, ca_known_hosts_lines
 
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     ca = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA trainfleet:c1:ca"
     assert ca_known_hosts_lines(cluster, ca) == [
         "@cert-authority a,a.example.com,192.0.2.1 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAICA "

@@ -57,7 +57,7 @@ from trainfleet.mesh import (
 from trainfleet.model import Cluster
 from trainfleet.plan import plan_cluster
 from trainfleet.plan_types import ClusterPlan, Gathered
-from trainfleet.spec import SpecError, parse_spec
+from trainfleet.spec import SpecError, parse_cluster, parse_spec
 
 needs_openssh = pytest.mark.skipif(
     shutil.which("ssh") is None or shutil.which("ssh-keygen") is None,
@@ -152,7 +152,7 @@ def test_a_name_pattern_turns_digits_of_a_first_label_or_an_address_last_part_in
 
 
 def test_a_thousand_nodes_need_a_handful_of_patterns_and_each_name_is_matched_by_its_groups():
-    hundred, thousand = Cluster.parse(big_spec(100)), Cluster.parse(big_spec(1024))
+    hundred, thousand = parse_cluster(big_spec(100)), parse_cluster(big_spec(1024))
     ((port_100, patterns_100),), ((port, patterns),) = (
         cluster_patterns(hundred),
         cluster_patterns(thousand),
@@ -180,7 +180,7 @@ def test_a_thousand_nodes_need_a_handful_of_patterns_and_each_name_is_matched_by
 
 
 def test_a_group_whose_patterns_would_match_a_node_on_another_port_lists_its_names_as_they_are():
-    cluster = Cluster.parse("""\
+    cluster = parse_cluster("""\
 cluster: {name: ports}
 nodes:
   - {name: gpu-a01, address: 198.18.0.11}
@@ -226,7 +226,7 @@ def ssh_resolved(config: Path, name: str) -> dict[str, list[str]]:
 def test_ssh_gives_cluster_names_the_planned_user_port_and_key_and_other_hosts_nothing(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
     config = ssh_config_file(tmp_path, plan.nodes["gpu-a01"].ssh_mesh.users[1].config)  # alice's
     for node in cluster.nodes:
@@ -252,7 +252,7 @@ def test_ssh_gives_cluster_names_the_planned_user_port_and_key_and_other_hosts_n
 
 @needs_openssh
 def test_a_node_named_in_capitals_is_reached_through_the_planned_config(tmp_path):
-    cluster = Cluster.parse("""\
+    cluster = parse_cluster("""\
 cluster: {name: caps}
 nodes:
   - {name: GPU-A01, address: 198.18.0.11, ssh: {port: 2222}}
@@ -271,7 +271,7 @@ nodes:
 def test_the_known_hosts_ca_lines_vouch_for_every_cluster_name_at_its_port_and_for_nothing_else(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     plan = plan_of(cluster, tmp_path / "keys")
     lines = plan.nodes["gpu-a02"].ssh_mesh.known_hosts
     ca = KeyStore(cluster.name, root=tmp_path / "keys").certificate_authority()
@@ -305,7 +305,7 @@ def test_the_known_hosts_ca_lines_vouch_for_every_cluster_name_at_its_port_and_f
 
 @needs_openssh
 def test_a_host_certificate_names_the_node_its_fqdn_and_its_address_in_lower_case(tmp_path):
-    cluster = Cluster.parse("""\
+    cluster = parse_cluster("""\
 cluster: {name: prod, domain: Cluster.Example.COM}
 nodes:
   - {name: GPU-A01, address: 198.18.0.11}
@@ -336,7 +336,7 @@ nodes:
 
 
 def test_a_rerun_with_the_nodes_current_certificates_keeps_every_one_byte_for_byte(tmp_path):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     host_keys = {n.name: [public_key()] for n in cluster.nodes}
     first = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     sshd = {
@@ -371,7 +371,7 @@ def test_a_rerun_with_the_nodes_current_certificates_keeps_every_one_byte_for_by
 def test_a_certificate_is_signed_again_in_its_last_third_or_for_another_ca_key_or_principals(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
+    cluster = parse_cluster(MIXED + "ssh: {certificate_days: 30}\n")
     certs = plan_certificates(
         cluster, prepared(KeyStore("mix", root=tmp_path / "keys"), cluster), now=NOW
     )
@@ -410,8 +410,8 @@ def test_a_certificate_is_signed_again_in_its_last_third_or_for_another_ca_key_o
 
 
 def test_a_certificate_that_outlives_a_shortened_validity_is_signed_anew(tmp_path):
-    year = Cluster.parse(MIXED)
-    month = Cluster.parse(MIXED + "ssh: {certificate_days: 30}\n")
+    year = parse_cluster(MIXED)
+    month = parse_cluster(MIXED + "ssh: {certificate_days: 30}\n")
     key = public_key()
     line = plan_certificates(
         year, prepared(KeyStore("mix", root=tmp_path / "keys"), year), now=NOW
@@ -431,7 +431,7 @@ def test_a_certificate_that_outlives_a_shortened_validity_is_signed_anew(tmp_pat
 def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_their_last_third(
     tmp_path,
 ):
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         "cluster: {name: short}\nssh: {certificate_days: 3}\n"
         "nodes:\n  - {name: gpu-a01, address: 198.18.0.11}\n"
     )
@@ -467,7 +467,7 @@ def test_a_plan_signs_again_a_host_and_a_user_certificate_the_node_holds_in_thei
 def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_their_certificates(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     root = tmp_path / "keys"
     before = plan_of(cluster, root)
     store = KeyStore("mix", root=root)
@@ -501,7 +501,7 @@ def test_the_krl_refuses_exactly_the_revoked_rotated_and_retired_mesh_keys_and_t
 
 
 def test_two_plans_of_the_same_key_store_write_the_same_krl_so_a_rerun_changes_nothing(tmp_path):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     first, second = plan_of(cluster, tmp_path / "keys"), plan_of(cluster, tmp_path / "keys")
     assert (
         first.nodes["gpu-a01"].ssh_mesh.sshd.revoked_keys
@@ -520,7 +520,7 @@ def test_two_plans_of_the_same_key_store_write_the_same_krl_so_a_rerun_changes_n
 
 
 def test_a_key_mesh_plans_every_nodes_keys_and_no_certificate(tmp_path):
-    cluster = Cluster.parse(MIXED + "ssh: {mesh: keys}\n")
+    cluster = parse_cluster(MIXED + "ssh: {mesh: keys}\n")
     host_keys = {n.name: [public_key()] for n in cluster.nodes}
     plan = plan_of(cluster, tmp_path / "keys", host_keys=host_keys)
     store = KeyStore("mix", root=tmp_path / "keys")
@@ -555,7 +555,7 @@ def test_a_certificate_meshs_files_are_the_same_size_for_3_and_300_nodes_and_a_k
     sizes = {}
     for mode in ("certificates", "keys"):
         for n in (3, 300):
-            cluster = Cluster.parse(big_spec(n, mode, ipv6=True))
+            cluster = parse_cluster(big_spec(n, mode, ipv6=True))
             plan = plan_of(
                 cluster,
                 tmp_path / "keys",
@@ -599,7 +599,7 @@ def test_a_bad_or_misplaced_mesh_setting_is_refused_naming_its_key(extra, key):
 
 
 def test_the_mesh_settings_default_to_certificates_for_a_year_and_never_reach_a_nodes_ssh():
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         "cluster: {name: p}\nssh: {port: 2200}\nnodes:\n  - {name: a, address: 192.0.2.1}\n"
     )
     assert (cluster.mesh, cluster.certificate_days) == ("certificates", 365)
@@ -787,7 +787,7 @@ def test_every_users_ssh_reads_the_client_drop_in_for_names_and_addresses_unless
     tmp_path,
 ):
     """OpenSSH's own reading (``ssh -G``) of a system config that includes the rendered drop-in."""
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     (tmp_path / "ssh_config.d").mkdir()
     (tmp_path / "ssh_config.d" / "trainfleet-mesh.conf").write_text(
         plan.nodes["gpu-a01"].ssh_mesh.sshd.client_drop_in
@@ -868,7 +868,7 @@ def test_sshd_fact_output_without_the_include_answer_or_a_file_is_an_error_not_a
 def test_a_node_whose_sshd_would_not_read_the_mesh_files_carries_the_problem_and_no_files(
     tmp_path, change, problem
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     node = cluster.node("gpu-a01")
     sshd = {**fresh_sshd(), **{k: v for k, v in change.items() if k not in ("sshd", "host_keys")}}
     gathered = Gathered(
@@ -947,7 +947,7 @@ def converged_sshd(plan: ClusterPlan, node: str = "gpu-a01") -> dict[str, Any]:
 def test_sshd_certificates_writes_certificates_then_krl_then_drop_ins_then_reloads_sshd_once(
     tmp_path,
 ):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     commands, _ = run_op(sshd_certificates, [(SshdMesh, {}, fresh_sshd())], **sshd_args(plan))
     *writes, reload = commands
     sshd = plan.nodes["gpu-a01"].ssh_mesh.sshd
@@ -972,7 +972,7 @@ def test_sshd_certificates_writes_certificates_then_krl_then_drop_ins_then_reloa
 
 
 def test_a_node_without_the_client_drop_in_gets_it_alone_and_sshd_is_not_reloaded(tmp_path):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     commands, _ = run_op(
         sshd_certificates,
         [(SshdMesh, {}, {**converged_sshd(plan), "client_drop_in": None})],
@@ -982,7 +982,7 @@ def test_a_node_without_the_client_drop_in_gets_it_alone_and_sshd_is_not_reloade
 
 
 def test_sshd_certificates_changes_nothing_on_a_node_that_holds_the_plans_files(tmp_path):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     commands, noop = run_op(
         sshd_certificates, [(SshdMesh, {}, converged_sshd(plan))], **sshd_args(plan)
     )
@@ -990,7 +990,7 @@ def test_sshd_certificates_changes_nothing_on_a_node_that_holds_the_plans_files(
 
 
 def test_sshd_certificates_writes_a_renewed_certificate_alone_and_reloads(tmp_path):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
     current["certificates"][ED25519_CERT] = (
         "ssh-ed25519-cert-v01@openssh.com AAAAold trainfleet:mix:host:gpu-a01"
@@ -1024,7 +1024,7 @@ def _public_of(kind: str) -> str:
 def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_certificate(
     tmp_path, kinds, certified
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     keys = {kind: (public_key() if kind == "ed25519" else _public_of(kind)) for kind in kinds}
     plan = plan_of(
         cluster, tmp_path / "keys", host_keys={n.name: sorted(keys.values()) for n in cluster.nodes}
@@ -1039,7 +1039,7 @@ def test_the_ca_certifies_one_host_key_ed25519_else_rsa_and_sshd_names_only_its_
 
 
 def test_a_node_with_only_an_ecdsa_host_key_gets_no_certificate_and_fails_its_step(tmp_path):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     plan = plan_of(
         cluster, tmp_path / "keys", host_keys={n.name: [_public_of("ecdsa")] for n in cluster.nodes}
     )
@@ -1052,11 +1052,11 @@ def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_aft
 ):
     """A node an older deploy gave an ECDSA host certificate too: the drop-in without it, sshd
     reloaded, then the file removed; a site's own certificate is not trainfleet's to remove."""
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
     old = plan_certificates(
-        Cluster.parse(MIXED),
-        prepared(KeyStore("mix", root=tmp_path / "keys"), Cluster.parse(MIXED)),
+        parse_cluster(MIXED),
+        prepared(KeyStore("mix", root=tmp_path / "keys"), parse_cluster(MIXED)),
     )
     current["certificates"][ECDSA_CERT] = old.certificate(
         None, _public_of("ecdsa"), "host", ["gpu-a01"], "trainfleet:mix:host:gpu-a01"
@@ -1087,11 +1087,11 @@ def test_trainfleets_certificate_of_another_host_key_is_unnamed_then_removed_aft
 def test_a_key_mesh_drops_the_drop_in_reloads_then_removes_only_trainfleets_certificates_and_krl(
     tmp_path,
 ):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     current = converged_sshd(plan)
     site_ca = plan_certificates(
-        Cluster.parse(MIXED),
-        prepared(KeyStore("mix", root=tmp_path / "site"), Cluster.parse(MIXED)),
+        parse_cluster(MIXED),
+        prepared(KeyStore("mix", root=tmp_path / "site"), parse_cluster(MIXED)),
     )
     current["certificates"][RSA_CERT] = site_ca.certificate(
         None, public_key(), "host", ["gpu-a01"], "site-ca"
@@ -1138,7 +1138,7 @@ def test_a_key_mesh_drops_the_drop_in_reloads_then_removes_only_trainfleets_cert
 def test_a_key_mesh_removes_trainfleets_certificates_and_krl_left_behind_without_the_drop_in(
     tmp_path,
 ):
-    plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     current = {**converged_sshd(plan), "drop_in": None}  # removed, then the reload failed
     commands, _ = run_op(
         sshd_certificates,
@@ -1196,8 +1196,8 @@ def alice_on_node(
 def keys_then_certificates(tmp_path: Path):
     """alice's plans on gpu-a01 in a key mesh and then in a certificate mesh of the same key
     store."""
-    keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
-    cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    keys_plan = plan_of(parse_cluster(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
+    cert_plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     return keys_plan.nodes["gpu-a01"].ssh_mesh.users[1], cert_plan.nodes["gpu-a01"].ssh_mesh.users[
         1
     ]
@@ -1333,7 +1333,7 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
     )
     assert certificates.read(forged).valid_after.year == 9999  # read, clamped: no OverflowError
     assert mesh.certificate_summary(forged).startswith("user alice until 9999-12-31")
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     plan = plan_of(cluster, tmp_path / "keys", user_certificates={"gpu-a01": {"alice": forged}})
     assert (
         plan.nodes["gpu-a01"].ssh_mesh.users[1].certificate != forged
@@ -1344,10 +1344,10 @@ def test_a_forged_certificate_with_times_out_of_range_is_read_clamped_not_a_cras
 def test_a_revoked_key_leaves_the_block_at_once_even_while_the_mesh_trusts_both_ways(tmp_path):
     from operations.ssh_mesh_ops import trusting
 
-    keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
+    keys_plan = plan_of(parse_cluster(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
     lines = keys_plan.nodes["gpu-a01"].ssh_mesh.users[0].authorized
     KeyStore("mix", root=tmp_path / "keys").revoke("root", "gpu-a02")
-    cert_plan = plan_of(Cluster.parse(MIXED), tmp_path / "keys")
+    cert_plan = plan_of(parse_cluster(MIXED), tmp_path / "keys")
     user = cert_plan.nodes["gpu-a01"].ssh_mesh.users[0]
     current = block_state(
         {
@@ -1366,7 +1366,7 @@ def test_a_revoked_key_leaves_the_block_at_once_even_while_the_mesh_trusts_both_
 def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_all_present_it(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     first = plan_of(cluster, tmp_path / "keys")
     store.rotate_certificate_authority()
@@ -1410,14 +1410,14 @@ def test_a_new_ca_moves_only_in_a_run_that_reaches_every_node_and_settles_once_a
 def test_a_ca_rotation_with_a_node_down_completes_once_it_leaves_the_spec_and_the_old_key_goes(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     plan_of(cluster, tmp_path / "keys")
     old = store.rotate_certificate_authority()
     assert (old / "ca").exists()
     # gpu-b02 is down: with it in the spec nothing moves (see above); out of the spec, the rest
     # move.
-    smaller = Cluster.parse(
+    smaller = parse_cluster(
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
     )
     moved = plan_of(smaller, tmp_path / "keys")
@@ -1484,7 +1484,7 @@ def test_an_sshd_that_cannot_present_certificates_fails_before_any_node_changes_
 def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certificates_are_refused(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     root = tmp_path / "keys"
     old_key = host_key_of(cluster, "gpu-a02")
     plan_of(cluster, root)
@@ -1506,7 +1506,7 @@ def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certific
         "    RevokedHostKeys /etc/ssh/trainfleet_revoked_keys"
         in plan.nodes["gpu-a01"].ssh_mesh.users[0].config
     )
-    smaller = Cluster.parse(
+    smaller = parse_cluster(
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
     )
     plan_of(smaller, root)
@@ -1514,8 +1514,8 @@ def test_a_reimaged_or_removed_nodes_old_host_keys_are_revoked_so_their_certific
 
 
 def test_identities_change_only_without_failures_while_a_node_trusts_another_way(tmp_path):
-    cluster = Cluster.parse(MIXED)
-    keys_plan = plan_of(Cluster.parse(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
+    cluster = parse_cluster(MIXED)
+    keys_plan = plan_of(parse_cluster(MIXED + "ssh: {mesh: keys}\n"), tmp_path / "keys")
     cert_plan = plan_of(cluster, tmp_path / "keys")
     base = gathered_for(cluster)
 
@@ -1563,10 +1563,10 @@ def test_identities_change_only_without_failures_while_a_node_trusts_another_way
 def test_a_node_removed_then_added_back_as_it_was_is_named_until_the_operator_readmits_its_host_key(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     root = tmp_path / "keys"
     plan_of(cluster, root)
-    smaller = Cluster.parse(
+    smaller = parse_cluster(
         MIXED.replace('  - {name: gpu-b02, address: "2001:db8::b2", ssh: {port: 2222}}\n', "")
     )
     plan_of(smaller, root)
@@ -1603,7 +1603,7 @@ def refused_keys(root: Path) -> list[str]:
 def test_a_damaged_or_foreign_host_certificate_is_signed_anew_by_the_deploy_and_named_by_drift(
     tmp_path,
 ):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     first = plan_of(cluster, tmp_path / "keys").nodes["gpu-a01"].ssh_mesh.sshd
     good = first.certificates[ED25519_CERT].strip()
     names = host_principals(cluster.node("gpu-a01"))
@@ -1648,7 +1648,7 @@ def test_a_node_down_at_the_first_deploy_of_new_servers_changes_no_krl_when_it_i
     so its old one is revoked in that first run (and drift expects it), not in the run that reads
     gpu-b02 again: that run plans every node the KRL the first one wrote."""
     known = tmp_path / "known_hosts"
-    cluster = Cluster.parse(MIXED + f"ssh: {{known_hosts: {known}}}\n")
+    cluster = parse_cluster(MIXED + f"ssh: {{known_hosts: {known}}}\n")
     names = [n.name for n in cluster.nodes]
     store = KeyStore("mix", root=tmp_path / "keys")
     earlier = public_key()
@@ -1759,7 +1759,7 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
     the old one and writes the KRL that refuses it; only alice's later steps on gpu-a02 wait,
     and gpu-a02 is still failed, in the mesh's last step. A root-owned failure still holds
     every drop back, as before."""
-    cluster = Cluster.parse(WITH_BOB)
+    cluster = parse_cluster(WITH_BOB)
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     store.rotate_certificate_authority()
@@ -1817,7 +1817,7 @@ def test_a_mesh_user_failing_on_one_node_holds_back_no_revocation_on_it(tmp_path
     fails every run. gpu-a02's KRL still takes the revocation in the same run (so root's trust
     of the CA there no longer admits the thief's certificate), bob's steps there still run, and
     gpu-a02 is failed in the mesh's last step, naming alice and her step."""
-    cluster = Cluster.parse(WITH_BOB)
+    cluster = parse_cluster(WITH_BOB)
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     stolen = store.keypair("root", "gpu-b01").public.strip()
@@ -1869,7 +1869,7 @@ def test_the_old_ca_joins_the_krl_once_every_node_presents_the_new_one_and_a_rer
     settles the store (its root's and hosts' certificates are the new CA's), which then plans the
     same bytes; drift, between the two, expects them too. gpu-a02's alice, still on the old CA,
     does not hold it back."""
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     old_ca = store.certificate_authority().public
@@ -1893,7 +1893,7 @@ def test_the_old_ca_joins_the_krl_once_every_node_presents_the_new_one_and_a_rer
 
 
 def test_a_store_whose_ca_move_settled_before_old_cas_were_revoked_revokes_them_once(tmp_path):
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     plan_of(cluster, tmp_path / "keys")
     old_ca = store.certificate_authority().public
@@ -1913,7 +1913,7 @@ def test_the_settled_krl_replaces_the_one_sshd_certificates_wrote_this_run_on_a_
     mesh): the settled KRL (the old CA revoked) is written over it, the plain one is not again."""
     from operations.ssh_mesh_ops import revoked_keys
 
-    cluster = Cluster.parse(MIXED)
+    cluster = parse_cluster(MIXED)
     store = KeyStore("mix", root=tmp_path / "keys")
     old = plan_of(cluster, tmp_path / "keys")
     store.rotate_certificate_authority()

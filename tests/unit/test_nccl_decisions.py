@@ -10,6 +10,7 @@ from pathlib import Path
 
 from checks.nccl_decisions import decisions, nccl_decision_problems
 from trainfleet.model import Cluster
+from trainfleet.spec import load_cluster
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 LOGS = FIXTURES / "nccl_debug"
@@ -38,7 +39,7 @@ def cluster(tmp_path: Path, nodes: list[str], gpus: int = 8) -> Cluster:
             for i, n in enumerate(nodes, 1)
         )
     )
-    return Cluster.load(spec)
+    return load_cluster(spec)
 
 
 IB = {"ib_ports": [{"device": "mlx5_10", "port": 1, "state": "4: ACTIVE"}], "interfaces": []}

@@ -22,9 +22,9 @@ from facts.openmpi_facts import OpenMpiState
 from tests.unit.test_nccl_env import AUTO, ib_ports
 from trainfleet.capabilities.launchers import render_launchers
 from trainfleet.capabilities.openmpi import cluster_params, mca_params, tcp_include
-from trainfleet.model import Cluster
 from trainfleet.nccl import Derived, derive
 from trainfleet.render import render_lines
+from trainfleet.spec import parse_cluster
 
 # `ip -o addr show` on lab node1 (iproute2 6.1, Debian 12), as the fact's script reads it.
 IP_ADDR = (
@@ -223,7 +223,7 @@ def run_launcher(tmp_path: Path, script: str, fake: str) -> list[str]:
 
 
 def test_mpirun_line_pins_the_network_and_forwards_only_uniform_variables(tmp_path):
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     files = render_launchers(
         cluster,
         cluster.nodes[0],
@@ -252,7 +252,7 @@ def test_mpirun_line_pins_the_network_and_forwards_only_uniform_variables(tmp_pa
 
 
 def test_horovod_line_lists_every_node_with_its_slots(tmp_path):
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     same = render_launchers(cluster, cluster.nodes[0], forward={"GLOO_SOCKET_IFNAME": "eth0"})[
         "horovod.sh"
     ][0]

@@ -19,9 +19,10 @@ from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import pair_port_problems, port_listing_problems
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import shell_stage, stage_script
-from trainfleet import Cluster, stamps
+from trainfleet import stamps
+from trainfleet.spec import parse_cluster
 
-LAB = Cluster.parse(
+LAB = parse_cluster(
     "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
     "  - {name: node3, address: 198.18.0.13}\n"
 )

@@ -38,6 +38,7 @@ from trainfleet.keystore import KeyStore
 from trainfleet.model import Cluster
 from trainfleet.plan import plan_cluster
 from trainfleet.plan_types import ClusterPlan, Gathered
+from trainfleet.spec import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -102,7 +103,7 @@ def three_node_plan(
     mesh_mode: str = "certificates",
     family: str = "debian",
 ) -> tuple[Cluster, ClusterPlan]:
-    cluster = Cluster.parse(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
+    cluster = parse_cluster(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
     gathered = Gathered(
         networks=networks,
@@ -333,7 +334,7 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
 
 
 def test_a_node_whose_network_was_not_read_fails_its_nccl_step_and_is_expected_none_of_it(tmp_path):
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     _, plan = three_node_plan(
         tmp_path, {n.name: plain_network(n.address) for n in cluster.nodes[:2]}
     )
@@ -350,7 +351,7 @@ def test_a_node_that_gave_no_host_keys_gets_them_from_the_controllers_known_host
     )
     known = tmp_path / "known_hosts"
     known.write_text(f"198.18.0.12 {public}\n")
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         SPEC.replace(
             "address: 198.18.0.12}", f"address: 198.18.0.12, ssh: {{known_hosts: {known}}}}}"
         )
@@ -375,7 +376,7 @@ def test_a_node_that_gave_no_host_keys_gets_them_from_the_controllers_known_host
 
 def test_a_plan_without_the_key_store_plans_no_mesh_and_creates_no_key(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFLEET_HOME", str(tmp_path))
-    cluster = Cluster.parse(SPEC)
+    cluster = parse_cluster(SPEC)
     plan = plan_cluster(
         cluster, Gathered(networks={n.name: plain_network(n.address) for n in cluster.nodes})
     )

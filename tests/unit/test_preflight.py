@@ -33,8 +33,9 @@ from checks.hygiene_verdicts import hygiene_problems
 from checks.preflight_report import PreflightReport
 from checks.reachability_verdicts import listener_pids
 from trainfleet import Cluster
+from trainfleet.spec import parse_cluster
 
-CLUSTER = Cluster.parse("""\
+CLUSTER = parse_cluster("""\
 nodes:
   - {name: gpu-a01, address: 192.0.2.11, gpus: 8}
   - {name: gpu-a02, address: 192.0.2.12, gpus: 8}
@@ -198,7 +199,7 @@ def test_ranks_are_laid_out_one_per_gpu_in_hostfile_order_and_one_on_a_cpu_node(
     from checks.collective_verdicts import rank_layout, rank_places
 
     assert rank_layout(CLUSTER.nodes) == {"gpu-a01": (0, 8), "gpu-a02": (8, 8), "gpu-a03": (16, 8)}
-    mixed = Cluster.parse(
+    mixed = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 4}\n  - {name: b, address: 192.0.2.2}\n"
         "  - {name: c, address: 192.0.2.3, gpus: 2}\n"
     )
@@ -265,7 +266,7 @@ def test_the_collective_script_gives_each_rank_the_gpu_cuda_visible_devices_list
         (8, 0, "GPU-5b7a1c3e"),
         (9, 1, "GPU-0c2d4f1a"),
     ]
-    two = Cluster.parse(
+    two = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1, gpus: 8}\n  - {name: b, address: 192.0.2.2, "
         "gpus: 2}\n"
     )
@@ -291,7 +292,7 @@ def test_isolation_blames_the_failing_pairs_node_or_the_master_when_all_fail():
     assert [p.node for p in isolate(CLUSTER, {"gpu-a02": False, "gpu-a03": False})] == ["gpu-a01"]
 
 
-FIVE = Cluster.parse(
+FIVE = parse_cluster(
     "nodes:\n"
     + "".join(f"  - {{name: n{i}, address: 192.0.2.{10 + i}, gpus: 0}}\n" for i in range(1, 6))
 )
@@ -595,7 +596,7 @@ def _collective_on(monkeypatch, venv, cwd) -> list[dict]:
 
 
 def causes(steps: list[dict]) -> list[str]:
-    one = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n")
+    one = parse_cluster("nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n")
     return [p.cause for p in collective_problems(one, {"gpu-a01": [steps]})]
 
 
@@ -696,7 +697,7 @@ def test_nodes_sharing_a_hostname_are_each_named():
 def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails():
     from checks.mesh_verdicts import mesh_problems
 
-    cluster = Cluster.parse(CLUSTER_TEXT_WITH_USERS)
+    cluster = parse_cluster(CLUSTER_TEXT_WITH_USERS)
     names = [n.name for n in cluster.nodes]
     ok = {user: {peer: "ok" for peer in names} for user in ("root", "alice")}
     assert mesh_problems(cluster, {n: ok for n in names}, names, 25) == []
@@ -798,7 +799,7 @@ def test_every_rank_of_every_node_must_report_ok_from_the_smoke_job():
 def test_a_smoke_job_in_the_wrong_world_or_silent_is_no_pass():
     from checks.smoke_verdicts import smoke_problems
 
-    small = Cluster.parse(
+    small = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     assert [
@@ -1026,7 +1027,7 @@ def _preflight_collective(
 def test_the_pairs_run_after_the_collective_in_the_same_command_and_the_slow_node_is_named(
     monkeypatch,
 ):
-    lab = Cluster.parse(
+    lab = parse_cluster(
         "preflight: {min_busbw_gbps: 0.5}\nnodes:\n  - {name: node1, address: 198.18.0.11}\n"
         "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
     )
@@ -1070,7 +1071,7 @@ def test_the_pairs_run_after_the_collective_in_the_same_command_and_the_slow_nod
 
 
 def test_bandwidth_pairs_get_distinct_ports_and_every_gpu_of_both_nodes():
-    four = Cluster.parse(
+    four = parse_cluster(
         "nodes:\n"
         + "".join(f"  - {{name: g{i}, address: 192.0.2.{i}, gpus: 8}}\n" for i in range(4))
     )
@@ -1108,9 +1109,9 @@ def test_a_ranks_steps_are_split_by_job_and_what_the_process_said_goes_to_the_jo
 def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_with_a_note(
     monkeypatch,
 ):
-    one_gpu_node = Cluster.parse("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
+    one_gpu_node = parse_cluster("nodes:\n  - {name: g, address: 192.0.2.1, gpus: 8}\n")
     assert bandwidth_stage.bandwidth_plan(one_gpu_node) == ([[("g",)]], None)
-    cpu = Cluster.parse("nodes:\n  - {name: c, address: 192.0.2.1}\n")
+    cpu = parse_cluster("nodes:\n  - {name: c, address: 192.0.2.1}\n")
     calls, report = _preflight_collective(monkeypatch, cpu)
     ((raw, _),) = calls
     assert raw["c"].endswith(" 1 gloo 25,0,1,192.0.2.1,29500,0")  # the collective alone
@@ -1122,7 +1123,7 @@ def test_a_single_node_measures_its_gpus_alone_and_a_single_cpu_node_is_skipped_
 
 
 def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is_no_pass():
-    two = Cluster.parse(
+    two = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     collective = _bandwidth_lines(0, 2, None)
@@ -1148,7 +1149,7 @@ def test_a_pair_that_did_not_finish_is_named_in_its_ranks_words_and_no_figure_is
 
 
 def test_a_failed_collective_skips_the_pairs_and_their_judgement(monkeypatch):
-    three = Cluster.parse(
+    three = parse_cluster(
         "nodes:\n" + "".join(f"  - {{name: n{i}, address: 192.0.2.{i}}}\n" for i in range(1, 4))
     )
 
@@ -1211,7 +1212,7 @@ def test_the_network_nccl_used_is_read_from_its_real_info_logs(log, network, evi
 
 
 def _two_ib_nodes(ib: str = "auto") -> Cluster:
-    return Cluster.parse(
+    return parse_cluster(
         f"nccl: {{ib: {ib}}}\nnodes:\n  - {{name: gpu-a01, address: 192.0.2.11, gpus: 2}}\n"
         "  - {name: gpu-a02, address: 192.0.2.12, gpus: 2}\n"
     )
@@ -1262,7 +1263,7 @@ def test_sockets_are_fine_where_no_ib_port_is_active_the_spec_disables_ib_or_the
     assert nccl_socket_problems(_two_ib_nodes(), logs, down) == []
     active = {"gpu-a01": _network("ib_two_hcas"), "gpu-a02": _network("ib_two_hcas")}
     assert nccl_socket_problems(_two_ib_nodes("disable"), logs, active) == []
-    one = Cluster.parse("nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n")
+    one = parse_cluster("nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n")
     assert nccl_socket_problems(one, logs, active) == []
 
 
@@ -1362,7 +1363,7 @@ def test_a_lone_port_down_silently_disabling_ib_on_one_node_and_a_missing_hca_ar
 def test_a_cpu_node_without_hcas_beside_ib_gpu_nodes_is_not_named_but_a_gpu_node_is():
     from checks.fabric_verdicts import ib_port_problems
 
-    mixed = Cluster.parse(
+    mixed = parse_cluster(
         "nodes:\n  - {name: gpu-a01, address: 192.0.2.11, gpus: 8}\n  - {name: gpu-a02, address: "
         "192.0.2.12, gpus: 8}\n  - {name: cpu-a03, address: 192.0.2.13}\n"
     )
@@ -1458,7 +1459,7 @@ def _mtu_network(address: str, mtu: int | None, ports: list[dict] | None = None)
 def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
     from checks.fabric_verdicts import mtu_problems
 
-    three = Cluster.parse(
+    three = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
         "  - {name: c, address: 192.0.2.3}\n"
     )
@@ -1491,7 +1492,7 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
 def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
     from checks.fabric_verdicts import mtu_problems
 
-    two = Cluster.parse(
+    two = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     (problem,) = mtu_problems(
@@ -1518,7 +1519,7 @@ def test_preflight_names_missing_expired_and_future_certificates_warns_of_those_
     from checks.mesh_verdicts import certificate_verdicts
     from trainfleet import certificates
 
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     ca = Ed25519PrivateKey.generate()
@@ -1574,7 +1575,7 @@ def test_preflight_names_a_certificate_that_is_not_the_clusters_cas_for_this_nod
     from checks.mesh_verdicts import certificate_verdicts
     from trainfleet import certificates
 
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     ca, other = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
@@ -1662,7 +1663,7 @@ def test_the_collective_passes_on_what_nccl_decided_from_its_own_log(
 
 
 def test_error_counters_are_read_around_the_collective_and_pairs_on_nodes_with_hcas(monkeypatch):
-    lab = Cluster.parse(
+    lab = parse_cluster(
         "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
     )
     calls: list[list[str]] = []

@@ -24,9 +24,9 @@ from checks.hygiene_verdicts import pair_port_problems
 from checks.pair_ports import hosted_ports
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import shell_stage, stage_script
-from trainfleet import Cluster
+from trainfleet.spec import parse_cluster
 
-LAB = Cluster.parse(
+LAB = parse_cluster(
     "nodes:\n  - {name: node1, address: 198.18.0.11}\n  - {name: node2, address: 198.18.0.12}\n"
     "  - {name: node3, address: 198.18.0.13}\n"
 )

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainfleet import Cluster, SpecError, parse_spec
+from trainfleet import SpecError, parse_spec
 from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
-from trainfleet.schema import NODE, SPEC, Key, Section, type_name
-from trainfleet.spec import dotted
+from trainfleet.grammar import Key, Section, type_name
+from trainfleet.schema import NODE, SPEC
+from trainfleet.spec import dotted, load_cluster, parse_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +58,7 @@ def test_a_good_spec_gets_every_default():
 
 
 def test_the_example_prod_spec_is_valid():
-    cluster = Cluster.load(REPO / "inventories/prod.yml")
+    cluster = load_cluster(REPO / "inventories/prod.yml")
     assert [n.name for n in cluster.nodes] == ["gpu-a01", "gpu-a02"]
     assert cluster.total_gpus == 16
     assert all(n.address.startswith("192.0.2.") for n in cluster.nodes)  # documentation range
@@ -285,7 +286,7 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_per_node_overrides_apply_only_to_that_node():
-    cluster = Cluster.parse(
+    cluster = parse_cluster(
         textwrap.dedent("""\
         ssh: {key: /keys/admin, port: 2222}
         nccl: {socket_ifname: '=ens1'}
@@ -308,7 +309,7 @@ def test_per_node_overrides_apply_only_to_that_node():
 
 
 def test_ranks_master_and_names_derive_from_order():
-    cluster = Cluster.parse(GOOD)
+    cluster = parse_cluster(GOOD)
     assert [n.rank for n in cluster.nodes] == [0, 1]
     assert cluster.master.name == "gpu-a01"
     assert cluster.hosts_entries()[1] == ("192.0.2.12", ["gpu-a02.cluster.example.com", "gpu-a02"])

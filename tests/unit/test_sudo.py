@@ -16,7 +16,7 @@ from pyinfra.facts.server import Command
 
 from facts.sudo_facts import probe_script, sudo_form, sudo_probe_command, sudo_refusal
 from runtime.inventory import host_data
-from trainfleet import Cluster
+from trainfleet.spec import parse_cluster
 
 SUDO_SPEC = """\
 ssh: {user: admin, become: sudo}
@@ -34,7 +34,7 @@ ONLY_ID = textwrap.dedent("""\
 
 def sudo_data() -> dict:
     """The host data trainfleet's inventory makes for a sudo login."""
-    cluster = Cluster.parse(SUDO_SPEC)
+    cluster = parse_cluster(SUDO_SPEC)
     return host_data(cluster, cluster.nodes[0])
 
 

@@ -21,13 +21,13 @@ from checks.fabric_verdicts import ib_port_problems, mtu_problems, nccl_socket_p
 from checks.hygiene_verdicts import hygiene_problems, shm_warnings
 from checks.smoke_verdicts import smoke_problems
 from tests.unit.test_gpu_node import port
-from trainfleet import Cluster
 from trainfleet.__main__ import main as trainfleet_main
 from trainfleet.capabilities.openmpi import tcp_include
 from trainfleet.compare import Finding
+from trainfleet.grammar import env_name_problem
 from trainfleet.hccl import rank_table
 from trainfleet.nccl import Derived, cluster_interface, gid_disagreement, ib_settings
-from trainfleet.schema import env_name_problem
+from trainfleet.spec import parse_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "troubleshooting.md"
@@ -425,7 +425,7 @@ def test_nccl_env_takes_only_the_names_the_page_lists() -> None:
 
 # ---- the examples the page prints are what trainfleet prints ------------------------------------
 
-THREE = Cluster.parse("""\
+THREE = parse_cluster("""\
 nodes:
   - {name: gpu-a01, address: 192.0.2.11, gpus: 8}
   - {name: gpu-a02, address: 192.0.2.12, gpus: 8}

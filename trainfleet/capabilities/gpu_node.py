@@ -15,6 +15,7 @@ from typing import Any
 
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
+from trainfleet.grammar import NULL, Key, Section, memlock_problem, positive_number
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render
@@ -390,3 +391,52 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             },
         }
     }
+
+
+# The spec's section: `gpu` (trainfleet/schema.py composes the spec)
+
+GPU = Section(
+    doc="Node settings multi-node GPU jobs depend on; set where the node has GPUs (`memlock`: "
+    "every node).",
+    keys={
+        "persistence": Key(
+            bool,
+            True,
+            "`nvidia-persistenced` enabled and active: the driver stays loaded between jobs "
+            "(`nvidia-smi -q`: Persistence Mode Enabled).",
+            accepts="`true`, `false` (unmanaged)",
+        ),
+        "fabric_manager": Key(
+            str,
+            "auto",
+            "`auto`: a node whose GPUs sit on NVSwitches gets `nvidia-fabricmanager` at exactly "
+            "the driver's version, active (a mismatch is CUDA error 802); `off`: unmanaged.",
+            check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+            accepts="`auto`, `off`",
+        ),
+        "peermem": Key(
+            str,
+            "auto",
+            "`auto`: a GPU node with active InfiniBand/RoCE loads `nvidia_peermem` now and at boot "
+            "(GPUDirect RDMA; without it NCCL copies through the host); `off`: unmanaged.",
+            check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
+            accepts="`auto`, `off`",
+        ),
+        "memlock": Key(
+            (str, int, NULL),
+            "unlimited",
+            "Locked-memory limit of every session (`/etc/security/limits.d`), as a non-login ssh "
+            "session's `ulimit -l` shows it; too low and `ibv_reg_mr` fails. null: unmanaged.",
+            check=memlock_problem,
+            accepts="`unlimited`, or KiB (64 or more)",
+        ),
+        "max_clock_offset_ms": Key(
+            int,
+            100,
+            "Largest clock offset a node may report (chrony/timesyncd), and spread "
+            "between nodes' clocks the preflight accepts.",
+            check=positive_number,
+            accepts="1 or more",
+        ),
+    },
+)

@@ -9,6 +9,7 @@ from typing import Any
 
 from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
+from trainfleet.grammar import Key, Section, env_name_problem, env_value_problem, ifname_problem
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, derive_cluster, uniform_variables
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
@@ -154,3 +155,40 @@ def converged(plan: NodePlan) -> dict[str, Any]:
         },
         "nccl_seen": {"non_login": dict(nccl.env), "login": dict(nccl.env)},
     }
+
+
+# The spec's section: `nccl` (trainfleet/schema.py composes the spec)
+
+NCCL = Section(
+    doc="NCCL network environment. `auto` values are derived per node from its cluster address and "
+    "sysfs.",
+    keys={
+        "socket_ifname": Key(
+            str,
+            "auto",
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; `auto` = the interface holding the node's "
+            "address.",
+            check=ifname_problem,
+            accepts="`auto`, or `^`/`=` then names `[A-Za-z0-9_.:@-]{1,15}`, comma-separated",
+        ),
+        "ib": Key(
+            str,
+            "auto",
+            "`auto` (use active InfiniBand/RoCE ports, else disable) or `disable`.",
+            check=lambda v: (
+                None if v in ("auto", "disable") else f"{v!r} must be 'auto' or 'disable'"
+            ),
+            accepts="`auto` or `disable`",
+        ),
+        "env": Key(
+            dict,
+            {},
+            "Extra variables passed through as given, e.g. `NCCL_DEBUG: WARN`.",
+            each_key=env_name_problem,
+            each=env_value_problem,
+            example={"NCCL_DEBUG": "WARN"},
+            accepts="names `(NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+`; values integers or "
+            "`[A-Za-z0-9_.,:=^/%+@ -]*`, no leading/trailing space, no marker text",
+        ),
+    },
+)

@@ -20,6 +20,13 @@ from typing import Any
 from trainfleet.capabilities.nccl_env import NcclShared
 from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import MCA_FILE
+from trainfleet.grammar import (
+    Key,
+    Section,
+    env_value_problem,
+    mca_name_problem,
+    tcp_include_problem,
+)
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
@@ -150,3 +157,31 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "users": {user.user: {"exists": True, "params": block} for user in plan.ssh_mesh.users},
         }
     }
+
+
+# The spec's section: `openmpi` (trainfleet/schema.py composes the spec)
+
+OPENMPI = Section(
+    doc="OpenMPI's network, written to every mesh user's `~/.openmpi/mca-params.conf` and the "
+    "mpirun line.",
+    keys={
+        "tcp_include": Key(
+            str,
+            "auto",
+            "btl_tcp_if_include / oob_tcp_if_include; `auto` = the cluster interface's name if all "
+            "nodes share it, else the cluster subnets (CIDR).",
+            check=tcp_include_problem,
+            example="198.18.0.0/24",
+            accepts="`auto`, or interface names / IPv4 CIDR subnets, comma-separated",
+        ),
+        "params": Key(
+            dict,
+            {},
+            "Extra MCA parameters, e.g. `pml: ucx` (Debian's system file disables UCX).",
+            each_key=mca_name_problem,
+            each=env_value_problem,
+            example={"pml": "ucx"},
+            accepts="names `[a-z][a-z0-9_]*`; values as `nccl.env`'s",
+        ),
+    },
+)

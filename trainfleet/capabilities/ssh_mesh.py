@@ -21,6 +21,14 @@ from trainfleet.defaults import (
     SSHD_MESH_CONF,
     SYSTEM_KNOWN_HOSTS,
 )
+from trainfleet.grammar import (
+    NULL,
+    Key,
+    Section,
+    controller_path_problem,
+    port_problem,
+    user_problem,
+)
 from trainfleet.key_material import NO_CA, KeyMaterial, KeyPair
 from trainfleet.mesh import (
     certificate_summary,
@@ -526,3 +534,72 @@ def converged(plan: NodePlan) -> dict[str, Any]:
         }
         out[f"mesh_proof:{user.user}"] = dict.fromkeys(peers, "ok")
     return out
+
+
+# The spec's section: `ssh`, a node's (SSH) and the cluster's (CLUSTER_SSH); trainfleet/schema.py
+# composes the spec
+
+SSH = Section(
+    doc="How the controller (and the SSH mesh) reaches a node. Per node, override any key.",
+    keys={
+        "user": Key(
+            str,
+            "root",
+            "User pyinfra connects as: root, or a user with passwordless sudo (`become: sudo`).",
+            check=user_problem,
+            accepts="user name: `[a-z_][a-z0-9_-]{0,31}`",
+        ),
+        "become": Key(
+            (str, NULL),
+            None,
+            "`sudo`: every command, upload and check runs as root through the login user's "
+            "passwordless sudo (`sudo -n`: a node that asks for a password fails with one clear "
+            "error, never waits); null: `user` is root.",
+            check=lambda v: None if v == "sudo" else f"{v!r} must be 'sudo' (or null)",
+            accepts="`sudo`, or null",
+        ),
+        "port": Key(int, 22, "sshd port of the node.", check=port_problem, accepts="1-65535"),
+        "key": Key(
+            (str, NULL),
+            None,
+            "Private key the controller uses (path); null: ssh-agent / default keys.",
+            check=controller_path_problem,
+            accepts="controller path, one line",
+        ),
+        "known_hosts": Key(
+            (str, NULL),
+            None,
+            "known_hosts file the controller verifies host keys against; null: ~/.ssh/known_hosts. "
+            "Host-key checking is never switched off.",
+            check=controller_path_problem,
+            accepts="controller path, one line",
+        ),
+    },
+)
+
+MESH_MODES = ("certificates", "keys")
+
+CLUSTER_SSH = Section(
+    doc=SSH.doc + " `mesh` and `certificate_days` are cluster-wide.",
+    keys={
+        **SSH.keys,
+        "mesh": Key(
+            str,
+            "certificates",
+            "How the SSH mesh trusts: `certificates` (the cluster CA signs each node's host key "
+            "and each mesh user's key; every node holds one CA line, whatever the cluster's size) "
+            "or `keys` (every node's host key and public key on every node). Switching moves the "
+            "mesh in one deploy.",
+            check=lambda v: None if v in MESH_MODES else f"{v!r} must be 'certificates' or 'keys'",
+            accepts="`certificates`, `keys`",
+        ),
+        "certificate_days": Key(
+            int,
+            365,
+            "Validity of host and user certificates; the deploy signs them again once less "
+            "than a third is left, and drift names a node whose certificate is in that last third.",
+            check=lambda v: None if 1 <= v <= 3650 else f"must be 1 to 3650 days, got {v}",
+            accepts="1-3650",
+        ),
+    },
+)

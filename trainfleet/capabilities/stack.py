@@ -10,6 +10,17 @@ from typing import Any
 
 from trainfleet.compare import ABSENT, PYTHON_PREFIX
 from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
+from trainfleet.grammar import (
+    NULL,
+    Key,
+    Section,
+    dist_name_problem,
+    fingerprint_problem,
+    node_path_problem,
+    pattern,
+    python_pin_problem,
+    url_problem,
+)
 from trainfleet.model import Cluster, Node
 from trainfleet.pins import (
     PINNED_PACKAGES,
@@ -146,3 +157,135 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "venv_packages": dict(stack.python),
         }
     }
+
+
+# The spec's section: `stack` (trainfleet/schema.py composes the spec)
+
+STACK = Section(
+    doc="Pinned software stack; null leaves that component unmanaged. Every node gets exactly "
+    "these.",
+    keys={
+        "cuda": Key(
+            (str, NULL),
+            None,
+            "CUDA toolkit version.",
+            check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"),
+            example="12.4",
+            accepts="`12.4`, `12.4.1`",
+        ),
+        "cudnn": Key(
+            (str, NULL),
+            None,
+            "cuDNN version.",
+            check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
+            example="9.1.0.70",
+            accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4`",
+        ),
+        "nccl": Key(
+            (str, NULL),
+            None,
+            "NCCL version (libnccl2).",
+            check=pattern(r"\d+\.\d+\.\d+(-\d+(\+cuda\d+\.\d+)?)?", "2.21.5-1"),
+            example="2.21.5-1",
+            accepts="`2.21.5`, `2.21.5-1+cuda12.4`",
+        ),
+        "torch": Key(
+            (str, NULL),
+            None,
+            "PyTorch version in the node venv.",
+            check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"),
+            example="2.4.1",
+            accepts="`2.4.1`, `2.4.1+cu124`",
+        ),
+        "torch_cuda": Key(
+            (str, NULL),
+            None,
+            "PyTorch CUDA variant (wheel index).",
+            check=pattern(r"cu\d{3,4}|cpu", "cu124"),
+            example="cu124",
+            accepts="`cu124`, `cpu`",
+        ),
+        "openmpi": Key(
+            (str, NULL),
+            None,
+            "OpenMPI package version (Debian/Ubuntu `openmpi-bin`, RHEL `openmpi`), exact and "
+            "held: the runtime `mpirun.sh` and `horovod.sh` use.",
+            check=pattern(r"\d+\.\d+(\.\d+)?-[0-9A-Za-z.+~]+", "4.1.4-3+b1"),
+            example="4.1.4-3+b1",
+            accepts="the package version with its release, as `apt-cache policy openmpi-bin` or "
+            "`dnf list openmpi` shows it: `4.1.4-3+b1`, `4.1.1-5.el8`",
+        ),
+        "python": Key(
+            dict,
+            {},
+            "Python packages in the node venv beside torch, each at exactly this version "
+            "(from `wheelhouse`, else the node's pip index); never upgraded silently.",
+            each_key=dist_name_problem,
+            each=python_pin_problem,
+            example={"accelerate": "1.15.0", "deepspeed": "0.19.8"},
+            accepts="names `[A-Za-z0-9._-]`; exact versions as strings: `1.15.0`, `2.1.0rc1`, "
+            "`0.4.post1`, or `{version: V, deps: false}` to install one without its requirements",
+        ),
+        "driver": Key(
+            (str, NULL),
+            None,
+            "NVIDIA driver on nodes with GPUs: a branch (`550`: its newest release) or an exact "
+            "version, installed and held; at least what `stack.cuda` needs (CUDA 12.x: 525.60.13).",
+            check=pattern(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", "550.54.15"),
+            example="550.54.15",
+            accepts="`550`, `550.54.15`",
+        ),
+        "gcc": Key(
+            (str, NULL),
+            None,
+            "GCC major version (devtoolset / gcc-toolset / gcc-N).",
+            check=pattern(r"\d{1,2}", "11"),
+            example="11",
+            accepts="1-2 digits",
+        ),
+        "wheelhouse": Key(
+            (str, NULL),
+            None,
+            "Directory on every node holding torch and its dependency wheels (air-gapped "
+            "clusters); null: the variant's index.",
+            check=node_path_problem,
+            accepts="absolute path of `[A-Za-z0-9._+@,=:~-]` names, no `..`",
+        ),
+        "torch_index": Key(
+            (str, NULL),
+            None,
+            "Mirror of the PyTorch wheel index; null: download.pytorch.org/whl/<torch_cuda>.",
+            check=url_problem,
+            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`",
+        ),
+        "cuda_repo": Key(
+            (str, NULL),
+            None,
+            "Mirror of NVIDIA's CUDA repositories root; null: developer.download.nvidia.com.",
+            check=lambda v: url_problem(v, file_ok=True),
+            accepts="`https://host[:port]/path` of `[A-Za-z0-9._~%/:+-]`, or `file:///path` on the "
+            "nodes",
+        ),
+        "cuda_keyring_fingerprint": Key(
+            (str, NULL),
+            None,
+            "The one key the cuda-keyring .deb may hold (checked before it is installed); null: "
+            "NVIDIA's, pinned in trainfleet/defaults.py. For a mirror signed with its own key.",
+            check=fingerprint_problem,
+            accepts="40 hex digits, upper case",
+        ),
+        "insecure": Key(
+            bool,
+            False,
+            "Allow plain-http mirrors (`cuda_repo`, `torch_index`); never for production.",
+            accepts="`true`, `false`",
+        ),
+        "allow_change": Key(
+            bool,
+            False,
+            "Let the deploy move a node whose installed CUDA/cuDNN/NCCL differs from the pins; "
+            "false: such a node fails, unchanged.",
+            accepts="`true`, `false`",
+        ),
+    },
+)
