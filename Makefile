@@ -85,6 +85,7 @@ lint: venv
 	@$(VENV)/bin/ruff check . || { echo "make: ruff check failed (above)"; exit 1; }
 	@$(VENV)/bin/ruff format --check . || { echo "make: not formatted (above): run $(VENV)/bin/ruff format"; exit 1; }
 	@$(VENV)/bin/lint-imports || { echo "make: an import breaks a layer contract (above)"; exit 1; }
+	@$(VENV)/bin/mypy || { echo "make: the core does not type-check (above; [tool.mypy] in pyproject.toml)"; exit 1; }
 
 test: venv lint host-deps
 	@$(PY) -m lab down >/dev/null  # the tests bring up (and take down) their own lab

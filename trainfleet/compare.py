@@ -161,7 +161,9 @@ def content(text: str | list[str] | bytes | None, shown: bool = True) -> Content
         text = "\n".join(text)
     data = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
     shown = shown and isinstance(text, str)
-    return Content(hashlib.sha256(data).hexdigest(), text if shown else None)
+    return Content(
+        hashlib.sha256(data).hexdigest(), text if isinstance(text, str) and shown else None
+    )
 
 
 def content_diff(

@@ -155,7 +155,8 @@ def _tree(root: Path, problems: list[str], budget: _Budget) -> dict[str, str]:
     if not root.is_dir() or root.is_symlink():
         problems.append(f"{root}: not a directory")
         return {}
-    found, seen = {}, 0
+    found: dict[str, Any] = {}
+    seen = 0
 
     def unreadable(exc: OSError) -> None:
         problems.append(f"{exc.filename}: cannot be read ({exc.strerror})")

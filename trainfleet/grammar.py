@@ -12,6 +12,7 @@ uses too, so one module is what to review; it imports nothing of trainfleet (fac
 
 from __future__ import annotations
 
+import builtins
 import ipaddress
 import re
 import unicodedata
@@ -313,7 +314,7 @@ class Key:
     doc: str
     check: Check | None = None  # the whole value (not called for null)
     required: bool = False
-    items: type | None = None  # element type, for lists
+    items: builtins.type | None = None  # element type, for lists
     example: Any = None
     each: Check | None = None  # every list item, or every mapping value
     each_key: Check | None = None  # every mapping key

@@ -76,10 +76,10 @@ class KeyMaterial:
         removed node's) are revoked too. Itself where nothing is gone, as after the deploy's
         ``prepare_keys``. Nothing is written: drift expects what the next deploy will do."""
         _, _, gone = host_key_changes(self.host_keys, seen, nodes, self.revoked_lines, listed)
-        listed = {key_of(line) for line in self.revoked_lines}
+        revoked = {key_of(line) for line in self.revoked_lines}
         fresh: dict[str, str] = {}
         for key, node in gone:
-            if key not in listed:
+            if key not in revoked:
                 fresh.setdefault(key, f"{key} {host_comment(self.cluster, node)}")
         if not fresh:
             return self

@@ -109,7 +109,8 @@ def every_listed_key(address: str, port: int, known_hosts: str | None) -> list[s
         return []
     name = _host_name(address, port)
     found = set()
-    for entry in keys._entries:  # noqa: SLF001 (the one way to see a second key of a type)
+    # the one way to see a second key of a type: paramiko's own list of lines
+    for entry in keys._entries:  # type: ignore[attr-defined]
         for listed in entry.hostnames:
             hashed = listed.startswith("|1|") and keys.hash_host(name, listed) == listed
             if (hashed or listed == name) and entry.key is not None:
@@ -140,8 +141,8 @@ def known_hosts_problem(path: Path, raising: bool = False) -> str | None:
             except paramiko.SSHException:
                 continue  # paramiko skips it too
     except UnicodeDecodeError as exc:
-        line = text[: exc.start].count(b"\n") + 1
-        problem = f"{path}:{line}: not UTF-8 text"
+        at = text[: exc.start].count(b"\n") + 1
+        problem = f"{path}:{at}: not UTF-8 text"
     except OSError as exc:
         problem = f"{path}: cannot be read ({exc.strerror})"
     if problem and raising:
@@ -385,9 +386,9 @@ def settles(cluster: Cluster, gathered: Any, ca_public: str, keys: KeyMaterial) 
 def signed_by(line: str | None, ca_public: str) -> bool:
     """Whether the certificate ``line`` names ``ca_public`` as its signer."""
     try:
-        return bool(line) and certificates.read(line).ca_fingerprint == certificates.fingerprint(
-            ca_public
-        )
+        return line is not None and certificates.read(
+            line
+        ).ca_fingerprint == certificates.fingerprint(ca_public)
     except certificates.CertificateError:
         return False
 

@@ -135,8 +135,8 @@ def derive(
     ifname = settings["socket_ifname"]
     if ifname == "auto":
         name, problem = cluster_interface(interfaces, address)
-        if problem:
-            result.problems.append(problem)
+        if problem or name is None:  # cluster_interface gives a name or why there is none
+            result.problems.append(problem or "no cluster interface")
         else:
             result.interface = name
             result.env["NCCL_SOCKET_IFNAME"] = f"={name}"  # '=': exactly eth0, not eth0.100

@@ -59,8 +59,8 @@ def package_pins(stack: Mapping[str, str | None], family: str) -> Pins:
             pins[name] = version
     if stack.get("openmpi"):
         pins[_OPENMPI[family]] = stack["openmpi"]
-    if stack.get("driver"):
-        pins.update(driver_pins(stack["driver"], family))
+    if driver := stack.get("driver"):
+        pins.update(driver_pins(driver, family))
     return pins
 
 

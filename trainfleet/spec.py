@@ -460,10 +460,12 @@ def _name_from_file(file: str, ctx: _Ctx) -> str:
     name = "spec" if file == DEFAULT_SOURCE else Path(file).stem
     problem = cluster_name_problem(name)
     if problem:
+        key = CLUSTER.keys["name"]
+        assert isinstance(key, Key)  # a value, not a section
         ctx.refuse(
             ("cluster", "name"),
             f"not set, and the spec file's name is no cluster name: {problem}",
-            CLUSTER.keys["name"].accepts,
+            key.accepts,
         )
     return name
 

@@ -75,7 +75,9 @@ def now_text(now: datetime) -> str:
     return now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _when(text: str) -> datetime | None:
+def _when(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
     try:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
     except (TypeError, ValueError):

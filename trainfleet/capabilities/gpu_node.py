@@ -121,7 +121,9 @@ def gpu_part(
             fabric = FabricManagerPlan(package=package, version=driver)
     if gpu_node and state is None:
         problems.append("the node's GPU settings could not be read")
-    elif gpu_node and state["smi"].startswith("refused"):  # forged or damaged: nothing is taken
+    elif (
+        gpu_node and state is not None and state["smi"].startswith("refused")
+    ):  # forged or damaged: nothing is taken
         problems.append(f"nvidia-smi -q -x {state['smi']}")
     return GpuNodePlan(
         gpu_node=gpu_node,

@@ -171,6 +171,7 @@ def sshd_part(
         )
     if problems:
         return SshdPlan(certificates={}, drop_in=None, revoked_keys=None, problems=problems)
+    assert found is not None and host_keys  # else a problem above
     wanted = mesh.host_certificates(cluster, node, host_keys, found["certificates"], certs)
     drop_in = render(
         "ssh_mesh/sshd_mesh.conf.j2",
@@ -300,7 +301,8 @@ def _settled_keys(ctx: PlanContext) -> KeyMaterial | None:
     for that its node no longer presents (reimaged, removed from the spec) keeps a valid
     certificate: the KRL must refuse it (the deploy's prepare_keys recorded that already; drift
     expects it of the next deploy); a CA move that every node has made is settled."""
-    cluster, gathered, keys = ctx.cluster, ctx.gathered, ctx.keys
+    cluster, gathered = ctx.cluster, ctx.gathered
+    keys: KeyMaterial | None = ctx.keys
     if not (keys and cluster.mesh == "certificates" and gathered.host_keys is not None):
         return keys
     seen = {name: found for name, found in gathered.host_keys.items() if found}
@@ -323,8 +325,8 @@ def _user_files(
             for user in users
         }
         groups = mesh.cluster_patterns(cluster, addresses=False)
-        template, context = "ssh_mesh/ssh_config_patterns.j2", {"groups": groups}
-        context |= {"revoked_keys": REVOKED_KEYS}
+        template = "ssh_mesh/ssh_config_patterns.j2"
+        context: dict[str, Any] = {"groups": groups, "revoked_keys": REVOKED_KEYS}
     else:
         authorized = (
             {user: mesh.authorized_lines(cluster, user, keys) for user in users} if keys else {}
@@ -368,21 +370,25 @@ def plan_part(ctx: PlanContext, node: Node) -> SshMeshPlan:
     cluster, gathered = ctx.cluster, ctx.gathered
     mine = ctx.shared.get_as("ssh_mesh", MeshShared)
     keys, certs = mine.keys, mine.certs
-    users = [
-        mesh_user_part(
-            cluster,
-            node,
-            user,
-            keys,
-            mine.authorized[user],
-            mine.config[user],
-            certs,
-            gathered.user_certificates.get(node.name, {}).get(user),
-            mine.refused,
-            mine.users_moving[user],
-        )
-        for user in (cluster.mesh_users if keys else [])
-    ]
+    users = (
+        []
+        if keys is None
+        else [
+            mesh_user_part(
+                cluster,
+                node,
+                user,
+                keys,
+                mine.authorized[user],
+                mine.config[user],
+                certs,
+                gathered.user_certificates.get(node.name, {}).get(user),
+                mine.refused,
+                mine.users_moving[user],
+            )
+            for user in cluster.mesh_users
+        ]
+    )
     sshd = sshd_part(cluster, node, gathered, certs, mine.partial) if keys else None
     if sshd is not None and mine.hosts_moving:
         sshd = replace(sshd, moving=True)

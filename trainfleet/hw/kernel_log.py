@@ -91,8 +91,12 @@ def read(log: str) -> dict[str, Any]:
     """``{"xids": [{"pci", "xid"}], "sxids": [{"pci", "xid", "link", "fatal"}], "fallen": [pci],
     "hypervisor": str|None}`` in the log's order; an SXid's ``fatal``: what the driver printed
     (True for "Fatal", False for "Non-fatal", None when it printed neither)."""
-    xids, sxids, fallen, hypervisor = [], [], [], None
-    described, detailed = set(), {}  # the SXids seen with a description line, and without
+    xids: list[dict[str, Any]] = []
+    sxids: list[dict[str, Any]] = []
+    fallen: list[Any] = []
+    hypervisor = None
+    described: set[Any] = set()
+    detailed: dict[Any, Any] = {}  # the SXids seen with a description line, and without
     gone, gone_lines = None, 0  # an "NVRM: The NVIDIA GPU ..." record's GPU, for 2 more lines
     for line in log.splitlines():
         stamp = _STAMP.match(line)

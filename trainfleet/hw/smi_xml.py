@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 from xml.etree.ElementTree import Element, ParseError
 
 from defusedxml import DefusedXmlException
@@ -113,7 +113,7 @@ def smi_root(data: bytes) -> Element:
         raise ValueError(f"attached_gpus says {attached[:8]!r}, the document holds {held} GPUs")
     if repeated := _repeated_tag(root):
         raise ValueError(f"<{repeated}> appears twice: not nvidia-smi's document")
-    return root
+    return cast(Element, root)
 
 
 def text(element: Element | None, path: str) -> str | None:

@@ -85,7 +85,8 @@ def main() -> int:
     from colossalai.cli.launcher import multinode_runner
 
     multinode_runner.fabric = SimpleNamespace(Connection=OpenSshConnection)
-    return cli(prog_name="colossalai")
+    status: int = cli(prog_name="colossalai")
+    return status
 
 
 if __name__ == "__main__":
