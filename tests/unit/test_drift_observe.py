@@ -81,19 +81,16 @@ def fingerprints(fleet) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", NODES)
-def test_a_converged_node_is_observed_as_exactly_its_properties(fleet, fingerprints, name):
+def test_a_converged_node_is_observed_as_planned_and_as_it_was_recorded(fleet, fingerprints, name):
+    """Every property the plan expects is observed at its planned value; the others are what
+    the recorded node said of itself, and the plan's verdicts. (The properties are the
+    capabilities' own: no list here names them all, so a new one costs no edit.)"""
     fp, plan = fingerprints[name], fleet.plan.nodes[name]
-    planned = expect(plan)
-    assert observe(fp, plan, fleet.cluster) == {
-        "hostname": name,
-        "hostname (persistent)": name,
-        "boot_id": fp["identity"]["boot_id"],  # the fleet's machines are made per run
-        "machine-id": fp["identity"]["machine_id"],
-        **RECORDED,
-        **CONVERGED,
-        **{prop: planned[prop] for prop in DIGESTS},
-    }
-    assert planned.keys() <= {*DIGESTS, *CONVERGED, *RECORDED, "hostname", "hostname (persistent)"}
+    planned, seen = expect(plan), observe(fp, plan, fleet.cluster)
+    assert {prop: seen.get(prop) for prop in planned} == planned
+    assert {prop: seen.get(prop) for prop in [*RECORDED, *CONVERGED]} == {**RECORDED, **CONVERGED}
+    assert set(DIGESTS) <= planned.keys()  # the managed files are among what is planned
+    assert (seen["hostname"], seen["boot_id"]) == (name, fp["identity"]["boot_id"])
 
 
 def _set(*path: str | int, to: Any) -> Callable[[dict[str, Any]], None]:
