@@ -36,9 +36,9 @@ def commands(cluster: Cluster) -> dict[str, str]:
     users, blocks = cluster.mesh_users, cluster_blocks(cluster)
     peers = [n.name for n in cluster.nodes if n.name != NODE]
     return {
-        "DeployState (re-run)": DeployState().command(users=users, **blocks).get_raw_value(),
+        "DeployState (re-run)": DeployState().command(users=users, blocks=blocks).get_raw_value(),
         "NodeFingerprint (drift)": NodeFingerprint()
-        .command(users=users, peers=peers, **blocks)
+        .command(users=users, peers=peers, blocks=blocks)
         .get_raw_value(),
     }
 

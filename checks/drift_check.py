@@ -269,7 +269,7 @@ def _report(state, cluster: Cluster) -> Report:
         NodeFingerprint,
         users=cluster.mesh_users,
         peers=[],
-        **cluster_blocks(cluster),
+        blocks=cluster_blocks(cluster),
         per_node=lambda name: {"peers": probe_targets(names, name, probe["stride"])},
     )
     reachable = {name: fp for name, fp in fingerprints.items() if fp}

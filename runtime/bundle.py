@@ -7,7 +7,6 @@ the plan's ``Gathered``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from pyinfra.api import StringCommand
@@ -15,12 +14,10 @@ from pyinfra.api import StringCommand
 from facts.fingerprint import FactBundle, Parts, resolve
 from trainfleet.capabilities import CAPABILITIES, ssh_mesh
 from trainfleet.defaults import SYSTEM_KNOWN_HOSTS
-from trainfleet.plan_types import Gathered
-
-Blocks = list[str] | None  # a cluster-wide block the plan wants (trainfleet.plan.cluster_blocks)
+from trainfleet.plan_types import Gathered, WantedBlocks
 
 
-def deploy_sections(users: list[str], blocks: Mapping[str, Blocks] | None = None) -> Parts:
+def deploy_sections(users: list[str], blocks: WantedBlocks | None = None) -> Parts:
     """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
     read it with: every capability's (``fact()`` refuses one not on it). ``blocks``: the
     planned cluster-wide blocks, answered by digest where a node holds them."""
@@ -30,9 +27,7 @@ def deploy_sections(users: list[str], blocks: Mapping[str, Blocks] | None = None
     return parts
 
 
-def sections(
-    users: list[str], peers: list[str], blocks: Mapping[str, Blocks] | None = None
-) -> Parts:
+def sections(users: list[str], peers: list[str], blocks: WantedBlocks | None = None) -> Parts:
     """Everything a converged node is checked on: what the deploy reads, plus what only the
     checks read (the machine's identity, the NCCL variables as processes see them, a live
     probe of the SSH mesh)."""
@@ -99,7 +94,7 @@ class NodeFingerprint(FactBundle):
 
     + users: the mesh users
     + peers: every node's name (the mesh probe's targets)
-    + hosts, genders, machines: the planned cluster-wide blocks (``deploy_sections``)
+    + blocks: the planned cluster-wide blocks, by name (``trainfleet.plan.cluster_blocks``)
 
     .. code:: python
 
@@ -107,20 +102,16 @@ class NodeFingerprint(FactBundle):
          "hosts": {"block": [...], ...}, "mesh_proof:root": {"gpu-a02": "ok"}, "stack": {...}, ...}
     """
 
-    def parts(self, users: list[str], peers: list[str], **blocks: Blocks) -> Parts:  # type: ignore[override]
+    def parts(  # type: ignore[override]
+        self, users: list[str], peers: list[str], blocks: WantedBlocks | None = None
+    ) -> Parts:
         return sections(users, peers, blocks)
 
     def command(  # type: ignore[override]
-        self,
-        users: list[str],
-        peers: list[str],
-        hosts: Blocks = None,
-        genders: Blocks = None,
-        machines: Blocks = None,
+        self, users: list[str], peers: list[str], blocks: WantedBlocks | None = None
     ) -> StringCommand:
-        # pyinfra reads command()'s signature (getcallargs): the blocks are named here, once
-        blocks = {"hosts": hosts, "genders": genders, "machines": machines}
-        return super().command(users=users, peers=peers, **blocks)
+        # pyinfra reads command()'s signature (getcallargs): the blocks come as one argument
+        return super().command(users=users, peers=peers, blocks=blocks)
 
 
 class MeshProofs(FactBundle):
@@ -147,21 +138,19 @@ class DeployState(FactBundle):
     the same as reading them one by one).
 
     + users: the mesh users
-    + hosts, genders, machines: the planned cluster-wide blocks (``deploy_sections``)
+    + blocks: the planned cluster-wide blocks, by name (``trainfleet.plan.cluster_blocks``)
 
     .. code:: python
 
         {"hostname": {...}, "hosts": {...}, "stack": {...}, "mesh_user:root": {...}, ...}
     """
 
-    def parts(self, users: list[str], **blocks: Blocks) -> Parts:  # type: ignore[override]
+    def parts(  # type: ignore[override]
+        self, users: list[str], blocks: WantedBlocks | None = None
+    ) -> Parts:
         return deploy_sections(users, blocks)
 
     def command(  # type: ignore[override]
-        self,
-        users: list[str],
-        hosts: Blocks = None,
-        genders: Blocks = None,
-        machines: Blocks = None,
+        self, users: list[str], blocks: WantedBlocks | None = None
     ) -> StringCommand:
-        return super().command(users=users, hosts=hosts, genders=genders, machines=machines)
+        return super().command(users=users, blocks=blocks)

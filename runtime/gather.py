@@ -220,7 +220,7 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
         run_facts(state).whole_cluster = not state.failed_hosts and set(state.inventory) <= set(
             state.active_hosts
         )
-        read = read_once(DeployState, users=cluster.mesh_users, **cluster_blocks(cluster))
+        read = read_once(DeployState, users=cluster.mesh_users, blocks=cluster_blocks(cluster))
         gathered = plan_inputs(read)
         keys = prepare_keys(KeyStore(cluster.name), cluster, gathered)
         built = plan_cluster(cluster, gathered, keys, preflight_exclusions(cluster))

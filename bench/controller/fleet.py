@@ -521,9 +521,9 @@ def parse_bundle(
     (``blocks``: the cluster-wide blocks it was asked for, trainfleet.plan.cluster_blocks)."""
     bundle = DeployState() if kind == "deploy_state" else NodeFingerprint()
     if kind == "deploy_state":
-        bundle.command(users=users, **(blocks or {}))
+        bundle.command(users=users, blocks=blocks)
     else:
-        bundle.command(users=users, peers=peers or [], **(blocks or {}))
+        bundle.command(users=users, peers=peers or [], blocks=blocks)
     return bundle.process(stdout)
 
 

@@ -192,7 +192,7 @@ def test_each_command_gets_its_answer(fleet):
         )
         assert _first_match(responses, "uname -n") == [node.name]
         proof = NodeFingerprint()
-        proof.command(users=["root"], peers=names, **cluster_blocks(fleet.cluster))
+        proof.command(users=["root"], peers=names, blocks=cluster_blocks(fleet.cluster))
         assert set(proof.process(answers.fingerprint_full)["mesh_proof:root"].values()) == {"ok"}
 
 
