@@ -9,6 +9,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from trainfleet.key_material import KeyMaterial
 from trainfleet.model import Cluster, Node
 
 T = TypeVar("T")
@@ -90,7 +91,7 @@ class PlanContext:
 
     cluster: Cluster
     gathered: Gathered
-    keys: Any = None  # the key material (KeyMaterial); None plans no SSH mesh
+    keys: KeyMaterial | None = None  # None plans no SSH mesh
     excluded: Mapping[str, list[str]] = field(default_factory=dict)
     shared: Parts = field(default_factory=Parts)
 
