@@ -53,6 +53,10 @@ NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NC
 CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"  # unless stack.cuda_repo
 CUDA_KEYRING_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"  # what the cuda-keyring .deb installs
+
+# gcc on RHEL-family: a devtoolset/gcc-toolset enabled for login shells (the stack's ``gcc``)
+GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"
 
 # Root's own 0700 directory on every node: the node lock and staged uploads of
 # operations/remote.py, and the preflight's private working directories.
