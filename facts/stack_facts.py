@@ -13,7 +13,7 @@ from pyinfra.api import FactBase, StringCommand
 from facts.managed_block_facts import SECTION, split_sections
 from facts.os_release_facts import OS_FAMILY_SH
 from facts.shell import script, shell
-from trainfleet.defaults import CUDA_KEYRING, GCC_PROFILE  # noqa: F401 (CUDA_KEYRING: stack_ops)
+from trainfleet.defaults import GCC_PROFILE
 from trainfleet.osfamily import OsFamilyT, os_release
 from trainfleet.pins import PINNED_PACKAGES
 from trainfleet.schema import normalized_dist

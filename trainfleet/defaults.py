@@ -41,7 +41,7 @@ NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells
 NCCL_ENVIRONMENT = "/etc/environment"  # non-login ssh sessions (pam_env): pdsh, mpirun, DeepSpeed
 NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NCCL_* only)
 
-# CUDA apt repository keyring (operations/stack_ops.py: cuda_repo). Version pins of the stack live
+# CUDA apt repository keyring (operations/stack_repo_ops.py). Version pins of the stack live
 # in the spec; this is a trust anchor, pinned here. NVIDIA's cuda-keyring .deb is checked before
 # `dpkg -i`: the keyring inside it must hold exactly one key, this one: cudatools' 2022 rotation key
 # 3bf863cc. Source: NVIDIA's own github.com/NVIDIA/cuda-repo-management, SIGNATURES.md (commit
