@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TypedDict
 
 from pyinfra.api import FactBase, StringCommand
@@ -10,19 +13,18 @@ from pyinfra.api import FactBase, StringCommand
 from facts.managed_block_facts import SECTION, split_sections
 from facts.os_release_facts import OS_FAMILY_SH
 from facts.shell import script, shell
+from trainfleet.defaults import GCC_PROFILE
 from trainfleet.grammar import normalized_dist
 from trainfleet.osfamily import OsFamilyT, os_release
 from trainfleet.pins import PINNED_PACKAGES
 
-GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"  # enables a devtoolset/gcc-toolset in login shells
-CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 _SECTION = SECTION
 
 # Every probe guards itself: a missing tool prints nothing, and the script always exits 0.
 # The one os-release fragment (facts/os_release_facts.py) goes in after the arguments line.
 _ARGS, _PROBES = script("stack.sh").split("py=$4\n", 1)
 # Shell functions also run outside this fact: gpu_pids by the remediation's fact and reset,
-# busy_probe by the software operation's guard (stack_ops.py)
+# busy_probe by the software operation's guard (operations/stack_busy_ops.py)
 GPU_PIDS = script("gpu_pids.sh")
 BUSY_PROBE = GPU_PIDS + script("stack_busy.sh")
 _SCRIPT = f"{_ARGS}py=$4\n{OS_FAMILY_SH}\n{BUSY_PROBE}{_PROBES}"
@@ -102,6 +104,129 @@ def _none(value: str) -> str | None:
     return None if value in ("", "None") else value
 
 
+# ---- the script's tagged lines, before the file sections -----------------------------------
+
+
+@dataclass
+class Listed:
+    """What the script's lines say, by their first word (the tag)."""
+
+    head: dict[str, str] = field(default_factory=dict)  # untagged: os-release, nvcc, gcc, venv
+    deb: dict[str, str] = field(default_factory=dict)  # installed Debian package -> version
+    deb_held: list[str] = field(default_factory=list)  # those dpkg's selection holds
+    rpm: dict[str, str] = field(default_factory=dict)
+    locks: list[str] = field(default_factory=list)  # package names of versionlock entries
+    toolsets: dict[str, GccT] = field(default_factory=dict)
+    torch: dict[str, str] = field(default_factory=dict)  # torch, torch_cuda, torch_gpu, ...
+    venv_packages: dict[str, str] = field(default_factory=dict)
+    busy: dict[str, list[int | str]] = field(
+        default_factory=lambda: {"venv": [], "gpu": [], "unknown": []}
+    )
+
+
+def _deb(listed: Listed, rest: str) -> None:
+    """``deb hold ok installed libnccl2 2.21.5-1+cuda12.4``: dpkg's status, name, version."""
+    want, _ok, status, name, version = (rest.split() + [""] * 5)[:5]
+    if status == "installed":
+        listed.deb[name] = version
+        if want == "hold":
+            listed.deb_held.append(name)
+
+
+def _rpm(listed: Listed, rest: str) -> None:
+    name, _, version = rest.partition(" ")
+    listed.rpm[name] = version
+
+
+def _lock(listed: Listed, rest: str) -> None:
+    listed.locks.append(lock_name(rest.strip()))
+
+
+def _toolset(listed: Listed, rest: str) -> None:
+    name, _, gcc_line = rest.partition(" ")
+    info = gcc_info(gcc_line.strip())
+    if info:
+        listed.toolsets[name] = info
+
+
+def _venv_package(listed: Listed, rest: str) -> None:
+    match = _PKG.fullmatch(rest)
+    if match:
+        # the first on the path is what imports and pip see (a stale .dist-info later)
+        listed.venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
+
+
+def _busy(listed: Listed, rest: str) -> None:
+    """A pid (at most 10 digits) running on the venv or a GPU, or a probe that could not
+    answer; anything else is dropped."""
+    kind, _, pid = rest.partition(" ")
+    if kind in ("venv", "gpu") and pid.isdigit() and len(pid) <= 10:
+        listed.busy[kind].append(int(pid))
+    elif kind == "unknown" and pid in ("venv", "gpu"):
+        listed.busy[kind].append(pid)
+
+
+_TAGGED: Mapping[str, Callable[[Listed, str], None]] = MappingProxyType(
+    {
+        "deb": _deb,
+        "rpm": _rpm,
+        "lock": _lock,
+        "scl": _toolset,
+        "pkg": _venv_package,
+        "busy": _busy,
+    }
+)
+
+
+def listed_lines(lines: list[str]) -> Listed:
+    listed = Listed()
+    for line in lines:
+        tag, _, rest = line.partition(" ")
+        if tag in _TAGGED:
+            _TAGGED[tag](listed, rest)
+        elif tag.startswith("torch"):
+            listed.torch[tag] = rest.strip()
+        else:
+            listed.head[tag] = rest.strip()
+    return listed
+
+
+def installed_and_held(os_: OsFamilyT, listed: Listed) -> tuple[dict[str, str], list[str]]:
+    """The stack's packages and those held, by the node's own package manager: rpm and the
+    versionlock list (its stack entries only) on RHEL-family, dpkg elsewhere."""
+    if os_["family"] == "rhel":
+        return listed.rpm, sorted({n for n in listed.locks if _STACK_NAME.match(n)})
+    return listed.deb, sorted(listed.deb_held)
+
+
+def nvcc_info(line: str | None) -> NvccT | None:
+    """``/usr/local/cuda/bin/nvcc Cuda compilation tools, release 12.4, V12.4.131``."""
+    path, _, release_line = (line or "").partition(" ")
+    match = _NVCC.search(release_line)
+    if not match:
+        return None
+    return {"path": path, "release": match.group(1), "version": match.group(2)}
+
+
+def torch_info(torch: dict[str, str]) -> TorchT | None:
+    """What the venv's torch reported (``torch_*`` lines); CUDA values only with a GPU."""
+    if "torch" not in torch:
+        return None
+    cudnn = _none(torch.get("torch_cudnn", ""))
+    return {
+        "version": torch["torch"],
+        "cuda": _none(torch.get("torch_cuda", "")),
+        "gpu": torch.get("torch_gpu") == "True",
+        "cudnn": int(cudnn) if cudnn and cudnn.isdigit() else None,
+        "nccl": _none(torch.get("torch_nccl", "")),
+    }
+
+
+def file_text(lines: list[str]) -> str:
+    """A file the script printed (``awk 1``: each line ends in a newline) as its text."""
+    return "\n".join(lines) + "\n"
+
+
 class StackVersions(FactBase[StackVersionsT]):
     """
     The software stack as installed and loaded, in one command: OS family, the installed CUDA
@@ -144,93 +269,28 @@ class StackVersions(FactBase[StackVersionsT]):
         return shell(_SCRIPT, venv, _SECTION, GCC_PROFILE, _PY)
 
     def process(self, output: list[str]) -> StackVersionsT:
-        head: dict[str, str] = {}
-        deb: dict[str, str] = {}
-        deb_held: list[str] = []
-        rpm: dict[str, str] = {}
-        locks: list[str] = []
-        toolsets: dict[str, GccT] = {}
-        torch: dict[str, str] = {}
-        venv_packages: dict[str, str] = {}
-        busy: dict[str, list] = {"venv": [], "gpu": [], "unknown": []}
-        lines_before, sections = split_sections(output, _SECTION)  # file sections come last
+        before, sections = split_sections(output, _SECTION)  # file sections come last
+        listed = listed_lines(before)
         files = {path: lines or [] for path, lines in sections.items()}
-        for line in lines_before:
-            tag, _, rest = line.partition(" ")
-            if tag == "deb":  # "deb hold ok installed libnccl2 2.21.5-1+cuda12.4"
-                want, _ok, status, name, version = (rest.split() + [""] * 5)[:5]
-                if status == "installed":
-                    deb[name] = version
-                    if want == "hold":
-                        deb_held.append(name)
-            elif tag == "rpm":
-                name, _, version = rest.partition(" ")
-                rpm[name] = version
-            elif tag == "lock":
-                locks.append(lock_name(rest.strip()))
-            elif tag == "scl":
-                name, _, gcc_line = rest.partition(" ")
-                info = gcc_info(gcc_line.strip())
-                if info:
-                    toolsets[name] = info
-            elif tag == "pkg":
-                match = _PKG.fullmatch(rest)
-                if match:
-                    # the first on the path is what imports and pip see (a stale .dist-info later)
-                    venv_packages.setdefault(normalized_dist(match.group(1)), match.group(2))
-            elif tag.startswith("torch"):
-                torch[tag] = rest.strip()
-            elif tag == "busy":
-                kind, _, pid = rest.partition(" ")
-                if kind in ("venv", "gpu") and pid.isdigit() and len(pid) <= 10:
-                    busy[kind].append(int(pid))
-                elif kind == "unknown" and pid in ("venv", "gpu"):
-                    busy[kind].append(pid)
-            else:
-                head[tag] = rest.strip()
-
-        os_ = os_release(head)
-        if os_["family"] == "rhel":
-            packages = rpm
-            held = sorted({n for n in locks if _STACK_NAME.match(n)})
-        else:
-            packages, held = deb, sorted(deb_held)
-
-        nvcc = None
-        if "nvcc" in head:
-            path, _, release_line = head["nvcc"].partition(" ")
-            match = _NVCC.search(release_line)
-            if match:
-                nvcc = {"path": path, "release": match.group(1), "version": match.group(2)}
-
-        torch_info = None
-        if "torch" in torch:
-            gpu = torch.get("torch_gpu") == "True"
-            cudnn = _none(torch.get("torch_cudnn", ""))
-            torch_info = {
-                "version": torch["torch"],
-                "cuda": _none(torch.get("torch_cuda", "")),
-                "gpu": gpu,
-                "cudnn": int(cudnn) if cudnn and cudnn.isdigit() else None,
-                "nccl": _none(torch.get("torch_nccl", "")),
-            }
-
         profile = files.pop(GCC_PROFILE, None)
+        os_ = os_release(listed.head)
+        packages, held = installed_and_held(os_, listed)
+        head = listed.head
         return {
             "os": os_,
             "packages": dict(sorted(packages.items())),
             "held": held,
             "keyring": head.get("keyring") == "yes",
-            "repos": {path: "\n".join(lines) + "\n" for path, lines in sorted(files.items())},
-            "nvcc": nvcc,
+            "repos": {path: file_text(lines) for path, lines in sorted(files.items())},
+            "nvcc": nvcc_info(head.get("nvcc")),
             "venv": head.get("venv") == "yes",
-            "venv_packages": dict(sorted(venv_packages.items())),
-            "torch": torch_info,
+            "venv_packages": dict(sorted(listed.venv_packages.items())),
+            "torch": torch_info(listed.torch),
             "gcc": gcc_info(head.get("gcc", "")),
             "system_gcc": gcc_info(head.get("sysgcc", "")),
-            "toolsets": toolsets,
-            "gcc_profile": None if profile is None else "\n".join(profile) + "\n",
-            "busy": {kind: sorted(set(pids)) for kind, pids in busy.items()},
+            "toolsets": listed.toolsets,
+            "gcc_profile": None if profile is None else file_text(profile),
+            "busy": {kind: sorted(set(pids)) for kind, pids in listed.busy.items()},
         }
 
     @staticmethod

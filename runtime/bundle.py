@@ -60,6 +60,7 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
         networks={node: found["network"] for node, found in readable.items()},
         host_keys={node: found["host_keys"] for node, found in readable.items()},
         os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
+        stacks={node: found["stack"] for node, found in readable.items()},
         npu_ips={node: found["npus"] for node, found in readable.items()},
         gpu_nodes={node: found["gpu_node"] for node, found in readable.items()},
         sshd={node: found["sshd_mesh"] for node, found in readable.items()},

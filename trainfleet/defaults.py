@@ -41,7 +41,7 @@ NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells
 NCCL_ENVIRONMENT = "/etc/environment"  # non-login ssh sessions (pam_env): pdsh, mpirun, DeepSpeed
 NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NCCL_* only)
 
-# CUDA apt repository keyring (operations/stack_ops.py: cuda_repo). Version pins of the stack live
+# CUDA apt repository keyring (operations/stack_repo_ops.py). Version pins of the stack live
 # in the spec; this is a trust anchor, pinned here. NVIDIA's cuda-keyring .deb is checked before
 # `dpkg -i`: the keyring inside it must hold exactly one key, this one: cudatools' 2022 rotation key
 # 3bf863cc. Source: NVIDIA's own github.com/NVIDIA/cuda-repo-management, SIGNATURES.md (commit
@@ -53,6 +53,10 @@ NCCL_CONF = "/etc/nccl.conf"  # every NCCL process, whatever its environment (NC
 CUDA_KEYRING_DEB = "cuda-keyring_1.1-1_all.deb"
 CUDA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"  # unless stack.cuda_repo
 CUDA_KEYRING_FINGERPRINT = "EB693B3035CD5710E231E123A4B469963BF863CC"
+CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"  # what the cuda-keyring .deb installs
+
+# gcc on RHEL-family: a devtoolset/gcc-toolset enabled for login shells (the stack's ``gcc``)
+GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"
 
 # Root's own 0700 directory on every node: the node lock and staged uploads of
 # operations/remote.py, and the preflight's private working directories.

@@ -43,6 +43,8 @@ class Gathered:
     trust: Mapping[str, Mapping[str, list[str] | None]] = field(
         default_factory=dict
     )  # node -> known_hosts path | user -> block
+    # the StackVersions fact: the OS and gcc the stack's files are rendered for
+    stacks: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Parts(Mapping[str, Any]):

@@ -22,7 +22,7 @@ from operations.remote import (
 )
 from operations.shm_ops import remove_command
 from operations.ssh_mesh_ops import reload_sshd_command
-from operations.stack_ops import keyring_install
+from operations.stack_repo_ops import keyring_install
 
 SHA = "0" * 64
 SEGMENT = {"shmid": 5, "key": "0x0", "bytes": 1, "owner_uid": 0, "creator_pid": 1, "last_pid": 1}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,27 +13,63 @@ from pathlib import Path
 import pytest
 from pyinfra_testing.operations import make_operation_tests
 
-from operations.stack_ops import (
-    _KEYRING,
-    NVIDIA_REPOS,
-    busy_guard,
-    cuda_distro,
-    keyring_install,
-    mirror_problem,
-)
+from operations.stack_busy_ops import busy_guard
+from operations.stack_repo_ops import _KEYRING, NVIDIA_REPOS, keyring_install, mirror_problem
+from trainfleet.capabilities.stack import StackPlan, cuda_distro, with_files
 from trainfleet.pins import package_pins, torch_requirement
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "stack"
 
-TestCudaRepo = make_operation_tests("operations", "stack_ops.cuda_repo", FIXTURES / "cuda_repo")
-TestPackages = make_operation_tests("operations", "stack_ops.packages", FIXTURES / "packages")
-TestGcc = make_operation_tests("operations", "stack_ops.gcc", FIXTURES / "gcc")
-TestTorchVenv = make_operation_tests("operations", "stack_ops.torch_venv", FIXTURES / "torch_venv")
+TestCudaRepo = make_operation_tests(
+    "operations", "stack_repo_ops.cuda_repo", FIXTURES / "cuda_repo"
+)
+TestPackages = make_operation_tests(
+    "operations", "stack_packages_ops.packages", FIXTURES / "packages"
+)
+TestGcc = make_operation_tests("operations", "stack_gcc_ops.gcc", FIXTURES / "gcc")
+TestTorchVenv = make_operation_tests(
+    "operations", "stack_venv_ops.torch_venv", FIXTURES / "torch_venv"
+)
 TestPythonPackages = make_operation_tests(
-    "operations", "stack_ops.python_packages", FIXTURES / "python_packages"
+    "operations", "stack_venv_ops.python_packages", FIXTURES / "python_packages"
 )
 # What deploy/cluster.py calls: the whole stack from one fact read; a refused part changes nothing.
 TestSoftware = make_operation_tests("operations", "stack_ops.software", FIXTURES / "software")
+
+RENDERED = ("cuda_repo_url", "repo_files", "gcc_toolset", "gcc_files")
+
+
+def _planned_fixtures() -> list[Path]:
+    return [
+        path
+        for folder in ("cuda_repo", "gcc", "software")
+        for path in sorted((FIXTURES / folder).glob("*.json"))
+        if set(RENDERED) & json.loads(path.read_text())["kwargs"].get("stack", {}).keys()
+    ]
+
+
+@pytest.mark.parametrize("path", _planned_fixtures(), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_the_files_an_operation_fixture_is_given_are_those_the_plan_renders(path):
+    """Each fixture's StackPlan holds, for the files it writes, exactly what the plan renders
+    (templates/stack/) for that fixture's fact and pins: the operations write only what the
+    plan gives them, so their fixtures prove the plan's files too."""
+    fixture = json.loads(path.read_text())
+    given = fixture["kwargs"]["stack"]
+    (found,) = fixture["facts"]["stack_facts.StackVersions"].values()
+    pins = {key: value for key, value in given.items() if key not in RENDERED}
+    if path.parent.name == "cuda_repo":
+        pins["pinned"] = ["cuda"]
+    plan = StackPlan(
+        pinned=frozenset(pins.get("pinned", [])),
+        cuda_repo=pins.get("cuda_repo", NVIDIA_REPOS),
+        gcc=pins.get("gcc") if path.parent.name != "cuda_repo" else None,
+    )
+    rendered = with_files(plan, found)
+    wanted = {key: getattr(rendered, key) for key in RENDERED}
+    assert {key: given[key] for key in RENDERED if key in given} == {
+        key: value for key, value in wanted.items() if value or key in given
+    }
+
 
 PROD = {
     "cuda": "12.4",

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainfleet.compare import ABSENT, PYTHON_PREFIX
-from trainfleet.defaults import CUDA_KEYRING_FINGERPRINT, CUDA_REPOS, VENV_DIR
+from trainfleet.compare import ABSENT, PYTHON_PREFIX, Content, content, digest
+from trainfleet.defaults import (
+    CUDA_KEYRING,
+    CUDA_KEYRING_FINGERPRINT,
+    CUDA_REPOS,
+    GCC_PROFILE,
+    VENV_DIR,
+)
 from trainfleet.grammar import (
     NULL,
     Key,
@@ -22,6 +28,7 @@ from trainfleet.grammar import (
     url_problem,
 )
 from trainfleet.model import Cluster, Node
+from trainfleet.osfamily import OsFamilyT
 from trainfleet.pins import (
     PINNED_PACKAGES,
     Pins,
@@ -31,6 +38,7 @@ from trainfleet.pins import (
     without_requirements,
 )
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
+from trainfleet.render import render
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
 
@@ -55,13 +63,114 @@ class StackPlan:
     wheelhouse: str | None = None  # a wheel directory on the node (air-gapped)
     no_deps: list[str] = field(default_factory=list)  # venv packages installed without their deps
     allow_change: bool = False  # installed versions other than the pins may be replaced
+    # The files the stack's operation writes, rendered here (templates/stack/) from the node's
+    # OS as its StackVersions fact read it; empty where not pinned or the OS was not read.
+    cuda_repo_url: str | None = None  # <cuda_repo>/<distro>/<arch>: the node's CUDA repository
+    # its apt list or .repo file: path -> text
+    repo_files: Mapping[str, str] = field(default_factory=dict)
+    gcc_toolset: str | None = None  # RHEL-family: the devtoolset/gcc-toolset that brings ``gcc``
+    # GCC_PROFILE -> its text; None: the file must be absent (the system gcc is the pinned one)
+    gcc_files: Mapping[str, str | None] = field(default_factory=dict)
+
+    @property
+    def files(self) -> dict[str, str | None]:
+        """Every file the stack manages on the node: path -> text (None: must be absent)."""
+        return {**self.repo_files, **self.gcc_files}
 
 
 # The spec's stack entries that each install something.
 STACK_COMPONENTS = ("cuda", "cudnn", "nccl", "openmpi", "gcc", "torch", "driver")
+# The components whose packages come from NVIDIA's CUDA repository, and all packaged ones.
+FROM_CUDA_REPO = frozenset({"cuda", "cudnn", "nccl", "driver"})
+PACKAGED = FROM_CUDA_REPO | {"openmpi"}
+CUDA_ARCH = "x86_64"  # NVIDIA's directory for the nodes' architecture ("sbsa": Arm servers)
+RPM_GPG_KEY = "D42D0685.pub"  # NVIDIA's RPM repo key since the 2022 rotation
+_DISTRO = re.compile(r"[a-z]+[0-9]+")  # a name, its version's digits: nothing else is a path part
 
 
-def stack_part(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> StackPlan:
+def cuda_distro(os_: OsFamilyT) -> str | None:
+    """NVIDIA's repo directory for an OS: ubuntu2204, debian12, rhel9, rhel7, fedora39."""
+    major = os_["version"].split(".")[0]
+    name = None
+    if os_["id"] == "ubuntu":
+        name = "ubuntu" + os_["version"].replace(".", "")
+    elif os_["id"] == "debian":
+        name = "debian" + major
+    elif os_["id"] == "fedora":
+        name = "fedora" + major
+    elif os_["family"] == "rhel" and major:
+        name = "rhel" + major
+    return name if name and _DISTRO.fullmatch(name) else None
+
+
+def cuda_repo_files(mirror: str, os_: OsFamilyT) -> tuple[str | None, dict[str, str]]:
+    """The node's CUDA repository URL and the file that configures it (path -> text): apt's
+    list at the path NVIDIA's cuda-keyring package itself writes (so the official URL
+    converges with no change), or the .repo file with ``gpgcheck=1``. Nothing where the OS
+    has no package manager or no NVIDIA repository."""
+    distro = cuda_distro(os_)
+    if distro is None or os_["package_manager"] is None:
+        return None, {}
+    base = f"{mirror.rstrip('/')}/{distro}/{CUDA_ARCH}"
+    if os_["family"] == "debian":
+        path = f"/etc/apt/sources.list.d/cuda-{distro}-{CUDA_ARCH}.list"
+        return base, {path: render("stack/cuda.list.j2", keyring=CUDA_KEYRING, base=base)}
+    path = f"/etc/yum.repos.d/cuda-{distro}.repo"
+    text = render(
+        "stack/cuda.repo.j2", distro=distro, arch=CUDA_ARCH, base=base, gpg_key=RPM_GPG_KEY
+    )
+    return base, {path: text}
+
+
+def toolset_name(os_: OsFamilyT, major: int) -> str:
+    """``devtoolset-N`` on EL7 (Software Collections), ``gcc-toolset-N`` on EL8/9."""
+    return f"devtoolset-{major}" if os_["package_manager"] == "yum" else f"gcc-toolset-{major}"
+
+
+def gcc_profile_files(
+    gcc: str | None, os_: OsFamilyT, system_gcc: int | None
+) -> tuple[str | None, dict[str, str | None]]:
+    """On RHEL-family with ``gcc`` pinned: the toolset that brings it and GCC_PROFILE, which
+    enables it for login shells; the profile absent (and no toolset) where the system gcc
+    (``system_gcc``, its major) is the pin. Debian/Ubuntu select gcc-N with
+    update-alternatives: no file."""
+    if not gcc or not re.fullmatch(r"[0-9]{1,2}", gcc) or os_["family"] != "rhel":
+        return None, {}
+    if system_gcc == int(gcc):
+        return None, {GCC_PROFILE: None}
+    toolset = toolset_name(os_, int(gcc))
+    enable = f"/opt/rh/{toolset}/enable"
+    return toolset, {GCC_PROFILE: render("stack/gcc_profile.sh.j2", toolset=toolset, enable=enable)}
+
+
+def with_files(plan: StackPlan, found: Mapping[str, Any] | None) -> StackPlan:
+    """``plan`` with the files the operation writes, rendered for the node's OS as its
+    StackVersions fact (``found``) read it; None (not read): none rendered."""
+    if not found:
+        return plan
+    os_ = found["os"]
+    url: str | None = None
+    repo: dict[str, str] = {}
+    if not FROM_CUDA_REPO.isdisjoint(plan.pinned):
+        url, repo = cuda_repo_files(plan.cuda_repo, os_)
+    system = (found.get("system_gcc") or {}).get("major")  # not PATH: a toolset would mask it
+    toolset, gcc = gcc_profile_files(plan.gcc, os_, system)
+    return replace(plan, cuda_repo_url=url, repo_files=repo, gcc_toolset=toolset, gcc_files=gcc)
+
+
+def stack_part(
+    stack: Mapping[str, Any],
+    family: str | None,
+    gpus: int = 0,
+    found: Mapping[str, Any] | None = None,
+) -> StackPlan:
+    """The node's StackPlan from the spec's ``stack``, its OS family and GPU count, and its
+    StackVersions fact (``found``), which the files the operation writes are rendered for."""
+    return with_files(stack_versions(stack, family, gpus), found)
+
+
+def stack_versions(stack: Mapping[str, Any], family: str | None, gpus: int = 0) -> StackPlan:
+    """The pins: packages for the OS family, the torch build, the venv's, and their settings."""
     problems: list[str] = []
     if not gpus and stack.get("driver"):  # the NVIDIA driver is for nodes with GPUs only
         stack = {key: value for key, value in stack.items() if key != "driver"}
@@ -101,7 +210,8 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
 
 def plan_part(ctx: PlanContext, node: Node) -> StackPlan:
     family = ctx.gathered.os_families.get(node.name)
-    return stack_part(ctx.cluster.stack, family, node.gpus)
+    found = ctx.gathered.stacks.get(node.name)
+    return stack_part(ctx.cluster.stack, family, node.gpus, found)
 
 
 def package_props(stack: Mapping[str, Any]) -> dict[str, str]:
@@ -125,6 +235,10 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
     for name, version in stack.get("venv_packages", {}).items():
         props[f"{PYTHON_PREFIX}{name}"] = version
     props.update(package_props(stack))
+    if plan.stack.files:
+        props[STACK_FILES] = files_digest(
+            {path: found_file(stack, path) for path in plan.stack.files}
+        )
     return props
 
 
@@ -140,11 +254,42 @@ def expect(plan: NodePlan) -> dict[str, str]:
     )
     props.update({f"package {name} hold": "held" for name in stack.packages})  # each pin held
     props.update({f"{PYTHON_PREFIX}{name}": version for name, version in stack.python.items()})
+    if stack.files:
+        props[STACK_FILES] = files_digest(stack.files)
     return props
 
 
+STACK_FILES = "stack files"  # the CUDA repository's file and gcc's profile, as planned
+
+
+def found_file(stack: Mapping[str, Any], path: str) -> str | None:
+    """A managed file's text as the StackVersions fact read it (None: absent)."""
+    text = stack.get("gcc_profile") if path == GCC_PROFILE else stack.get("repos", {}).get(path)
+    return None if text is None else str(text)
+
+
+def files_digest(files: Mapping[str, str | None]) -> str:
+    """One value for the managed files: each path with its text's digest (or absent)."""
+    return digest([f"{path} {digest(files[path])}" for path in sorted(files)])
+
+
+def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
+    """Every CUDA repository file the fact read, and gcc's profile where there is one."""
+    stack = fp["stack"]
+    files = {path: content(text) for path, text in stack.get("repos", {}).items()}
+    if stack.get("gcc_profile") is not None:
+        files[GCC_PROFILE] = content(stack["gcc_profile"])
+    return {STACK_FILES: files}
+
+
+def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
+    files = plan.stack.files
+    return {STACK_FILES: {path: content(text) for path, text in files.items() if text is not None}}
+
+
 def converged(plan: NodePlan) -> dict[str, Any]:
-    """The planned versions installed and held; nvcc reports the planned CUDA release."""
+    """The planned versions installed and held; nvcc reports the planned CUDA release; the
+    planned CUDA repository file and gcc profile in place."""
     stack = plan.stack
     cuda = stack.cuda
     return {
@@ -155,6 +300,8 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "torch": {"version": stack.torch} if stack.torch else None,
             "gcc": None,
             "venv_packages": dict(stack.python),
+            "repos": dict(stack.repo_files),
+            "gcc_profile": stack.gcc_files.get(GCC_PROFILE),
         }
     }
 
