@@ -206,9 +206,8 @@ def given_to_operations(calls: dict[str, list[dict]]) -> dict[str, str]:
         written = dict(
             line.split("=", 1) for line in nccl["environment"]
         )  # KEY=value, as pam_env reads it
-        given["NCCL env (non-login ssh)"] = _env_string(
-            {k: v.strip('"') for k, v in written.items()}
-        )
+        seen = {k: v.strip('"') for k, v in written.items()}
+        given["NCCL env (non-login ssh)"] = _env_string(seen, seen)
         given["NCCL env (login shell)"] = given["NCCL env (non-login ssh)"]
         given["NCCL env files"] = digest(
             [nccl["profile"], *nccl["environment"], "--", *nccl["nccl_conf"]]

@@ -10,7 +10,7 @@ from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import ABSENT, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived
+from trainfleet.nccl import Derived, checked_env
 from trainfleet.render import render, render_lines
 
 if TYPE_CHECKING:
@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 MAJORITY: tuple[str, ...] = ()  # a node's interface is its own; the spec is what counts
 UNIQUE: tuple[str, ...] = ()
 HEALTH: tuple[str, ...] = ()
-NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 UNREAD = "the node's network could not be read"
 
 
@@ -44,11 +43,10 @@ def nccl_part(derived: Derived) -> NcclPlan:
     )
 
 
-def env_string(env: dict[str, str]) -> str:
-    return (
-        " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(NCCL_PREFIXES))
-        or "none"
-    )
+def env_string(env: dict[str, str], planned: dict[str, str]) -> str:
+    """What a shell sees (``env``) as drift compares it: every NCCL_/GLOO_/UCX_ variable, and
+    the TORCH_/CUDA_ ones the plan names (trainfleet.nccl.checked_env)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(checked_env(env, planned).items())) or "none"
 
 
 def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
@@ -70,8 +68,8 @@ def plan_part(ctx: PlanContext, node: Node) -> dict[str, Any]:
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
     files = fp["nccl_files"]
     return {
-        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"]),
-        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"]),
+        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"], plan.nccl.env),
+        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"], plan.nccl.env),
         "NCCL env files": digest(
             [
                 files["profile"] or ABSENT,
@@ -87,7 +85,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     nccl = plan.nccl
     if nccl.problems:
         return {}
-    env = env_string(nccl.env)
+    env = env_string(nccl.env, nccl.env)
     return {
         "NCCL env (non-login ssh)": env,
         "NCCL env (login shell)": env,
