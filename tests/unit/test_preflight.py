@@ -26,7 +26,12 @@ from checks import (
     stage_runner,
 )
 from checks.bandwidth_verdicts import pair_figures
-from checks.collective_verdicts import collective_problems, isolate, second_pass
+from checks.collective_verdicts import (
+    collective_problems,
+    isolate,
+    second_pass,
+    version_problems,
+)
 from checks.healthy_subset import healthy_subset
 from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import hygiene_problems
@@ -177,6 +182,24 @@ def finished(world: int = 24, versions: list | None = None, gpu: str | None = No
         {"step": "all_gather", "versions": versions or [V] * world},
         {"step": "done"},
     ]
+
+
+def test_versions_without_a_majority_name_every_node_by_the_one_majority_vote():
+    """A tie (12 ranks of each torch) is no verdict on either side: every node is named with
+    the count of each value (drift's vote, trainfleet.compare.majority), never one side chosen
+    by set order; a rank that sent no version dict is a value of its own."""
+    owners = [n.name for n in CLUSTER.nodes[:2] for _ in range(12)]
+    versions = [V] * 12 + [{**V, "torch": "2.3.1+cu121"}] * 12
+    tie = "'2.4.1+cu124' on 12, '2.3.1+cu121' on 12"
+    assert [(p.node, p.cause) for p in version_problems(owners, versions)] == [
+        ("gpu-a01", f"torch 2.4.1+cu124: the ranks have no majority ({tie})"),
+        ("gpu-a02", f"torch 2.3.1+cu121: the ranks have no majority ({tie})"),
+    ]
+    odd = [V] * 23 + ["not a dict"]
+    owners = [n.name for n in CLUSTER.nodes for _ in range(8)]
+    assert {p.cause for p in version_problems(owners, odd)} == {
+        f"{key} None differs from the other ranks' {V[key]}" for key in V
+    }
 
 
 def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_never_joined():
