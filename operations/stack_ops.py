@@ -95,15 +95,7 @@ def mirror_problem(mirror: str, insecure: bool = False) -> str | None:
 
 def keyring_install(url: str, fingerprint: str) -> StringCommand:
     """Download the keyring .deb from ``url``, check its key, install it (``_KEYRING``)."""
-    return StringCommand(
-        "sh",
-        "-c",
-        QuoteString(_KEYRING),
-        "trainfleet",
-        QuoteString(url),
-        QuoteString(fingerprint),
-        urlsplit(url).scheme,
-    )
+    return shell(_KEYRING, url, fingerprint, urlsplit(url).scheme)
 
 
 @operation()
