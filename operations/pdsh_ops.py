@@ -10,19 +10,21 @@ from operations.managed_block_ops import block_change
 from operations.packages_ops import install_any
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
+from trainfleet.capabilities.pdsh import genders_lines
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
-from trainfleet.plan import genders_lines
 
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
 
 
 @operation()
-def pdsh(nodes: list[str], present: bool = True):
+def pdsh(nodes: list[str], present: bool = True, genders: list[str] | None = None):
     """
     Install pdsh, make ssh its remote command type, and list the cluster for ``pdsh -a``.
 
     + nodes: the names ``pdsh -a`` addresses
     + present: ``False`` removes trainfleet's node lists (the package stays)
+    + genders: the /etc/genders block as the plan rendered it (templates/pdsh/genders.j2),
+      written as given; left out, it is rendered here from ``nodes``
 
     Debian's pdsh reads ``-a`` targets from ``/etc/genders`` and its default rcmd from
     ``/etc/pdsh/rcmd_default``; RHEL-family builds read ``/etc/pdsh/machines`` and get
@@ -34,7 +36,8 @@ def pdsh(nodes: list[str], present: bool = True):
 
         pdsh.pdsh(name="pdsh over ssh to every node", nodes=["gpu-a01", "gpu-a02"])
     """
-    current = fact(PdshState, genders=genders_lines(nodes), machines=list(nodes))
+    wanted = list(genders) if genders is not None else genders_lines(nodes)
+    current = fact(PdshState, genders=wanted, machines=list(nodes))
     manager = current["os"]["package_manager"]
     if manager is None:
         yield fail_command(
@@ -50,10 +53,9 @@ def pdsh(nodes: list[str], present: bool = True):
         commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
     if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:
         commands.append(write_file_command(PDSH_PROFILE, PROFILE))
-    genders = genders_lines(nodes) if present else None
     machines = list(nodes) if present else None
     for path, block, lines in (
-        (PDSH_GENDERS, current["genders"], genders),
+        (PDSH_GENDERS, current["genders"], wanted if present else None),
         (PDSH_MACHINES, current["machines"], machines),
     ):
         commands += block_change(path, PDSH_PURPOSE, block, lines)

@@ -8,6 +8,7 @@ from trainfleet.capabilities.plan_context import Blocks, PlanContext, Sections
 from trainfleet.compare import content, digest
 from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
+from trainfleet.render import render_lines
 
 if TYPE_CHECKING:
     from trainfleet.compare import Content
@@ -19,8 +20,9 @@ HEALTH: tuple[str, ...] = ()
 
 
 def genders_lines(nodes: list[str]) -> list[str]:
-    """The /etc/genders block ``pdsh -a`` reads on Debian: ``name trainfleet`` per node."""
-    return [f"{name} trainfleet" for name in nodes]
+    """The /etc/genders block ``pdsh -a`` reads on Debian (templates/pdsh/genders.j2):
+    ``name trainfleet`` per node."""
+    return render_lines("pdsh/genders.j2", nodes=nodes)
 
 
 def deploy_sections(users: list[str], blocks: Blocks) -> Sections:
