@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from checks.preflight_report import Problem
+from trainfleet.compare import majority
 from trainfleet.model import Cluster, Node
 from trainfleet.text import printable
 
@@ -317,22 +318,26 @@ def rank_failure(steps: list[dict[str, Any]]) -> str | None:
 
 
 def version_problems(owners: list[str], versions: list[dict[str, Any]]) -> list[Problem]:
-    """The odd node out of the versions every rank reported (majority wins); ``owners[rank]``
-    is the rank's node. A node is named once per differing value, however many ranks it runs."""
+    """The odd node out of the versions every rank reported, by drift's majority vote
+    (trainfleet.compare.majority: a tie names every node, with the count of each value);
+    ``owners[rank]`` is the rank's node. A node is named once per differing value, however
+    many ranks it runs."""
     problems: list[Problem] = []
     for key in ("torch", "cuda", "nccl"):
-        values = [v.get(key) if isinstance(v, dict) else None for v in versions]
-        if len(set(values)) < 2:
-            continue
-        majority = max(set(values), key=values.count)
-        for node, value in zip(owners, values, strict=False):
-            problem = Problem(
-                "collective",
-                node,
-                f"{key} {printable(str(value))} differs from the other ranks' "
-                f"{printable(str(majority))}",
+        values = {
+            str(rank): str(v.get(key) if isinstance(v, dict) else None)
+            for rank, (_, v) in enumerate(zip(owners, versions, strict=False))
+        }
+        for finding in majority(key, values):
+            said = printable(finding.observed)
+            cause = (
+                f"{key} {said}: the ranks have no majority ({printable(finding.expected or '')})"
+                if finding.kind == "tie"
+                else f"{key} {said} differs from the other ranks' "
+                f"{printable(finding.expected or '')}"
             )
-            if value != majority and problem not in problems:
+            problem = Problem("collective", owners[int(finding.node)], cause)
+            if problem not in problems:
                 problems.append(problem)
     return problems
 

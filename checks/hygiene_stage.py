@@ -23,6 +23,7 @@ from runtime.gather import gather_fact
 from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.hw.kernel_log import GREP
 from trainfleet.model import Cluster
+from trainfleet.nccl import ENV_PREFIXES
 from trainfleet.plan import plan_cluster
 from trainfleet.plan_types import ClusterPlan, Gathered
 
@@ -59,6 +60,7 @@ def run_hygiene(
                 GREP,
                 " ".join(map(str, hosted[n.name])),
                 n.address,
+                " ".join(ENV_PREFIXES),  # the environment variables it prints
                 *names,
                 bound=BOUNDS["hygiene"],
             )

@@ -9,6 +9,8 @@ from typing import Any
 
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
+from trainfleet.nccl import checked_env
+from trainfleet.text import printable
 
 
 def hygiene_problems(
@@ -18,8 +20,8 @@ def hygiene_problems(
     launch_slots: dict[str, int],
 ) -> list[Problem]:
     """Stage 1: the master port is free; hostnames are unique; names resolve alike everywhere;
-    slots = GPUs = visible devices; the non-login environment holds the derived NCCL/Gloo
-    variables."""
+    slots = GPUs = visible devices; the non-login environment holds the planned variables
+    (``env_problems``)."""
     problems: list[Problem] = []
     master = cluster.master.name
     holder = seen.get(master, {}).get("port_holder")
@@ -69,19 +71,36 @@ def hygiene_problems(
                     f"the spec needs {spec.gpus}",
                 )
             )
-        env = data.get("env", {})
-        for key, value in expected_env.get(node, {}).items():
-            if not key.startswith(("NCCL_", "GLOO_")):  # what the ranks' network setup depends on
-                continue
-            if env.get(key) != value:
-                problems.append(
-                    Problem(
-                        "hygiene",
-                        node,
-                        f"{key} is {env.get(key, 'missing')!r} in the non-login "
-                        f"environment ranks get, expected {value!r}",
-                    )
-                )
+        if node in expected_env:
+            problems += env_problems(node, data.get("env", {}), expected_env[node])
+    return problems
+
+
+def env_problems(node: str, seen: dict[str, str], planned: dict[str, str]) -> list[Problem]:
+    """The non-login environment ranks get, judged as drift judges it (trainfleet.nccl's
+    ``checked_env``): each planned variable with its planned value, and no variable of an owned
+    family the plan does not set (a stray one changes what NCCL, Gloo or UCX do)."""
+    checked = checked_env(seen, planned)
+    problems = [
+        Problem(
+            "hygiene",
+            node,
+            f"{key} is {checked.get(key, 'missing')!r} in the non-login "
+            f"environment ranks get, expected {value!r}",
+        )
+        for key, value in planned.items()
+        if checked.get(key) != value
+    ]
+    problems += [
+        Problem(
+            "hygiene",
+            node,
+            f"{printable(key)} is {value!r} in the non-login environment ranks get, "
+            "which the plan does not set",
+        )
+        for key, value in sorted(checked.items())
+        if key not in planned
+    ]
     return problems
 
 

@@ -166,7 +166,7 @@ if in_user_homes:
     )
 
 # pdsh: `pdsh -a` runs on every node, over ssh.
-pdsh_ops.pdsh(name="pdsh over ssh to every node", nodes=plan.pdsh.nodes)
+pdsh_ops.pdsh(name="pdsh over ssh to every node", pdsh=plan.pdsh)
 
 # Software stack: CUDA, cuDNN, NCCL, OpenMPI, GCC and PyTorch exactly at the spec's pins, held.
 stack_ops.software(

@@ -51,9 +51,7 @@ if node.name == wanted:
         remediate_ops.acs_boot_unit(
             name="PCIe ACS redirects off at boot above GPUs and NICs (trainfleet-acs.service)",
             bridges=list(acs.bridges),
-            unit=remediate_ops.acs_unit_text(list(acs.bridges), acs.setpci)
-            if acs.bridges
-            else None,
+            unit=acs.unit,
             found=list(acs.found),
             problems=list(acs.problems),
             skipped=acs.skipped,

@@ -13,9 +13,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 from pyinfra.api.exceptions import FactProcessError
 
+from facts.shell import shell
 from trainfleet.blocks import BrokenBlock, Split, markers, split_block, with_block
 
 SECTION = "--trainfleet-section--"
@@ -349,9 +350,7 @@ def _lines_back(text: str, purpose: str, lines: list[str]) -> str:
 
 def file_command(path: str) -> StringCommand:
     """Print ``path`` as one framed ``file`` line named ``path``."""
-    return StringCommand(
-        "sh", "-c", QuoteString(FILE_FN + 'tf_file "$1" "$1"'), "trainfleet", QuoteString(path)
-    )
+    return shell(FILE_FN + 'tf_file "$1" "$1"', path)
 
 
 class ManagedBlock(FactBase[BlockState]):
@@ -378,13 +377,7 @@ class ManagedBlock(FactBase[BlockState]):
         self.path, self.purpose, self.expect = path, purpose, expect
         if expect is None:
             return file_command(path)
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(BLOCK_FN + 'tf_block "$1" "$@"'),
-            "trainfleet",
-            *map(QuoteString, block_args(path, purpose, expect)),
-        )
+        return shell(BLOCK_FN + 'tf_block "$1" "$@"', *block_args(path, purpose, expect))
 
     def process(self, output: list[str]) -> BlockState:
         files = read_file_lines(output)

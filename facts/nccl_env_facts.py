@@ -19,7 +19,7 @@ from facts.managed_block_facts import (
 )
 from facts.shell import script, shell
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
-from trainfleet.nccl import ENV_PURPOSE, IbPort, Interface
+from trainfleet.nccl import ENV_PREFIXES, ENV_PURPOSE, OWNED_PREFIXES, IbPort, Interface
 
 # Interfaces with their addresses, bridges, and every InfiniBand/RoCE port with its GID
 # table, from sysfs under $1 (a fixture tree in tests, /sys on nodes).
@@ -161,8 +161,10 @@ class NcclEnvSeenT(TypedDict):
 
 class NcclEnvSeen(FactBase[NcclEnvSeenT]):
     """
-    The NCCL_/GLOO_/UCX_ variables as processes see them: in the non-login shell an
-    ``ssh node CMD`` gets (what pdsh, mpirun and DeepSpeed's runner start) and in a login shell.
+    The variables of the families ``nccl.env`` may set (trainfleet.nccl.ENV_PREFIXES) as
+    processes see them: in the non-login shell an ``ssh node CMD`` gets (what pdsh, mpirun and
+    DeepSpeed's runner start) and in a login shell. Which of them a check compares is the
+    core's (``trainfleet.nccl.checked_env``).
 
     .. code:: python
 
@@ -180,19 +182,21 @@ class NcclEnvSeen(FactBase[NcclEnvSeenT]):
                 target = seen["non_login"]
             elif line == "@login":
                 target = seen["login"]
-            elif target is not None and line.startswith(("NCCL_", "GLOO_", "UCX_")) and "=" in line:
+            elif target is not None and line.startswith(ENV_PREFIXES) and "=" in line:
                 key, value = line.split("=", 1)
                 target[key] = value
         return seen
 
     def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
         """What the script prints where each shell sees ``value``'s variables (sorted), the
-        rest of ``recorded``'s environment kept (the controller benchmark's converged node)."""
+        rest of ``recorded``'s environment kept (the controller benchmark's converged node): a
+        recorded variable of an owned family, or one ``value`` names, is replaced."""
         seen = {"@non-login": value["non_login"], "@login": value["login"]}
+        named = {k for env in seen.values() for k in env}
         out: list[str] = []
         for line in recorded:
             if line in seen:
                 out += [line, *(f"{k}={v}" for k, v in sorted(seen[line].items()))]
-            elif not line.startswith(("NCCL_", "GLOO_", "UCX_")):
+            elif not (line.startswith(OWNED_PREFIXES) or line.partition("=")[0] in named):
                 out.append(line)
         return out

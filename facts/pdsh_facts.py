@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from pyinfra.api import FactBase, QuoteString, StringCommand
+from pyinfra.api import FactBase, StringCommand
 
 from facts.managed_block_facts import (
     BLOCK_FN,
@@ -18,6 +18,7 @@ from facts.managed_block_facts import (
     with_files,
 )
 from facts.os_release_facts import OS_FAMILY_SH
+from facts.shell import shell
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 from trainfleet.osfamily import OsFamilyT, os_release
 
@@ -73,15 +74,7 @@ class PdshState(FactBase[PdshStateT]):
             *block_args(PDSH_GENDERS, PDSH_PURPOSE, genders),
             *block_args(PDSH_MACHINES, PDSH_PURPOSE, machines),
         ]
-        return StringCommand(
-            "sh",
-            "-c",
-            QuoteString(_SCRIPT),
-            "trainfleet",
-            PDSH_RCMD_DEFAULT,
-            PDSH_PROFILE,
-            *map(QuoteString, args),
-        )
+        return shell(_SCRIPT, PDSH_RCMD_DEFAULT, PDSH_PROFILE, *args)
 
     def process(self, output: list[str]) -> PdshStateT:
         files = read_file_lines(output)

@@ -12,7 +12,7 @@ from pyinfra.api import FactBase, StringCommand
 from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.shell import script, shell
 from facts.stack_facts import GPU_PIDS
-from trainfleet.remediation import ACS_UNIT_PATH, SETPCI, UNITS
+from trainfleet.defaults import ACS_UNIT_PATH, SETPCI, UNITS
 
 _SCRIPT = GPU_PIDS + script("remediation.sh")
 _STATES = frozenset("abcdefghijklmnopqrstuvwxyz-")  # systemctl's words: enabled, not-found, ...
@@ -27,7 +27,7 @@ class RemediationStateT(TypedDict):
     gpu_pids: list[int]  # nvidia-smi --query-compute-apps=pid
     gpu_pids_unknown: bool  # that probe failed or printed a non-pid line: a job not ruled out
     systemd: bool
-    units: dict[str, UnitT]  # trainfleet.remediation.UNITS
+    units: dict[str, UnitT]  # trainfleet.defaults.UNITS
     acs_unit: str | None  # ACS_UNIT_PATH's content; None: absent
     setpci: str | None  # the first of SETPCI that is root's own executable; None: none is
 
@@ -41,7 +41,7 @@ class RemediationState(FactBase[RemediationStateT]):
     The GPU processes (their pids), systemd, the state of each unit the remediation stops,
     starts or writes (nvidia-persistenced, nvidia-dcgm, dcgm, nvidia-fabricmanager,
     trainfleet-acs), trainfleet's ACS unit file and where setpci is (the first of
-    trainfleet.remediation.SETPCI that is a root-owned executable no one else can write), in
+    trainfleet.defaults.SETPCI that is a root-owned executable no one else can write), in
     one command. A probe that failed reads as
     ``gpu_pids_unknown`` (so does one that printed a line that is not a pid: ``[N/A]``,
     ``[Insufficient Permissions]``, an error message), a missing systemd as ``systemd: False``:

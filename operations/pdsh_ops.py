@@ -10,18 +10,20 @@ from operations.managed_block_ops import block_change
 from operations.packages_ops import install_any
 from operations.remote import fail_command, write_file_command
 from runtime.gather import fact
-from trainfleet.capabilities.pdsh import genders_lines
+from trainfleet.capabilities.pdsh import PdshPlan
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 
 PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
 
 
 @operation()
-def pdsh(nodes: list[str], present: bool = True):
+def pdsh(pdsh: PdshPlan, present: bool = True):
     """
     Install pdsh, make ssh its remote command type, and list the cluster for ``pdsh -a``.
 
-    + nodes: the names ``pdsh -a`` addresses
+    + pdsh: the plan's ``pdsh`` part: ``nodes``, the names ``pdsh -a`` addresses
+      (/etc/pdsh/machines); ``genders``, the /etc/genders block as the plan rendered it
+      (templates/pdsh/genders.j2), written as given
     + present: ``False`` removes trainfleet's node lists (the package stays)
 
     Debian's pdsh reads ``-a`` targets from ``/etc/genders`` and its default rcmd from
@@ -32,9 +34,10 @@ def pdsh(nodes: list[str], present: bool = True):
 
     .. code:: python
 
-        pdsh.pdsh(name="pdsh over ssh to every node", nodes=["gpu-a01", "gpu-a02"])
+        pdsh_ops.pdsh(name="pdsh over ssh to every node", pdsh=plan.pdsh)
     """
-    current = fact(PdshState, genders=genders_lines(nodes), machines=list(nodes))
+    nodes, wanted = list(pdsh.nodes), list(pdsh.genders)
+    current = fact(PdshState, genders=wanted, machines=list(nodes))
     manager = current["os"]["package_manager"]
     if manager is None:
         yield fail_command(
@@ -50,10 +53,9 @@ def pdsh(nodes: list[str], present: bool = True):
         commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
     if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:
         commands.append(write_file_command(PDSH_PROFILE, PROFILE))
-    genders = genders_lines(nodes) if present else None
     machines = list(nodes) if present else None
     for path, block, lines in (
-        (PDSH_GENDERS, current["genders"], genders),
+        (PDSH_GENDERS, current["genders"], wanted if present else None),
         (PDSH_MACHINES, current["machines"], machines),
     ):
         commands += block_change(path, PDSH_PURPOSE, block, lines)

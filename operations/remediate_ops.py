@@ -20,10 +20,9 @@ from facts.stack_facts import GPU_PIDS
 from operations.remote import fail_command, script, write_file_command
 from runtime.gather import fact
 from trainfleet import remediation
-from trainfleet.remediation import ACS_MASK, ACS_UNIT, ACS_UNIT_PATH, GpuReset, ResetNeed
-from trainfleet.render import render
+from trainfleet.defaults import ACS_UNIT, ACS_UNIT_PATH, SETPCI
+from trainfleet.remediation import ACS_MASK, GpuReset, ResetNeed
 
-ACS_TEMPLATE = "remediation/trainfleet-acs.service.j2"
 FABRIC_WAIT = 180  # seconds the fabric manager may take to build the fabric after a reset
 _RESET = GPU_PIDS + script("remediation_reset.sh")
 _ACS_CHECK = script("remediation_acs_check.sh")
@@ -31,21 +30,6 @@ _ACS_CHECK = script("remediation_acs_check.sh")
 
 def _state() -> RemediationStateT:
     return fact(RemediationState)
-
-
-def acs_unit_text(bridges: list[str], setpci: str) -> str:
-    """The boot unit (templates/remediation/): one setpci per bridge clearing the redirect bits,
-    by its absolute path, unless the bridge is bound to vfio-pci at boot; ValueError for an
-    address outside the grammar or a setpci path not one of SETPCI, so nothing else reaches
-    the file."""
-    chosen = sorted(set(bridges))
-    if bad := remediation.bad_bdfs(chosen):
-        raise ValueError(f"not PCI addresses: {bad!r}")
-    if not chosen:
-        raise ValueError("no bridge to clear ACS on")
-    if setpci not in remediation.SETPCI:
-        raise ValueError(f"setpci at {setpci[:80]!r}: not one of {', '.join(remediation.SETPCI)}")
-    return render(ACS_TEMPLATE, bridges=chosen, mask=ACS_MASK, setpci=setpci)
 
 
 @operation()
@@ -63,7 +47,8 @@ def acs_boot_unit(
     enabled and run now, then each bridge's ACS Control register read back.
 
     + bridges: the plan's bridges (``trainfleet.remediation.acs_plan``)
-    + unit: the unit file for them (``acs_unit_text``, rendered before the operation runs)
+    + unit: the unit file for them, as the plan rendered it (``AcsPlan.unit``,
+      ``trainfleet.remediation.acs_unit_text``): written as given
     + found: the hardware check's findings now (a unit in place while ACS is on runs again)
     + problems: why ACS could not be judged: the node fails, nothing changed
     + skipped: why nothing here is the node's to change (a virtual machine)
@@ -81,7 +66,7 @@ def acs_boot_unit(
     if bridges and (unit is None or remediation.unit_bridges(unit) != sorted(set(bridges))):
         yield fail_command("ACS: the unit given does not list exactly the planned bridges")
         return
-    if bridges and setpci not in remediation.SETPCI:
+    if bridges and setpci not in SETPCI:
         yield fail_command(f"ACS: setpci at {setpci[:80]!r} is not one of its known paths")
         return
     state = _state()

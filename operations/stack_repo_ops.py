@@ -7,8 +7,9 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from pyinfra import host
-from pyinfra.api import QuoteString, StringCommand, operation
+from pyinfra.api import StringCommand, operation
 
+from facts.shell import shell
 from operations.packages_ops import APT
 from operations.remote import fail_command, script, write_file_command
 from operations.stack_state import stack_fact, unsupported
@@ -44,15 +45,7 @@ def mirror_problem(mirror: str, insecure: bool = False) -> str | None:
 
 def keyring_install(url: str, fingerprint: str) -> StringCommand:
     """Download the keyring .deb from ``url``, check its key, install it (``_KEYRING``)."""
-    return StringCommand(
-        "sh",
-        "-c",
-        QuoteString(_KEYRING),
-        "trainfleet",
-        QuoteString(url),
-        QuoteString(fingerprint),
-        urlsplit(url).scheme,
-    )
+    return shell(_KEYRING, url, fingerprint, urlsplit(url).scheme)
 
 
 @operation()

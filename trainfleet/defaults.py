@@ -58,6 +58,20 @@ CUDA_KEYRING = "/usr/share/keyrings/cuda-archive-keyring.gpg"  # what the cuda-k
 # gcc on RHEL-family: a devtoolset/gcc-toolset enabled for login shells (the stack's ``gcc``)
 GCC_PROFILE = "/etc/profile.d/trainfleet-gcc.sh"
 
+# Remediation (deploy/remediate.py; facts/remediation_facts.py reads these)
+ACS_UNIT = "trainfleet-acs"  # the boot unit that turns PCIe ACS redirects off
+ACS_UNIT_PATH = f"/etc/systemd/system/{ACS_UNIT}.service"
+# Where pciutils installs setpci (Debian: /usr/bin; RHEL: /usr/sbin; older: /sbin, /bin): the
+# unit names the one the fact found (root's, not writable by others), never a PATH lookup.
+SETPCI = ("/usr/bin/setpci", "/usr/sbin/setpci", "/sbin/setpci", "/bin/setpci")
+# What holds a GPU open and must let go of it for a reset, stopped in this order and started
+# again in reverse: the persistence daemon, DCGM's host engine (NVIDIA's datacenter-gpu-manager
+# names it nvidia-dcgm, older packages dcgm), then the fabric manager, which must come up after
+# the last reset (nvidia-smi's manual: with it stopped, NVLink peers are reset together).
+GPU_USERS = ("nvidia-persistenced", "nvidia-dcgm", "dcgm", "nvidia-fabricmanager")
+FABRIC_MANAGER = "nvidia-fabricmanager"
+UNITS = (*GPU_USERS, ACS_UNIT)  # the units the remediation fact reads
+
 # Root's own 0700 directory on every node: the node lock and staged uploads of
 # operations/remote.py, and the preflight's private working directories.
 RUN_DIR = "/run/trainfleet"

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from trainfleet.nccl import ENV_NAME, ENV_PREFIXES
+
 # A check returns None when the value is fine, else a message saying what is wrong.
 Check = Callable[[Any], "str | None"]
 
@@ -40,7 +42,6 @@ _IFNAME = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
 _NODE_PATH = re.compile(r"(?:/[A-Za-z0-9._+@,=:~-]+)+/?|/")
 _URL_CHARS = re.compile(r"[A-Za-z0-9._~%/:+-]+")
 _ENV_VALUE = re.compile(r"[A-Za-z0-9_.,:=^/%+@ -]*")
-_ENV_NAME = re.compile(r"(?:NCCL|GLOO|TORCH|CUDA|UCX)_[A-Z0-9_]+")
 _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -223,9 +224,10 @@ def ifname_problem(value: str) -> str | None:
 
 
 def env_name_problem(value: Any) -> str | None:
-    if isinstance(value, str) and _ENV_NAME.fullmatch(value):
+    """A name ``nccl.env`` may not set: not of the families trainfleet.nccl.ENV_PREFIXES lists."""
+    if isinstance(value, str) and ENV_NAME.fullmatch(value):
         return None
-    return f"{value!r} is not an NCCL_/GLOO_/TORCH_/CUDA_/UCX_ variable name"
+    return f"{value!r} is not an {'/'.join(ENV_PREFIXES)} variable name"
 
 
 def tcp_include_problem(value: str) -> str | None:

@@ -10,7 +10,8 @@ Plain functions over the NcclNetwork fact's data, testable without any host:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_interface
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
@@ -19,6 +20,17 @@ if TYPE_CHECKING:
     from trainfleet.model import Cluster
 
 ENV_PURPOSE = "nccl environment"
+# The variable families `nccl.env` may set (the schema's grammar is built from this list, the
+# preflight's hygiene script is handed it): NCCL's, Gloo's and UCX's own, and PyTorch's and
+# CUDA's (TORCH_NCCL_ASYNC_ERROR_HANDLING and CUDA_DEVICE_MAX_CONNECTIONS are real needs).
+ENV_PREFIXES = ("NCCL_", "GLOO_", "UCX_", "TORCH_", "CUDA_")
+# Families set on nodes for other reasons too (CUDA_HOME from a CUDA profile script): a check
+# compares only the variables of these the plan names.
+SHARED_PREFIXES = ("TORCH_", "CUDA_")
+# The rest, each of whose variables changes how NCCL, Gloo or UCX talk: a check compares every
+# one a shell sees (a stray one is drift).
+OWNED_PREFIXES = tuple(p for p in ENV_PREFIXES if p not in SHARED_PREFIXES)
+ENV_NAME = re.compile("(?:" + "|".join(re.escape(p) for p in ENV_PREFIXES) + ")[A-Z0-9_]+")
 NEVER = ("lo", "docker", "virbr", "veth", "cni", "flannel", "cali")  # never the cluster interface
 
 
@@ -198,6 +210,13 @@ def derive_cluster(cluster: Cluster, networks: Mapping[str, Any]) -> dict[str, D
             if d.gid_index is not None:
                 d.problems.append(disagreement)
     return derived
+
+
+def checked_env(seen: Mapping[str, str], planned: Iterable[str]) -> dict[str, str]:
+    """The variables of ``seen`` (what a shell sees) that a check compares with the plan: every
+    one of the owned families, and those of the shared families that ``planned`` names."""
+    named = set(planned)
+    return {k: v for k, v in seen.items() if k.startswith(OWNED_PREFIXES) or k in named}
 
 
 def uniform_variables(env_by_node: dict[str, dict[str, str]]) -> list[str]:

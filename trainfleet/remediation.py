@@ -16,16 +16,18 @@ from difflib import get_close_matches
 from types import MappingProxyType
 from typing import Any
 
+from trainfleet.defaults import ACS_UNIT, FABRIC_MANAGER, GPU_USERS, SETPCI, UNITS
 from trainfleet.hw import lspci
 from trainfleet.hw.sources import LSPCI, SMI_XML
+from trainfleet.render import render
+
+ACS_TEMPLATE = "remediation/trainfleet-acs.service.j2"  # the boot unit, rendered here
 
 # lspci -vvv's address (always with its domain, as trainfleet.hw.lspci gives it) and
 # nvidia-smi's (eight hex digits of domain): nothing else reaches setpci or nvidia-smi -i.
 BDF = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 GPU_BUS = re.compile(r"[0-9A-Fa-f]{8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]")
 
-ACS_UNIT = "trainfleet-acs"
-ACS_UNIT_PATH = f"/etc/systemd/system/{ACS_UNIT}.service"
 # The ACS Control register (ACS capability + 6; PCIe base spec): bit 0 Source Validation,
 # 2 P2P Request Redirect, 3 P2P Completion Redirect, the bits lspci prints as SrcValid, ReqRedir
 # and CmpltRedir and the hardware check judges (lspci.ACS_REDIRECTS). Only these are cleared
@@ -37,19 +39,9 @@ ACS_MASK = f"{sum(ACS_BITS[name] for name in lspci.ACS_REDIRECTS):04x}"
 _UNIT_LINE = re.compile(
     r"ExecStart=.*\bsetpci -s (\S+) ECAP_ACS\+0x6\.w=0000:" + ACS_MASK + r"\b.*"
 )
-# Where pciutils installs setpci (Debian: /usr/bin; RHEL: /usr/sbin; older: /sbin, /bin): the
-# unit names the one the fact found (root's, not writable by others), never a PATH lookup.
-SETPCI = ("/usr/bin/setpci", "/usr/sbin/setpci", "/sbin/setpci", "/bin/setpci")
 # A device passed through to a virtual machine: its config space is the guest's, not ours.
 VFIO = "vfio-pci"
 
-# What holds a GPU open and must let go of it for a reset, stopped in this order and started
-# again in reverse: the persistence daemon, DCGM's host engine (NVIDIA's datacenter-gpu-manager
-# names it nvidia-dcgm, older packages dcgm), then the fabric manager, which must come up after
-# the last reset (nvidia-smi's manual: with it stopped, NVLink peers are reset together).
-GPU_USERS = ("nvidia-persistenced", "nvidia-dcgm", "dcgm", "nvidia-fabricmanager")
-FABRIC_MANAGER = "nvidia-fabricmanager"
-UNITS = (*GPU_USERS, ACS_UNIT)  # the units the remediation fact reads
 # The driver's own words that ask for a reset (nvidia-smi -q -x); a recovery action of
 # "Reset" (R570+ drivers). Anything else the GPU asks for is not a reset's to fix.
 RESET_ASKS = (
@@ -73,6 +65,7 @@ class AcsPlan:
     skipped: str = ""  # nothing of this node's to change (a virtual machine)
     setpci: str = ""  # its absolute path on the node (SETPCI), for the unit
     left: tuple[str, ...] = ()  # ports bound to vfio-pci: a guest's, left alone
+    unit: str | None = None  # the boot unit for ``bridges`` (``acs_unit_text``); None: none
 
 
 @dataclass(frozen=True)
@@ -182,6 +175,8 @@ def acs_plan(
     left = tuple(
         f"{a} is bound to {VFIO} (a virtual machine's): left alone" for a in sorted(guests)
     )
+    if bad := bad_bdfs(sorted(bridges)):  # never reaches the unit: the node fails, named
+        return AcsPlan(found=tuple(found), left=left, problems=(f"not PCI addresses: {bad!r}",))
     if bridges and setpci not in SETPCI:
         where = ", ".join(SETPCI)
         return AcsPlan(
@@ -196,7 +191,23 @@ def acs_plan(
         found=tuple(found),
         setpci=(setpci or "") if bridges else "",
         left=left,
+        unit=acs_unit_text(sorted(bridges), setpci or "") if bridges else None,
     )
+
+
+def acs_unit_text(bridges: list[str], setpci: str) -> str:
+    """The boot unit (templates/remediation/): one setpci per bridge clearing the redirect bits,
+    by its absolute path, unless the bridge is bound to vfio-pci at boot; ValueError for an
+    address outside the grammar or a setpci path not one of SETPCI, so nothing else reaches
+    the file."""
+    chosen = sorted(set(bridges))
+    if bad := bad_bdfs(chosen):
+        raise ValueError(f"not PCI addresses: {bad!r}")
+    if not chosen:
+        raise ValueError("no bridge to clear ACS on")
+    if setpci not in SETPCI:
+        raise ValueError(f"setpci at {setpci[:80]!r}: not one of {', '.join(SETPCI)}")
+    return render(ACS_TEMPLATE, bridges=chosen, mask=ACS_MASK, setpci=setpci)
 
 
 # ---- GPU reset -------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 # Hygiene: master port holder ($2 = 1 on the master), the holders of the ports this node may
 # host a pair's rendezvous on ($6, space-separated; $7 its cluster address), how every cluster
-# name resolves, GPUs visible, CUDA_VISIBLE_DEVICES, this node's hostname, the NCCL/Gloo environment, this node's
+# name resolves, GPUs visible, CUDA_VISIBLE_DEVICES, this node's hostname, the environment
+# variables of the families $8 names (trainfleet.nccl.ENV_PREFIXES, space-separated), this node's
 # hostfile slots, SysV shm, the boot and how many kernel lines match the GPU/fabric error
 # pattern ($5) for the stamps.
-port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5 pairs=$6 address=$7; shift 7
+port=$1 is_master=$2 me=$3 hostfile=$4 pattern=$5 pairs=$6 address=$7 prefixes=$8; shift 8
 # One listing for both (hundreds of pair ports on a large cluster). ss missing or failing is
 # `noss`: a listing that saw nothing is never "no holder".
 if [ "$is_master" = 1 ] || [ -n "$pairs" ]; then
@@ -25,7 +26,8 @@ for n in "$@"; do echo "resolve $n $(getent ahostsv4 "$n" | awk 'NR==1 {print $1
 echo "hostname $(hostname)"
 command -v nvidia-smi >/dev/null 2>&1 && { echo "gpus"; nvidia-smi -L 2>/dev/null | sed 's/^/gpu /'; }
 echo "cvd ${CUDA_VISIBLE_DEVICES-}"
-env | grep -E '^(NCCL|GLOO)_' | sed 's/^/env /'
+env | awk -v prefixes="$prefixes" 'BEGIN { n = split(prefixes, p, " ") }
+  { for (i = 1; i <= n; i++) if (index($0, p[i]) == 1) { print "env " $0; next } }'
 awk -v me="$me" '$1 == me { sub("slots=", "", $2); print "slots " $2 }' "$hostfile" 2>/dev/null
 if d=$(dmesg 2>/dev/null); then
   m=$(printf '%s\n' "$d" | grep -E -- "$pattern")

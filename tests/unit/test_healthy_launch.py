@@ -304,7 +304,7 @@ def test_the_hygiene_stage_reads_the_boot_the_error_count_and_the_last_errors_ti
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
     def kernel(pattern: str) -> str | None:
-        args = ["29500", "0", "me", "/nonexistent", pattern, "", ""]  # no pair port, no address
+        args = ["29500", "0", "me", "/nonexistent", pattern, "", "", ""]  # no pair, address, env
         out = subprocess.run(["sh", "-c", script, "hygiene", *args], capture_output=True, text=True)
         return parse_hygiene(out.stdout.splitlines()).get("kernel")
 

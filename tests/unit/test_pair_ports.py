@@ -33,7 +33,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "h100
 def _hygiene(pairs: str, address: str, is_master: int = 0, path: str | None = None) -> list[str]:
     """The real hygiene script's output on this machine."""
     command = shell_stage(
-        stage_script("hygiene.sh"), 1, is_master, "node1", "/nonexistent", "x", pairs, address
+        stage_script("hygiene.sh"), 1, is_master, "node1", "/nonexistent", "x", pairs, address, ""
     )
     env = os.environ | ({"PATH": path} if path else {})
     return subprocess.run(

@@ -172,6 +172,7 @@ def deploy_calls(
 
 # The operations deploy/cluster.py gives their capability's plan part whole, by keyword.
 WHOLE = {
+    "pdsh.pdsh": ("pdsh", "pdsh"),
     "hosts.hostname": ("hosts", "hosts"),
     "hosts.hosts_block": ("hosts", "hosts"),
     "stack.software": ("stack", "stack"),

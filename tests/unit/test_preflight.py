@@ -26,13 +26,20 @@ from checks import (
     stage_runner,
 )
 from checks.bandwidth_verdicts import pair_figures
-from checks.collective_verdicts import collective_problems, isolate, second_pass
+from checks.collective_verdicts import (
+    collective_problems,
+    isolate,
+    second_pass,
+    version_problems,
+)
 from checks.healthy_subset import healthy_subset
 from checks.hygiene_output import parse_hygiene
 from checks.hygiene_verdicts import hygiene_problems
 from checks.preflight_report import PreflightReport
 from checks.reachability_verdicts import listener_pids
+from checks.stage_runner import shell_stage, stage_script
 from trainfleet import Cluster
+from trainfleet.nccl import ENV_PREFIXES
 from trainfleet.spec import parse_cluster
 
 CLUSTER = parse_cluster("""\
@@ -51,7 +58,12 @@ SS_HOLDER = (
     "holder LISTEN 0      128          0.0.0.0:29500      0.0.0.0:*    "
     'users:(("python3",pid=4242,fd=3))'
 )
-ENV = {"NCCL_SOCKET_IFNAME": "=ens1f0", "GLOO_SOCKET_IFNAME": "ens1f0", "NCCL_IB_HCA": "=mlx5_0:1"}
+ENV = {
+    "NCCL_SOCKET_IFNAME": "=ens1f0",
+    "GLOO_SOCKET_IFNAME": "ens1f0",
+    "NCCL_IB_HCA": "=mlx5_0:1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",  # nccl.env passes it through: checked as seen
+}
 
 
 def node_output(
@@ -73,8 +85,7 @@ def node_output(
 def problems_for(outputs: dict[str, list[str]]) -> list[str]:
     seen = {node: parse_hygiene(lines) for node, lines in outputs.items()}
     slots = {node: data.pop("slots") for node, data in seen.items() if "slots" in data}
-    # The derived env may carry pass-through variables the hygiene stage does not read.
-    expected = {n.name: {**ENV, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"} for n in CLUSTER.nodes}
+    expected = {n.name: ENV for n in CLUSTER.nodes}
     return [f"{p.node}: {p.cause}" for p in hygiene_problems(CLUSTER, seen, expected, slots)]
 
 
@@ -102,7 +113,11 @@ def test_a_taken_master_port_names_the_master_and_the_holder():
 def test_a_missing_or_wrong_variable_in_the_non_login_environment_is_named():
     outputs = {n.name: node_output() for n in CLUSTER.nodes}
     outputs["gpu-a03"] = node_output(
-        env={"NCCL_SOCKET_IFNAME": "=eno1", "NCCL_IB_HCA": "=mlx5_0:1"}
+        env={
+            "NCCL_SOCKET_IFNAME": "=eno1",
+            "NCCL_IB_HCA": "=mlx5_0:1",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        }
     )
     assert problems_for(outputs) == [
         "gpu-a03: NCCL_SOCKET_IFNAME is '=eno1' in the non-login environment ranks get, expected "
@@ -110,6 +125,40 @@ def test_a_missing_or_wrong_variable_in_the_non_login_environment_is_named():
         "gpu-a03: GLOO_SOCKET_IFNAME is 'missing' in the non-login environment ranks get, expected "
         "'ens1f0'",
     ]
+
+
+def test_a_planned_torch_variable_missing_and_a_stray_nccl_one_are_named_a_cuda_home_is_not():
+    """Checked as seen: every NCCL_/GLOO_/UCX_ variable ranks get, and the TORCH_/CUDA_ ones
+    the plan names (a CUDA profile script's CUDA_HOME is not the plan's business)."""
+    outputs = {n.name: node_output() for n in CLUSTER.nodes}
+    env = {k: v for k, v in ENV.items() if not k.startswith("TORCH_")}
+    outputs["gpu-a02"] = node_output(
+        env={**env, "NCCL_IB_DISABLE": "1", "CUDA_HOME": "/usr/local/cuda", "TORCH_HOME": "/x"}
+    )
+    assert problems_for(outputs) == [
+        "gpu-a02: TORCH_NCCL_ASYNC_ERROR_HANDLING is 'missing' in the non-login environment "
+        "ranks get, expected '1'",
+        "gpu-a02: NCCL_IB_DISABLE is '1' in the non-login environment ranks get, which the "
+        "plan does not set",
+    ]
+
+
+def test_the_hygiene_script_prints_the_variables_of_the_families_it_is_given():
+    """The real script on this machine, handed trainfleet.nccl.ENV_PREFIXES as the stage
+    hands it: every family the list names is printed, nothing else (no second list in it)."""
+    names = {p: f"{p}TRAINFLEET_TEST" for p in ENV_PREFIXES}
+    command = shell_stage(
+        stage_script("hygiene.sh"), 1, 0, "me", "/nonexistent", "x", "", "", " ".join(ENV_PREFIXES)
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIXES)}
+    out = subprocess.run(
+        ["sh", "-c", command.get_raw_value()],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**clean, **{name: "1" for name in names.values()}, "OTHER_TRAINFLEET_TEST": "1"},
+    ).stdout.splitlines()
+    assert parse_hygiene(out)["env"] == {name: "1" for name in names.values()}
 
 
 def test_a_name_resolving_elsewhere_is_named():
@@ -134,6 +183,24 @@ def finished(world: int = 24, versions: list | None = None, gpu: str | None = No
         {"step": "all_gather", "versions": versions or [V] * world},
         {"step": "done"},
     ]
+
+
+def test_versions_without_a_majority_name_every_node_by_the_one_majority_vote():
+    """A tie (12 ranks of each torch) is no verdict on either side: every node is named with
+    the count of each value (drift's vote, trainfleet.compare.majority), never one side chosen
+    by set order; a rank that sent no version dict is a value of its own."""
+    owners = [n.name for n in CLUSTER.nodes[:2] for _ in range(12)]
+    versions = [V] * 12 + [{**V, "torch": "2.3.1+cu121"}] * 12
+    tie = "'2.4.1+cu124' on 12, '2.3.1+cu121' on 12"
+    assert [(p.node, p.cause) for p in version_problems(owners, versions)] == [
+        ("gpu-a01", f"torch 2.4.1+cu124: the ranks have no majority ({tie})"),
+        ("gpu-a02", f"torch 2.3.1+cu121: the ranks have no majority ({tie})"),
+    ]
+    odd = [V] * 23 + ["not a dict"]
+    owners = [n.name for n in CLUSTER.nodes for _ in range(8)]
+    assert {p.cause for p in version_problems(owners, odd)} == {
+        f"{key} None differs from the other ranks' {V[key]}" for key in V
+    }
 
 
 def test_the_collective_names_a_node_with_other_versions_once_and_ranks_that_never_joined():

@@ -97,10 +97,11 @@ def test_acs_plans_exactly_the_port_the_hardware_check_names():
 
 
 def test_a_converged_node_plans_the_same_unit_again():
-    fixed = remediate_ops.acs_unit_text([PORT], SETPCI)
+    fixed = remediation.acs_unit_text([PORT], SETPCI)
     plan = remediation.acs_plan(hgx(acs_on_at=None), fixed, False, SETPCI)  # the port reads off now
     assert plan.found == () and plan.bridges == (PORT,)
-    assert remediate_ops.acs_unit_text(list(plan.bridges), SETPCI) == fixed
+    assert remediation.acs_unit_text(list(plan.bridges), SETPCI) == fixed
+    assert plan.unit == fixed  # the plan renders the file; the operation writes what it is given
 
 
 def test_nothing_found_and_no_unit_plans_nothing():
@@ -116,7 +117,7 @@ def test_nothing_found_and_no_unit_plans_nothing():
 
 def test_a_unit_port_no_longer_above_a_gpu_or_nic_is_dropped():
     # 82:00.0 has ACS on, but above the NVSwitches: the check does not judge it, nor the unit
-    unit = remediate_ops.acs_unit_text([PORT, "0000:82:00.0"], SETPCI)
+    unit = remediation.acs_unit_text([PORT, "0000:82:00.0"], SETPCI)
     plan = remediation.acs_plan(hgx(acs_on_at=None), unit, False, SETPCI)
     assert plan.bridges == (PORT,)
 
@@ -133,7 +134,7 @@ def test_a_virtual_machine_and_an_unreadable_lspci_change_nothing():
 
 
 def test_the_unit_clears_only_the_redirect_bits_of_each_port_and_refuses_other_text():
-    text = remediate_ops.acs_unit_text([PORT, PORT], SETPCI)
+    text = remediation.acs_unit_text([PORT, PORT], SETPCI)
     assert text.count("ExecStart=") == 1
     assert (
         f"ExecStart=/bin/sh -c 'if [ /sys/bus/pci/devices/{PORT}/driver -ef "
@@ -145,10 +146,10 @@ def test_the_unit_clears_only_the_redirect_bits_of_each_port_and_refuses_other_t
     assert remediation.unit_bridges(text) == [PORT]
     for bad in ("0000:17:01.0 ; reboot", "17:01.0", "0000:17:01.0\nExecStart=/bin/sh", ""):
         with pytest.raises(ValueError):
-            remediate_ops.acs_unit_text([bad], SETPCI)
+            remediation.acs_unit_text([bad], SETPCI)
     for path in ("setpci", "/tmp/setpci", "/usr/bin/setpci; reboot", ""):  # never a PATH lookup
         with pytest.raises(ValueError, match="not one of"):
-            remediate_ops.acs_unit_text([PORT], path)
+            remediation.acs_unit_text([PORT], path)
 
 
 def _exec_start(text: str, sysfs: Path) -> str:
@@ -180,7 +181,7 @@ def test_at_boot_the_unit_leaves_a_port_bound_to_vfio_pci_alone(driver, said, tm
     (sys_ / "bus" / "pci" / "devices" / PORT).symlink_to(f"../../../devices/pci0000:00/{PORT}")
     if driver:
         (device / "driver").symlink_to(f"../../../bus/pci/drivers/{driver}")
-    command = _exec_start(remediate_ops.acs_unit_text([PORT], SETPCI), tmp_path)
+    command = _exec_start(remediation.acs_unit_text([PORT], SETPCI), tmp_path)
     run = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, timeout=10)
     assert (run.returncode, run.stdout.strip()) == (0, said)
 
@@ -199,12 +200,24 @@ def test_a_port_bound_to_vfio_pci_is_not_planned_and_no_setpci_is_a_problem():
     assert remediation.acs_plan(hgx(acs_on_at=None), None, False, None) == remediation.AcsPlan()
 
 
+def test_a_port_address_outside_the_grammar_fails_the_plan_and_renders_no_unit():
+    """The plan renders the unit now: a port lspci named outside the PCI address grammar is a
+    problem (the node fails, named), never an exception in the middle of the run."""
+    hw = hgx()
+    for device in hw["pci"]:
+        if device["address"] == PORT:
+            device["address"] = f"{PORT} $(reboot)"
+    plan = remediation.acs_plan(hw, None, False, SETPCI)
+    assert plan.bridges == () and plan.unit is None
+    assert plan.problems == (f"not PCI addresses: {[f'{PORT} $(reboot)']!r}",)
+
+
 def test_a_unit_an_earlier_release_wrote_is_read_and_rewritten_with_setpcis_path():
     earlier = f"ExecStart=setpci -s {PORT} ECAP_ACS+0x6.w=0000:000d\n"  # setpci by bare name
     assert remediation.unit_bridges(earlier) == [PORT]
     plan = remediation.acs_plan(hgx(acs_on_at=None), earlier, False, SETPCI)
     assert plan.bridges == (PORT,)
-    assert remediate_ops.acs_unit_text(list(plan.bridges), plan.setpci) != earlier
+    assert plan.unit == remediation.acs_unit_text(list(plan.bridges), plan.setpci) != earlier
 
 
 # ---- the GPU reset: the plan -----------------------------------------------------------------
@@ -351,7 +364,7 @@ def test_verify_passes_a_fixed_node_and_names_each_step_that_did_not_hold():
 
 
 def test_the_fact_reads_pids_units_and_the_unit_file():
-    unit = remediate_ops.acs_unit_text([PORT], SETPCI)
+    unit = remediation.acs_unit_text([PORT], SETPCI)
     lines = [
         f"gpu_pid {busy_pid()}",
         "systemd yes",
@@ -475,7 +488,7 @@ def test_the_acs_fixtures_units_are_the_template_rendered():
             assert commands == [] or (len(commands) == 1 and commands[0].endswith("exit 1"))
         elif remediation.unit_bridges(unit) == sorted(set(bridges)):
             case = "rendered"
-            assert unit == remediate_ops.acs_unit_text(bridges, SETPCI), path.name
+            assert unit == remediation.acs_unit_text(bridges, SETPCI), path.name
             assert (on_node == unit) is bool(data.get("_converged")), path.name
         else:  # a unit for other bridges: refused before anything is read
             case = "other bridges"

@@ -387,6 +387,7 @@ def test_a_held_pair_port_is_named_on_the_node_that_would_host_it_from_what_ss_p
             "x",
             f"1 {port}",
             "127.0.0.2",
+            "",  # no environment variable printed
         )
         out = subprocess.run(
             ["sh", "-c", command.get_raw_value()], capture_output=True, text=True, timeout=30

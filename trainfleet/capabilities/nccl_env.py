@@ -11,12 +11,11 @@ from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.grammar import Key, Section, env_name_problem, env_value_problem, ifname_problem
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived, derive_cluster, uniform_variables
+from trainfleet.nccl import Derived, checked_env, derive_cluster, uniform_variables
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
 # No majority vote: a node's interface is its own; the spec is what counts.
-NCCL_PREFIXES = ("NCCL_", "GLOO_", "UCX_")
 UNREAD = "the node's network could not be read"
 
 
@@ -42,11 +41,10 @@ def nccl_part(derived: Derived) -> NcclPlan:
     )
 
 
-def env_string(env: dict[str, str]) -> str:
-    return (
-        " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(NCCL_PREFIXES))
-        or "none"
-    )
+def env_string(env: dict[str, str], planned: dict[str, str]) -> str:
+    """What a shell sees (``env``) as drift compares it: every NCCL_/GLOO_/UCX_ variable, and
+    the TORCH_/CUDA_ ones the plan names (trainfleet.nccl.checked_env)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(checked_env(env, planned).items())) or "none"
 
 
 def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
@@ -96,8 +94,8 @@ def plan_part(ctx: PlanContext, node: Node) -> NcclPlan:
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
     files = fp["nccl_files"]
     return {
-        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"]),
-        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"]),
+        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"], plan.nccl_env.env),
+        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"], plan.nccl_env.env),
         "NCCL env files": digest(
             [
                 files["profile"] or ABSENT,
@@ -113,7 +111,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     nccl = plan.nccl_env
     if nccl.problems:
         return {}
-    env = env_string(nccl.env)
+    env = env_string(nccl.env, nccl.env)
     return {
         "NCCL env (non-login ssh)": env,
         "NCCL env (login shell)": env,

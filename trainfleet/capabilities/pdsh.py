@@ -9,13 +9,15 @@ from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
+from trainfleet.render import render_lines
 
 MAJORITY = ("pdsh nodes",)
 
 
 def genders_lines(nodes: list[str]) -> list[str]:
-    """The /etc/genders block ``pdsh -a`` reads on Debian: ``name trainfleet`` per node."""
-    return [f"{name} trainfleet" for name in nodes]
+    """The /etc/genders block ``pdsh -a`` reads on Debian (templates/pdsh/genders.j2):
+    ``name trainfleet`` per node."""
+    return render_lines("pdsh/genders.j2", nodes=nodes)
 
 
 def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
@@ -30,7 +32,8 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
 
 @dataclass(frozen=True)
 class PdshPlan:
-    nodes: list[str]  # every node's name, for ``pdsh -a`` (genders, machines)
+    nodes: list[str]  # every node's name, for ``pdsh -a`` (/etc/pdsh/machines)
+    genders: list[str]  # the /etc/genders block (templates/pdsh/genders.j2)
 
 
 def blocks(cluster: Cluster) -> dict[str, list[str]]:
@@ -39,7 +42,8 @@ def blocks(cluster: Cluster) -> dict[str, list[str]]:
 
 
 def shared(ctx: PlanContext) -> PdshPlan:
-    return PdshPlan(nodes=[n.name for n in ctx.cluster.nodes])  # the same on every node
+    names = [n.name for n in ctx.cluster.nodes]
+    return PdshPlan(nodes=names, genders=genders_lines(names))  # the same on every node
 
 
 def plan_part(ctx: PlanContext, node: Node) -> PdshPlan:
@@ -56,7 +60,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    return {"pdsh nodes": digest(genders_lines(plan.pdsh.nodes))}
+    return {"pdsh nodes": digest(plan.pdsh.genders)}
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
@@ -64,7 +68,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {"pdsh nodes": {PDSH_GENDERS: content(genders_lines(plan.pdsh.nodes))}}
+    return {"pdsh nodes": {PDSH_GENDERS: content(plan.pdsh.genders)}}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
@@ -72,7 +76,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
         "pdsh": {
             "installed": True,
             "rcmd_default": "ssh",
-            "genders": {"block": genders_lines(plan.pdsh.nodes), "outside": []},
+            "genders": {"block": list(plan.pdsh.genders), "outside": []},
             "machines": {"block": list(plan.pdsh.nodes), "outside": []},
         }
     }
