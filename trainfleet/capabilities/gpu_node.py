@@ -54,6 +54,7 @@ class GpuNodePlan:
     driver: str | None  # stack.driver on GPU nodes: a branch ("550") or an exact version
     max_clock_offset_ms: int
     problems: list[str] = field(default_factory=list)  # the parts that cannot be planned
+    allow_change: bool = False  # stack.allow_change: a fabric manager at another version may move
 
 
 def memlock_conf(value: str | int) -> str:
@@ -135,6 +136,7 @@ def gpu_part(
         driver=stack.get("driver") if gpu_node else None,
         max_clock_offset_ms=int(gpu.get("max_clock_offset_ms", 100)),
         problems=problems,
+        allow_change=bool(stack.get("allow_change", False)),
     )
 
 
