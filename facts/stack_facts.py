@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from pyinfra.api import FactBase, StringCommand
 
@@ -238,12 +238,14 @@ class StackVersions(FactBase[StackVersionsT]):
         """No output at all (the script always prints the OS): everything absent."""
         return StackVersions().process([])
 
-    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+    def answer(self, value: dict, recorded: list[str]) -> list[str]:
         """What the script prints on the node ``recorded`` holds once its stack is ``value``'s
         (each key ``value`` leaves out is the recorded one; ``nvcc`` and ``torch`` may name
         only some of their fields): the recorded lines of each part that is unchanged, the
         others printed as the script prints them; the files' sections last, as the script's."""
-        old: dict[str, Any] = dict(self.process(recorded))
+        import typing  # only the benchmark's answer needs it, not the fact's run on a node
+
+        old: dict[str, typing.Any] = dict(self.process(recorded))
         new = {**old, **value}
         for key in ("nvcc", "torch"):
             if isinstance(old[key], dict) and isinstance(value.get(key), dict):
@@ -262,7 +264,7 @@ class StackVersions(FactBase[StackVersionsT]):
             path = info.get("path") or "/usr/local/cuda/bin/nvcc"
             return [f"nvcc {path} Cuda compilation tools, release {release}, V{version}"]
 
-        def torch(info: dict[str, Any] | None) -> list[str]:
+        def torch(info: dict[str, typing.Any] | None) -> list[str]:
             if not info:
                 return []
             fields = ("cuda", "gpu", "cudnn", "nccl")
@@ -270,7 +272,7 @@ class StackVersions(FactBase[StackVersionsT]):
                 f"torch_{key} {info.get(key)}" for key in fields if key == "gpu" or info.get(key)
             ]
 
-        def packages(state: dict[str, Any]) -> list[str]:
+        def packages(state: dict[str, typing.Any]) -> list[str]:
             items = state["packages"].items()
             if rhel:  # a lock entry as dnf writes it: NAME-EPOCH:VERSION-RELEASE.*
                 versions = {n: state["packages"].get(n, "0") for n in state["held"]}
@@ -282,7 +284,7 @@ class StackVersions(FactBase[StackVersionsT]):
                 for n, v in items
             ]
 
-        parts: tuple[tuple[tuple[str, ...], tuple[str, ...], Any], ...] = (
+        parts: tuple[tuple[tuple[str, ...], tuple[str, ...], typing.Any], ...] = (
             (
                 ("os",),
                 ("id", "like", "version"),
