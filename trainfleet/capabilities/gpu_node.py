@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainfleet.capabilities import nccl_env
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
 from trainfleet.grammar import NULL, Key, Section, memlock_problem, positive_number
@@ -332,6 +333,11 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"gpu_node": ("GpuNodeState", {})}
 
 
+def part(plan: NodePlan) -> GpuNodePlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("gpu_node", GpuNodePlan)
+
+
 def plan_part(ctx: PlanContext, node: Node) -> GpuNodePlan:
     cluster, gathered = ctx.cluster, ctx.gathered
     return gpu_part(
@@ -348,27 +354,27 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
     props = observed(
         fp.get("gpu_node"),
         fp.get("network"),
-        plan.nccl_env.interface,  # the cluster interface, as the plan derived it
+        nccl_env.part(plan).interface,  # the cluster interface, as the plan derived it
         cluster.gpu.get("max_clock_offset_ms", 100),
     )
-    props["GPU settings plan"] = "; ".join(plan.gpu_node.problems) or "ok"
+    props["GPU settings plan"] = "; ".join(part(plan).problems) or "ok"
     return props
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
     # a part that cannot be planned (fabric manager) is left out; its problems show as the
     # plan property's value
-    return {**expected(plan.gpu_node), "GPU settings plan": "ok"}
+    return {**expected(part(plan)), "GPU settings plan": "ok"}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned settings in force: memlock, persistence, the fabric manager held and
     active, nvidia_peermem loaded, the clock synchronised by chrony. A CPU node: the planned
     memlock limit, and none of the rest (no NVIDIA tool or unit, no clock service asked for)."""
-    gpu = plan.gpu_node
+    gpu = part(plan)
     fabric = gpu.fabric_manager
     enabled = {"enabled": "enabled", "active": "active"}
-    memlock = {
+    memlock: dict[str, Any] = {
         "memlock": gpu.memlock,
         "memlock_hard": gpu.memlock,
         "memlock_conf": gpu.memlock_conf,

@@ -55,13 +55,23 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     }
 
 
+def shared_part(ctx: PlanContext) -> HostsShared:
+    """This capability's cross-node part of the run (typed)."""
+    return ctx.shared.get_as("hosts", HostsShared)
+
+
+def part(plan: NodePlan) -> HostsPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("hosts", HostsPlan)
+
+
 def plan_part(ctx: PlanContext, node: Node) -> HostsPlan:
-    hosts = ctx.shared.get_as("hosts", HostsShared)
+    hosts = shared_part(ctx)
     return HostsPlan(hostname=node.name, lines=hosts.lines, names=hosts.names)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
-    stale = stale_lines(fp["hosts"]["outside"], plan.hosts.names)
+    stale = stale_lines(fp["hosts"]["outside"], part(plan).names)
     return {
         "hostname": fp["hostname"]["running"],
         "hostname (persistent)": fp["hostname"]["static"] or ABSENT,
@@ -72,9 +82,9 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     return {
-        "hostname": plan.hosts.hostname,
-        "hostname (persistent)": plan.hosts.hostname,
-        "hosts block": digest(plan.hosts.lines),
+        "hostname": part(plan).hostname,
+        "hostname (persistent)": part(plan).hostname,
+        "hosts block": digest(part(plan).lines),
         "stale /etc/hosts lines": "none",
     }
 
@@ -84,11 +94,11 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {"hosts block": {"/etc/hosts": content(plan.hosts.lines)}}
+    return {"hosts block": {"/etc/hosts": content(part(plan).lines)}}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     return {
-        "hostname": {"running": plan.hosts.hostname, "static": plan.hosts.hostname},
-        "hosts": {"block": list(plan.hosts.lines), "outside": []},
+        "hostname": {"running": part(plan).hostname, "static": part(plan).hostname},
+        "hosts": {"block": list(part(plan).lines), "outside": []},
     }

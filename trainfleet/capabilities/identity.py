@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from trainfleet.capabilities import gpu_node, hosts
 from trainfleet.compare import ABSENT
 from trainfleet.model import Cluster
 from trainfleet.plan_types import NodePlan, Sections
@@ -34,8 +35,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
     props = {}
     if plan.node.gpus == 0:  # a GPU node's count and model are the preflight's to check
         props["gpus"] = "none"
-    if plan.gpu_node.driver:  # a branch pin is met by any release of it (drift's pins_met)
-        props["gpu driver"] = plan.gpu_node.driver
+    if driver := gpu_node.part(plan).driver:  # a branch pin is met by any release (pins_met)
+        props["gpu driver"] = driver
     return props
 
 
@@ -43,11 +44,11 @@ def converged(plan: NodePlan) -> dict[str, Any]:
     """A GPU node reports the planned driver on each of its GPUs (model: the spec does not
     say); every node its own ids (no two alike). Its OS and kernel are the machine's, no plan's
     to say (a converged node keeps those it has)."""
-    gpu = {"name": "NVIDIA GPU", "driver": plan.gpu_node.driver or "unknown"}
+    gpu = {"name": "NVIDIA GPU", "driver": gpu_node.part(plan).driver or "unknown"}
     return {
         "identity": {
-            "boot_id": f"boot-{plan.hosts.hostname}",
-            "machine_id": f"machine-{plan.hosts.hostname}",
+            "boot_id": f"boot-{hosts.part(plan).hostname}",
+            "machine_id": f"machine-{hosts.part(plan).hostname}",
             "gpus": [gpu] * plan.node.gpus,
         }
     }

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from trainfleet.capabilities.nccl_env import NcclShared, derived
-from trainfleet.capabilities.openmpi import MpiPlan
+from trainfleet.capabilities import nccl_env, openmpi
+from trainfleet.capabilities.nccl_env import derived
 from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
 from trainfleet.hccl import render_rank_table
@@ -196,16 +196,26 @@ def shared(ctx: PlanContext) -> LaunchersShared:
     )
 
 
+def shared_part(ctx: PlanContext) -> LaunchersShared:
+    """This capability's cross-node part of the run (typed)."""
+    return ctx.shared.get_as("launchers", LaunchersShared)
+
+
+def part(plan: NodePlan) -> LaunchersPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("launchers", LaunchersPlan)
+
+
 def plan_part(ctx: PlanContext, node: Node) -> LaunchersPlan:
     """The node's launcher files: the variables every node shares forwarded, the cluster's
     MCA parameters, on NPU nodes the rank table; on a node of the healthy subset the same files
     for that subset in ``healthy/``."""
     mine = derived(ctx, node)
-    own = ctx.shared.get_as("launchers", LaunchersShared)
-    uniform = ctx.shared.get_as("nccl_env", NcclShared).uniform
+    own = shared_part(ctx)
+    uniform = nccl_env.shared_part(ctx).uniform
     rank_table, rank_table_problems = own.rank_table
     forward = {k: v for k, v in mine.env.items() if k in uniform}
-    mca = ctx.shared.get_as("openmpi", MpiPlan).params
+    mca = openmpi.shared_part(ctx).params
     files = render_launchers(ctx.cluster, node, forward=forward, mca=mca, shared=own.rendered)
     if node.npus and rank_table:
         files[RANK_TABLE] = (rank_table, "644")
@@ -272,9 +282,9 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    if plan.launchers.problems:
+    if part(plan).problems:
         return {}
-    return {"launcher files": files_digest(plan.launchers.files, lambda f: _sha256(f[0]))}
+    return {"launcher files": files_digest(part(plan).files, lambda f: _sha256(f[0]))}
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
@@ -291,14 +301,13 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
     return {
         "launcher files": {
-            f"{LAUNCH_DIR}/{name}": content(text)
-            for name, (text, _) in plan.launchers.files.items()
+            f"{LAUNCH_DIR}/{name}": content(text) for name, (text, _) in part(plan).files.items()
         }
     }
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
-    files = plan.launchers.files
+    files = part(plan).files
     return {
         "launchers": {
             name: {"mode": mode, "sha256": _sha256(text)} for name, (text, mode) in files.items()

@@ -82,9 +82,17 @@ def shared(ctx: PlanContext) -> NcclShared:
 
 def derived(ctx: PlanContext, node: Node) -> Derived:
     """The node's derived environment (a node whose network was not read: its problem)."""
-    return ctx.shared.get_as("nccl_env", NcclShared).derived.get(node.name) or Derived(
-        problems=[UNREAD]
-    )
+    return shared_part(ctx).derived.get(node.name) or Derived(problems=[UNREAD])
+
+
+def shared_part(ctx: PlanContext) -> NcclShared:
+    """This capability's cross-node part of the run (typed)."""
+    return ctx.shared.get_as("nccl_env", NcclShared)
+
+
+def part(plan: NodePlan) -> NcclPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("nccl_env", NcclPlan)
 
 
 def plan_part(ctx: PlanContext, node: Node) -> NcclPlan:
@@ -94,8 +102,8 @@ def plan_part(ctx: PlanContext, node: Node) -> NcclPlan:
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
     files = fp["nccl_files"]
     return {
-        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"], plan.nccl_env.env),
-        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"], plan.nccl_env.env),
+        "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"], part(plan).env),
+        "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"], part(plan).env),
         "NCCL env files": digest(
             [
                 files["profile"] or ABSENT,
@@ -108,7 +116,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    nccl = plan.nccl_env
+    nccl = part(plan)
     if nccl.problems:
         return {}
     env = env_string(nccl.env, nccl.env)
@@ -131,7 +139,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    nccl = plan.nccl_env
+    nccl = part(plan)
     return {
         "NCCL env files": {
             NCCL_PROFILE: content(nccl.profile),
@@ -144,7 +152,7 @@ def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned files, and every shell sees the planned variables. The network is the
     node's own (the plan was derived from it)."""
-    nccl = plan.nccl_env
+    nccl = part(plan)
     return {
         "nccl_files": {
             "profile": nccl.profile,

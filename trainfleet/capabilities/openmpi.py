@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainfleet.capabilities.nccl_env import NcclShared
+from trainfleet.capabilities import nccl_env, ssh_mesh
 from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import MCA_FILE
 from trainfleet.grammar import (
@@ -104,11 +104,21 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
 
 
 def shared(ctx: PlanContext) -> MpiPlan:
-    return mpi_plan(ctx.shared.get_as("nccl_env", NcclShared).derived, ctx.cluster)
+    return mpi_plan(nccl_env.shared_part(ctx).derived, ctx.cluster)
+
+
+def shared_part(ctx: PlanContext) -> MpiPlan:
+    """This capability's cross-node part of the run (typed)."""
+    return ctx.shared.get_as("openmpi", MpiPlan)
+
+
+def part(plan: NodePlan) -> MpiPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("openmpi", MpiPlan)
 
 
 def plan_part(ctx: PlanContext, node: Node) -> MpiPlan:
-    return ctx.shared.get_as("openmpi", MpiPlan)  # one value for the cluster
+    return shared_part(ctx)  # one value for the cluster
 
 
 def _params(fp: dict[str, Any], user: str) -> list[str] | None:
@@ -124,10 +134,11 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    if plan.openmpi.problems:
+    if part(plan).problems:
         return {}
     return {
-        f"openmpi params ({user.user})": digest(plan.openmpi.lines) for user in plan.ssh_mesh.users
+        f"openmpi params ({user.user})": digest(part(plan).lines)
+        for user in ssh_mesh.part(plan).users
     }
 
 
@@ -144,17 +155,19 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
     wanted: dict[str, dict[str, Content]] = {}
-    for user in plan.ssh_mesh.users:
-        wanted |= _contents(user.user, plan.openmpi.lines)
+    for user in ssh_mesh.part(plan).users:
+        wanted |= _contents(user.user, part(plan).lines)
     return wanted
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
-    block = {"block": list(plan.openmpi.lines), "outside": []}
+    block = {"block": list(part(plan).lines), "outside": []}
     return {
         "openmpi": {
             "version": "4.1.4",
-            "users": {user.user: {"exists": True, "params": block} for user in plan.ssh_mesh.users},
+            "users": {
+                user.user: {"exists": True, "params": block} for user in ssh_mesh.part(plan).users
+            },
         }
     }
 

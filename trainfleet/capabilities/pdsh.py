@@ -53,8 +53,18 @@ def shared(ctx: PlanContext) -> PdshPlan:
     )
 
 
-def plan_part(ctx: PlanContext, node: Node) -> PdshPlan:
+def shared_part(ctx: PlanContext) -> PdshPlan:
+    """This capability's cross-node part of the run (typed)."""
     return ctx.shared.get_as("pdsh", PdshPlan)
+
+
+def part(plan: NodePlan) -> PdshPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("pdsh", PdshPlan)
+
+
+def plan_part(ctx: PlanContext, node: Node) -> PdshPlan:
+    return shared_part(ctx)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
@@ -67,7 +77,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    return {"pdsh nodes": digest(plan.pdsh.genders)}
+    return {"pdsh nodes": digest(part(plan).genders)}
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, Content]]:
@@ -75,7 +85,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    return {"pdsh nodes": {PDSH_GENDERS: content(plan.pdsh.genders)}}
+    return {"pdsh nodes": {PDSH_GENDERS: content(part(plan).genders)}}
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
@@ -83,7 +93,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
         "pdsh": {
             "installed": True,
             "rcmd_default": "ssh",
-            "genders": {"block": list(plan.pdsh.genders), "outside": []},
-            "machines": {"block": list(plan.pdsh.nodes), "outside": []},
+            "genders": {"block": list(part(plan).genders), "outside": []},
+            "machines": {"block": list(part(plan).nodes), "outside": []},
         }
     }

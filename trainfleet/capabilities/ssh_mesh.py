@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from trainfleet import certificates, mesh
+from trainfleet.capabilities import pdsh
 from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import (
     MESH_KEY_NAME,
@@ -365,10 +366,20 @@ def shared(ctx: PlanContext) -> MeshShared:
     )
 
 
+def shared_part(ctx: PlanContext) -> MeshShared:
+    """This capability's cross-node part of the run (typed)."""
+    return ctx.shared.get_as("ssh_mesh", MeshShared)
+
+
+def part(plan: NodePlan) -> SshMeshPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("ssh_mesh", SshMeshPlan)
+
+
 def plan_part(ctx: PlanContext, node: Node) -> SshMeshPlan:
     """The node's mesh users and sshd part, from the cluster-wide parts built once."""
     cluster, gathered = ctx.cluster, ctx.gathered
-    mine = ctx.shared.get_as("ssh_mesh", MeshShared)
+    mine = shared_part(ctx)
     keys, certs = mine.keys, mine.certs
     users = (
         []
@@ -403,12 +414,11 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
         "sshd mesh files": sshd_files_digest(sshd["drop_in"], sshd["revoked_keys"]),
         "ssh client drop-in": file_digest(sshd["client_drop_in"]),
     }
-    if (
-        plan.ssh_mesh.sshd is not None
-    ):  # a node whose sshd part cannot be planned is a finding, not a gap
-        props["sshd mesh plan"] = "; ".join(plan.ssh_mesh.sshd.problems) or "ok"
-    for part in plan.ssh_mesh.users:  # key material the store lacks is a finding
-        props[f"ssh mesh plan ({part.user})"] = "; ".join(part.problems) or "ok"
+    mine = part(plan)
+    if mine.sshd is not None:  # a node whose sshd part cannot be planned is a finding, not a gap
+        props["sshd mesh plan"] = "; ".join(mine.sshd.problems) or "ok"
+    for user_part in mine.users:  # key material the store lacks is a finding
+        props[f"ssh mesh plan ({user_part.user})"] = "; ".join(user_part.problems) or "ok"
     for user in cluster.mesh_users:
         state = fp[f"mesh_user:{user}"]
         props[f"user certificate ({user})"] = certificate_summary(state["certificate"])
@@ -432,19 +442,17 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     props = {}
-    if not (
-        plan.ssh_mesh.sshd and NO_CA in plan.ssh_mesh.sshd.problems
-    ):  # no CA: nothing to trust by yet
-        props["known_hosts block"] = digest(plan.ssh_mesh.known_hosts)
-    if plan.ssh_mesh.sshd is not None:
+    mine = part(plan)
+    sshd = mine.sshd
+    if not (sshd and NO_CA in sshd.problems):  # no CA: nothing to trust by yet
+        props["known_hosts block"] = digest(mine.known_hosts)
+    if sshd is not None:
         props["sshd mesh plan"] = "ok"
-    if plan.ssh_mesh.sshd and not plan.ssh_mesh.sshd.problems:
-        props["host certificates"] = host_certificates_summary(plan.ssh_mesh.sshd.certificates)
-        props["sshd mesh files"] = sshd_files_digest(
-            plan.ssh_mesh.sshd.drop_in, plan.ssh_mesh.sshd.revoked_keys
-        )
-        props["ssh client drop-in"] = file_digest(plan.ssh_mesh.sshd.client_drop_in)
-    for user in plan.ssh_mesh.users:
+    if sshd and not sshd.problems:
+        props["host certificates"] = host_certificates_summary(sshd.certificates)
+        props["sshd mesh files"] = sshd_files_digest(sshd.drop_in, sshd.revoked_keys)
+        props["ssh client drop-in"] = file_digest(sshd.client_drop_in)
+    for user in mine.users:
         props[f"ssh config ({user.user})"] = digest(user.config)
         props[f"ssh mesh ({user.user})"] = "ok"
         props[f"ssh mesh plan ({user.user})"] = "ok"  # its problems show as this property's value
@@ -494,15 +502,14 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    wanted = {
-        "known_hosts block": {SYSTEM_KNOWN_HOSTS: content(plan.ssh_mesh.known_hosts, shown=False)}
-    }
-    if plan.ssh_mesh.sshd is not None:
+    mine = part(plan)
+    wanted = {"known_hosts block": {SYSTEM_KNOWN_HOSTS: content(mine.known_hosts, shown=False)}}
+    if mine.sshd is not None:
         wanted["sshd mesh files"] = {
-            SSHD_MESH_CONF: content(plan.ssh_mesh.sshd.drop_in),
-            REVOKED_KEYS: content(plan.ssh_mesh.sshd.revoked_keys, shown=False),
+            SSHD_MESH_CONF: content(mine.sshd.drop_in),
+            REVOKED_KEYS: content(mine.sshd.revoked_keys, shown=False),
         }
-    for user in plan.ssh_mesh.users:
+    for user in mine.users:
         wanted |= _user_contents(user.user, user.authorized, user.config)
     return wanted
 
@@ -514,9 +521,9 @@ def _encoded(text: str | None) -> bytes | None:
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The node's host keys are its own (not the plan's to say); every node lets its mesh
     users in, itself included (drift's full probe and a one-node cluster's ask it)."""
-    sshd = plan.ssh_mesh.sshd
+    sshd = part(plan).sshd
     out: dict[str, Any] = {
-        "known_hosts": {"block": list(plan.ssh_mesh.known_hosts), "outside": []},
+        "known_hosts": {"block": list(part(plan).known_hosts), "outside": []},
         "sshd_mesh": {
             "includes_drop_ins": True,
             "other_revoked_keys": [],
@@ -528,7 +535,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "client_drop_in": _encoded(sshd.client_drop_in) if sshd else None,
         },
     }
-    for user in plan.ssh_mesh.users:
+    for user in part(plan).users:
         key = user.identity
         out[f"mesh_user:{user.user}"] = {
             "identity": {"mode": "600", "owner": user.user, "sha256": _sha256(key.private)}
@@ -546,7 +553,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "config": {"block": list(user.config), "outside": []},
             "certificate": user.certificate.rstrip("\n") if user.certificate else None,
         }
-        out[f"mesh_proof:{user.user}"] = dict.fromkeys(plan.pdsh.nodes, "ok")
+        out[f"mesh_proof:{user.user}"] = dict.fromkeys(pdsh.part(plan).nodes, "ok")
     return out
 
 

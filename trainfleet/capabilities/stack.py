@@ -208,6 +208,11 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
     return {"stack": ("StackVersions", {"venv": VENV_DIR})}
 
 
+def part(plan: NodePlan) -> StackPlan:
+    """This capability's part of a node's plan (typed)."""
+    return plan.parts.get_as("stack", StackPlan)
+
+
 def plan_part(ctx: PlanContext, node: Node) -> StackPlan:
     family = ctx.gathered.os_families.get(node.name)
     found = ctx.gathered.stacks.get(node.name)
@@ -235,15 +240,15 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
     for name, version in stack.get("venv_packages", {}).items():
         props[f"{PYTHON_PREFIX}{name}"] = version
     props.update(package_props(stack))
-    if plan.stack.files:
+    if part(plan).files:
         props[STACK_FILES] = files_digest(
-            {path: found_file(stack, path) for path in plan.stack.files}
+            {path: found_file(stack, path) for path in part(plan).files}
         )
     return props
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
-    stack = plan.stack
+    stack = part(plan)
     props = {}
     if stack.torch:
         props["torch"] = stack.torch
@@ -283,7 +288,7 @@ def found_contents(fp: dict[str, Any], users: list[str]) -> dict[str, dict[str, 
 
 
 def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
-    files = plan.stack.files
+    files = part(plan).files
     return {STACK_FILES: {path: content(text) for path, text in files.items() if text is not None}}
 
 
@@ -292,7 +297,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
     venv's torch the planned one; the planned CUDA repository file and gcc profile in place.
     What the plan does not pin (nvcc, torch, gcc) is the node's own: a converged node keeps
     what it has."""
-    stack = plan.stack
+    stack = part(plan)
     cuda = stack.cuda
     planned: dict[str, Any] = {
         "packages": {name: version or "any" for name, version in stack.packages.items()},
