@@ -94,7 +94,9 @@ class Identity(FactBase[dict[str, Any]]):
         return lines + [f"gpu {gpu['name']}, {gpu['driver']}" for gpu in value.get("gpus", [])]
 
 
-Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
+ResolvedSections = dict[
+    str, tuple[type[FactBase], dict[str, Any]]
+]  # section -> (fact, its arguments)
 Sections = dict[str, tuple[str, dict[str, Any]]]  # section -> (a fact's name in FACTS, arguments)
 
 # The one table from the names the capabilities give their sections' facts (the core names
@@ -126,10 +128,10 @@ FACTS: Mapping[str, tuple[type[FactBase], dict[str, Any]]] = MappingProxyType(
 )
 
 
-def resolve(sections: Sections) -> Parts:
+def resolve(sections: Sections) -> ResolvedSections:
     """A capability's sections with their facts; a fact name no fact answers to is an error
     (a capability naming a fact that was renamed or never written)."""
-    parts: Parts = {}
+    parts: ResolvedSections = {}
     for section, (name, kwargs) in sections.items():
         if name not in FACTS:
             raise KeyError(f"section {section}: no fact is named {name!r} (facts/fingerprint.py)")
@@ -142,7 +144,7 @@ class FactBundle(FactBase[dict[str, Any]]):
     """Several facts in one remote command: each fact's command runs in the same shell, its
     output marked, and goes to that fact's own ``process``. Subclasses name the parts."""
 
-    def parts(self, **kwargs: Any) -> Parts:
+    def parts(self, **kwargs: Any) -> ResolvedSections:
         raise NotImplementedError
 
     def command(self, **kwargs: Any) -> StringCommand:

@@ -11,23 +11,25 @@ from typing import Any
 
 from pyinfra.api import StringCommand
 
-from facts.fingerprint import FactBundle, Parts, resolve
+from facts.fingerprint import FactBundle, ResolvedSections, resolve
 from trainfleet.capabilities import CAPABILITIES, ssh_mesh
 from trainfleet.defaults import SYSTEM_KNOWN_HOSTS
 from trainfleet.plan_types import Gathered, WantedBlocks
 
 
-def deploy_sections(users: list[str], blocks: WantedBlocks | None = None) -> Parts:
+def deploy_sections(users: list[str], blocks: WantedBlocks | None = None) -> ResolvedSections:
     """Every fact deploy/cluster.py's operations and the plan read, with the arguments they
     read it with: every capability's (``fact()`` refuses one not on it). ``blocks``: the
     planned cluster-wide blocks, answered by digest where a node holds them."""
-    parts: Parts = {}
+    parts: ResolvedSections = {}
     for capability in CAPABILITIES:
         parts |= resolve(capability.deploy_sections(users, blocks or {}))
     return parts
 
 
-def sections(users: list[str], peers: list[str], blocks: WantedBlocks | None = None) -> Parts:
+def sections(
+    users: list[str], peers: list[str], blocks: WantedBlocks | None = None
+) -> ResolvedSections:
     """Everything a converged node is checked on: what the deploy reads, plus what only the
     checks read (the machine's identity, the NCCL variables as processes see them, a live
     probe of the SSH mesh)."""
@@ -37,12 +39,12 @@ def sections(users: list[str], peers: list[str], blocks: WantedBlocks | None = N
     return parts
 
 
-def mesh_proof_sections(users: list[str], peers: list[str]) -> Parts:
+def mesh_proof_sections(users: list[str], peers: list[str]) -> ResolvedSections:
     """A live probe of every peer as each mesh user (drift's and the preflight's)."""
     return resolve(ssh_mesh.check_sections(users, peers))
 
 
-def certificate_sections(users: list[str]) -> Parts:
+def certificate_sections(users: list[str]) -> ResolvedSections:
     """The node's host certificates and each mesh user's certificate (the preflight's
     validity check)."""
     return {
@@ -57,6 +59,7 @@ def plan_inputs(gathered: dict[str, Any]) -> Gathered:
     ``sections``; a node that could not be read gives nothing)."""
     readable = {node: found for node, found in gathered.items() if found}
     return Gathered(
+        sections=readable,
         networks={node: found["network"] for node, found in readable.items()},
         host_keys={node: found["host_keys"] for node, found in readable.items()},
         os_families={node: found["stack"]["os"]["family"] for node, found in readable.items()},
@@ -105,7 +108,7 @@ class NodeFingerprint(FactBundle):
 
     def parts(  # type: ignore[override]
         self, users: list[str], peers: list[str], blocks: WantedBlocks | None = None
-    ) -> Parts:
+    ) -> ResolvedSections:
         return sections(users, peers, blocks)
 
     def command(  # type: ignore[override]
@@ -125,7 +128,7 @@ class MeshProofs(FactBundle):
     + peers: every node's name
     """
 
-    def parts(self, users: list[str], peers: list[str]) -> Parts:  # type: ignore[override]
+    def parts(self, users: list[str], peers: list[str]) -> ResolvedSections:  # type: ignore[override]
         return {**mesh_proof_sections(users, peers), **certificate_sections(users)}
 
     def command(self, users: list[str], peers: list[str]) -> StringCommand:  # type: ignore[override]
@@ -148,7 +151,7 @@ class DeployState(FactBundle):
 
     def parts(  # type: ignore[override]
         self, users: list[str], blocks: WantedBlocks | None = None
-    ) -> Parts:
+    ) -> ResolvedSections:
         return deploy_sections(users, blocks)
 
     def command(  # type: ignore[override]

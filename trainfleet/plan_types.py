@@ -45,6 +45,9 @@ class Gathered:
     )  # node -> known_hosts path | user -> block
     # the StackVersions fact: the OS and gcc the stack's files are rendered for
     stacks: Mapping[str, Any] = field(default_factory=dict)
+    # every section each node answered (node -> section -> value): a capability whose plan
+    # needs a read the fields above do not name reads it here, with no edit of this class
+    sections: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class Parts(Mapping[str, Any]):

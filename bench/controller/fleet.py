@@ -34,7 +34,7 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from facts.fingerprint import Parts
+from facts.fingerprint import ResolvedSections
 from facts.managed_block_facts import file_line
 from facts.ssh_mesh_facts import (
     AUTHORIZED_PURPOSE,
@@ -321,7 +321,7 @@ def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: i
 
 
 def registry_answers(
-    base: dict[str, str], plan: NodePlan, parts: Parts, only: set[str] | None = None
+    base: dict[str, str], plan: NodePlan, parts: ResolvedSections, only: set[str] | None = None
 ) -> dict[str, str]:
     """Every section a capability says a converged node answers (``converged(plan)``), as the
     section's fact answers it (its ``answer``, asked as ``parts`` asks: a digest, the probe's
@@ -340,7 +340,7 @@ def registry_answers(
 
 
 def converged_sections(
-    base: dict[str, str], plan: NodePlan, parts: Parts, everyone: Parts
+    base: dict[str, str], plan: NodePlan, parts: ResolvedSections, everyone: ResolvedSections
 ) -> tuple[dict[str, str], dict[str, str]]:
     """Every section of a converged node (deploy sections and the fingerprint's own): ``base``
     (its ``machine_sections``) with what the registry says of each (``registry_answers``),

@@ -14,7 +14,7 @@ import pytest
 
 from facts.fingerprint import FACTS, resolve
 from tests.unit.test_plan import three_node_plan
-from trainfleet.capabilities import CAPABILITIES, PARTS, RULES, Capability
+from trainfleet.capabilities import CAPABILITIES, HOOKS, RULES, Capability
 from trainfleet.model import Cluster
 from trainfleet.plan_types import ClusterPlan
 
@@ -59,7 +59,7 @@ def test_no_capability_declares_an_empty_stub(capability):
     module = importlib.import_module(f"trainfleet.capabilities.{capability.name}")
     stubs = [
         part
-        for part in PARTS
+        for part in HOOKS
         if callable(getattr(module, part, None)) and _only_returns_a_constant(getattr(module, part))
     ]
     assert stubs == []

@@ -7,9 +7,10 @@ A capability module declares what the machinery loops over; what it leaves out t
   (fact name, arguments); ``check_sections(users, peers)``: those only checks read
 + ``blocks(cluster)``: the cluster-wide blocks it wants on every node, known from the spec alone
   (a node holding one answers its digest)
-+ ``shared(ctx)``: its cross-node part, a typed value computed once per run (``ctx.shared.NAME``
-  for the capabilities after it); ``plan_part(ctx, node)``: its part of a node's plan
-  (``node_plan.NAME``), or None
++ ``shared(ctx)``: its cross-node part, a typed value computed once per run (read back with the
+  module's ``shared_part(ctx)``, by the capabilities after it too); ``plan_part(ctx, node)``:
+  its part of a node's plan, or None (read back with the module's ``part(node_plan)``; layers
+  above the core may write ``node_plan.NAME``)
 + ``observe(fingerprint, node_plan, cluster)`` and ``expect(node_plan)``: drift's properties
 + ``found_contents(fingerprint, users)`` and ``wanted_contents(node_plan)``: its managed files
 + ``MAJORITY``: the property prefixes every node must share (majority vote); ``UNIQUE``: the
@@ -93,7 +94,8 @@ class Capability:
         return cls(**{**declared, "name": module.__name__.rsplit(".", 1)[1]})
 
 
-PARTS = tuple(f.name for f in fields(Capability) if f.name != "name")
+# What a capability module may declare (each defaulted by Capability).
+HOOKS = tuple(f.name for f in fields(Capability) if f.name != "name")
 
 # Ordered: the bundle's sections, drift's properties and the shared parts follow this order.
 CAPABILITIES: tuple[Capability, ...] = tuple(
