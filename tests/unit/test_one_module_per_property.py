@@ -47,10 +47,37 @@ GUARDED = [
 # reads already, that no fault the tests inject changes (their "a changed fact changes exactly
 # the property read from it" would rightly name it otherwise))
 THROWAWAY = {
-    "hosts": ("HostsPlan", "1", 'str(int(isinstance(fp["hosts"], dict)))'),
-    "nccl_env": ("NcclPlan", "1", 'str(int(isinstance(fp["nccl_seen"], dict)))'),
-    "launchers": ("LaunchersPlan", "1", 'str(int(isinstance(fp["launchers"], dict)))'),
+    "hosts": ("HostsPlan", "1", 'str(int("throwaway" not in fp["hosts"]))'),
+    "nccl_env": ("NcclPlan", "1", 'str(int("throwaway" not in fp["nccl_seen"]))'),
+    "launchers": ("LaunchersPlan", "1", 'str(int("throwaway" not in fp["launchers"]))'),
 }
+# In the copy: every converged node of the benchmark's fleet is observed with the new properties
+# as planned, and a node whose answer differs is named by drift on exactly that property.
+REACHES_DRIFT = """
+import copy, tempfile
+from pathlib import Path
+from bench.controller import fleet as fleet_mod
+from bench.controller.record import load
+from checks.drift_check import expect, observe
+from tests.unit.test_pure_plan import _fingerprints
+from trainfleet.capabilities import RULES
+from trainfleet.compare import compare
+
+fleet = fleet_mod.build(3, Path(tempfile.mkdtemp()), load())
+answers = _fingerprints(fleet)
+props = [f"{name} throwaway" for name in ("hosts", "nccl_env", "launchers")]
+for name, fp in answers.items():
+    plan = fleet.plan.nodes[name]
+    seen, wanted = observe(fp, plan, fleet.cluster), expect(plan)
+    assert all(seen[p] == wanted[p] == "1" for p in props), (name, seen, wanted)
+answers["node0002"] = odd = copy.deepcopy(answers["node0002"])
+odd["hosts"]["throwaway"] = True
+observed = {n: observe(fp, fleet.plan.nodes[n], fleet.cluster) for n, fp in answers.items()}
+expected = {n: expect(fleet.plan.nodes[n]) for n in answers}
+report = compare("c", list(answers), observed, expected, rules=RULES)
+assert [(f.node, f.property) for f in report.findings] == [("node0002", "hosts throwaway")]
+print("reaches drift")
+"""
 
 
 def with_field(text: str, part: str, field: str) -> str:
@@ -147,3 +174,12 @@ def test_a_throwaway_property_costs_its_capabilitys_module_only(tree_with_throwa
         timeout=60,
     )
     assert probe.stdout.startswith(str(copy)) and "throwaway" in probe.stdout, probe
+    drift = subprocess.run(
+        [sys.executable, "-c", REACHES_DRIFT],
+        cwd=copy,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert drift.stdout.strip() == "reaches drift", drift.stdout[-2000:] + drift.stderr[-3000:]
