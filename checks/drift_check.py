@@ -21,10 +21,9 @@ from checks.publish import report_path as report_file
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
-from trainfleet.capabilities import CAPABILITIES, RULES
+from trainfleet.capabilities import CAPABILITIES, RULES, pins_met
 from trainfleet.compare import (
     ABSENT,
-    PYTHON_PREFIX,
     Content,
     Finding,
     Report,
@@ -35,7 +34,6 @@ from trainfleet.compare import (
 )
 from trainfleet.controller_files import write_atomic
 from trainfleet.defaults import LAUNCH_DIR
-from trainfleet.driver_pins import satisfies_driver
 from trainfleet.hw import ledger
 from trainfleet.key_material import KeyMaterial
 from trainfleet.keystore import KeyStore
@@ -47,7 +45,6 @@ from trainfleet.mesh import (
     probe_targets,
 )
 from trainfleet.model import Cluster
-from trainfleet.pins import satisfies
 from trainfleet.plan import cluster_blocks, plan_cluster
 from trainfleet.plan_types import ClusterPlan, NodePlan
 
@@ -133,21 +130,6 @@ def _explain(
     explain(report, wanted, found)
 
 
-def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
-    """``want`` with each pin the node meets replaced by what it has: a venv pin means what pip's
-    == means (1.0 is 1.0.0), a driver branch pin (550) any release of that branch."""
-    met = dict(want)
-    for prop, pin in want.items():
-        have = seen.get(prop)
-        if have in (None, ABSENT, "none"):
-            continue
-        if (prop.startswith(PYTHON_PREFIX) and satisfies(have, pin)) or (
-            prop == "gpu driver" and satisfies_driver(have, pin)
-        ):
-            met[prop] = have
-    return met
-
-
 def compare_fingerprints(
     cluster: Cluster,
     fingerprints: dict[str, Any],
@@ -162,7 +144,8 @@ def compare_fingerprints(
     if ``read_launchers``). Key material the snapshot lacks is a finding; nothing is written."""
     plan = plan_cluster(cluster, plan_inputs(fingerprints), keys, excluded)
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
-    absent_everywhere_else(observed, PYTHON_PREFIX)
+    for prefix in RULES.absent_elsewhere:
+        absent_everywhere_else(observed, prefix)
     expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
     report = compare(
         cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable, rules=RULES

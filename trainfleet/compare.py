@@ -231,6 +231,7 @@ class Rules:
     majority: tuple[str, ...] = ()
     unique: tuple[str, ...] = ()
     health: tuple[str, ...] = ()
+    absent_elsewhere: tuple[str, ...] = ()  # absent_everywhere_else's prefixes
 
 
 def compare(

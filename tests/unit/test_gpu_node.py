@@ -562,7 +562,7 @@ def test_the_driver_pin_is_nvidias_cuda_drivers_meta_package_on_gpu_nodes_only()
 
 
 def test_drift_takes_any_release_of_a_branch_pin_and_names_another_branch():
-    from checks.drift_check import pins_met
+    from trainfleet.capabilities import pins_met
     from trainfleet.driver_pins import satisfies_driver
 
     assert satisfies_driver("550.54.15", "550") and not satisfies_driver("535.183.01", "550")

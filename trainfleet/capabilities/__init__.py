@@ -17,6 +17,9 @@ A capability module declares what the machinery loops over; what it leaves out t
   properties no two nodes may share; ``HEALTH``: the health gates, properties every node that
   reports them must report as ``none``
 + ``converged(node_plan)``: what a converged node answers, section -> the parsed fact value
++ ``met(prop, have, pin)``: whether a node's value meets a pin of its own property that is not
+  written equal (a venv pin as pip's ``==`` reads it, a driver branch); ``ABSENT_ELSEWHERE``:
+  the property prefixes where a node lacking one that another node has shows it as absent
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from trainfleet.capabilities import (
     ssh_mesh,
     stack,
 )
-from trainfleet.compare import Content, Rules
+from trainfleet.compare import ABSENT, Content, Rules
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 
@@ -69,6 +72,10 @@ def _no_blocks(cluster: Cluster) -> dict[str, list[str]]:
     return {}
 
 
+def _never_met(prop: str, have: str, pin: str) -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Capability:
     """What the machinery reads of a capability module, each part defaulted."""
@@ -77,6 +84,7 @@ class Capability:
     MAJORITY: tuple[str, ...] = ()
     UNIQUE: tuple[str, ...] = ()
     HEALTH: tuple[str, ...] = ()
+    ABSENT_ELSEWHERE: tuple[str, ...] = ()
     deploy_sections: Callable[[list[str], WantedBlocks], Sections] = _no_sections
     check_sections: Callable[[list[str], list[str]], Sections] = _no_sections
     blocks: Callable[[Cluster], dict[str, list[str]]] = _no_blocks
@@ -87,6 +95,7 @@ class Capability:
     found_contents: Callable[[dict[str, Any], list[str]], Contents] = _no_contents
     wanted_contents: Callable[[NodePlan], Contents] = _no_contents
     converged: Callable[[NodePlan], dict[str, Any]] = _no_answers
+    met: Callable[[str, str, str], bool] = _never_met
 
     @classmethod
     def of(cls, module: ModuleType) -> Capability:
@@ -120,4 +129,18 @@ RULES = Rules(
     majority=tuple(dict.fromkeys(p for cap in CAPABILITIES for p in cap.MAJORITY)),
     unique=tuple(p for cap in CAPABILITIES for p in cap.UNIQUE),
     health=tuple(p for cap in CAPABILITIES for p in cap.HEALTH),
+    absent_elsewhere=tuple(p for cap in CAPABILITIES for p in cap.ABSENT_ELSEWHERE),
 )
+
+
+def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:
+    """``want`` with each pin the node meets replaced by what it has, as the capability that
+    owns the property reads its pins (``met``)."""
+    met = dict(want)
+    for prop, pin in want.items():
+        have = seen.get(prop)
+        if have in (None, ABSENT, "none"):
+            continue
+        if any(cap.met(prop, have, pin) for cap in CAPABILITIES):
+            met[prop] = have
+    return met

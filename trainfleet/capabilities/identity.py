@@ -7,6 +7,7 @@ from typing import Any
 
 from trainfleet.capabilities import gpu_node, hosts
 from trainfleet.compare import ABSENT
+from trainfleet.driver_pins import satisfies_driver
 from trainfleet.model import Cluster
 from trainfleet.plan_types import NodePlan, Sections
 
@@ -16,6 +17,11 @@ UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
 
 def check_sections(users: list[str], peers: list[str]) -> Sections:
     return {"identity": ("Identity", {})}
+
+
+def met(prop: str, have: str, pin: str) -> bool:
+    """A driver branch pin (550) is met by any release of that branch."""
+    return prop == "gpu driver" and satisfies_driver(have, pin)
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:

@@ -33,6 +33,7 @@ from trainfleet.pins import (
     PINNED_PACKAGES,
     Pins,
     package_pins,
+    satisfies,
     torch_requirement,
     venv_pins,
     without_requirements,
@@ -41,6 +42,12 @@ from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
+ABSENT_ELSEWHERE = (PYTHON_PREFIX,)  # a package in one node's venv only: absent on the others
+
+
+def met(prop: str, have: str, pin: str) -> bool:
+    """A venv pin means what pip's ``==`` means (1.0 is 1.0.0)."""
+    return prop.startswith(PYTHON_PREFIX) and satisfies(have, pin)
 
 
 @dataclass(frozen=True)
