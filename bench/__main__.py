@@ -53,11 +53,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def write_outputs(out: Path, document: dict[str, Any]) -> None:
+def write_outputs(out: Path, document: dict[str, Any]) -> list[str]:
+    """Writes the JSON, the md and (with matplotlib) the plot; the names of what it wrote."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "benchmark.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / "benchmark.md").write_text(render_markdown(document))
-    drawn(plot, document, out / "benchmark.png")
+    drew = drawn(plot, document, out / "benchmark.png")
+    return ["benchmark.md", "benchmark.json"] + (["benchmark.png"] if drew else [])
 
 
 def _document(
@@ -76,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         document = json.loads((args.out / "benchmark.json").read_text())
-        write_outputs(args.out, document)
-        print(f"bench: wrote {args.out}/benchmark.md and benchmark.png", file=sys.stderr)
+        written = write_outputs(args.out, document)
+        print(f"bench: wrote {', '.join(written)} in {args.out}", file=sys.stderr)
         return 0
     if os.geteuid() != 0:
         print("bench: the lab needs root", file=sys.stderr)
@@ -109,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             plan,
             lambda r: write_outputs(args.out, _document(r, command, started, machine_info)),
         )
-    write_outputs(args.out, _document(results, command, started, machine_info))
-    log(f"wrote {args.out}/benchmark.md, benchmark.png and benchmark.json")
+    written = write_outputs(args.out, _document(results, command, started, machine_info))
+    log(f"wrote {', '.join(written)} in {args.out}")
     return 0
 
 

@@ -99,11 +99,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def write_outputs(out: Path, document: dict[str, Any]) -> None:
+def write_outputs(out: Path, document: dict[str, Any]) -> list[str]:
+    """Writes the JSON, the md and (with matplotlib) the plot; the names of what it wrote."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{NAME}.json").write_text(json.dumps(document, indent=1) + "\n")
     (out / f"{NAME}.md").write_text(render_markdown(document))
-    drawn(plot, document, out / f"{NAME}.png")
+    return [f"{NAME}.{kind}" for kind in ("md", "json")] + (
+        [f"{NAME}.png"] if drawn(plot, document, out / f"{NAME}.png") else []
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
             compare_runs=args.compare_runs,
         )
         measure(runner, results, recorded, lambda r: write_outputs(args.out, document(r)))
-    write_outputs(args.out, document(results))
+    written = write_outputs(args.out, document(results))
     bad = [s for s in results.samples if not s.ok]
-    log(f"wrote {args.out}/{NAME}.md, .png and .json; {len(bad)} failed measurements")
+    log(f"wrote {', '.join(written)} in {args.out}; {len(bad)} failed measurements")
     return 1 if bad else 0
 
 
