@@ -98,18 +98,24 @@ def product_copy(tmp_path_factory) -> Path:
     return copy
 
 
-@pytest.mark.parametrize(("importer", "imported", "contract"), PLANTED)
-def test_a_planted_import_breaks_its_contract(product_copy, importer, imported, contract):
-    planted = product_copy / importer
+def _lint_with_planted(copy: Path, importer: str, imported: str) -> str:
+    """What lint-imports says of the copy with ``import imported`` added to ``importer``
+    (taken out again after); it must fail."""
+    planted = copy / importer
     original = planted.read_text()
     planted.write_text(original + f"\nimport {imported}  # planted\n")
     try:
-        result = _run_lint_imports(product_copy)
+        result = _run_lint_imports(copy)
     finally:
         planted.write_text(original)
-
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
+    return output
+
+
+@pytest.mark.parametrize(("importer", "imported", "contract"), PLANTED)
+def test_a_planted_import_breaks_its_contract(product_copy, importer, imported, contract):
+    output = _lint_with_planted(product_copy, importer, imported)
     module = importer.removesuffix(".py").replace("/", ".")
     top = imported.partition(".")[0]
     # An external package is named as a whole (pyinfra, not pyinfra.api).
@@ -128,15 +134,7 @@ def test_a_planted_import_breaks_its_contract(product_copy, importer, imported, 
 def test_a_planted_import_circle_in_the_core_is_named(product_copy, importer, imported, named):
     """The comparison, the model and the plan's types stay below the capabilities: an import
     that closes a circle is refused, naming the import that would break it."""
-    planted = product_copy / importer
-    original = planted.read_text()
-    planted.write_text(original + f"\nimport {imported}  # planted\n")
-    try:
-        result = _run_lint_imports(product_copy)
-    finally:
-        planted.write_text(original)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    output = _lint_with_planted(product_copy, importer, imported)
     assert "No cycles are allowed in trainfleet." in output and named in output, output
 
 
