@@ -569,6 +569,9 @@ def run_reset(
                 assert time.monotonic() < deadline and proc.poll() is None, "nothing hung"
                 time.sleep(0.02)
             proc.send_signal(signum)
+            # the shell takes the signal before the hung command ends (a loaded machine may run
+            # its handler late; the stub killed at once let it run the next command first)
+            time.sleep(0.3)
             os.kill(int(hang.read_text()), signal.SIGKILL)
         out, err = proc.communicate(timeout=30)
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
