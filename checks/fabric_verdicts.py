@@ -5,13 +5,13 @@ MTUs that differ from a node's peers. No host is touched here.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from checks.preflight_report import Problem
 from trainfleet.capabilities.gpu_node import mtu_values
 from trainfleet.compare import majority
 from trainfleet.model import Cluster
-from trainfleet.nccl import cluster_interface
 from trainfleet.text import printable
 
 # What NCCL prints at init (NCCL_DEBUG=INFO, subsystems INIT,NET), strongest evidence first:
@@ -146,19 +146,24 @@ def ib_port_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None
     return problems
 
 
-def mtu_problems(cluster: Cluster, networks: dict[str, dict[str, Any] | None]) -> list[Problem]:
+def mtu_problems(
+    cluster: Cluster,
+    networks: dict[str, dict[str, Any] | None],
+    interfaces: Mapping[str, str | None],
+) -> list[Problem]:
     """Every node's cluster interface has the same MTU, and so has each active IB/RoCE port
     on every node that has it: one node at 1500 among 9000s fragments or drops NCCL's and
-    Gloo's traffic (RoCE: drops). The odd node is named against the majority; a node whose
-    cluster interface's MTU cannot be read fails (a check that saw nothing never passes)."""
+    Gloo's traffic (RoCE: drops). ``interfaces``: each node's cluster interface, as its plan
+    derived it (``NcclPlan.interface``), the one drift reads the MTU of too. The odd node is
+    named against the majority; a node whose cluster interface's MTU cannot be read fails (a
+    check that saw nothing never passes)."""
     problems: list[Problem] = []
     readings: dict[str, dict[str, str]] = {}
     for node in cluster.nodes:
         network = networks.get(node.name)
         if network is None:
             continue  # unreachable: named by the stages that need it
-        interface, _ = cluster_interface(network["interfaces"], node.address)
-        mtu = mtu_values(network, interface)["cluster MTU"]
+        mtu = mtu_values(network, interfaces.get(node.name))["cluster MTU"]
         if not mtu.isdigit():
             problems.append(
                 Problem(

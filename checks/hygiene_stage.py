@@ -97,6 +97,7 @@ def run_hygiene(
     report.problems += port_listing_problems(cluster, seen, hosted)
     report.problems += pair_port_problems(seen, hosted)
     report.problems += ib_port_problems(cluster, networks)
-    report.problems += mtu_problems(cluster, networks)
+    interfaces = {name: p.nccl_env.interface for name, p in plan.nodes.items()}
+    report.problems += mtu_problems(cluster, networks, interfaces)
     report.warnings += shm_warnings(seen, "pyinfra -y <inventory> deploy/shm_cleanup.py")
     return networks, plan

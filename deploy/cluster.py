@@ -189,5 +189,4 @@ launchers_ops.launcher_files(name="Launcher configs", launchers=plan.launchers)
 gpu_node_ops.settings(
     name="GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
     gpu=plan.gpu_node,
-    allow_change=plan.stack.allow_change,
 )

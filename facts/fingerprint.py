@@ -81,6 +81,18 @@ class Identity(FactBase[dict[str, Any]]):
                 data[key] = value.strip()
         return data
 
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the command prints on the node ``recorded`` holds once it has ``value``'s
+        ids, kernel, OS and GPUs (each key ``value`` leaves out is the recorded one)."""
+        lines = [
+            f"{key} {value[key]}" if key in value else line
+            for line in recorded
+            if (key := line.partition(" ")[0]) != "gpu" or "gpus" not in value
+        ]
+        said = {line.partition(" ")[0] for line in lines}
+        lines += [f"{key} {v}" for key, v in value.items() if key != "gpus" and key not in said]
+        return lines + [f"gpu {gpu['name']}, {gpu['driver']}" for gpu in value.get("gpus", [])]
+
 
 Parts = dict[str, tuple[type[FactBase], dict[str, Any]]]  # section -> (fact, its arguments)
 Sections = dict[str, tuple[str, dict[str, Any]]]  # section -> (a fact's name in FACTS, arguments)

@@ -7,11 +7,12 @@ import base64
 import binascii
 import re
 from types import MappingProxyType
-from typing import TypedDict
+from typing import Any, TypedDict
+from xml.sax.saxutils import escape
 
 from pyinfra.api import FactBase, StringCommand
 
-from facts.managed_block_facts import FILE_FN, file_text, read_file_lines
+from facts.managed_block_facts import FILE_FN, file_line, file_text, read_file_lines
 from facts.shell import script, shell
 from facts.stack_facts import lock_name
 from trainfleet.hw.smi_xml import smi_root, text
@@ -209,3 +210,122 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
             "peermem_conf": None,
             "clock": {"chrony": False, "offset_ms": None, "leap": None, "ntp_synchronized": None},
         }
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints on the node ``recorded`` holds once its settings are
+        ``value``'s (each key ``value`` leaves out is the recorded one): the recorded lines of
+        each tool whose part is unchanged, the others printed from the value as that tool's
+        lines are (nvidia-smi's document holding only the elements this fact reads)."""
+        old: dict[str, Any] = dict(self.process(recorded))
+        new = {**old, **value}
+        lines: list[str] = []
+        for keys, tags, render in _ANSWER_PARTS:
+            if all(old[key] == new[key] for key in keys):
+                lines += [line for line in recorded if line.partition(" ")[0] in tags]
+            else:
+                lines += render(new)
+        return lines
+
+
+def _smi_lines(state: dict[str, Any]) -> list[str]:
+    smi = state["smi"]
+    if smi == "absent":
+        return ["smi_rc absent"]
+    if smi != "ok":
+        found = re.fullmatch(r"failed \(exit ([0-9]+)\)", smi)
+        if found is None:
+            raise ValueError(f"smi {smi!r}: no output of nvidia-smi reads as it")
+        return [f"smi_rc {found.group(1)}", "smi_xml "]
+    gpus = "".join(_gpu_xml(gpu) for gpu in state["gpus"])
+    document = (
+        '<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n'
+        f"<nvidia_smi_log>{_element('driver_version', state['driver'])}"
+        f"<attached_gpus>{len(state['gpus'])}</attached_gpus>{gpus}</nvidia_smi_log>\n"
+    )
+    return ["smi_rc 0", "smi_xml " + base64.b64encode(document.encode()).decode()]
+
+
+def _element(tag: str, value: str | None) -> str:
+    return "" if value is None else f"<{tag}>{escape(value)}</{tag}>"
+
+
+def _gpu_xml(gpu: GpuT) -> str:
+    fabric = gpu.get("fabric_state"), gpu.get("fabric_status")
+    inner = _element("persistence_mode", gpu.get("persistence"))
+    if fabric != (None, None):
+        inner += f"<fabric>{_element('state', fabric[0])}{_element('status', fabric[1])}</fabric>"
+    return f'<gpu id="{escape(gpu["bus"], {chr(34): "&quot;"})}">{inner}</gpu>'
+
+
+def _clock_lines(state: dict[str, Any]) -> list[str]:
+    clock = state["clock"]
+    offset, lines = clock["offset_ms"], []
+    if clock["chrony"]:
+        lines += [f"chrony Leap status     : {clock['leap']}"] if clock["leap"] else ["chrony"]
+        if offset is not None:
+            side = "fast" if offset >= 0 else "slow"
+            lines.append(
+                f"chrony System time     : {abs(offset) / 1000:.9f} seconds {side} of NTP time"
+            )
+    elif offset is not None:
+        lines.append(f"timesync Offset: {offset:f}ms")
+    sync = clock["ntp_synchronized"]
+    return [f"ntpsync {sync or 'none'}", *lines]
+
+
+# Each part of the state, the tags that print it and how (GpuNodeState.answer).
+_ANSWER_PARTS: tuple[tuple[tuple[str, ...], frozenset[str], Any], ...] = (
+    (("smi", "driver", "gpus"), frozenset({"smi_rc", "smi_xml"}), _smi_lines),
+    (
+        ("nvswitches",),
+        frozenset({"nvswitch"}),
+        lambda s: [f"nvswitch {a}" for a in s["nvswitches"]],
+    ),
+    (
+        ("systemd",),
+        frozenset({"systemd"}),
+        lambda s: [f"systemd {'yes' if s['systemd'] else 'no'}"],
+    ),
+    (
+        ("units",),
+        frozenset({"unit"}),
+        lambda s: [f"unit {n} {u['enabled']} {u['active']}" for n, u in s["units"].items()],
+    ),
+    (
+        ("fabricmanager", "fabricmanager_held"),
+        frozenset({"fmpkg", "fmlock"}),
+        lambda s: [
+            f"fmpkg {'hold' if n in s['fabricmanager_held'] else 'install'} ok installed {n} {v}"
+            for n, v in s["fabricmanager"].items()
+        ],
+    ),
+    (
+        ("peermem_loaded",),
+        frozenset({"peermem_loaded"}),
+        lambda s: [f"peermem_loaded {'yes' if s['peermem_loaded'] else 'no'}"],
+    ),
+    (
+        ("peermem_boot",),
+        frozenset({"peermem_boot"}),
+        lambda s: [f"peermem_boot {f}" for f in s["peermem_boot"]],
+    ),
+    (
+        ("memlock", "memlock_hard"),
+        frozenset({"memlock"}),
+        lambda s: [f"memlock {s['memlock'] or ''} {s['memlock_hard'] or ''}"],
+    ),
+    (
+        ("memlock_other",),
+        frozenset({"memlock_other"}),
+        lambda s: [f"memlock_other {x}" for x in s["memlock_other"]],
+    ),
+    (("clock",), frozenset({"chrony", "ntpsync", "timesync"}), _clock_lines),
+    (
+        ("memlock_conf", "peermem_conf"),
+        frozenset({"file"}),
+        lambda s: [
+            file_line("memlock_conf", s["memlock_conf"]),
+            file_line("peermem_conf", s["peermem_conf"]),
+        ],
+    ),
+)

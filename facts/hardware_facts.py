@@ -12,8 +12,17 @@ from pyinfra.api import FactBase, StringCommand
 
 from facts.gpu_node_facts import SMI_TIMEOUT
 from facts.shell import script, shell
+from trainfleet.hw import cmdline
 from trainfleet.hw.kernel_log import GREP
-from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS, read_hardware
+from trainfleet.hw.sources import (
+    CMDLINE,
+    CPUINFO,
+    IB_PATH,
+    INFINIBAND,
+    SOURCES,
+    STATUS,
+    read_hardware,
+)
 
 _SCRIPT = script("hardware.sh")
 
@@ -95,3 +104,56 @@ class HardwareState(HardwareSources):
     def default() -> None:
         """No output at all (the script always prints every source's line): unreadable."""
         return None
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints on the node ``recorded`` holds once its sources say
+        ``value``: a source ``value`` says was not read printed as such, the kernel's command
+        line with ``value``'s IOMMU settings, the CPU flags with or without ``hypervisor``;
+        every other source as recorded. What a recorded source cannot be made to say (GPUs,
+        links, kernel events of a node that has none) is a ValueError, never a wrong answer."""
+        old = self.process(recorded)
+        lines = list(recorded)
+        for name, how in value.get("status", {}).items():
+            if how != "ok" and how != old["status"].get(name):
+                lines = _with_source(lines, name, None, how)
+        raw = HardwareSources().process(lines)
+        if "iommu" in value and value["iommu"] != old["iommu"] and CMDLINE in raw["files"]:
+            words = [w for w in raw["files"][CMDLINE].split() if not cmdline.iommu(w)]
+            lines = _with_source(lines, CMDLINE, " ".join([*words, *value["iommu"]]))
+        wanted = value.get("cpu_hypervisor")
+        if wanted is not None and wanted != old["cpu_hypervisor"] and CPUINFO in raw["files"]:
+            lines = _with_source(lines, CPUINFO, _hypervisor(raw["files"][CPUINFO], wanted))
+        said = self.process(lines)
+        wrong = [key for key in value if said.get(key) != value[key]]
+        if wrong:
+            raise ValueError(f"the recorded sources cannot say {', '.join(wrong)} as asked")
+        return lines
+
+
+def _with_source(lines: list[str], name: str, text: str | None, how: str = "ok") -> list[str]:
+    """``lines`` with source ``name`` read as ``text`` (None: not read, ``how``)."""
+    line = (
+        f"src {name} {how}"
+        if text is None
+        else f"src {name} ok {base64.b64encode(text.encode()).decode()}"
+    )
+    kept = [
+        each
+        for each in lines
+        if not each.startswith(f"src {name} ")
+        and not (name == INFINIBAND and each.startswith("ib "))
+    ]
+    return [*kept, line]
+
+
+def _hypervisor(cpuinfo: str, present: bool) -> str:
+    """/proc/cpuinfo's text with the ``hypervisor`` flag on its flags lines, or without it."""
+
+    def flags(line: str) -> str:
+        if not line.startswith("flags"):
+            return line
+        key, _, words = line.partition(":")
+        kept = [w for w in words.split() if w != "hypervisor"]
+        return f"{key}: {' '.join([*kept, 'hypervisor'] if present else kept)}"
+
+    return "\n".join(flags(line) for line in cpuinfo.split("\n"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, QuoteString, StringCommand
 
@@ -40,3 +40,14 @@ class HostnameState(FactBase[HostnameStateT]):
             "running": output[0].strip() if sep else "",
             "static": static[0] if static else None,
         }
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the command prints on the node ``recorded`` holds once its running name and
+        /etc/hostname are ``value``'s (the file's comments kept)."""
+        sep = recorded.index(_SEP) if _SEP in recorded else len(recorded)
+        running = recorded[0] if sep else ""
+        after = recorded[sep + 1 :]
+        if "static" in value:
+            kept = [line for line in after if line.startswith("#") or not line.strip()]
+            after = kept + ([value["static"]] if value["static"] else [])
+        return [value.get("running", running), _SEP, *after]

@@ -390,9 +390,11 @@ class ManagedBlock(FactBase[BlockState]):
 
     def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
         """What a node answers this command once ``value``'s block is written in its file as
-        ``recorded`` holds it (the controller benchmark's converged node)."""
+        ``recorded`` holds it (the controller benchmark's converged node; a file it has no
+        line for is a missing one, the block then its only content)."""
+        named = any(line.startswith(f"file {self.path} ") for line in recorded)
         return with_files(
-            recorded,
+            recorded if named else [*recorded, file_line(self.path, None)],
             {
                 self.path: lambda line: block_file_answer(
                     line, self.purpose, value["block"], self.expect

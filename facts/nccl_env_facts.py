@@ -104,6 +104,32 @@ class NcclNetwork(FactBase[NcclNetworkT]):
         # interfaces that only had an MTU line (no address, no bridge) are still interfaces
         return {"interfaces": list(interfaces.values()), "ib_ports": list(ports.values())}
 
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the script prints on a node whose network is ``value`` (``recorded``: the
+        node's own, for what ``value`` leaves out): each interface's addresses (``ip -o addr``),
+        bridge and MTU (sysfs), each port's state and GIDs, and its active MTU (ibv_devinfo)."""
+        state = {**self.process(recorded), **value}
+        lines = []
+        for iface in state["interfaces"]:
+            name = iface["name"]
+            lines += [
+                f"addr {name} {'inet6' if ':' in cidr else 'inet'} {cidr}"
+                for cidr in iface.get("cidrs", [])
+            ]
+            lines += [f"bridge {name}"] if iface.get("bridge") else []
+            lines += [f"mtu {name} {iface['mtu']}"] if "mtu" in iface else []
+            if not iface.get("cidrs") and not iface.get("bridge") and "mtu" not in iface:
+                raise ValueError(f"{name}: an interface the script prints nothing for")
+        for port in state["ib_ports"]:
+            at = f"{port['device']} {port['port']}"
+            lines.append(f"port {at} {port['link_layer']} {port['state']}".rstrip(" "))
+            lines += [
+                f"gid {at} {gid['index']} {gid['type']} {gid['gid']} {gid['ndev'] or ''}".rstrip()
+                for gid in port["gids"]
+            ]
+            lines += [f"ibmtu {at} {port['active_mtu']}"] if "active_mtu" in port else []
+        return lines
+
 
 class NcclEnvFilesT(TypedDict):
     profile: str | None

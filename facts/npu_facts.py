@@ -72,3 +72,14 @@ class NpuDeviceIps(FactBase[dict[int, str]]):
     @staticmethod
     def default() -> dict[int, str]:
         return {}
+
+    def answer(self, value: dict[int, str], recorded: list[str]) -> list[str]:
+        """What the script prints on a node whose devices have ``value``'s IPs: hccn.conf's
+        other lines as recorded, an ``address_<id>=<ip>`` line per device, and no tool answer
+        (a live one would win over the file)."""
+        kept = [
+            line
+            for line in recorded
+            if line.startswith("conf ") and not _CONF_ADDRESS.fullmatch(line[5:].strip())
+        ]
+        return kept + [f"conf address_{device}={ip}" for device, ip in sorted(value.items())]

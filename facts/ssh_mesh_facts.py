@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypedDict
 
 from pyinfra.api import FactBase, StringCommand
@@ -15,8 +16,11 @@ from facts.managed_block_facts import (
     FileRead,
     block_state,
     decode_lines,
+    encode_lines,
     file_line,
     read_file_lines,
+    with_block_line,
+    with_files,
 )
 from facts.shell import script, shell
 from trainfleet.defaults import (
@@ -54,6 +58,13 @@ class SshHostKeys(FactBase[list[str]]):
     @staticmethod
     def default() -> list[str]:
         return []
+
+    def answer(self, value: list[str], recorded: list[str]) -> list[str]:
+        """The key files of a node holding ``value``'s keys: a recorded line (its comment kept)
+        for each key it already has, the others as ``type base64``."""
+        kept = [line for line in recorded if " ".join(line.split()[:2]) in value]
+        have = {" ".join(line.split()[:2]) for line in kept}
+        return kept + [key for key in value if key not in have]
 
 
 class FileMeta(TypedDict):
@@ -171,6 +182,76 @@ class SshMeshUser(FactBase[SshUserT]):
             "config": block_state(files["config"], CONFIG_PURPOSE),
             "certificate": first_line(files["certificate"]),
         }
+
+    def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
+        """What the command prints for the user ``recorded`` shows once the user has
+        ``value``'s home, key files (mode, owner, sha256), blocks and certificate: each block
+        written into the recorded file as operations/managed_block_ops.py writes it (the
+        config's first, its Host stanzas must come before the user's), the rest as recorded."""
+        if not value.get("exists", True):
+            return ["nouser"]
+        head = {
+            line.partition(" ")[0]: line
+            for line in recorded
+            if line != "nouser" and not line.startswith("user ")
+        }
+        for key in ("home", "uid", "group"):
+            if key in value:
+                head[key] = f"{key} {value[key] or ''}"
+        encoded = next(
+            (line[len("user ") :] for line in recorded if line.startswith("user ")), None
+        )
+        inner = decode_lines(encoded) if encoded is not None else list(_NO_FILES)
+        return [*head.values(), "user " + encode_lines(_user_files(inner, value))]
+
+
+_NO_FILES = (
+    "ssh_dir missing",
+    "identity missing",
+    "identity_pub missing",
+    file_line("authorized_keys", None),
+    file_line("config", None),
+    file_line("certificate", None),
+)
+
+
+def _meta_line(key: str, meta: FileMeta | None) -> str:
+    if meta is None:
+        return f"{key} missing"
+    return f"{key} {meta['mode']} {meta['owner']} {meta['sha256'] or '-'}"
+
+
+def _user_files(lines: list[str], value: dict[str, Any]) -> list[str]:
+    """The user part's lines (``_USER_PART``) with ``value``'s files (SshMeshUser.answer)."""
+    answers: dict[str, Callable[[str], list[str]]] = {}
+    if "certificate" in value:
+        certificate = value["certificate"]
+        answers["certificate"] = lambda line: [
+            file_line("certificate", certificate and certificate + "\n")
+        ]
+    for name, key, purpose, top in (
+        ("authorized_keys", "authorized", AUTHORIZED_PURPOSE, False),
+        ("config", "config", CONFIG_PURPOSE, True),
+    ):
+        if value.get(key) and value[key].get("block") is not None:
+            answers[name] = _block_answer(purpose, value[key]["block"], top)
+    out = [
+        _meta_line(key, value[key])
+        if (key := line.partition(" ")[0]) in _METAS and key in value
+        else line
+        for line in lines
+    ]
+    # a file the recording has no line for (one made before it was read) is missing there
+    present = {line.split(" ", 2)[1] for line in out if line.startswith("file ")}
+    out += [file_line(name, None) for name in answers if name not in present]
+    return with_files(out, answers)
+
+
+_METAS = ("ssh_dir", "identity", "identity_pub")
+
+
+def _block_answer(purpose: str, block: list[str], top: bool) -> Callable[[str], list[str]]:
+    return lambda line: [with_block_line(line, purpose, block, top)]
 
 
 def first_line(read: FileRead) -> str | None:
@@ -334,3 +415,20 @@ class SshMeshProof(FactBase[dict[str, str]]):
     @staticmethod
     def default() -> dict[str, str]:
         return {}
+
+    def answer(self, value: dict[str, str], recorded: list[str]) -> list[str]:
+        """What the probe prints where each peer it was asked for (``command``'s; else
+        ``value``'s) answered as ``value`` says: ``ok``, a failure's reason, or nothing (no
+        answer). Nothing at all where no peer was probed. ``recorded`` is unused: a proof is
+        the run's, never a node's to keep."""
+        peers = getattr(self, "peers", list(value))
+        if value and all(result == "not probed" for result in value.values()):
+            return []
+        lines = [f"probing {len(peers)}"]
+        for peer in peers:
+            result = value.get(peer, "no answer")
+            if result == "ok":
+                lines.append(f"ok {peer} ")
+            elif result != "no answer":
+                lines.append(f"fail {peer} {result}")
+        return lines

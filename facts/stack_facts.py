@@ -297,3 +297,109 @@ class StackVersions(FactBase[StackVersionsT]):
     def default() -> StackVersionsT:
         """No output at all (the script always prints the OS): everything absent."""
         return StackVersions().process([])
+
+    def answer(self, value: dict, recorded: list[str]) -> list[str]:
+        """What the script prints on the node ``recorded`` holds once its stack is ``value``'s
+        (each key ``value`` leaves out is the recorded one; ``nvcc`` and ``torch`` may name
+        only some of their fields): the recorded lines of each part that is unchanged, the
+        others printed as the script prints them; the files' sections last, as the script's."""
+        import typing  # only the benchmark's answer needs it, not the fact's run on a node
+
+        old: dict[str, typing.Any] = dict(self.process(recorded))
+        new = {**old, **value}
+        for key in ("nvcc", "torch"):
+            if isinstance(old[key], dict) and isinstance(value.get(key), dict):
+                new[key] = {**old[key], **value[key]}
+        head, sections = split_sections(recorded, _SECTION)
+        rhel = new["os"]["family"] == "rhel"
+
+        def gcc(tag: str, info: GccT | None) -> list[str]:
+            return [f"{tag} {info['line']}"] if info else []
+
+        def nvcc(info: dict[str, str] | None) -> list[str]:
+            if not info:
+                return []
+            release = info["release"]
+            version = info.get("version") or f"{release}.0"
+            path = info.get("path") or "/usr/local/cuda/bin/nvcc"
+            return [f"nvcc {path} Cuda compilation tools, release {release}, V{version}"]
+
+        def torch(info: dict[str, typing.Any] | None) -> list[str]:
+            if not info:
+                return []
+            fields = ("cuda", "gpu", "cudnn", "nccl")
+            return [f"torch {info['version']}"] + [
+                f"torch_{key} {info.get(key)}" for key in fields if key == "gpu" or info.get(key)
+            ]
+
+        def packages(state: dict[str, typing.Any]) -> list[str]:
+            items = state["packages"].items()
+            if rhel:  # a lock entry as dnf writes it: NAME-EPOCH:VERSION-RELEASE.*
+                versions = {n: state["packages"].get(n, "0") for n in state["held"]}
+                return [f"rpm {n} {v}" for n, v in items] + [
+                    f"lock {n}-0:{v if '-' in v else v + '-0'}.*" for n, v in versions.items()
+                ]
+            return [
+                f"deb {'hold' if n in state['held'] else 'install'} ok installed {n} {v}"
+                for n, v in items
+            ]
+
+        parts: tuple[tuple[tuple[str, ...], tuple[str, ...], typing.Any], ...] = (
+            (
+                ("os",),
+                ("id", "like", "version"),
+                lambda s: [
+                    f"id {s['os']['id']}",
+                    f"like {'' if s['os']['family'] == s['os']['id'] else s['os']['family']}",
+                    f"version {s['os']['version']}",
+                ],
+            ),
+            (("packages", "held"), ("deb", "rpm", "lock"), packages),
+            (("keyring",), ("keyring",), lambda s: ["keyring yes"] if s["keyring"] else []),
+            (("nvcc",), ("nvcc",), lambda s: nvcc(s["nvcc"])),
+            (
+                ("busy",),
+                ("busy",),
+                lambda s: [
+                    f"busy {kind} {pid}" for kind, pids in s["busy"].items() for pid in pids
+                ],
+            ),
+            (("venv",), ("venv",), lambda s: ["venv yes"] if s["venv"] else []),
+            (
+                ("venv_packages",),
+                ("pkg",),
+                lambda s: [f"pkg {n} {v}" for n, v in s["venv_packages"].items()],
+            ),
+            (
+                ("torch",),
+                ("torch", "torch_cuda", "torch_gpu", "torch_cudnn", "torch_nccl"),
+                lambda s: torch(s["torch"]),
+            ),
+            (("gcc",), ("gcc",), lambda s: gcc("gcc", s["gcc"])),
+            (("system_gcc",), ("sysgcc",), lambda s: gcc("sysgcc", s["system_gcc"])),
+            (
+                ("toolsets",),
+                ("scl",),
+                lambda s: [
+                    line
+                    for name, info in s["toolsets"].items()
+                    for line in gcc(f"scl {name}", info)
+                ],
+            ),
+        )
+        lines: list[str] = []
+        for keys, tags, render in parts:
+            if all(old[key] == new[key] for key in keys):
+                lines += [line for line in head if line.partition(" ")[0] in tags]
+            else:
+                lines += render(new)
+        files = dict(new["repos"])
+        if new["gcc_profile"] is not None:
+            files[GCC_PROFILE] = new["gcc_profile"]
+        if (old["repos"], old["gcc_profile"]) == (new["repos"], new["gcc_profile"]):
+            return lines + [
+                line for path, body in sections.items() for line in [f"{_SECTION} {path}", *body]
+            ]
+        for path, text in files.items():
+            lines += [f"{_SECTION} {path}", *text.removesuffix("\n").split("\n")]
+        return lines

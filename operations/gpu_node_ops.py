@@ -203,14 +203,14 @@ def fabric_manager(package: str | None, version: str | None = None, allow_change
 
 
 @operation()
-def settings(gpu: GpuNodePlan, allow_change: bool = False):
+def settings(gpu: GpuNodePlan):
     """
     The node's GPU settings from its plan's ``gpu_node`` part
     (``trainfleet.capabilities.gpu_node.GpuNodePlan``): memlock (every node), persistence mode,
     the fabric manager, nvidia_peermem. A part the plan could not make, or one refused here,
     fails the node before anything on it changes.
 
-    + allow_change: the stack's ``allow_change`` (a fabric manager at another version may move)
+    (``gpu.allow_change``: the stack's, a fabric manager at another version may move)
     """
     if gpu.problems:
         yield fail_command("GPU node settings: " + "; ".join(gpu.problems))
@@ -222,7 +222,7 @@ def settings(gpu: GpuNodePlan, allow_change: bool = False):
         *fabric_manager._inner(
             package=fabric.package if fabric else None,
             version=fabric.version if fabric else None,
-            allow_change=allow_change,
+            allow_change=gpu.allow_change,
         ),
         *peermem._inner(wanted=gpu.peermem),
     ]

@@ -13,8 +13,6 @@ from runtime.gather import fact
 from trainfleet.capabilities.pdsh import PdshPlan
 from trainfleet.defaults import PDSH_GENDERS, PDSH_MACHINES, PDSH_PROFILE, PDSH_RCMD_DEFAULT
 
-PROFILE = "# Written by trainfleet: pdsh reaches the cluster over ssh.\nexport PDSH_RCMD_TYPE=ssh\n"
-
 
 @operation()
 def pdsh(pdsh: PdshPlan, present: bool = True):
@@ -49,10 +47,10 @@ def pdsh(pdsh: PdshPlan, present: bool = True):
         # pdsh and its ssh module come from EPEL on RHEL-family. Rocky/Alma/CentOS ship
         # epel-release in their extras; on RHEL proper enable EPEL first.
         commands.append(install_any(current["os"], ["pdsh"], ["pdsh", "pdsh-rcmd-ssh"], "pdsh"))
-    if present and current["rcmd_default"] != "ssh":
-        commands.append(write_file_command(PDSH_RCMD_DEFAULT, "ssh\n"))
-    if present and current["os"]["family"] == "rhel" and current["profile"] != PROFILE:
-        commands.append(write_file_command(PDSH_PROFILE, PROFILE))
+    if present and current["rcmd_default"] != pdsh.rcmd_default.strip():  # read without its newline
+        commands.append(write_file_command(PDSH_RCMD_DEFAULT, pdsh.rcmd_default))
+    if present and current["os"]["family"] == "rhel" and current["profile"] != pdsh.profile:
+        commands.append(write_file_command(PDSH_PROFILE, pdsh.profile))
     machines = list(nodes) if present else None
     for path, block, lines in (
         (PDSH_GENDERS, current["genders"], wanted if present else None),

@@ -27,6 +27,14 @@ def cluster_blocks(cluster: Cluster) -> dict[str, list[str]]:
     return {name: lines for cap in CAPABILITIES for name, lines in cap.blocks(cluster).items()}
 
 
+def _notes(shared: object) -> tuple[str, ...]:
+    """What a capability's shared part says a person should know (its ``notes``, if any)."""
+    notes = getattr(shared, "notes", ())
+    if not isinstance(notes, tuple) or not all(isinstance(n, str) for n in notes):
+        raise TypeError(f"{type(shared).__name__}.notes must be a tuple of str")
+    return notes
+
+
 def plan_cluster(
     cluster: Cluster,
     gathered: Gathered,
@@ -46,7 +54,7 @@ def plan_cluster(
         shared = capability.shared(ctx)
         if shared is not None:
             ctx.shared.add(capability.name, shared)
-    notes = [note for shared in ctx.shared.values() for note in getattr(shared, "notes", ())]
+    notes = [note for shared in ctx.shared.values() for note in _notes(shared)]
     plans = {}
     for node in cluster.nodes:
         parts = Parts()

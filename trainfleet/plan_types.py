@@ -57,7 +57,12 @@ class Parts(Mapping[str, Any]):
     def add(self, name: str, value: Any) -> None:
         if name in self._values:  # one part, one capability
             raise ValueError(f"{name} is planned twice")
+        if hasattr(Parts, name) or name in ("node", "parts"):  # read as an attribute: no shadow
+            raise ValueError(f"{name!r} would hide an attribute of the plan: name it otherwise")
         self._values[name] = value
+
+    def __copy__(self) -> Parts:
+        return Parts(self._values)
 
     def get_as(self, name: str, kind: type[T]) -> T:
         value = self._values[name]
@@ -93,7 +98,9 @@ class PlanContext:
 
     cluster: Cluster
     gathered: Gathered
-    keys: KeyMaterial | None = None  # None plans no SSH mesh
+    # the key store's snapshot as given (None plans no SSH mesh); the SSH mesh's shared part
+    # holds it as the deploy's prepare_keys will leave it (MeshShared.keys): read that one
+    keys: KeyMaterial | None = None
     excluded: Mapping[str, list[str]] = field(default_factory=dict)
     shared: Parts = field(default_factory=Parts)
 

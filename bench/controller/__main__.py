@@ -40,7 +40,8 @@ NOTES = [
     "dry run, so nothing is uploaded.",
     "recorded.json comes from a key-mesh lab node; its sshd_mesh section and each mesh user's "
     "certificate line are synthesized as that node's fact scripts print them "
-    "(bench/controller/fleet.py), the converged answers carrying exactly the certificates the plan "
+    "(bench/controller/fleet.py); a converged node's sections are what the capabilities' "
+    "converged(plan) say, answered by each section's fact: exactly the certificates the plan "
     "signs with the key store's cluster CA.",
 ]
 

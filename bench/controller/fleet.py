@@ -1,23 +1,19 @@
 """A synthetic N-node cluster, its plan, and what each of its nodes answers.
 
-The answers are the recorded lab node's (``recorded.json``) with every cluster-dependent part
-replaced by what trainfleet's plan says a converged node holds: names, /etc/hosts, host keys,
-known hosts, each mesh user's keys and files, pdsh, the network address, the NCCL files and
-variables, the launcher files, OpenMPI's parameters, the machine's identity and the mesh proof;
-in a certificate mesh (``ssh.mesh``, the default) also sshd's host certificates, drop-in and KRL
-and each mesh user's certificate. Where a section's fact can answer a value (its ``answer``),
-the answer is derived from the registry: what each capability's ``converged(plan)`` says the
-node holds, written into the recorded files as operations/managed_block_ops.py writes them
-(``registry_answers``: hosts, known_hosts, sshd_mesh, pdsh, nccl_files, nccl_seen, launchers,
-openmpi);
-the other sections are still rewritten here by hand, in the facts' own framing. Everything is
-built once per N, before any timed run; the runs only look answers up.
+The answers are the recorded lab node's (``recorded.json``) made this machine (its names, host
+keys and network address: ``machine_sections``), then every section a capability says a
+converged node answers (its ``converged(plan)``) answered by that section's fact (its
+``answer``: the command's output for that value, the recorded rest of the section kept;
+``registry_answers``). No section is rewritten here by hand: a section the registry adds is
+answered with no edit of the benchmark, from the registry alone where the recording does not
+have it. Everything is built once per N, before any timed run; the runs only look answers up.
 
 recorded.json was taken from a key-mesh lab node, before the ``sshd_mesh`` section and the user
 certificate's ``file certificate`` line existed: ``Recorded.of`` adds them as such a node prints
-them (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``, ``_USER_PART``): sshd_config includes
-sshd_config.d, no
-other file sets RevokedKeys, and none of trainfleet's sshd files or certificates exist yet.
+them (facts/ssh_mesh_facts.py ``_SSHD_SCRIPT``, ``_USER_PART``: sshd_config includes
+sshd_config.d, no other file sets RevokedKeys, and none of trainfleet's sshd files or
+certificates exist yet), which is what the plan is made from; a converged node's are the
+registry's.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ import ipaddress
 import os
 import pickle
 import re
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,14 +35,21 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
 from facts.fingerprint import Parts
-from facts.managed_block_facts import file_line, with_block_line, with_files
+from facts.managed_block_facts import file_line
 from facts.ssh_mesh_facts import (
     AUTHORIZED_PURPOSE,
     CONFIG_PURPOSE,
     KNOWN_HOSTS_PURPOSE,
     SshdMesh,
 )
-from runtime.bundle import DeployState, NodeFingerprint, deploy_sections, plan_inputs, sections
+from runtime.bundle import (
+    DeployState,
+    NodeFingerprint,
+    deploy_sections,
+    mesh_proof_sections,
+    plan_inputs,
+    sections,
+)
 from runtime.inventory import host_data
 from trainfleet.blocks import split_block, with_block
 from trainfleet.capabilities import CAPABILITIES
@@ -155,12 +157,17 @@ def hardware_text() -> str:
     )
 
 
-def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str]) -> list[str]:
+def bundle_stdout(
+    order: list[str], texts: dict[str, str], memo: dict[str, str], unrecorded: str | None = None
+) -> list[str]:
     """A bundle's stdout lines: each section's marker, then its output as ONE base64 line.
-    ``memo`` shares the encoded line of a text every node has (one object, pickled once)."""
+    ``memo`` shares the encoded line of a text every node has (one object, pickled once).
+    ``unrecorded``: the output of a section ``texts`` lacks (None: an error)."""
     out = []
     for name in order:
-        text = texts[name]
+        text = texts.get(name, unrecorded)
+        if text is None:
+            raise KeyError(f"section {name}: not recorded, and no capability's converged says it")
         encoded = memo.get(text)
         if encoded is None:
             encoded = memo[text] = b64(text)
@@ -173,12 +180,11 @@ def bundle_stdout(order: list[str], texts: dict[str, str], memo: dict[str, str])
 
 @dataclass
 class Machine:
-    """What makes a fake node this machine: its host keys and identity."""
+    """What makes a fake node this machine: its host keys (its ids are the registry's:
+    trainfleet/capabilities/identity.py ``converged``)."""
 
     index: int
     host_keys: list[str]  # as /etc/ssh/ssh_host_*_key.pub hold them
-    boot_id: str
-    machine_id: str
 
 
 def host_key(kind: str, comment: str) -> str:
@@ -198,12 +204,7 @@ def host_key(kind: str, comment: str) -> str:
 
 
 def machine(index: int, name: str, kinds: list[str]) -> Machine:
-    return Machine(
-        index=index,
-        host_keys=[host_key(kind, f"root@{name}") for kind in kinds],
-        boot_id=str(uuid.uuid4()),
-        machine_id=uuid.uuid4().hex,
-    )
+    return Machine(index=index, host_keys=[host_key(kind, f"root@{name}") for kind in kinds])
 
 
 @dataclass
@@ -319,96 +320,34 @@ def _user_part(line: str, rewrite: Callable[[list[str]], list[str]], field_at: i
     return " ".join(fields)
 
 
-def _mesh_user(text: str, user: Any) -> str:
-    def inner(lines: list[str]) -> list[str]:
-        out = []
-        for line in lines:
-            fields = line.split(" ")
-            if fields[0] in ("identity", "identity_pub") and len(fields) == 4 and user.identity:
-                # the sha256 of exactly the bytes operations/ssh_mesh_ops.py writes
-                fields[3] = sha256(
-                    user.identity.private
-                    if fields[0] == "identity"
-                    else user.identity.public + "\n"
-                )
-                line = " ".join(fields)
-            elif line.startswith("file authorized_keys "):
-                line = with_block_line(line, AUTHORIZED_PURPOSE, user.authorized)
-            elif line.startswith("file config "):
-                line = with_block_line(line, CONFIG_PURPOSE, user.config, top=True)
-            elif line.startswith("file certificate "):
-                line = file_line("certificate", user.certificate or None)
-            out.append(line)
-        return out
-
-    return joined(
-        [
-            _user_part(line, inner, 1) if line.startswith("user ") else line
-            for line in text_lines(text)
-        ]
-    )
-
-
-def _identity(text: str, mine: Machine) -> str:
-    values = {"boot_id": mine.boot_id, "machine_id": mine.machine_id}
-    return joined(
-        [
-            f"{key} {values[key]}" if (key := line.split(" ", 1)[0]) in values else line
-            for line in text_lines(text)
-        ]
-    )
-
-
-def mesh_proof(peers: list[str]) -> str:
-    """What SshMeshProof's script prints when every peer let the mesh user in."""
-    return joined([f"probing {len(peers)}", *(f"ok {peer} " for peer in peers)])
-
-
-def registry_answers(base: dict[str, str], plan: NodePlan, parts: Parts) -> dict[str, str]:
-    """What each capability says a converged node holds (``converged(plan)``), as the section's
-    fact answers it (its ``answer``) where it can, with the rest of ``base``'s text (the
-    node's own). The other sections are rewritten by hand in ``converged_sections``:
-    mesh_user:*, mesh_proof:*, gpu_node, identity."""
+def registry_answers(
+    base: dict[str, str], plan: NodePlan, parts: Parts, only: set[str] | None = None
+) -> dict[str, str]:
+    """Every section a capability says a converged node answers (``converged(plan)``), as the
+    section's fact answers it (its ``answer``, asked as ``parts`` asks: a digest, the probe's
+    peers) over ``base``'s text of it (the node's own; none: a section the recording does not
+    have, answered from the registry alone). ``only``: just these sections."""
     out = {}
     for capability in CAPABILITIES:
         for section, value in capability.converged(plan).items():
-            fact_cls, kwargs = parts.get(section, (None, {}))
-            if not hasattr(fact_cls, "answer"):
+            if only is not None and section not in only:
                 continue
-            fact = fact_cls()
-            fact.command(**kwargs)  # the arguments the answer depends on (a digest asked for)
-            out[section] = joined(fact.answer(value, text_lines(base[section])))
+            fact_cls, kwargs = parts[section]
+            fact: Any = fact_cls()  # every fact in facts/fingerprint.py's FACTS answers
+            fact.command(**kwargs)  # the arguments the answer depends on
+            out[section] = joined(fact.answer(value, text_lines(base.get(section, ""))))
     return out
 
 
 def converged_sections(
-    base: dict[str, str],
-    recorded: Recorded,
-    node: Node,
-    mine: Machine,
-    plan: NodePlan,
-    peers: list[str],
-    everyone: list[str],
-    parts: Parts,
-) -> tuple[dict[str, str], str]:
-    """Every section of a converged node (deploy sections and the fingerprint's own) from
-    ``base``, its ``machine_sections``, with the mesh proof of ``peers``; and the proof of
-    ``everyone`` (the full N x N probe). ``parts``: the bundle's sections with their facts, as
-    the deploy asks for them (``registry_answers``)."""
-    out = {**base, **registry_answers(base, plan, parts)}
-    if plan.gpu_node.memlock_conf is not None:
-        memlock = plan.gpu_node.memlock_conf
-        out["gpu_node"] = joined(
-            with_files(
-                text_lines(base["gpu_node"]),
-                {"memlock_conf": lambda line: [file_line("memlock_conf", memlock)]},
-            )
-        )
-    for user in plan.ssh_mesh.users:
-        out[f"mesh_user:{user.user}"] = _mesh_user(base[f"mesh_user:{user.user}"], user)
-        out[f"mesh_proof:{user.user}"] = mesh_proof(peers)
-    out["identity"] = _identity(base["identity"], mine)
-    return out, mesh_proof(everyone)
+    base: dict[str, str], plan: NodePlan, parts: Parts, everyone: Parts
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Every section of a converged node (deploy sections and the fingerprint's own): ``base``
+    (its ``machine_sections``) with what the registry says of each (``registry_answers``),
+    asked as ``parts`` asks (the bundle's sections: the probe of its targets); and the mesh
+    proofs of the probe of ``everyone`` (the full N x N probe's sections)."""
+    full = registry_answers(base, plan, everyone, only=set(everyone))
+    return {**base, **registry_answers(base, plan, parts)}, full
 
 
 # -- the fleet -------------------------------------------------------------------------------
@@ -558,7 +497,8 @@ def build(
         for name, node in ((n.name, n) for n in cluster.nodes)
     }
     gathered = {
-        name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo), users)
+        # a section the recording lacks printed nothing there yet (its fact's default)
+        name: parse_bundle("deploy_state", bundle_stdout(deploy_order, texts, memo, ""), users)
         for name, texts in base.items()
     }
     inputs = plan_inputs(gathered)
@@ -570,15 +510,15 @@ def build(
     names = [n.name for n in cluster.nodes]
     stride = probe_stride(nodes, 0)
     order = list(sections(users, []))
-    parts = sections(users, [], cluster_blocks(cluster))  # as the deploy and drift ask
+    blocks = cluster_blocks(cluster)
+    everyone = mesh_proof_sections(users, names)  # drift's full probe asks every node
     converged, fresh = {}, {}
     for node in cluster.nodes:
         mine = machines[node.name]
         targets = probe_targets(names, node.name, stride)
-        texts, full_proof = converged_sections(
-            base[node.name], recorded, node, mine, plan.nodes[node.name], targets, names, parts
-        )
-        full_texts = {**texts, **{f"mesh_proof:{user}": full_proof for user in users}}
+        parts = sections(users, targets, blocks)  # as the deploy and drift ask this node
+        texts, full = converged_sections(base[node.name], plan.nodes[node.name], parts, everyone)
+        full_texts = {**texts, **full}
         converged[node.name] = Answers(
             deploy_state=bundle_stdout(deploy_order, texts, memo),
             fingerprint=bundle_stdout(order, texts, memo),
@@ -588,7 +528,7 @@ def build(
         )
         fresh_texts = machine_sections(recorded.fresh, recorded, node, mine, fresh=True)
         fresh[node.name] = Answers(
-            deploy_state=bundle_stdout(deploy_order, fresh_texts, memo),
+            deploy_state=bundle_stdout(deploy_order, fresh_texts, memo, ""),
             hostname=text_lines(fresh_texts["hostname"])[0],
         )
     return Fleet(

@@ -17,9 +17,13 @@ from bench.controller.controller_report import growth
 from bench.controller.measure import pyinfra_args
 from bench.controller.record import load
 from bench.run import PYINFRA, REPO, parse_results
+from checks import drift_check
 from facts.hosts_facts import HOSTS_PURPOSE
 from facts.managed_block_facts import with_block_line
+from runtime import bundle
 from runtime.bundle import DeployState, NodeFingerprint
+from trainfleet import plan as plan_mod
+from trainfleet.capabilities import CAPABILITIES
 from trainfleet.mesh import probe_targets
 from trainfleet.plan import cluster_blocks
 
@@ -403,3 +407,42 @@ def test_the_baseline_runs_as_many_operations_as_the_deploy_with_the_same_names(
             "sshd without trainfleet's certificates",
         )
     assert root_only == expected
+
+
+def test_a_new_section_is_answered_from_the_registry_with_no_benchmark_edit(tmp_path, monkeypatch):
+    """A capability that reads one more section (an existing fact, its converged value said in
+    ``converged``): the fleet answers it on every node, in the deploy's bundle and drift's,
+    though recorded.json has no recording of it and bench/ names no section."""
+    path = "/etc/trainfleet-names"  # a new managed file: no lab node ever recorded it
+    hosts = next(c for c in CAPABILITIES if c.name == "hosts")
+
+    def deploy_sections(users, blocks):
+        return {**hosts.deploy_sections(users, blocks), "names": ("HostsBlock", {"path": path})}
+
+    def converged(plan):
+        return {**hosts.converged(plan), "names": {"block": list(plan.hosts.lines), "outside": []}}
+
+    grown = tuple(
+        replace(c, deploy_sections=deploy_sections, converged=converged) if c is hosts else c
+        for c in CAPABILITIES
+    )
+    for module in (bundle, drift_check, plan_mod, fleet_mod):  # each holds the registry's tuple
+        monkeypatch.setattr(module, "CAPABILITIES", grown)
+    document = load()
+    assert all("names" not in recording for recording in document["converged"].values())
+
+    fleet = fleet_mod.build(3, tmp_path, document)
+    blocks = cluster_blocks(fleet.cluster)
+    for node in fleet.cluster.nodes:
+        lines = fleet.plan.nodes[node.name].hosts.lines
+        answers = fleet.converged[node.name]
+        deploy = fleet_mod.parse_bundle(
+            "deploy_state", answers.deploy_state, ["root"], blocks=blocks
+        )
+        drift = fleet_mod.parse_bundle(
+            "fingerprint", answers.fingerprint, ["root"], answers.targets, blocks
+        )
+        for state in (deploy, drift):
+            assert state["names"]["exists"] and state["names"]["block"] == lines
+            assert state["names"]["outside"] == []
+    assert fleet_mod.offline_drift(fleet).findings == []

@@ -121,4 +121,4 @@ def test_the_deploy_gives_the_stack_operation_the_nodes_plan_and_nothing_of_the_
     }
     assert (stack.torch, stack.torch_variant, stack.cuda_repo) == ("2.4.1+cpu", "cpu", CUDA_REPOS)
     ((gpu,),) = [calls["gpu_node.settings"]]
-    assert gpu["allow_change"] is stack.allow_change is False
+    assert set(gpu) == {"name", "gpu"} and gpu["gpu"].allow_change is stack.allow_change is False

@@ -11,7 +11,7 @@ from pyinfra_testing.operations import make_operation_tests
 
 from trainfleet.capabilities.pdsh import genders_lines
 from trainfleet.osfamily import os_family
-from trainfleet.render import UnsafeValue, variables
+from trainfleet.render import UnsafeValue, render, variables
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pdsh"
 
@@ -36,5 +36,7 @@ def test_the_genders_block_is_the_template_the_plan_renders():
     for path in sorted((FIXTURES / "pdsh").glob("*.json")):  # what the operation is given
         part = json.loads(path.read_text())["kwargs"]["pdsh"]
         assert part["genders"] == genders_lines(part["nodes"]), path.name
+        assert part["rcmd_default"] == render("pdsh/rcmd_default.j2") == "ssh\n", path.name
+        assert "export PDSH_RCMD_TYPE=ssh\n" in part["profile"] == render("pdsh/profile.sh.j2")
     with pytest.raises(UnsafeValue):
         genders_lines(["gpu-a01\nall trainfleet"])

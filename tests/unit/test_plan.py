@@ -242,8 +242,10 @@ def test_drift_expects_of_every_node_exactly_what_the_deploy_gives_its_operation
     for node in cluster.nodes:
         node_plan = plan.nodes[node.name]
         calls = deploy_calls(monkeypatch, cluster, node.name, plan)
-        for op, (part, keyword) in WHOLE.items():
+        for op, (part, keyword) in WHOLE.items():  # the part itself, and nothing else
             assert all(call[keyword] is getattr(node_plan, part) for call in calls[op]), op
+            assert all(set(call) == {"name", keyword} for call in calls[op]), op
+        assert {op for op in calls if not op.startswith("ssh_mesh.")} == set(WHOLE)
         given = mesh_given_to_operations(calls)
         expected = ssh_mesh.expect(node_plan)
         assert set(expected) - set(given) == MESH_OBSERVED_ONLY, node.name

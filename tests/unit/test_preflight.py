@@ -1516,6 +1516,11 @@ def test_a_node_that_printed_no_clock_fails_and_the_hygiene_line_is_read_strictl
     )
 
 
+def _eth0(cluster) -> dict[str, str]:
+    """Each node's cluster interface as the plan derives it (the one holding its address)."""
+    return {node.name: "eth0" for node in cluster.nodes}
+
+
 def _mtu_network(address: str, mtu: int | None, ports: list[dict] | None = None) -> dict:
     return {
         "interfaces": [{"name": "eth0", "addresses": [address], "bridge": False, "mtu": mtu}],
@@ -1539,7 +1544,7 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
         "b": _mtu_network("192.0.2.2", 1500, [port(4096)]),
         "c": _mtu_network("192.0.2.3", 9000, [port(2048)]),
     }
-    found = {(p.node, p.cause) for p in mtu_problems(three, networks)}
+    found = {(p.node, p.cause) for p in mtu_problems(three, networks, _eth0(three))}
     assert found == {
         (
             "b",
@@ -1553,7 +1558,7 @@ def test_the_one_node_whose_cluster_mtu_or_active_ib_mtu_differs_is_named():
         ),
     }
     same = {n: _mtu_network(f"192.0.2.{i}", 9000) for i, n in enumerate("abc", start=1)}
-    assert mtu_problems(three, same) == []
+    assert mtu_problems(three, same, _eth0(three)) == []
 
 
 def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
@@ -1563,11 +1568,15 @@ def test_an_unreadable_cluster_mtu_fails_and_an_even_split_names_every_node():
         "nodes:\n  - {name: a, address: 192.0.2.1}\n  - {name: b, address: 192.0.2.2}\n"
     )
     (problem,) = mtu_problems(
-        two, {"a": _mtu_network("192.0.2.1", None), "b": _mtu_network("192.0.2.2", 9000)}
+        two,
+        {"a": _mtu_network("192.0.2.1", None), "b": _mtu_network("192.0.2.2", 9000)},
+        _eth0(two),
     )
     assert problem.node == "a" and "cannot be read" in problem.cause
     split = mtu_problems(
-        two, {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)}
+        two,
+        {"a": _mtu_network("192.0.2.1", 1500), "b": _mtu_network("192.0.2.2", 9000)},
+        _eth0(two),
     )
     assert {p.node for p in split} == {"a", "b"} and all(
         "no MTU is on most nodes" in p.cause for p in split

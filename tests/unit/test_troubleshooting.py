@@ -517,7 +517,7 @@ def _examples() -> list[str]:
         *(p.cause for p in hygiene if "NCCL_SOCKET_IFNAME" in p.cause),
         *(f"preflight: {p}" for p in no_smi),
         *(p.cause for p in ib_port_problems(THREE, networks)),
-        *(p.cause for p in mtu_problems(THREE, networks)),
+        *(p.cause for p in mtu_problems(THREE, networks, {n.name: "eth0" for n in THREE.nodes})),
         *(
             f"preflight: {p}"
             for p in nccl_socket_problems(

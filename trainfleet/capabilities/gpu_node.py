@@ -54,6 +54,7 @@ class GpuNodePlan:
     driver: str | None  # stack.driver on GPU nodes: a branch ("550") or an exact version
     max_clock_offset_ms: int
     problems: list[str] = field(default_factory=list)  # the parts that cannot be planned
+    allow_change: bool = False  # stack.allow_change: a fabric manager at another version may move
 
 
 def memlock_conf(value: str | int) -> str:
@@ -135,6 +136,7 @@ def gpu_part(
         driver=stack.get("driver") if gpu_node else None,
         max_clock_offset_ms=int(gpu.get("max_clock_offset_ms", 100)),
         problems=problems,
+        allow_change=bool(stack.get("allow_change", False)),
     )
 
 
@@ -361,10 +363,40 @@ def expect(plan: NodePlan) -> dict[str, str]:
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """The planned settings in force: memlock, persistence, the fabric manager held and
-    active, nvidia_peermem loaded, the clock synchronised by chrony."""
+    active, nvidia_peermem loaded, the clock synchronised by chrony. A CPU node: the planned
+    memlock limit, and none of the rest (no NVIDIA tool or unit, no clock service asked for)."""
     gpu = plan.gpu_node
     fabric = gpu.fabric_manager
     enabled = {"enabled": "enabled", "active": "active"}
+    memlock = {
+        "memlock": gpu.memlock,
+        "memlock_hard": gpu.memlock,
+        "memlock_conf": gpu.memlock_conf,
+        "memlock_other": [],
+    }
+    if not gpu.gpu_node:
+        return {
+            "gpu_node": {
+                "smi": "absent",
+                "driver": None,
+                "gpus": [],
+                "nvswitches": [],
+                "systemd": False,
+                "units": {},
+                "fabricmanager": {},
+                "fabricmanager_held": [],
+                "peermem_loaded": False,
+                "peermem_boot": [],
+                **memlock,
+                "peermem_conf": None,
+                "clock": {
+                    "chrony": False,
+                    "leap": None,
+                    "ntp_synchronized": None,
+                    "offset_ms": None,
+                },
+            }
+        }
     return {
         "gpu_node": {
             "smi": "ok" if gpu.gpu_node else "absent",
@@ -380,10 +412,7 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "fabricmanager_held": [fabric.package] if fabric else [],
             "peermem_loaded": gpu.peermem,
             "peermem_boot": ["/etc/modules-load.d/nvidia-peermem.conf"] if gpu.peermem else [],
-            "memlock": gpu.memlock,
-            "memlock_hard": gpu.memlock,
-            "memlock_conf": gpu.memlock_conf,
-            "memlock_other": [],
+            **memlock,
             "peermem_conf": None,
             "clock": {
                 "chrony": True,

@@ -320,7 +320,8 @@ def expect(plan: NodePlan) -> dict[str, str]:
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """A healthy node with the spec's GPUs (plain data, as read_hardware gives it): full-width
-    links, no Xid, no memory error; a CPU node has no nvidia-smi."""
+    links, no Xid, no memory error, bare metal; a CPU node has no nvidia-smi, and its command
+    line and CPU flags are its own (no property of a CPU node reads them)."""
     gpus = [
         {
             "bus": f"00000000:{0x18 + i:02x}:00.0",
@@ -351,10 +352,13 @@ def converged(plan: NodePlan) -> dict[str, Any]:
     if not gpus:
         status |= {SMI_XML: "absent", NVLINK: "absent", TOPO: "absent"}
         status |= {LSPCI: "skipped", DMESG: "skipped", INFINIBAND: "absent"}
-    return {
+    # read_hardware names each source it reads that was not read (topo -m is read elsewhere)
+    problems = {name: how for name, how in status.items() if how != "ok" and name != TOPO}
+    own: set[str] = set() if gpus else {"iommu", "cpu_hypervisor"}
+    value: dict[str, Any] = {
         "hardware": {
             "status": status,
-            "problems": {},
+            "problems": problems,
             "gpus": gpus or None,
             "kernel": {"xids": [], "sxids": [], "fallen": [], "hypervisor": None} if gpus else None,
             "pci": [] if gpus else None,
@@ -364,3 +368,4 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "infiniband": {} if gpus else None,
         }
     }
+    return {"hardware": {k: v for k, v in value["hardware"].items() if k not in own}}

@@ -41,14 +41,13 @@ def expect(plan: NodePlan) -> dict[str, str]:
 
 def converged(plan: NodePlan) -> dict[str, Any]:
     """A GPU node reports the planned driver on each of its GPUs (model: the spec does not
-    say); the machine's ids are its own."""
+    say); every node its own ids (no two alike). Its OS and kernel are the machine's, no plan's
+    to say (a converged node keeps those it has)."""
     gpu = {"name": "NVIDIA GPU", "driver": plan.gpu_node.driver or "unknown"}
     return {
         "identity": {
             "boot_id": f"boot-{plan.hosts.hostname}",
             "machine_id": f"machine-{plan.hosts.hostname}",
-            "os": "Debian GNU/Linux 12 (bookworm)",
-            "kernel": "6.1.0-25-amd64",
             "gpus": [gpu] * plan.node.gpus,
         }
     }

@@ -9,7 +9,7 @@ from trainfleet.compare import Content, content, digest
 from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
-from trainfleet.render import render_lines
+from trainfleet.render import render, render_lines
 
 MAJORITY = ("pdsh nodes",)
 
@@ -34,6 +34,8 @@ def deploy_sections(users: list[str], blocks: WantedBlocks) -> Sections:
 class PdshPlan:
     nodes: list[str]  # every node's name, for ``pdsh -a`` (/etc/pdsh/machines)
     genders: list[str]  # the /etc/genders block (templates/pdsh/genders.j2)
+    rcmd_default: str  # /etc/pdsh/rcmd_default: ssh as pdsh's remote command (Debian)
+    profile: str  # /etc/profile.d's PDSH_RCMD_TYPE=ssh (RHEL-family builds)
 
 
 def blocks(cluster: Cluster) -> dict[str, list[str]]:
@@ -43,7 +45,12 @@ def blocks(cluster: Cluster) -> dict[str, list[str]]:
 
 def shared(ctx: PlanContext) -> PdshPlan:
     names = [n.name for n in ctx.cluster.nodes]
-    return PdshPlan(nodes=names, genders=genders_lines(names))  # the same on every node
+    return PdshPlan(  # the same on every node
+        nodes=names,
+        genders=genders_lines(names),
+        rcmd_default=render("pdsh/rcmd_default.j2"),
+        profile=render("pdsh/profile.sh.j2"),
+    )
 
 
 def plan_part(ctx: PlanContext, node: Node) -> PdshPlan:

@@ -512,7 +512,8 @@ def _encoded(text: str | None) -> bytes | None:
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
-    """The node's host keys are its own (not the plan's to say); its peers all let it in."""
+    """The node's host keys are its own (not the plan's to say); every node lets its mesh
+    users in, itself included (drift's full probe and a one-node cluster's ask it)."""
     sshd = plan.ssh_mesh.sshd
     out: dict[str, Any] = {
         "known_hosts": {"block": list(plan.ssh_mesh.known_hosts), "outside": []},
@@ -527,18 +528,25 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "client_drop_in": _encoded(sshd.client_drop_in) if sshd else None,
         },
     }
-    peers = [name for name in plan.pdsh.nodes if name != plan.hosts.hostname]
     for user in plan.ssh_mesh.users:
         key = user.identity
         out[f"mesh_user:{user.user}"] = {
             "identity": {"mode": "600", "owner": user.user, "sha256": _sha256(key.private)}
             if key
             else None,
+            # the bytes operations/ssh_mesh_ops.py writes
+            "identity_pub": {
+                "mode": "644",
+                "owner": user.user,
+                "sha256": _sha256(key.public + "\n"),
+            }
+            if key
+            else None,
             "authorized": {"block": list(user.authorized), "outside": []},
             "config": {"block": list(user.config), "outside": []},
             "certificate": user.certificate.rstrip("\n") if user.certificate else None,
         }
-        out[f"mesh_proof:{user.user}"] = dict.fromkeys(peers, "ok")
+        out[f"mesh_proof:{user.user}"] = dict.fromkeys(plan.pdsh.nodes, "ok")
     return out
 
 

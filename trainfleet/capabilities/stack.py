@@ -288,22 +288,24 @@ def wanted_contents(plan: NodePlan) -> dict[str, dict[str, Content]]:
 
 
 def converged(plan: NodePlan) -> dict[str, Any]:
-    """The planned versions installed and held; nvcc reports the planned CUDA release; the
-    planned CUDA repository file and gcc profile in place."""
+    """The planned versions installed and held; nvcc reports the planned CUDA release, the
+    venv's torch the planned one; the planned CUDA repository file and gcc profile in place.
+    What the plan does not pin (nvcc, torch, gcc) is the node's own: a converged node keeps
+    what it has."""
     stack = plan.stack
     cuda = stack.cuda
-    return {
-        "stack": {
-            "packages": {name: version or "any" for name, version in stack.packages.items()},
-            "held": list(stack.packages),
-            "nvcc": {"release": ".".join(cuda.split(".")[:2])} if cuda else None,
-            "torch": {"version": stack.torch} if stack.torch else None,
-            "gcc": None,
-            "venv_packages": dict(stack.python),
-            "repos": dict(stack.repo_files),
-            "gcc_profile": stack.gcc_files.get(GCC_PROFILE),
-        }
+    planned: dict[str, Any] = {
+        "packages": {name: version or "any" for name, version in stack.packages.items()},
+        "held": list(stack.packages),
+        "venv_packages": dict(stack.python),
+        "repos": dict(stack.repo_files),
+        "gcc_profile": stack.gcc_files.get(GCC_PROFILE),
     }
+    if cuda:
+        planned["nvcc"] = {"release": ".".join(cuda.split(".")[:2])}
+    if stack.torch:
+        planned["torch"] = {"version": stack.torch}
+    return {"stack": planned}
 
 
 # The spec's section: `stack` (trainfleet/schema.py composes the spec)
