@@ -119,10 +119,8 @@ def by_affinity(topology: Topology, ports: Sequence[HcaPort] | None) -> Rails:
     for nic, device in topology.nics.items():
         gpus = topology.gpus_beside(nic)
         if not gpus:
-            left_out[device] = (
-                f"{nic} is {topology.nearest(nic)} to every GPU: not under a GPU's PCIe switch "
-                "(a frontend bond, storage or management NIC)"
-            )
+            # not under any GPU's PCIe switch: a frontend bond, storage or management NIC
+            left_out[device] = f"{nic} is {topology.nearest(nic)} to every GPU"
             continue
         if ports is None:
             rails.append(Rail(device, gpus))

@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from facts.nccl_env_facts import NcclNetwork
+from trainfleet.diagnose import RAILS_HEALTH, RAILS_PROPERTY, judge
 from trainfleet.hw import infiniband
+from trainfleet.hw.sources import INFINIBAND, SOURCES, STATUS_FILE
+from trainfleet.hw.sources import TOPO as TOPO_FILE
 from trainfleet.hw.topo import TopoRefused, parse
 from trainfleet.nccl import derive
 from trainfleet.rails import Rails, by_affinity, explain, ports_from_sysfs, without_affinity
@@ -120,8 +123,7 @@ def test_the_dgx_a100_storage_hca_sys_to_every_gpu_is_left_out():
         (f"mlx5_{n}", (f"GPU{n - n % 2}", f"GPU{n - n % 2 + 1}")) for n in range(8)
     ]  # PXB: two GPUs and two NICs behind each PCIe switch
     assert dict(rails.left_out) == {
-        device: f"{nic} is SYS to every GPU: not under a GPU's PCIe switch "
-        "(a frontend bond, storage or management NIC)"
+        device: f"{nic} is SYS to every GPU"
         for nic, device in (("NIC8", "mlx5_8"), ("NIC9", "mlx5_9"))
     }
     assert rails.problems == () and rails.hca_list == "=" + ",".join(f"mlx5_{n}" for n in range(8))
@@ -269,3 +271,43 @@ def test_the_explanation_says_per_hca_why_it_is_or_is_not_listed():
     lines = list(explain(by_affinity(parse(DGX_A100.read_text()), None)))
     assert lines[0] == "mlx5_0: a rail (PIX/PXB to GPU0+GPU1)"
     assert lines[-1].startswith("mlx5_9: left out: NIC9 is SYS to every GPU")
+
+
+# The offline judge (trainfleet diagnose): the rails from each node's captured sources
+
+
+def capture_node(root: Path, name: str, topo: Path | None, tree: bool = False) -> None:
+    """A node folder as deploy/capture.py saves one, holding only ``topo -m`` and/or the
+    InfiniBand tree (every other source: absent)."""
+    folder = root / name
+    folder.mkdir(parents=True)
+    status = dict.fromkeys(SOURCES, "absent")
+    if topo is not None:
+        shutil.copy(topo, folder / TOPO_FILE)
+        status[TOPO_FILE] = "ok"
+    if tree:
+        shutil.copytree(GPUD_H100, folder / INFINIBAND)
+        status[INFINIBAND] = "ok"
+    (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in status.items()))
+
+
+def test_the_judge_shows_each_nodes_rails_and_names_the_odd_and_the_unreadable(tmp_path):
+    for name in ("a1", "a2", "a3"):
+        capture_node(tmp_path, name, DGX_A100)
+    capture_node(tmp_path, "h1", H100_1TO1)
+    capture_node(tmp_path, "x1", NO_LEGEND[0])
+    capture_node(tmp_path, "g1", None, tree=True)  # gpud's H100: no topo -m, its IB tree
+    report = judge(tmp_path)
+    assert report.observed["a1"][RAILS_PROPERTY] == "=" + ",".join(f"mlx5_{n}" for n in range(8))
+    assert report.observed["g1"][RAILS_PROPERTY] == "=" + ",".join([*GPUD_IB, "mlx5_bond_0:1"])
+    assert RAILS_PROPERTY not in report.observed["x1"]
+    health = {f.node: f.observed for f in report.findings if f.property == RAILS_HEALTH}
+    assert set(health) == {"x1", "g1"}
+    assert health["x1"].startswith("nvidia-smi topo -m refused: no NIC legend: NIC0, NIC1,")
+    assert health["g1"].startswith("the rails mix InfiniBand (mlx5_0:1,")
+    odd = {(f.node, f.property) for f in report.findings if f.kind == "majority"}
+    assert ("h1", "rail mlx5_0") in odd and ("h1", "rail mlx5_8") in odd
+    assert not {node for node, _ in odd} & {"a1", "a2", "a3"}
+    table = report.table()  # every finding's row is shown: never "no drift" beside findings
+    assert not table.startswith("no drift") and "rail mlx5_8" in table
+    assert report.observed["h1"]["rail mlx5_0"] == "GPU0, link layer unknown, rate unknown"
