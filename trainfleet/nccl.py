@@ -115,6 +115,29 @@ def fact_ports(ports: list[IbPort]) -> list[HcaPort]:
     return [HcaPort(p["device"], p["port"], p["link_layer"], p["state"]) for p in ports]
 
 
+def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:
+    """Why the spec's NCCL_IB_HCA (``=`` exact names, else name prefixes, as NCCL reads it)
+    names a device or port this node does not have, if it does."""
+    exact = spec_hca.startswith("=")
+
+    def present(entry: str) -> bool:
+        device, _, port = entry.partition(":")
+        return any(
+            (p["device"] == device if exact else p["device"].startswith(device))
+            and (not port or str(p["port"]) == port)
+            for p in ports
+        )
+
+    missing = [e for e in spec_hca.lstrip("=").split(",") if e and not present(e)]
+    if not missing:
+        return None
+    have = ", ".join(f"{p['device']}:{p['port']}" for p in ports) or "no InfiniBand/RoCE port"
+    return (
+        f"nccl.env NCCL_IB_HCA names {', '.join(missing)}, which this node does not have "
+        f"(it has {have})"
+    )
+
+
 def ib_settings(
     ports: list[IbPort], rails: Rails | None = None, spec_hca: str | None = None
 ) -> tuple[dict[str, str], int | None, list[str]]:
@@ -125,7 +148,9 @@ def ib_settings(
     rails = rails or without_affinity(fact_ports(ports))
     named = spec_hca is not None and not spec_hca.startswith("^")
     blockers = [*rails.problems, *([rails.mixed] if rails.mixed and not named else [])]
-    if blockers:  # topo -m and sysfs disagree, or IB and RoCE mixed: named, never a pick
+    if named and spec_hca is not None and (unknown := hca_unknown(spec_hca, ports)):
+        blockers.append(unknown)
+    if blockers:  # topo -m and sysfs disagree, IB and RoCE mixed, a spec HCA the node lacks
         return {}, None, blockers
     if not rails.rails:
         return {"NCCL_IB_DISABLE": "1"}, None, []

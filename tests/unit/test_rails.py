@@ -214,6 +214,16 @@ def test_the_fact_on_gpud_h100_gives_the_mix_as_the_nodes_problem(tmp_path):
     derived = derive("198.18.0.11", spec, INTERFACES, ports)
     assert derived.problems == [] and derived.env["NCCL_IB_HCA"] == "=" + ",".join(GPUD_IB)
     assert derived.env["UCX_NET_DEVICES"] == ",".join(GPUD_IB)  # OpenMPI's UCX: the same ports
+    # The override is checked against what the node has: gpud's H100 has no mlx5_2 (exact
+    # name), while NCCL's prefix form "mlx5_" matches its HCAs.
+    spec = {**AUTO, "env": {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_2:1"}}
+    assert derive("198.18.0.11", spec, INTERFACES, ports).problems == [
+        "nccl.env NCCL_IB_HCA names mlx5_2:1, which this node does not have (it has "
+        + ", ".join([*GPUD_IB, "mlx5_bond_0:1"])
+        + ")"
+    ]
+    spec = {**AUTO, "env": {"NCCL_IB_HCA": "mlx5_0,mlx5_1"}}
+    assert derive("198.18.0.11", spec, INTERFACES, ports).problems == []
 
 
 # The majority
