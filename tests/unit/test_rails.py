@@ -193,7 +193,7 @@ def test_gpud_h100_mixes_ib_and_the_roce_bond_a_named_problem_not_a_list():
     )
 
 
-def test_the_fact_on_gpud_h100_gives_the_mix_as_the_nodes_problem(tmp_path):
+def test_the_fact_on_gpud_h100_gives_the_mix_as_a_problem_and_the_spec_names_one_kind(tmp_path):
     # The NcclNetwork fact's own script over gpud's tree, laid out where sysfs has it.
     shutil.copytree(GPUD_H100, tmp_path / "class" / "infiniband")
     fact = NcclNetwork()
