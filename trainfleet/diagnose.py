@@ -18,8 +18,9 @@ from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import RULES, hardware
-from trainfleet.compare import Report, compare
+from trainfleet.compare import HEALTHY, Finding, Report, compare
 from trainfleet.grammar import short_name_problem
+from trainfleet.hw import infiniband, topo
 from trainfleet.hw.sources import (
     CMDLINE,
     CPUINFO,
@@ -36,6 +37,8 @@ from trainfleet.hw.sources import (
     read_hardware,
 )
 from trainfleet.model import Cluster
+from trainfleet.rails import Rails, by_affinity, ports_from_sysfs, without_affinity
+from trainfleet.rails_majority import odd_rails, rail_values
 
 MiB = 2**20
 # The most a capture's file may hold, by source: generous against what a large node prints
@@ -178,6 +181,54 @@ def _tree(root: Path, problems: list[str], budget: _Budget) -> dict[str, str]:
     return found
 
 
+RAILS = "rails"  # a node's compute rails in read_capture's answer (Rails, a refusal, or None)
+RAILS_PROPERTY = "NCCL_IB_HCA (compute rails)"
+RAILS_HEALTH = "NCCL rails problems"
+
+
+def node_rails(status: dict[str, str], files: dict[str, str]) -> Rails | str | None:
+    """The node's compute rails from its capture (docs/nccl_env.md): by GPU affinity where
+    ``topo -m`` was read, with the sysfs tree's ports where that was read too; without a topo,
+    from the sysfs tree alone; a ``topo -m`` that cannot be read: why (never a guess); neither
+    source: None (nothing to derive)."""
+    ports = None
+    if status.get(INFINIBAND) == "ok":
+        prefix = INFINIBAND + "/"
+        tree = {k[len(prefix) :]: v for k, v in files.items() if k.startswith(prefix)}
+        ports = ports_from_sysfs(infiniband.hcas(tree))
+    if status.get(TOPO) == "ok" and TOPO in files:
+        try:
+            return by_affinity(topo.parse(files[TOPO]), ports)
+        except topo.TopoRefused as exc:
+            return f"nvidia-smi topo -m refused: {exc}"
+    return None if ports is None else without_affinity(ports)
+
+
+def _rails_findings(report: Report, rails: dict[str, Rails | str | None]) -> None:
+    """Each node's NCCL_IB_HCA and rails as observed (so the table shows what a finding is
+    on), what stands in the way of its list as a finding, and the nodes whose rails differ
+    from the majority's, each named with the rail."""
+    derived = {name: r for name, r in rails.items() if isinstance(r, Rails)}
+    for name, found in rails.items():
+        if found is None or found == Rails((), {}, (), by_affinity=True):
+            continue  # a GPU with no NIC at all (topo -m lists none, no HCA): nothing to show
+        observed = report.observed.setdefault(name, {})
+        if isinstance(found, str):
+            blockers = [found]
+        else:
+            blockers = [*found.problems, *([found.mixed] if found.mixed else [])]
+            observed[RAILS_PROPERTY] = found.hca_list if found.rails else "none (NCCL_IB_DISABLE=1)"
+            observed |= rail_values(found)
+        observed[RAILS_HEALTH] = "; ".join(blockers) or HEALTHY
+        if blockers:
+            report.findings.append(
+                Finding(name, RAILS_HEALTH, "health", "; ".join(blockers), HEALTHY)
+            )
+    report.findings += odd_rails(derived)
+    order = {n: i for i, n in enumerate(report.nodes)}
+    report.findings.sort(key=lambda f: (order.get(f.node, len(order)), f.property))
+
+
 def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
     """``{node: its hardware as plain data}`` from a capture directory (one folder a node)."""
     problems: list[str] = []
@@ -196,6 +247,7 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
             continue
         status, files = read_node(folder, problems, budget)
         nodes[folder.name] = read_hardware(status, files)
+        nodes[folder.name][RAILS] = node_rails(status, files)
         del files  # one node's text held at a time: only what its parsers keep stays
     if not nodes and not problems:
         problems.append(f"{directory}: no node folders (each holds {STATUS_FILE})")
@@ -221,4 +273,6 @@ def judge(directory: Path, cluster: Cluster | None = None) -> Report:
     expected = {name: hardware.expected(gpus.get(name)) for name in nodes}
     missing = {name: "not in the capture" for name in names if name not in nodes}
     title = cluster.name if cluster else directory.resolve().parent.name or str(directory)
-    return compare(title, names, observed, expected, missing, rules=RULES)
+    report = compare(title, names, observed, expected, missing, rules=RULES)
+    _rails_findings(report, {name: hw[RAILS] for name, hw in nodes.items()})
+    return report

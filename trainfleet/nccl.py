@@ -3,8 +3,9 @@
 Plain functions over the NcclNetwork fact's data, testable without any host:
 - the socket interface is the one that holds the node's cluster address (never a
   guess by name or order, which is how NCCL ends up on an unreachable second NIC);
-- InfiniBand/RoCE comes from sysfs: active ports become NCCL_IB_HCA, RoCE v2 picks
-  NCCL_IB_GID_INDEX, no active port disables IB;
+- InfiniBand/RoCE comes from sysfs: the compute rails become NCCL_IB_HCA (trainfleet.rails:
+  the ports under a GPU's PCIe switch where nvidia-smi topo -m is known, else every active
+  port; never InfiniBand and RoCE mixed), RoCE v2 picks NCCL_IB_GID_INDEX, no rail disables IB;
 - spec values override derived ones.
 """
 
@@ -15,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_interface
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+
+from trainfleet.rails import HcaPort, Rails, without_affinity
 
 if TYPE_CHECKING:
     from trainfleet.model import Cluster
@@ -107,12 +110,56 @@ def _ipv4_mapped(gid: str) -> bool:
     return gid.replace(":", "").lower().startswith("00000000000000000000ffff")
 
 
-def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[str]]:
-    """NCCL_IB_* for the node's active ports: (env, RoCE v2 GID index, problems)."""
-    active = [p for p in ports if "ACTIVE" in p["state"].upper()]
-    if not active:
+def fact_ports(ports: list[IbPort]) -> list[HcaPort]:
+    """The NcclNetwork fact's ports as the rails rule reads them (the fact reads no rate)."""
+    return [HcaPort(p["device"], p["port"], p["link_layer"], p["state"]) for p in ports]
+
+
+def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:
+    """Why the spec's NCCL_IB_HCA (``=`` exact names, else name prefixes, as NCCL reads it)
+    names a device or port this node does not have, if it does."""
+    exact = spec_hca.startswith("=")
+
+    def present(entry: str) -> bool:
+        device, _, port = entry.partition(":")
+        return any(
+            (p["device"] == device if exact else p["device"].startswith(device))
+            and (not port or str(p["port"]) == port)
+            for p in ports
+        )
+
+    missing = [e for e in spec_hca.lstrip("=").split(",") if e and not present(e)]
+    if not missing:
+        return None
+    have = ", ".join(f"{p['device']}:{p['port']}" for p in ports) or "no InfiniBand/RoCE port"
+    return (
+        f"nccl.env NCCL_IB_HCA names {', '.join(missing)}, which this node does not have "
+        f"(it has {have})"
+    )
+
+
+def ib_settings(
+    ports: list[IbPort], rails: Rails | None = None, spec_hca: str | None = None
+) -> tuple[dict[str, str], int | None, list[str]]:
+    """NCCL_IB_* for the node's compute rails (``rails``: by GPU affinity where the node has
+    such a source, else every active port): (env, RoCE v2 GID index, problems). Rails that
+    mix link layers are a problem unless the spec names the HCAs (``spec_hca``: its
+    NCCL_IB_HCA, which then also decides whose GIDs count)."""
+    rails = rails or without_affinity(fact_ports(ports))
+    named = spec_hca is not None and not spec_hca.startswith("^")
+    blockers = [*rails.problems, *([rails.mixed] if rails.mixed and not named else [])]
+    if named and spec_hca is not None and (unknown := hca_unknown(spec_hca, ports)):
+        blockers.append(unknown)
+    if blockers:  # topo -m and sysfs disagree, IB and RoCE mixed, a spec HCA the node lacks
+        return {}, None, blockers
+    if not rails.rails:
         return {"NCCL_IB_DISABLE": "1"}, None, []
-    env = {"NCCL_IB_HCA": "=" + ",".join(f"{p['device']}:{p['port']}" for p in active)}
+    env = {"NCCL_IB_HCA": rails.hca_list}
+    listed = {r.hca for r in rails.rails}
+    if named and spec_hca is not None:  # UCX_NET_DEVICES follows it too
+        env["NCCL_IB_HCA"] = spec_hca
+        listed = {n for n in spec_hca.lstrip("=").split(",") if n}
+    active = [p for p in ports if f"{p['device']}:{p['port']}" in listed or p["device"] in listed]
     roce = [p for p in active if p["link_layer"] == "Ethernet"]
     if not roce:
         return env, None, []
@@ -138,10 +185,20 @@ def ib_settings(ports: list[IbPort]) -> tuple[dict[str, str], int | None, list[s
     return env, None, problems
 
 
+def _spec_hca(settings: dict[str, Any]) -> str | None:
+    value = settings["env"].get("NCCL_IB_HCA")
+    return None if value is None else str(value)
+
+
 def derive(
-    address: str, settings: dict[str, Any], interfaces: list[Interface], ports: list[IbPort]
+    address: str,
+    settings: dict[str, Any],
+    interfaces: list[Interface],
+    ports: list[IbPort],
+    rails: Rails | None = None,
 ) -> Derived:
-    """The node's NCCL/Gloo environment from its facts and its spec ``nccl`` settings."""
+    """The node's NCCL/Gloo environment from its facts and its spec ``nccl`` settings
+    (``rails``: the node's compute rails by GPU affinity, where it has such a source)."""
     result = Derived()
     existing = {i["name"] for i in interfaces}
     ifname = settings["socket_ifname"]
@@ -168,7 +225,7 @@ def derive(
     if settings["ib"] == "disable":
         result.env["NCCL_IB_DISABLE"] = "1"
     else:
-        ib_env, result.gid_index, problems = ib_settings(ports)
+        ib_env, result.gid_index, problems = ib_settings(ports, rails, spec_hca=_spec_hca(settings))
         result.env.update(ib_env)
         result.problems += problems
     result.network = cluster_network(interfaces, address)
