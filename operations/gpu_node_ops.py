@@ -20,8 +20,6 @@ from runtime.gather import fact
 from trainfleet.capabilities.gpu_node import FabricManagerPlan, GpuNodePlan
 from trainfleet.defaults import VENV_DIR
 
-PEERMEM_LINE = "nvidia_peermem\n"
-
 
 def _state() -> GpuNodeStateT:
     return fact(GpuNodeState)
@@ -96,20 +94,21 @@ def persistence(wanted: bool):
 
 
 @operation()
-def peermem(wanted: bool):
+def peermem(conf: str | None):
     """
     GPUDirect RDMA: ``nvidia_peermem`` loaded now (``modprobe``) and at boot
     (``/etc/modules-load.d/trainfleet-peermem.conf``, unless another file already loads it).
 
-    + wanted: the plan's peermem (a GPU node with an active InfiniBand/RoCE port)
+    + conf: the modules-load.d file's content as the plan rendered it (a GPU node with an active
+      InfiniBand/RoCE port); None: not wanted
     """
-    if not wanted:
+    if conf is None:
         host.noop("nvidia_peermem is not wanted here")
         return
     state = _state()
     commands = []
     if not state["peermem_boot"]:
-        commands.append(write_file_command(PEERMEM_CONF, PEERMEM_LINE))
+        commands.append(write_file_command(PEERMEM_CONF, conf))
     if not state["peermem_loaded"]:
         commands.append(StringCommand("modprobe", "nvidia_peermem"))
     if not commands:
@@ -224,7 +223,7 @@ def settings(gpu: GpuNodePlan):
             version=fabric.version if fabric else None,
             allow_change=gpu.allow_change,
         ),
-        *peermem._inner(wanted=gpu.peermem),
+        *peermem._inner(conf=gpu.peermem_conf),
     ]
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:

@@ -38,7 +38,7 @@ def hostname(hosts: HostsPlan, hostname_file: str = "/etc/hostname"):
         host.noop(f"hostname is {hostname}")
         return
     if state["static"] != hostname:
-        yield write_file_command(hostname_file, f"{hostname}\n")
+        yield write_file_command(hostname_file, hosts.hostname_file)
     if state["running"] != hostname:
         yield StringCommand("hostname", QuoteString(hostname))
 

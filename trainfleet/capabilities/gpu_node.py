@@ -56,6 +56,7 @@ class GpuNodePlan:
     max_clock_offset_ms: int
     problems: list[str] = field(default_factory=list)  # the parts that cannot be planned
     allow_change: bool = False  # stack.allow_change: a fabric manager at another version may move
+    peermem_conf: str | None = None  # the modules-load.d file that loads it at boot (peermem)
 
 
 def memlock_conf(value: str | int) -> str:
@@ -97,6 +98,7 @@ def gpu_part(
 ) -> GpuNodePlan:
     """A node's GPU settings from the spec (``gpu``, ``stack.driver``), its GPU count in the
     spec and what it was found to be (GpuNodeState, NcclNetwork; None: not read)."""
+    peermem = peermem_wanted(gpu, gpus, network)
     memlock = gpu.get("memlock")
     problems: list[str] = []
     fabric = None
@@ -133,11 +135,12 @@ def gpu_part(
         memlock_conf=None if memlock is None else memlock_conf(memlock),
         persistence=gpu_node and bool(gpu.get("persistence", True)),
         fabric_manager=fabric,
-        peermem=peermem_wanted(gpu, gpus, network),
+        peermem=peermem,
         driver=stack.get("driver") if gpu_node else None,
         max_clock_offset_ms=int(gpu.get("max_clock_offset_ms", 100)),
         problems=problems,
         allow_change=bool(stack.get("allow_change", False)),
+        peermem_conf=render("gpu_node/peermem.conf.j2") if peermem else None,
     )
 
 

@@ -9,7 +9,7 @@ from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.etc_hosts import stale_lines
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
-from trainfleet.render import render_lines
+from trainfleet.render import render, render_lines
 
 MAJORITY = ("hosts block",)
 UNIQUE = ("hostname",)  # no two nodes may share these
@@ -26,6 +26,7 @@ class HostsShared:
 @dataclass(frozen=True)
 class HostsPlan:
     hostname: str
+    hostname_file: str  # /etc/hostname's content
     lines: list[str]  # the /etc/hosts block
     names: dict[str, str]  # every cluster name, lower-case -> the address it must resolve to
 
@@ -67,7 +68,12 @@ def part(plan: NodePlan) -> HostsPlan:
 
 def plan_part(ctx: PlanContext, node: Node) -> HostsPlan:
     hosts = shared_part(ctx)
-    return HostsPlan(hostname=node.name, lines=hosts.lines, names=hosts.names)
+    return HostsPlan(
+        hostname=node.name,
+        hostname_file=render("hosts/hostname.j2", hostname=node.name),
+        lines=hosts.lines,
+        names=hosts.names,
+    )
 
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
