@@ -11,7 +11,8 @@ from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.grammar import Key, Section, env_name_problem, env_value_problem, ifname_problem
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived, checked_env, derive_cluster, uniform_variables
+from trainfleet.nccl import Derived, checked_env, uniform_variables
+from trainfleet.nccl_cluster import derive_cluster
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
@@ -65,7 +66,7 @@ class NcclShared:
 
 
 def shared(ctx: PlanContext) -> NcclShared:
-    derived = derive_cluster(ctx.cluster, ctx.gathered.networks)
+    derived = derive_cluster(ctx.cluster, ctx.gathered.networks, ctx.gathered.stacks)
     interfaces = sorted({d.interface for d in derived.values() if d.interface})
     notes = (
         (
