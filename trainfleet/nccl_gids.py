@@ -125,3 +125,47 @@ def own_pick(
     mine = [g for g in candidates if own is not None and g["ndev"] == own]
     chosen = mine or candidates
     return chosen[0] if chosen else None
+
+
+def _hca_listed(hca: str, device: str, port: int) -> bool:
+    names = [n for n in hca.lstrip("=").split(",") if n]
+    return any(n in (device, f"{device}:{port}") for n in names)
+
+
+def pinned_gid_reading(env: Mapping[str, str], ports: Sequence[Mapping[str, Any]] | None) -> str:
+    """What the GID index ``env`` pins holds on each RoCE port it lists (NCCL_IB_HCA), as
+    drift compares it: ``3: RoCE v2 AF_INET`` where every port holds a RoCE v2 GID of the
+    family at that index (NCCL_IB_ADDR_FAMILY, default AF_INET), else each port that does
+    not, with what it holds there; ``not pinned`` without an index."""
+    index = env.get("NCCL_IB_GID_INDEX")
+    if index is None:
+        return "not pinned"
+    af = env.get("NCCL_IB_ADDR_FAMILY", AF_INET)
+    if ports is None:
+        return f"{index}: the node's GID tables were not read"
+    hca = env.get("NCCL_IB_HCA", "")
+    listed = [
+        p
+        for p in ports
+        if p["link_layer"] == "Ethernet" and _hca_listed(hca, p["device"], p["port"])
+    ]
+    if not listed:  # nothing seen is never a pass
+        return f"{index}: no RoCE port of NCCL_IB_HCA {hca or '(unset)'} on the node"
+    wrong = []
+    for port in listed:
+        name = f"{port['device']}:{port['port']}"
+        held = next((g for g in port["gids"] if str(g["index"]) == index), None)
+        if held is not None and held["type"] == "RoCE_v2" and family(held["gid"]) == af:
+            continue
+        what = "has no GID " + index if held is None else f"holds {held['type']} {held['gid']}"
+        now = own_pick(port["gids"], af)  # where the GID went, if anywhere
+        wrong.append(f"{name} {what}" + (f" ({af} v2 at {now['index']})" if now else ""))
+    return f"{index}: " + ("; ".join(wrong) if wrong else f"RoCE v2 {af}")
+
+
+def expected_gid_reading(env: Mapping[str, str]) -> str:
+    """``pinned_gid_reading`` of a node that holds what the plan pins."""
+    index = env.get("NCCL_IB_GID_INDEX")
+    if index is None:
+        return "not pinned"
+    return f"{index}: RoCE v2 {env.get('NCCL_IB_ADDR_FAMILY', AF_INET)}"

@@ -333,9 +333,13 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
         for op, kwargs in ((apply_nccl_env, nccl), (apply_launcher_files, files)):
             commands = list(op._inner(**{k: v for k, v in kwargs.items() if k != "name"}))
             assert len(commands) == 1 and isinstance(commands[0], FailCommand)
-        # Drift, from the same plan: no NCCL files, variables or launcher files expected of it.
+        # Drift, from the same plan: no NCCL files, variables or launcher files expected of it,
+        # only a plan without problems (what it observes is these problems: a finding).
         expected = expect(plan.nodes[name])
-        assert not {p for p in expected if p.startswith("NCCL env") or p == "launcher files"}
+        assert {p for p in expected if p.startswith("NCCL") or p == "launcher files"} == {
+            "NCCL env plan"
+        }
+        assert expected["NCCL env plan"] == "ok"
     # The node without RoCE is not dragged in.
     assert plan.nodes["gpu-a03"].nccl_env.problems == [] and "NCCL env files" in expect(
         plan.nodes["gpu-a03"]
