@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_plan import plain_network, three_node_plan
+from tests.unit.test_plan import SPEC, plain_network, three_node_plan
 from tests.unit.test_rails import one_line_changed
 from trainfleet.capabilities import nccl_env
 from trainfleet.hw.gid_tables import GidsRefused, parse_ibv_devinfo, parse_show_gids
@@ -25,6 +25,7 @@ from trainfleet.nccl_gids import (
     pinned_gid_reading,
 )
 from trainfleet.plan_types import NodePlan, Parts
+from trainfleet.spec import parse_cluster
 
 RDMA = Path(__file__).resolve().parents[1] / "fixtures" / "rdma"
 GIDS = RDMA / "gids"
@@ -287,3 +288,24 @@ def test_what_a_pinned_index_holds_is_read_not_assumed():
         "3: no RoCE port of NCCL_IB_HCA =mlx5_9:1 on the node"
     )
     assert pinned_gid_reading({}, centos12()) == "not pinned"
+
+
+def test_the_spec_family_and_range_pass_the_grammar_and_steer_nccls_choice():
+    """`nccl.env` takes NCCL_IB_ADDR_FAMILY and an IPv6 NCCL_IB_ADDR_RANGE as given; they
+    narrow the family derived, and a node whose rails have no GID of them is named."""
+    env = '{NCCL_IB_ADDR_RANGE: "fd93:16d3:59b6::/48", NCCL_IB_ADDR_FAMILY: AF_INET6}'
+    node = parse_cluster(SPEC + f"nccl: {{env: {env}}}\n").nodes[0]
+    mi355 = parse_show_gids(MI355.read_text())
+    ipv6 = ports({k: v for k, v in mi355.items() if k[0] in MI355_RAILS})
+    ipv4 = ports(parse_ibv_devinfo(NCCL_769.read_text(), "mlx5_bond_0"))
+    ok = derive(node.address, node.nccl, INTERFACES, ipv6, release=NCCL_2_21)
+    assert ok.problems == []
+    assert (ok.env["NCCL_IB_ADDR_FAMILY"], ok.env["NCCL_IB_ADDR_RANGE"]) == (
+        "AF_INET6",
+        "fd93:16d3:59b6::/48",
+    )
+    assert derive(node.address, node.nccl, INTERFACES, ipv4, release=NCCL_2_21).problems == [
+        "RoCE ports have no address family of routable RoCE v2 GIDs inside NCCL_IB_ADDR_RANGE "
+        "fd93:16d3:59b6::/48 in common with NCCL_IB_ADDR_FAMILY AF_INET6 (families with a "
+        "non-link-local v2 GID: mlx5_bond_0:1=none)"
+    ]
