@@ -15,12 +15,18 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from ipaddress import ip_interface
-from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict
 
+from trainfleet.nccl_gids import (
+    AF_INET,
+    AF_INET6,
+    families,
+    nccl_pick,
+    own_pick,
+    picks_itself,
+    release_text,
+)
 from trainfleet.rails import HcaPort, Rails, without_affinity
-
-if TYPE_CHECKING:
-    from trainfleet.model import Cluster
 
 ENV_PURPOSE = "nccl environment"
 # The variable families `nccl.env` may set (the schema's grammar is built from this list, the
@@ -70,6 +76,7 @@ class Derived:
     interface: str | None = None
     gid_index: int | None = None
     network: str | None = None  # the cluster address's subnet, e.g. "198.18.0.0/24"
+    release: tuple[int, int] | None = None  # the NCCL whose GID rule applied (None: unknown)
 
 
 def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | None, str | None]:
@@ -106,10 +113,6 @@ def ucx_devices(env: dict[str, str], interface: str | None) -> str | None:
     return interface
 
 
-def _ipv4_mapped(gid: str) -> bool:
-    return gid.replace(":", "").lower().startswith("00000000000000000000ffff")
-
-
 def fact_ports(ports: list[IbPort]) -> list[HcaPort]:
     """The NcclNetwork fact's ports as the rails rule reads them (the fact reads no rate)."""
     return [HcaPort(p["device"], p["port"], p["link_layer"], p["state"]) for p in ports]
@@ -139,12 +142,17 @@ def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:
 
 
 def ib_settings(
-    ports: list[IbPort], rails: Rails | None = None, spec_hca: str | None = None
+    ports: list[IbPort],
+    rails: Rails | None = None,
+    spec_hca: str | None = None,
+    release: tuple[int, int] | None = None,
+    spec_env: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, str], int | None, list[str]]:
     """NCCL_IB_* for the node's compute rails (``rails``: by GPU affinity where the node has
-    such a source, else every active port): (env, RoCE v2 GID index, problems). Rails that
-    mix link layers are a problem unless the spec names the HCAs (``spec_hca``: its
-    NCCL_IB_HCA, which then also decides whose GIDs count)."""
+    such a source, else every active port): (env, the GID index pinned cluster-wide, problems).
+    Rails that mix link layers are a problem unless the spec names the HCAs (``spec_hca``: its
+    NCCL_IB_HCA, which then also decides whose GIDs count). The GID settings follow the NCCL
+    ``release`` that will run (trainfleet.nccl_gids; None: unknown, treated as older than 2.21)."""
     rails = rails or without_affinity(fact_ports(ports))
     named = spec_hca is not None and not spec_hca.startswith("^")
     blockers = [*rails.problems, *([rails.mixed] if rails.mixed and not named else [])]
@@ -163,26 +171,80 @@ def ib_settings(
     roce = [p for p in active if p["link_layer"] == "Ethernet"]
     if not roce:
         return env, None, []
+    if picks_itself(release):
+        gid_env, problems = nccl_picks_gid(roce, spec_env or {})
+        return {**env, **gid_env}, None, problems
+    index, problems = pinned_gid_index(roce, release)
+    if index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(index)
+    return env, index, problems
+
+
+def _name(port: IbPort) -> str:
+    return f"{port['device']}:{port['port']}"
+
+
+def pinned_gid_index(
+    roce: list[IbPort], release: tuple[int, int] | None
+) -> tuple[int | None, list[str]]:
+    """NCCL before 2.21 (or unknown) uses the index it is given: the RoCE v2 GID with an IPv4
+    address (on the port's own netdev where one address is on two), one index for every port."""
     indices = set()
     problems = []
     for port in roce:
-        v2 = sorted(
-            g["index"] for g in port["gids"] if g["type"] == "RoCE_v2" and _ipv4_mapped(g["gid"])
-        )
-        if v2:
-            indices.add(v2[0])
-        else:
+        pick = own_pick(port["gids"], AF_INET)
+        if pick is not None:
+            indices.add(int(pick["index"]))
+        elif families(port["gids"]) == [AF_INET6]:
             problems.append(
-                f"{port['device']}:{port['port']} is RoCE but has no RoCE v2 GID with an IPv4 "
-                "address"
+                f"{_name(port)} is RoCE with IPv6 RoCE v2 GIDs only: NCCL "
+                f"{release_text(release)} (not known to be 2.21 or later) uses the GID index "
+                "it is given and trainfleet pins only an IPv4 one; pin stack.nccl to 2.21 or "
+                "later, where NCCL picks the IPv6 GID itself (NCCL_IB_ADDR_FAMILY=AF_INET6)"
             )
+        else:
+            problems.append(f"{_name(port)} is RoCE but has no RoCE v2 GID with an IPv4 address")
     if len(indices) > 1:
         problems.append(f"RoCE ports disagree on the RoCE v2 GID index ({sorted(indices)})")
-    if len(indices) == 1:
-        (index,) = indices
-        env["NCCL_IB_GID_INDEX"] = str(index)
-        return env, index, problems
-    return env, None, problems
+    return (indices.pop() if len(indices) == 1 else None), problems
+
+
+def nccl_picks_gid(
+    roce: list[IbPort], spec_env: Mapping[str, Any]
+) -> tuple[dict[str, str], list[str]]:
+    """NCCL 2.21 or later picks each port's GID itself: RoCE v2, of the address family every
+    port has a routable v2 GID of (IPv4 first; the spec's NCCL_IB_ADDR_FAMILY where given),
+    inside the spec's NCCL_IB_ADDR_RANGE. An index is pinned only where NCCL's own pick (the
+    lowest index) is another netdev's GID of the same address (a VXLAN over the bond)."""
+    address_range = spec_env.get("NCCL_IB_ADDR_RANGE")
+    address_range = None if address_range is None else str(address_range)
+    wanted = spec_env.get("NCCL_IB_ADDR_FAMILY")
+    offered = {_name(p): families(p["gids"], address_range) for p in roce}
+    common = [af for af in (AF_INET, AF_INET6) if all(af in f for f in offered.values())]
+    if wanted is not None:
+        common = [af for af in common if af == str(wanted)]
+    if not common:
+        have = ", ".join(f"{n}={'/'.join(f) or 'none'}" for n, f in offered.items())
+        where = f" inside NCCL_IB_ADDR_RANGE {address_range}" if address_range else ""
+        return {}, [
+            f"RoCE ports have no address family of routable RoCE v2 GIDs{where} in common"
+            f"{f' with NCCL_IB_ADDR_FAMILY {wanted}' if wanted is not None else ''} "
+            f"(families with a non-link-local v2 GID: {have})"
+        ]
+    af = common[0]
+    env = {"NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_IB_ADDR_FAMILY": af}
+    owned = {_name(p): own_pick(p["gids"], af, address_range) for p in roce}
+    moved = [p for p in roce if nccl_pick(p["gids"], af, address_range) != owned[_name(p)]]
+    if not moved:
+        return env, []
+    indices = {int(g["index"]) for g in owned.values() if g is not None}
+    if len(indices) > 1:
+        return env, [
+            f"{', '.join(_name(p) for p in moved)}: NCCL would take another netdev's GID of "
+            f"the port's address, and the ports' own GIDs are at different indices "
+            f"({sorted(indices)}), so no one NCCL_IB_GID_INDEX fits"
+        ]
+    return {**env, "NCCL_IB_GID_INDEX": str(indices.pop())}, []
 
 
 def _spec_hca(settings: dict[str, Any]) -> str | None:
@@ -196,10 +258,12 @@ def derive(
     interfaces: list[Interface],
     ports: list[IbPort],
     rails: Rails | None = None,
+    release: tuple[int, int] | None = None,
 ) -> Derived:
     """The node's NCCL/Gloo environment from its facts and its spec ``nccl`` settings
-    (``rails``: the node's compute rails by GPU affinity, where it has such a source)."""
-    result = Derived()
+    (``rails``: the node's compute rails by GPU affinity, where it has such a source;
+    ``release``: the NCCL that will run there, trainfleet.nccl_gids.deciding_release)."""
+    result = Derived(release=release)
     existing = {i["name"] for i in interfaces}
     ifname = settings["socket_ifname"]
     if ifname == "auto":
@@ -225,7 +289,9 @@ def derive(
     if settings["ib"] == "disable":
         result.env["NCCL_IB_DISABLE"] = "1"
     else:
-        ib_env, result.gid_index, problems = ib_settings(ports, rails, spec_hca=_spec_hca(settings))
+        ib_env, result.gid_index, problems = ib_settings(
+            ports, rails, _spec_hca(settings), release, settings["env"]
+        )
         result.env.update(ib_env)
         result.problems += problems
     result.network = cluster_network(interfaces, address)
@@ -244,29 +310,6 @@ def gid_disagreement(gid_by_node: dict[str, int | None]) -> str | None:
             f"{n}={i}" for n, i in sorted(values.items())
         )
     return None
-
-
-def derive_cluster(cluster: Cluster, networks: Mapping[str, Any]) -> dict[str, Derived]:
-    """Every node whose network was read (``networks``: node -> NcclNetwork fact, or None),
-    derived with the cross-node rules applied: RoCE nodes that disagree on the GID index
-    get that as a problem. The deploy writes from this and drift expects this, so drift never
-    expects files the deploy would refuse to write."""
-    derived = {
-        node.name: derive(
-            node.address,
-            node.nccl,
-            networks[node.name]["interfaces"],
-            networks[node.name]["ib_ports"],
-        )
-        for node in cluster.nodes
-        if networks.get(node.name) is not None
-    }
-    disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
-    if disagreement:
-        for d in derived.values():
-            if d.gid_index is not None:
-                d.problems.append(disagreement)
-    return derived
 
 
 def checked_env(seen: Mapping[str, str], planned: Iterable[str]) -> dict[str, str]:

@@ -102,8 +102,10 @@ def three_node_plan(
     networks: dict[str, dict] | None = None,
     mesh_mode: str = "certificates",
     family: str = "debian",
+    nccl: str = "2.21.5-1",
 ) -> tuple[Cluster, ClusterPlan]:
-    cluster = parse_cluster(SPEC + f"ssh: {{mesh: {mesh_mode}}}\n")
+    spec = SPEC.replace("nccl: 2.21.5-1,", f"nccl: {nccl},")
+    cluster = parse_cluster(spec + f"ssh: {{mesh: {mesh_mode}}}\n")
     networks = networks or {n.name: plain_network(n.address) for n in cluster.nodes}
     gathered = Gathered(
         networks=networks,
@@ -309,15 +311,19 @@ def test_the_cross_node_parts_are_built_once_and_shared_by_every_node(tmp_path):
     )  # the cluster address's NIC, not the decoy
 
 
+GID_AT_5_AND_3 = {
+    "gpu-a01": ("198.18.0.11", 5),
+    "gpu-a02": ("198.18.0.12", 3),
+}
+
+
 def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_expected_by_drift(
     tmp_path, monkeypatch
 ):
-    networks = {
-        "gpu-a01": roce_network("198.18.0.11", 5),
-        "gpu-a02": roce_network("198.18.0.12", 3),
-        "gpu-a03": plain_network("198.18.0.13"),
-    }
-    cluster, plan = three_node_plan(tmp_path, networks)
+    """NCCL 2.18 uses the index it is given, and the launchers forward one node's value."""
+    networks = {name: roce_network(*at) for name, at in GID_AT_5_AND_3.items()}
+    networks["gpu-a03"] = plain_network("198.18.0.13")
+    cluster, plan = three_node_plan(tmp_path, networks, nccl="2.18.3-1")
     for name in ("gpu-a01", "gpu-a02"):
         calls = deploy_calls(monkeypatch, cluster, name, plan)
         (nccl,), (files,) = calls["nccl_env.nccl_env"], calls["launchers.launcher_files"]
@@ -327,13 +333,33 @@ def test_nodes_that_disagree_on_the_gid_index_are_refused_by_the_deploy_and_not_
         for op, kwargs in ((apply_nccl_env, nccl), (apply_launcher_files, files)):
             commands = list(op._inner(**{k: v for k, v in kwargs.items() if k != "name"}))
             assert len(commands) == 1 and isinstance(commands[0], FailCommand)
-        # Drift, from the same plan: no NCCL files, variables or launcher files expected of it.
+        # Drift, from the same plan: no NCCL files, variables or launcher files expected of it,
+        # only a plan without problems (what it observes is these problems: a finding).
         expected = expect(plan.nodes[name])
-        assert not {p for p in expected if p.startswith("NCCL env") or p == "launcher files"}
+        assert {p for p in expected if p.startswith("NCCL") or p == "launcher files"} == {
+            "NCCL env plan"
+        }
+        assert expected["NCCL env plan"] == "ok"
     # The node without RoCE is not dragged in.
     assert plan.nodes["gpu-a03"].nccl_env.problems == [] and "NCCL env files" in expect(
         plan.nodes["gpu-a03"]
     )
+
+
+def test_on_nccl_2_21_nodes_whose_gid_sits_at_different_indices_are_each_left_to_nccl(tmp_path):
+    """The same tables on NCCL 2.21 (SPEC's pin): NCCL picks each node's GID itself, so the
+    nodes need not agree on an index and no index is written."""
+    networks = {name: roce_network(*at) for name, at in GID_AT_5_AND_3.items()}
+    networks["gpu-a03"] = plain_network("198.18.0.13")
+    _, plan = three_node_plan(tmp_path, networks)
+    for name in GID_AT_5_AND_3:
+        nccl = plan.nodes[name].nccl_env
+        assert nccl.problems == [] and "NCCL_IB_GID_INDEX" not in nccl.env
+        assert (nccl.env["NCCL_IB_ROCE_VERSION_NUM"], nccl.env["NCCL_IB_ADDR_FAMILY"]) == (
+            "2",
+            "AF_INET",
+        )
+        assert "NCCL env files" in expect(plan.nodes[name])
 
 
 def test_a_node_whose_network_was_not_read_fails_its_nccl_step_and_is_expected_none_of_it(tmp_path):

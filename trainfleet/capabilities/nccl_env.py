@@ -11,7 +11,9 @@ from trainfleet.compare import ABSENT, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.grammar import Key, Section, env_name_problem, env_value_problem, ifname_problem
 from trainfleet.model import Cluster, Node
-from trainfleet.nccl import Derived, checked_env, derive_cluster, uniform_variables
+from trainfleet.nccl import Derived, checked_env, uniform_variables
+from trainfleet.nccl_cluster import derive_cluster
+from trainfleet.nccl_gids import expected_gid_reading, pinned_gid_reading
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
@@ -65,7 +67,7 @@ class NcclShared:
 
 
 def shared(ctx: PlanContext) -> NcclShared:
-    derived = derive_cluster(ctx.cluster, ctx.gathered.networks)
+    derived = derive_cluster(ctx.cluster, ctx.gathered.networks, ctx.gathered.stacks)
     interfaces = sorted({d.interface for d in derived.values() if d.interface})
     notes = (
         (
@@ -101,7 +103,13 @@ def plan_part(ctx: PlanContext, node: Node) -> NcclPlan:
 
 def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, str]:
     files = fp["nccl_files"]
+    network = fp.get("network")
     return {
+        "NCCL env plan": "; ".join(part(plan).problems) or "ok",
+        # the index a shell sees, read in the node's GID tables now (a GID that moved)
+        "NCCL GID index": pinned_gid_reading(
+            fp["nccl_seen"]["non_login"], None if network is None else network["ib_ports"]
+        ),
         "NCCL env (non-login ssh)": env_string(fp["nccl_seen"]["non_login"], part(plan).env),
         "NCCL env (login shell)": env_string(fp["nccl_seen"]["login"], part(plan).env),
         "NCCL env files": digest(
@@ -117,10 +125,12 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
 
 def expect(plan: NodePlan) -> dict[str, str]:
     nccl = part(plan)
-    if nccl.problems:
-        return {}
+    if nccl.problems:  # the deploy writes nothing; the problems show as the plan's value
+        return {"NCCL env plan": "ok"}
     env = env_string(nccl.env, nccl.env)
     return {
+        "NCCL env plan": "ok",
+        "NCCL GID index": expected_gid_reading(nccl.env),
         "NCCL env (non-login ssh)": env,
         "NCCL env (login shell)": env,
         "NCCL env files": digest([nccl.profile, *nccl.environment, "--", *nccl.nccl_conf]),

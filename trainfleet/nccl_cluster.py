@@ -1,0 +1,68 @@
+"""The cross-node rules of the NCCL environment: every node derived (trainfleet.nccl) with
+the NCCL that will run there, then the nodes that disagree named (the pinned GID index, the
+RoCE address family by trainfleet.compare.majority). Apart from trainfleet.nccl so that the
+facts, which read trainfleet.nccl, stay clear of the comparison."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainfleet.compare import majority
+from trainfleet.model import Cluster
+from trainfleet.nccl import Derived, derive, gid_disagreement
+from trainfleet.nccl_gids import deciding_release
+
+
+def node_release(cluster: Cluster, stack: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """The NCCL release that decides a node's GID settings: the oldest of the spec's pinned
+    libnccl2 and the NCCL the node's torch reports (read only where a GPU is usable)."""
+    torch = (stack or {}).get("torch") or {}
+    return deciding_release([cluster.stack.get("nccl"), torch.get("nccl")])
+
+
+def family_disagreement(derived: Mapping[str, Derived]) -> dict[str, str]:
+    """node -> why, for nodes whose RoCE rails use another address family than most nodes'
+    (an IPv4-mapped GID and an IPv6 one cannot reach each other): trainfleet.compare.majority."""
+    families = {
+        name: d.env["NCCL_IB_ADDR_FAMILY"]
+        for name, d in derived.items()
+        if "NCCL_IB_ADDR_FAMILY" in d.env and d.env.get("NCCL_IB_DISABLE") != "1"
+    }
+    return {
+        f.node: (
+            f"NCCL_IB_ADDR_FAMILY is {f.observed} here but {f.expected} on most nodes"
+            if f.kind == "majority"
+            else f"nodes split evenly on NCCL_IB_ADDR_FAMILY ({f.expected}): {f.observed} here"
+        )
+        for f in majority("NCCL_IB_ADDR_FAMILY", families)
+    }
+
+
+def derive_cluster(
+    cluster: Cluster, networks: Mapping[str, Any], stacks: Mapping[str, Any] | None = None
+) -> dict[str, Derived]:
+    """Every node whose network was read (``networks``: node -> NcclNetwork fact, or None),
+    derived with the cross-node rules applied: RoCE nodes that disagree on the pinned GID
+    index, or on the address family, get that as a problem. ``stacks`` (node -> the stack
+    fact) gives the NCCL torch runs. The deploy writes from this and drift expects this, so
+    drift never expects files the deploy would refuse to write."""
+    derived = {
+        node.name: derive(
+            node.address,
+            node.nccl,
+            networks[node.name]["interfaces"],
+            networks[node.name]["ib_ports"],
+            release=node_release(cluster, (stacks or {}).get(node.name)),
+        )
+        for node in cluster.nodes
+        if networks.get(node.name) is not None
+    }
+    disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
+    if disagreement:
+        for d in derived.values():
+            if d.gid_index is not None:
+                d.problems.append(disagreement)
+    for name, why in family_disagreement(derived).items():
+        derived[name].problems.append(why)
+    return derived
