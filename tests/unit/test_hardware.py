@@ -1115,6 +1115,21 @@ def test_a_gate_whose_source_was_not_read_says_so_and_is_a_finding(tmp_path, sou
     assert {f[0] for f in findings(report)} == {"node2"}
 
 
+def test_without_a_spec_the_summary_says_the_nodes_were_compared_with_each_other(tmp_path, capsys):
+    root = capture(tmp_path, nodes=3)
+    assert main(["diagnose", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "match the spec" not in out
+    assert out.startswith("no drift: 3 nodes match each other and pass the health gates (no spec")
+    spec = tmp_path / "spec.yml"
+    spec.write_text(
+        "cluster: {name: hgx}\nnodes:\n"
+        + "".join(f"  - {{name: node{i}, address: 192.0.2.{i}, gpus: 1}}\n" for i in (1, 2, 3))
+    )
+    assert main(["diagnose", str(root), "--spec", str(spec)]) == 0
+    assert capsys.readouterr().out.startswith("no drift: 3 nodes match the spec and each other")
+
+
 def truncated(text: str) -> str:
     return text[: len(text) // 2]
 
