@@ -1183,3 +1183,31 @@ def test_a_source_that_parses_to_nothing_is_refused_not_passed(tmp_path, source,
     assert report.observed["node1"]["hardware sources"].startswith(named)
     assert ("node1", "hardware sources", "health") in [f[:3] for f in findings(report)]
     assert {f[0] for f in findings(report)} == {"node1"}
+
+
+def test_a_source_not_read_reads_the_same_live_and_offline(tmp_path):
+    # the H100 without lspci: deploy/capture.py's folder, and drift's live check-mode answer
+    captured_node(tmp_path / "capture", "h100")
+    not_captured(tmp_path / "capture", "h100", "lspci-vvv.txt")
+    (offline,) = read_capture(tmp_path / "capture").values()
+    lines = raw_lines("hardware-check.out")
+    live = HardwareState().process(
+        ["src lspci-vvv.txt absent" if x.startswith("src lspci-vvv.txt ok ") else x for x in lines]
+    )
+    props = hardware.observed(live)
+    assert props == hardware.observed(offline)
+    assert props["GPU PCIe link degraded"] == "unreadable (lspci-vvv.txt: absent)"
+    assert props["hardware sources"] == "lspci-vvv.txt: absent"
+
+
+def test_an_infiniband_tree_with_a_nul_byte_is_refused_whole():
+    tree = {
+        f"sys-class-infiniband/{p.relative_to(IB_TREE).as_posix()}": p.read_text()
+        for p in IB_TREE.rglob("*")
+        if p.is_file()
+    }
+    assert read_hardware({"sys-class-infiniband": "ok"}, tree)["infiniband"]
+    name = "sys-class-infiniband/mlx5_0/fw_ver"
+    hw = read_hardware({"sys-class-infiniband": "ok"}, {**tree, name: tree[name] + "\0"})
+    assert hw["infiniband"] is None
+    assert hw["problems"]["sys-class-infiniband"] == "refused: not text (it holds a NUL byte)"
