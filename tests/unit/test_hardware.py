@@ -782,8 +782,9 @@ def test_an_hca_on_other_firmware_and_a_port_down_are_named_by_hca_and_port():
 def test_modes_and_a_downtrained_generation_in_p0(old, new, prop, kind, seen):
     xml = read(H100 / "nvidia-smi-q.xml")
     assert xml.count(old) == 1
-    odd = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": xml.replace(old, new)})
-    same = read_hardware({"nvidia-smi-q.xml": "ok"}, {"nvidia-smi-q.xml": xml})
+    files = {name: read(H100 / name) for name, s in H100_SOURCES.items() if s == "ok"}
+    odd = read_hardware(H100_SOURCES, {**files, "nvidia-smi-q.xml": xml.replace(old, new)})
+    same = read_hardware(H100_SOURCES, files)  # the node whole: lspci read (its NICs' links)
     nodes = {"n1": same, "n2": same, "n3": odd}
     assert [f for f in judged(nodes) if f[1] == prop] == [("n3", prop, kind, seen)]
 
@@ -1042,3 +1043,171 @@ def test_drift_keeps_only_kernel_lines_that_start_as_the_parser_reads_them():
     assert drift_grep(read(H100 / "dmesg.txt")).splitlines() == [
         "[    0.000000] Hypervisor detected: KVM"
     ]
+
+
+# ---- the offline judge never passes on what it did not read (#40) ------------------------------
+
+XID119 = HW / "dmesg" / "dmesg_gpud-dell-xe9680_xid119-gsp-timeout.log"
+NVIDIA_SMI = ("nvidia-smi-q.xml", "nvidia-smi-nvlink-s.txt", "nvidia-smi-topo-m.txt")
+
+
+def not_captured(root: Path, node: str, *sources: str) -> None:
+    """``node``'s capture as a node without those sources' tool writes it: each ``absent`` in
+    sources.txt, its file gone (the one fault: the source not read)."""
+    status = root / node / STATUS_FILE
+    lines = status.read_text().splitlines(True)
+    assert all(f"{name} ok\n" in lines for name in sources), sources
+    status.write_text(
+        "".join(f"{x.split()[0]} absent\n" if x.split()[0] in sources else x for x in lines)
+    )
+    for name in sources:
+        (root / node / name).unlink()
+
+
+def test_an_xid_is_a_finding_on_a_node_of_twenty_without_nvidia_smi(tmp_path, capsys):
+    # node13 of 20 copies of the H100: gpud's real Xid 119 line in its kernel log, no nvidia-smi
+    # (the three sources the capture script says absent where the tool is not there)
+    xid = next(line for line in read(XID119).splitlines() if ": 119, " in line)
+    kvm = "[    0.000000] Hypervisor detected: KVM\n"
+    root = capture(tmp_path, nodes=20, faults={"node13": ("dmesg.txt", kvm, f"{kvm}{xid}\n")})
+    not_captured(root, "node13", *NVIDIA_SMI)
+    assert main(["diagnose", str(root)]) == 1  # it was "no drift: 20 nodes match the spec ..."
+    out = capsys.readouterr().out
+    assert "[node13] GPU Xid since boot: 0000:9b:00: Xid 119 (GSP RPC timeout) x1" in out
+    report = judge(root)
+    unread = "unreadable (nvidia-smi-q.xml: absent)"
+    assert findings(report) == [  # the GPU gates say nvidia-smi was not read, never "none"
+        ("node13", "GPU PCIe link degraded", "health", unread),
+        ("node13", "GPU Xid since boot", "health", "0000:9b:00: Xid 119 (GSP RPC timeout) x1"),
+        ("node13", "GPU memory errors", "health", unread),
+        ("node13", "NVLink fabric problems", "health", unread),
+        (
+            "node13",
+            "hardware sources",
+            "health",
+            "nvidia-smi-q.xml: absent; nvidia-smi-nvlink-s.txt: absent",
+        ),
+    ]
+
+
+# each health gate and the sources it reads (a VM's ACS is not judged: none here)
+GATES = {
+    "GPU PCIe link degraded": ("nvidia-smi-q.xml", "lspci-vvv.txt"),
+    "GPU memory errors": ("nvidia-smi-q.xml",),
+    "NVLink fabric problems": ("nvidia-smi-q.xml",),
+    "GPU Xid since boot": ("dmesg.txt",),
+}
+
+
+@pytest.mark.parametrize(
+    "source", ["lspci-vvv.txt", "dmesg.txt", "nvidia-smi-nvlink-s.txt", "cmdline"]
+)
+def test_a_gate_whose_source_was_not_read_says_so_and_is_a_finding(tmp_path, source):
+    root = capture(tmp_path)
+    not_captured(root, "node2", source)
+    report = judge(root)
+    seen = report.observed["node2"]
+    assert ("node2", "hardware sources", "health", f"{source}: absent") in findings(report)
+    for gate, sources in GATES.items():
+        if source in sources:  # "GPU PCIe link degraded: none" before, without lspci
+            assert seen[gate] == f"unreadable ({source}: absent)"
+            assert ("node2", gate, "health", seen[gate]) in findings(report)
+    assert {f[0] for f in findings(report)} == {"node2"}
+
+
+def test_without_a_spec_the_summary_says_the_nodes_were_compared_with_each_other(tmp_path, capsys):
+    root = capture(tmp_path, nodes=3)
+    assert main(["diagnose", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "match the spec" not in out
+    assert out.startswith("no drift: 3 nodes match each other and pass the health gates (no spec")
+    spec = tmp_path / "spec.yml"
+    spec.write_text(
+        "cluster: {name: hgx}\nnodes:\n"
+        + "".join(f"  - {{name: node{i}, address: 192.0.2.{i}, gpus: 1}}\n" for i in (1, 2, 3))
+    )
+    assert main(["diagnose", str(root), "--spec", str(spec)]) == 0
+    assert capsys.readouterr().out.startswith("no drift: 3 nodes match the spec and each other")
+
+
+def truncated(text: str) -> str:
+    return text[: len(text) // 2]
+
+
+def binary(text: str) -> str:  # bytes 0-255 in the middle of the real text: not a tool's output
+    return text[:100] + bytes(range(256)).decode("latin-1") + text[100:]
+
+
+@pytest.mark.parametrize(
+    ("source", "damage", "named"),
+    [
+        (
+            "nvidia-smi-q.xml",
+            truncated,
+            "nvidia-smi-q.xml: refused: not XML (unclosed token: line 334, column 38)",
+        ),
+        ("dmesg.txt", binary, "dmesg.txt: refused: not text (it holds a NUL byte)"),
+        ("lspci-vvv.txt", binary, "lspci-vvv.txt: refused: not text (it holds a NUL byte)"),
+        ("cmdline", binary, "cmdline: refused: not text (it holds a NUL byte)"),
+    ],
+    ids=["truncated-xml", "binary-dmesg", "binary-lspci", "binary-cmdline"],
+)
+def test_an_unparsable_source_is_named_on_its_node_never_a_traceback(
+    tmp_path, capsys, source, damage, named
+):
+    root = capture(tmp_path)
+    path = root / "node3" / source
+    path.write_bytes(damage(read(path)).encode("latin-1" if damage is binary else "utf-8"))
+    assert main(["diagnose", str(root)]) == 1
+    out, err = capsys.readouterr()
+    assert f"[node3] hardware sources: {named}\n" in out and "Traceback" not in out + err
+    report = judge(root)
+    assert {f[0] for f in findings(report)} == {"node3"}
+    for gate, sources in GATES.items():  # each gate it feeds says why, never "none"
+        if source in sources:
+            assert report.observed["node3"][gate].startswith(f"unreadable ({named}")
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        ("lspci-vvv.txt", "lspci-vvv.txt: refused: no PCI device read from it"),
+        ("nvidia-smi-nvlink-s.txt", "nvidia-smi-nvlink-s.txt: refused: no 'GPU N:' line read"),
+    ],
+)
+def test_a_source_that_parses_to_nothing_is_refused_not_passed(tmp_path, source, named):
+    # the node's own command line saved in the source's place: real text, not the tool's
+    root = capture(tmp_path)
+    shutil.copy(H100 / "cmdline", root / "node1" / source)
+    report = judge(root)
+    assert report.observed["node1"]["hardware sources"].startswith(named)
+    assert ("node1", "hardware sources", "health") in [f[:3] for f in findings(report)]
+    assert {f[0] for f in findings(report)} == {"node1"}
+
+
+def test_a_source_not_read_reads_the_same_live_and_offline(tmp_path):
+    # the H100 without lspci: deploy/capture.py's folder, and drift's live check-mode answer
+    captured_node(tmp_path / "capture", "h100")
+    not_captured(tmp_path / "capture", "h100", "lspci-vvv.txt")
+    (offline,) = read_capture(tmp_path / "capture").values()
+    lines = raw_lines("hardware-check.out")
+    live = HardwareState().process(
+        ["src lspci-vvv.txt absent" if x.startswith("src lspci-vvv.txt ok ") else x for x in lines]
+    )
+    props = hardware.observed(live)
+    assert props == hardware.observed(offline)
+    assert props["GPU PCIe link degraded"] == "unreadable (lspci-vvv.txt: absent)"
+    assert props["hardware sources"] == "lspci-vvv.txt: absent"
+
+
+def test_an_infiniband_tree_with_a_nul_byte_is_refused_whole():
+    tree = {
+        f"sys-class-infiniband/{p.relative_to(IB_TREE).as_posix()}": p.read_text()
+        for p in IB_TREE.rglob("*")
+        if p.is_file()
+    }
+    assert read_hardware({"sys-class-infiniband": "ok"}, tree)["infiniband"]
+    name = "sys-class-infiniband/mlx5_0/fw_ver"
+    hw = read_hardware({"sys-class-infiniband": "ok"}, {**tree, name: tree[name] + "\0"})
+    assert hw["infiniband"] is None
+    assert hw["problems"]["sys-class-infiniband"] == "refused: not text (it holds a NUL byte)"

@@ -73,8 +73,16 @@ def _set(values: list[Any]) -> str:
 
 
 def gpu_node(hw: Mapping[str, Any]) -> bool:
-    """nvidia-smi is there (its answer may still be unreadable): the GPU checks apply."""
-    return hw["status"].get(SMI_XML) not in ("absent", "skipped")
+    """The GPU checks apply: nvidia-smi is there (its answer may still be unreadable), or,
+    without it, the node shows a GPU anyway (the kernel logged an Xid, an SXid or a GPU fallen
+    off the bus, or lspci lists an NVIDIA GPU): its GPU gates then say nvidia-smi was not read,
+    never nothing."""
+    if hw["status"].get(SMI_XML) not in ("absent", "skipped"):
+        return True
+    kernel = hw["kernel"] or {}
+    if kernel.get("xids") or kernel.get("sxids") or kernel.get("fallen"):
+        return True
+    return any(lspci.is_gpu(d) for d in hw["pci"] or [])
 
 
 def _gpu_props(hw: Mapping[str, Any]) -> dict[str, str]:
@@ -177,8 +185,11 @@ def _links_degraded(hw: Mapping[str, Any]) -> str:
         cap, sta = d["link_cap"], d["link_sta"]
         if lspci.is_nic(d) and cap and sta and sta["width"] < cap["width"]:
             found.append(f"NIC {d['address']} x{sta['width']} of x{cap['width']}")
-    why = None if hw["gpus"] is not None else _unreadable(hw, SMI_XML)
-    return why or "; ".join(found) or NONE
+    # the GPUs' links are nvidia-smi's, the NICs' lspci's: a half not read is said, never "none"
+    unread = [name for name, part in ((SMI_XML, hw["gpus"]), (LSPCI, hw["pci"])) if part is None]
+    if unread:
+        found.append(_unreadable(hw, *unread) or "unreadable")
+    return "; ".join(found) or NONE
 
 
 def _xids(hw: Mapping[str, Any]) -> str:

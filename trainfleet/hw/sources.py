@@ -25,6 +25,8 @@ CPUINFO = "cpuinfo"  # /proc/cpuinfo (drift reads its first flags line)
 INFINIBAND = "sys-class-infiniband"  # a directory: the sysfs tree's files below it
 SOURCES = (SMI_XML, NVLINK, TOPO, LSPCI, DMESG, CMDLINE, CPUINFO, INFINIBAND)
 STATUS_FILE = "sources.txt"  # a capture's "<source> <status>" lines
+# a source holding a NUL byte is no tool's text output (sysfs values included): refused, named
+NOT_TEXT = "not text (it holds a NUL byte)"
 STATUS = re.compile(r"ok|absent|skipped|exit [0-9]{1,3}")
 # a file below sys-class-infiniband/: words, dots and dashes, never ".." or an absolute path
 IB_PATH = re.compile(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9_.-]{1,64}(?:/[A-Za-z0-9_.-]{1,64}){1,5}")
@@ -44,6 +46,14 @@ def read_hardware(status: Mapping[str, str], files: Mapping[str, str]) -> dict[s
         if name != INFINIBAND and name not in files:
             problems[name] = "missing"
             return None
+        texts = (
+            [v for k, v in files.items() if k.startswith(INFINIBAND + "/")]
+            if name == INFINIBAND
+            else [files[name]]
+        )
+        if any("\0" in text for text in texts):
+            problems[name] = f"refused: {NOT_TEXT}"
+            return None
         return files.get(name, "")
 
     gpus = None
@@ -53,8 +63,16 @@ def read_hardware(status: Mapping[str, str], files: Mapping[str, str]) -> dict[s
         except ValueError as exc:
             problems[SMI_XML] = f"refused: {exc}"
     log = source(DMESG)
-    pci = source(LSPCI)
-    links = source(NVLINK)
+    pci = None
+    if (text := source(LSPCI)) is not None:
+        pci = lspci.devices(text)
+        if not pci:  # every machine has a host bridge; a GPU or HCA node has more
+            problems[LSPCI], pci = "refused: no PCI device read from it", None
+    links = None
+    if (text := source(NVLINK)) is not None:
+        links = nvlink.links(text)
+        if text.strip() and not links:  # empty: a GPU without NVLinks (a VM's)
+            problems[NVLINK], links = "refused: no 'GPU N:' line read from it", None
     line = source(CMDLINE)
     cpu = source(CPUINFO)
     ib = None
@@ -68,8 +86,8 @@ def read_hardware(status: Mapping[str, str], files: Mapping[str, str]) -> dict[s
         "problems": problems,
         "gpus": gpus,
         "kernel": None if log is None else kernel_log.read(log),
-        "pci": None if pci is None else lspci.devices(pci),
-        "nvlinks": None if links is None else nvlink.links(links),
+        "pci": pci,
+        "nvlinks": links,
         "iommu": None if line is None else cmdline.iommu(line),
         "cpu_hypervisor": None if cpu is None else cmdline.hypervisor_flag(cpu),
         "infiniband": ib,
