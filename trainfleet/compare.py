@@ -75,6 +75,9 @@ class Report:
     mesh_probe: dict[str, Any] | None = (
         None  # which peers the live SSH probe reached (checks/drift_check.py)
     )
+    # what "no drift" means: what the nodes were compared with (the offline judge without a
+    # spec compares them with each other only)
+    compared_with: str = "the spec and each other"
 
     @property
     def drift(self) -> bool:
@@ -114,8 +117,10 @@ class Report:
                 value = self.observed.get(node, {}).get(prop, "-" if node in self.observed else "?")
                 cells.append(f"{value} *" if (node, prop) in odd else value)
             body.append([printable(cell) for cell in cells])
+        if not body and self.findings:  # on properties no node shows
+            return f"{len(self.findings)} findings: " + "; ".join(map(str, self.findings))
         if not body:
-            return f"no drift: {len(self.nodes)} nodes match the spec and each other"
+            return f"no drift: {len(self.nodes)} nodes match {self.compared_with}"
         widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
 
         def line(row: list[str]) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass, fields
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -257,29 +256,7 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
     return nodes
 
 
-NO_DRIFT = "no drift: "  # how Report.table starts when no row has a finding
-
-
-@dataclass
-class CaptureReport(Report):
-    """The judge's report: its summary says what the nodes were compared with, the spec only
-    where one was given (without it no GPU count was checked)."""
-
-    spec: bool = False
-
-    def table(self, all_rows: bool = False) -> str:
-        text = super().table(all_rows)
-        if self.spec or not text.startswith(NO_DRIFT):
-            return text
-        if self.findings:  # findings on properties no node shows (printed below the table)
-            return f"{len(self.findings)} findings (no spec given: compared with each other)"
-        return (
-            f"{NO_DRIFT}{len(self.nodes)} nodes match each other and pass the health gates "
-            "(no spec given: GPU counts not checked)"
-        )
-
-
-def judge(directory: Path, cluster: Cluster | None = None) -> CaptureReport:
+def judge(directory: Path, cluster: Cluster | None = None) -> Report:
     """The report on a capture: majority, health gates, and the spec's GPU counts when a
     ``cluster`` is given (a node of the spec missing from the capture is named; one the spec
     does not have is an error)."""
@@ -297,7 +274,9 @@ def judge(directory: Path, cluster: Cluster | None = None) -> CaptureReport:
     missing = {name: "not in the capture" for name in names if name not in nodes}
     title = cluster.name if cluster else directory.resolve().parent.name or str(directory)
     compared = compare(title, names, observed, expected, missing, rules=RULES)
-    shared = {f.name: getattr(compared, f.name) for f in fields(compared)}
-    report = CaptureReport(**shared, spec=cluster is not None)
-    _rails_findings(report, {name: hw[RAILS] for name, hw in nodes.items()})
-    return report
+    if cluster is None:
+        compared.compared_with = (
+            "each other and pass the health gates (no spec given: GPU counts not checked)"
+        )
+    _rails_findings(compared, {name: hw[RAILS] for name, hw in nodes.items()})
+    return compared
