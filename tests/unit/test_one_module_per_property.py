@@ -97,7 +97,9 @@ def add_throwaway_property(module: Path, name: str) -> None:
     in ``observe`` and ``expect`` (wrapped at the end of the module, so the edit does not depend
     on how those functions are written today)."""
     part, value, observed = THROWAWAY[name]
-    text = with_field(module.read_text(), part, "throwaway: int = 0")
+    # defaulted to the planned value: a test that builds a part by hand (not by plan_part)
+    # holds what the plan would
+    text = with_field(module.read_text(), part, "throwaway: int = 1")
     prop = f"{name} throwaway"
     text += f'''
 
