@@ -35,6 +35,9 @@ chmod 440 /etc/sudoers.d/trainfleet-lab-admin /etc/sudoers.d/trainfleet-lab-narr
 visudo -c >/dev/null
 echo 'PermitRootLogin no' > /etc/ssh/sshd_config.d/00-trainfleet-lab.conf
 kill -HUP "$(pgrep -o -x sshd)"
+# sshd re-executes itself on SIGHUP, its port closed meanwhile: the next login waits for it
+sleep 0.3
+for _ in $(seq 50); do ss -Hltn 'sport = :22' | grep -q . && break; sleep 0.1; done
 """
 # What trainfleet manages, checksummed as the admin sees it through sudo (a file not made yet
 # is named as missing: the same answer before and after a run that changed nothing).

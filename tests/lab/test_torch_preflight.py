@@ -154,6 +154,7 @@ def store_attacker(lab, node: str = "node2", meanwhile=None, victim: int = 2):
 # The local address of every socket the collective's ranks listen on at the master port,
 # sampled until told to stop.
 WATCH_STORE = r"""
+echo watching
 until [ -e "$1" ]; do
   ss -Hltnp 'sport = :29500' | while read -r line; do
     pid=$(printf '%s\n' "$line" | sed -n 's/.*pid=\([0-9]*\).*/\1/p')
@@ -170,22 +171,30 @@ def store_listeners(lab):
     """The addresses the rendezvous store listened on at node1 during the block."""
     stop = "/run/tf-store-watch.stop"
     lab.ssh("node1", f"rm -f {stop}")
-    watch = subprocess.Popen(
-        [
-            "ssh",
-            *lab.lab.ssh_options(),
-            f"root@{lab.lab.node('node1').address}",
-            f"sh -c {shlex.quote(WATCH_STORE)} sh {stop}",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    for _ in range(3):  # watching before the block starts (a login sshd dropped is retried)
+        watch = subprocess.Popen(
+            [
+                "ssh",
+                *lab.lab.ssh_options(),
+                f"root@{lab.lab.node('node1').address}",
+                f"sh -c {shlex.quote(WATCH_STORE)} sh {stop}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert watch.stdout is not None
+        if watch.stdout.readline().strip() == "watching":
+            break
+        watch.wait(timeout=30)
+    else:
+        raise AssertionError("could not start the store watcher on node1")
     seen: set[str] = set()
     try:
         yield seen
     finally:
         lab.ssh("node1", f"touch {stop}")
         seen.update(watch.communicate(timeout=30)[0].split())
+        assert watch.returncode == 0, "the store watcher on node1 ended early"
         lab.ssh("node1", f"rm -f {stop}")
 
 
