@@ -37,8 +37,8 @@ from trainfleet.hw.sources import (
     read_hardware,
 )
 from trainfleet.model import Cluster
+from trainfleet.nccl_cluster import odd_rails, rail_values
 from trainfleet.rails import Rails, by_affinity, ports_from_sysfs, without_affinity
-from trainfleet.rails_majority import odd_rails, rail_values
 
 MiB = 2**20
 # The most a capture's file may hold, by source: generous against what a large node prints

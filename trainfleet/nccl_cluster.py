@@ -1,17 +1,19 @@
 """The cross-node rules of the NCCL environment: every node derived (trainfleet.nccl) with
 the NCCL that will run there, then the nodes that disagree named (the pinned GID index, the
-RoCE address family by trainfleet.compare.majority). Apart from trainfleet.nccl so that the
-facts, which read trainfleet.nccl, stay clear of the comparison."""
+RoCE address family, the compute rails, by trainfleet.compare.majority). Apart from
+trainfleet.nccl and trainfleet.rails so that the facts, which read those, stay clear of the
+comparison."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from trainfleet.compare import majority
+from trainfleet.compare import Finding, majority
 from trainfleet.model import Cluster
 from trainfleet.nccl import Derived, derive, gid_disagreement
 from trainfleet.nccl_gids import deciding_release
+from trainfleet.rails import Rails
 
 
 def node_release(cluster: Cluster, stack: Mapping[str, Any] | None) -> tuple[int, int] | None:
@@ -66,3 +68,24 @@ def derive_cluster(
     for name, why in family_disagreement(derived).items():
         derived[name].problems.append(why)
     return derived
+
+
+def rail_values(rails: Rails) -> dict[str, str]:
+    """A node's rails as the majority compares them: one property for the count and link
+    layer, one a rail (a rail the node lacks: why it was left out, or absent)."""
+    layers = sorted({r.link_layer or "link layer unknown" for r in rails.rails})
+    values = {"rails": f"{len(rails.rails)}: {', '.join(layers) or 'none'}"}
+    values |= {f"rail {r.hca}": r.describe() for r in rails.rails}
+    values |= {f"rail {hca}": f"not a rail: {why}" for hca, why in rails.left_out.items()}
+    return values
+
+
+def odd_rails(by_node: Mapping[str, Rails]) -> list[Finding]:
+    """The nodes whose rails differ from the majority's: count and link layer, and each rail
+    (the GPUs it serves, link layer, rate), named with the rail (trainfleet.compare.majority)."""
+    values = {node: rail_values(rails) for node, rails in by_node.items()}
+    names = sorted({prop for node_values in values.values() for prop in node_values})
+    findings: list[Finding] = []
+    for prop in names:
+        findings += majority(prop, {n: v.get(prop, "absent") for n, v in values.items()})
+    return findings

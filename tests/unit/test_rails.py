@@ -19,8 +19,8 @@ from trainfleet.hw.sources import INFINIBAND, SOURCES, STATUS_FILE
 from trainfleet.hw.sources import TOPO as TOPO_FILE
 from trainfleet.hw.topo import TopoRefused, parse
 from trainfleet.nccl import derive
+from trainfleet.nccl_cluster import odd_rails
 from trainfleet.rails import Rails, by_affinity, explain, ports_from_sysfs, without_affinity
-from trainfleet.rails_majority import odd_rails
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TOPO = FIXTURES / "rdma" / "topo"
