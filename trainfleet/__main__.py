@@ -24,6 +24,7 @@ from trainfleet.diagnose import CaptureError, judge
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import KnownHostsError, every_listed_key
 from trainfleet.model import Cluster
+from trainfleet.node_sets import fold
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError, load_cluster
 
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             print(
-                f"{path}: ok: {len(cluster.nodes)} nodes, {cluster.total_gpus} GPUs, master "
-                f"{cluster.master.name}"
+                f"{path}: ok: {len(cluster.nodes)} nodes ({fold(n.name for n in cluster.nodes)}), "
+                f"{cluster.total_gpus} GPUs, master {cluster.master.name}"
             )
     return status
 

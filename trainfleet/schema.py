@@ -120,11 +120,14 @@ NODE = Section(
         "name": Key(
             str,
             None,
-            "Short hostname the node gets (unique).",
+            "Short hostname the node gets (unique); or a node set (`gpu[001-200]`, "
+            "`rack[1-2]-gpu[01-16]`): one node per name, its `address` a matching range "
+            "(`192.0.2.[1-200]`) or a first IP address counted up within its /24, every other key "
+            "each node's; a later entry naming one of its nodes overrides that node's keys.",
             check=short_name_problem,
             required=True,
             example="gpu-a01",
-            accepts="RFC 1123 label: `[A-Za-z0-9]`, inner `-`, 1-63",
+            accepts="RFC 1123 label: `[A-Za-z0-9]`, inner `-`, 1-63; or a node set of them",
         ),
         "address": Key(
             str,

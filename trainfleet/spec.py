@@ -17,12 +17,14 @@ from typing import Any
 
 import yaml
 
+from trainfleet import node_sets
 from trainfleet.capabilities.stack import STACK
 from trainfleet.driver_pins import driver_for_cuda_problem
 from trainfleet.grammar import (
     Check,
     Key,
     Section,
+    address_problem,
     cluster_name_problem,
     keys_grammar,
     normalized_dist,
@@ -279,10 +281,17 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
     if not raw:
         ctx.refuse(("nodes",), "is empty: the spec needs at least one node", NODES_GRAMMAR)
         return []
-    nodes = [_validate_section(NODE, item, ("nodes", i), ctx) for i, item in enumerate(raw)]
+    items, origins = _expand_node_sets(raw, ctx)
+    start = len(ctx.problems)
+    nodes = [
+        _validate_section(NODE, item, ("nodes", i), ctx)
+        for item, i in zip(items, origins, strict=True)
+    ]
+    # a node set's other keys are every node's: a problem with one is said once
+    ctx.problems[start:] = list(dict.fromkeys(ctx.problems[start:]))
     # Per-node sections are overrides: keep only what the node sets, so the
     # cluster-wide values apply to the rest.
-    for node, item in zip(nodes, raw, strict=False):
+    for node, item in zip(nodes, items, strict=True):
         for sub in ("ssh", "nccl"):
             given = item.get(sub) if isinstance(item, dict) else None
             node[sub] = {
@@ -297,11 +306,98 @@ def _validate_nodes(data: dict[str, Any], ctx: _Ctx) -> list[dict[str, Any]]:
             norm = _identity(attr, value)
             if norm in seen:
                 ctx.add(
-                    ("nodes", i, attr), f"duplicate {attr} {value!r} (also nodes[{seen[norm]}])"
+                    ("nodes", origins[i], attr),
+                    f"duplicate {attr} {value!r} (also nodes[{origins[seen[norm]]}])",
                 )
             else:
                 seen[norm] = i
     return nodes
+
+
+NODE_SET_GRAMMAR = (
+    "a node set of names (gpu[001-200], rack[1-2]-gpu[01-16]) with its addresses as a matching "
+    "range (192.0.2.[1-200]) or a first IP address counted up within its subnet"
+)
+
+
+def _expand_node_sets(raw: list[Any], ctx: _Ctx) -> tuple[list[Any], list[int]]:
+    """The node entries with each node set expanded, one entry per name, and each entry's index
+    in the spec's list (where its problems are reported). A single entry after a set that names
+    one of its nodes overrides that node's keys; a name given again otherwise is left to the
+    duplicate check, and a set that repeats an earlier name is refused here."""
+    items: list[Any] = []
+    origins: list[int] = []
+    named: dict[str, int] = {}  # each name so far (lower case) -> its position in items
+    from_sets: set[str] = set()  # the names a set gave that no single entry overrode yet
+    for i, item in enumerate(raw):
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and node_sets.is_node_set(name):
+            for node in _node_set(item, ("nodes", i), ctx):
+                key = node["name"].lower()
+                if key in named:
+                    ctx.add(
+                        ("nodes", i, "name"),
+                        f"node set {name!r} gives {node['name']!r} again "
+                        f"(also nodes[{origins[named[key]]}])",
+                    )
+                    continue
+                named[key] = len(items)
+                from_sets.add(key)
+                items.append(node)
+                origins.append(i)
+            continue
+        if isinstance(name, str) and name.lower() in from_sets:
+            from_sets.discard(name.lower())
+            position = named[name.lower()]
+            items[position] = _overridden(items[position], item)
+            origins[position] = i
+            continue
+        if isinstance(name, str):
+            named.setdefault(name.lower(), len(items))
+        items.append(item)
+        origins.append(i)
+    return items, origins
+
+
+def _overridden(node: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any]:
+    """A node of a set with a later single entry's keys over its own (a section key by key)."""
+    merged = dict(node)
+    for key, value in entry.items():
+        base = node.get(key)
+        both = isinstance(value, dict) and isinstance(base, dict)
+        merged[key] = {**base, **value} if both else value  # type: ignore[dict-item]
+    return merged
+
+
+def _node_set(item: dict[str, Any], path: PathT, ctx: _Ctx) -> list[dict[str, Any]]:
+    """One entry per name of the entry's node set, each with its address; [] where the set, or
+    its addresses, cannot be expanded (the problem recorded at the key)."""
+    try:
+        names = node_sets.expand(item["name"])
+    except ValueError as exc:
+        ctx.refuse(path + ("name",), str(exc), NODE_SET_GRAMMAR)
+        return []
+    address = item.get("address")
+    if not isinstance(address, str):
+        return [{**item, "name": name} for name in names]  # the address's problem: its grammar
+    try:
+        if node_sets.is_node_set(address):
+            addresses = node_sets.expand(address)
+        elif address_problem(address) is None:
+            addresses = node_sets.count_up(address, len(names))
+        else:
+            raise ValueError(f"{address!r} is neither an address range nor an IP address")
+    except ValueError as exc:
+        ctx.refuse(path + ("address",), str(exc), NODE_SET_GRAMMAR)
+        return []
+    if len(addresses) != len(names):
+        ctx.refuse(
+            path + ("address",),
+            f"{len(addresses)} addresses ({address}) for {len(names)} names ({item['name']})",
+            NODE_SET_GRAMMAR,
+        )
+        return []
+    return [{**item, "name": n, "address": a} for n, a in zip(names, addresses, strict=True)]
 
 
 def _identity(attr: str, value: str) -> object:

@@ -55,10 +55,13 @@ def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+EXAMPLE_OK = "inventories/prod.yml: ok: 2 nodes (gpu-a[01-02]), 16 GPUs, master gpu-a01\n"
+
+
 def test_the_installed_script_checks_the_example_spec():
     result = _run(_installed(), "check", "inventories/prod.yml")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "inventories/prod.yml: ok: 2 nodes, 16 GPUs, master gpu-a01\n"
+    assert result.stdout == EXAMPLE_OK
 
 
 def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
@@ -75,4 +78,4 @@ def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
 def test_python_m_trainfleet_still_runs_main():
     result = _run(sys.executable, "-m", "trainfleet", "check", "inventories/prod.yml")
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "inventories/prod.yml: ok: 2 nodes, 16 GPUs, master gpu-a01\n"
+    assert result.stdout == EXAMPLE_OK
