@@ -30,7 +30,6 @@ from trainfleet.compare import (
     absent_everywhere_else,
     compare,
     explain,
-    printable,
 )
 from trainfleet.controller_files import write_atomic
 from trainfleet.defaults import LAUNCH_DIR
@@ -350,10 +349,12 @@ def report_path(cluster: str) -> Path:
 
 
 def _publish(result: Report) -> None:
+    # the node x property grid even where it does not fit 160 columns (else it folds)
+    wide = os.environ.get("TRAINFLEET_WIDE") == "1"
     publish(
         f"Drift report for {result.cluster}",
-        result.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1"),
-        [printable(f"[{f.node}] {f}") for f in result.findings],
+        result.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1", wide=wide),
+        result.finding_lines(wide=wide),
         result.dumps(),
         report_path(result.cluster),
         "TRAINFLEET_DRIFT_JSON",

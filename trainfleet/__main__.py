@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     diagnose.add_argument("capture", help="the capture's directory (one folder per node)")
     diagnose.add_argument("--spec", help="the cluster's spec: each node's GPU count")
     diagnose.add_argument("--json", action="store_true", help="print the report as JSON")
+    diagnose.add_argument(
+        "--wide",
+        action="store_true",
+        help="the node x check grid even where it is wider than 160 columns (else it folds)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "diagnose":
@@ -137,9 +142,9 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(report.dumps())
     else:
-        print(report.table())
-        for finding in report.findings:
-            print(printable(f"[{finding.node}] {finding}"))
+        print(report.table(wide=args.wide))
+        for line in report.finding_lines(wide=args.wide):
+            print(line)
     return 1 if report.findings else 0
 
 

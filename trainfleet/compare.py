@@ -13,6 +13,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, NamedTuple
 
+from trainfleet import folded
+from trainfleet.folded import WIDTH
+from trainfleet.node_sets import fold
+
 PYTHON_PREFIX = "python "  # one property per package in the node venv: "python deepspeed"
 ABSENT = "absent"
 HEALTHY = "none"  # a health gate's value on a node that passes it: nothing found
@@ -98,39 +102,92 @@ class Report:
             **({"mesh_probe": self.mesh_probe} if self.mesh_probe else {}),
         }
 
-    def table(self, all_rows: bool = False) -> str:
-        """Properties by nodes; rows with a finding only, unless ``all_rows``; odd values: '*'."""
+    def table(self, all_rows: bool = False, wide: bool = False, width: int = WIDTH) -> str:
+        """Properties by nodes; rows with a finding only, unless ``all_rows``; odd values: '*'.
+        The node x property grid where it fits ``width`` (or ``wide``), a value longer than a
+        cell as a note below it; else each row's values with the folded node set that has each
+        (trainfleet/folded.py). A summary line first where there are findings."""
+        cells = self._cells(all_rows)
+        if not cells and self.findings:  # on properties no node shows
+            return "\n".join(
+                [folded.summary(self.nodes, (f.node for f in self.findings)), *self._found(width)]
+            )
+        if not cells:
+            return f"no drift: {len(self.nodes)} nodes match {self.compared_with}"
+        head = [folded.summary(self.nodes, (f.node for f in self.findings))]
+        lines, notes = self._grid(cells)
+        if wide or max(map(len, [*lines, *notes])) <= width:
+            return "\n".join([*head, *lines, *notes, *self._diffs()])
+        for prop, values in cells.items():
+            marked = {n for n, v in values.items() if v.endswith(folded.ODD)}
+            plain = {n: v.removesuffix(folded.ODD) for n, v in values.items()}
+            head += folded.property_lines(prop, plain, marked, width)
+        return "\n".join([*head, *self._diffs(by_nodes=True)])
+
+    def _cells(self, all_rows: bool) -> dict[str, dict[str, str]]:
+        """The rows shown (those with a finding, unless ``all_rows``): property -> node -> cell."""
         odd = {(f.node, f.property) for f in self.findings}
         properties = list(dict.fromkeys(p for values in self.observed.values() for p in values))
         rows = [p for p in properties if all_rows or any((n, p) in odd for n in self.nodes)]
         unreachable = [f.node for f in self.findings if f.kind == "unreachable"]
         if unreachable:
             rows = ["reachable", *rows]
-        header = ["property", *self.nodes]
-        body = []
-        for prop in rows:
-            cells = [prop]
-            for node in self.nodes:
-                if prop == "reachable":
-                    cells.append("NO *" if node in unreachable else "yes")
-                    continue
-                value = self.observed.get(node, {}).get(prop, "-" if node in self.observed else "?")
-                cells.append(f"{value} *" if (node, prop) in odd else value)
-            body.append([printable(cell) for cell in cells])
-        if not body and self.findings:  # on properties no node shows
-            return f"{len(self.findings)} findings: " + "; ".join(map(str, self.findings))
-        if not body:
-            return f"no drift: {len(self.nodes)} nodes match {self.compared_with}"
-        widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
+        return {prop: self._row(prop, odd, unreachable) for prop in rows}
 
-        def line(row: list[str]) -> str:
-            return "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip()
+    def _grid(self, cells: dict[str, dict[str, str]]) -> tuple[list[str], list[str]]:
+        body, notes = folded.noted([[prop, *values.values()] for prop, values in cells.items()])
+        return folded.grid([["property", *self.nodes], *body]), notes
 
-        grid = [line(header), line(["-" * w for w in widths]), *map(line, body)]
-        return "\n".join([*grid, *self._diffs()])
+    def _row(self, prop: str, odd: set[tuple[str, str]], unreachable: list[str]) -> dict[str, str]:
+        """Each node's printable cell of one row, a value a finding is on marked."""
+        cells = {}
+        for node in self.nodes:
+            if prop == "reachable":
+                cells[node] = "NO *" if node in unreachable else "yes"
+                continue
+            value = self.observed.get(node, {}).get(prop, "-" if node in self.observed else "?")
+            cells[node] = printable(f"{value} *" if (node, prop) in odd else value)
+        return cells
 
-    def _diffs(self) -> list[str]:
-        """Below the table: each content finding's files and diff, one printable line each."""
+    def folds(self, wide: bool = False, width: int = WIDTH) -> bool:
+        """Whether ``table`` folds (the grid does not fit): then ``finding_lines`` folds too."""
+        cells = self._cells(all_rows=False)
+        if wide or not cells:
+            return not wide and bool(self.findings) and not cells
+        lines, notes = self._grid(cells)
+        return max(map(len, [*lines, *notes])) > width
+
+    def finding_lines(self, wide: bool = False, width: int = WIDTH) -> list[str]:
+        """One line per finding, ``[node] finding``, beside the grid; where the table folds, one
+        line per finding text with the folded nodes it is on, wrapped to ``width``."""
+        if not self.folds(wide, width):
+            return [printable(f"[{f.node}] {f}") for f in self.findings]
+        return self._found(width)
+
+    def _found(self, width: int) -> list[str]:
+        return folded.grouped(
+            (
+                (f.node, printable(f"cannot be read ({f.observed})"))
+                if f.kind == "unreachable"
+                else (f.node, printable(str(f)))
+                for f in self.findings
+            ),
+            width,
+        )
+
+    def _diffs(self, by_nodes: bool = False) -> list[str]:
+        """Below the table: each content finding's files and diff, one printable line each;
+        folded: one entry per distinct diff, with the nodes that have it."""
+        if by_nodes:
+            seen: dict[tuple[str, tuple[str, ...], tuple[str, ...]], list[str]] = {}
+            for f in self.findings:
+                if f.files:
+                    seen.setdefault((f.property, f.files, f.diff), []).append(f.node)
+            lines = []
+            for (prop, files, diff), nodes in seen.items():
+                lines += ["", printable(f"{fold(nodes)}: {prop}: {', '.join(files)}")]
+                lines += [f"    {printable(line)}" for line in diff]
+            return lines
         lines = []
         for f in self.findings:
             if f.files:

@@ -85,16 +85,18 @@ def test_an_unreachable_node_is_a_finding_and_a_marked_column():
     assert report.drift and [str(f) for f in report.findings] == [
         "n3: cannot be read (could not connect)"
     ]
-    assert report.table().splitlines()[2].split() == ["reachable", "yes", "yes", "NO", "*"]
+    assert report.table().splitlines()[0] == "3 nodes, 1 odd: n3"
+    assert report.table().splitlines()[3].split() == ["reachable", "yes", "yes", "NO", "*"]
 
 
 def test_the_table_shows_only_differing_rows_with_odd_values_marked_and_json_has_everything():
     report = compare("c", NODES, observed(n2__torch="2.12.0+cpu"), expected(), rules=RULES)
-    lines = report.table().splitlines()
+    summary, *lines = report.table().splitlines()
+    assert summary == "3 nodes, 1 odd: n2"
     assert lines[0].split() == ["property", "n1", "n2", "n3"]
     assert lines[2].split() == ["torch", "2.13.0+cpu", "2.12.0+cpu", "*", "2.13.0+cpu"]
     assert len(lines) == 3
-    assert len(report.table(all_rows=True).splitlines()) == 2 + 4
+    assert len(report.table(all_rows=True).splitlines()) == 1 + 2 + 4
     data = json.loads(report.dumps())
     assert data["drift"] is True and data["nodes"]["n2"]["properties"]["torch"] == "2.12.0+cpu"
     assert data["findings"][0] == {
