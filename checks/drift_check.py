@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from checks.publish import report_path as report_file
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
+from trainfleet import metrics as prometheus
 from trainfleet.capabilities import CAPABILITIES, RULES, pins_met
 from trainfleet.compare import (
     ABSENT,
@@ -153,10 +156,11 @@ def compare_fingerprints(
     return report
 
 
-def cluster_report(cluster: Cluster) -> Report:
+def cluster_report(cluster: Cluster, metrics: Path | None = None) -> Report:
     """Gather every node's fingerprint (one command each, in parallel), compare, print the
-    table and write the JSON report, once per run."""
-    return once_per_run("drift report", lambda state: _report(state, cluster))
+    table and write the JSON report (and, given ``metrics``, the Prometheus textfile), once per
+    run."""
+    return once_per_run("drift report", lambda state: _report(state, cluster, metrics))
 
 
 def mesh_probe(
@@ -242,7 +246,7 @@ def _own_json(path: Path, warn: Callable[[str], None], what: str, kind: str, the
         return None
 
 
-def _report(state, cluster: Cluster) -> Report:
+def _report(state, cluster: Cluster, metrics: Path | None = None) -> Report:
     names = [n.name for n in cluster.nodes]
     previous = _previous(report_path(cluster.name), logger.warning)
     probe = mesh_probe(names, previous, dict(os.environ), logger.warning)
@@ -282,6 +286,9 @@ def _report(state, cluster: Cluster) -> Report:
         )
     report.findings += ledger_findings(before, seen)
     _publish(report)
+    if metrics is not None:
+        prometheus.write(metrics, prometheus.report_registry(report, "drift", time.time()))
+        print(f"    Prometheus metrics: {metrics}", file=sys.stderr)
     write_ledger(cluster.name, before, seen)
     return report
 

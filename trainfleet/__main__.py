@@ -16,13 +16,16 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
+from trainfleet import metrics as prometheus
 from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
 from trainfleet.diagnose import CaptureError, judge
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import KnownHostsError, every_listed_key
+from trainfleet.metrics import report_registry
 from trainfleet.model import Cluster
 from trainfleet.node_sets import fold
 from trainfleet.schema import reference_markdown
@@ -73,6 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     diagnose.add_argument("capture", help="the capture's directory (one folder per node)")
     diagnose.add_argument("--spec", help="the cluster's spec: each node's GPU count")
     diagnose.add_argument("--json", action="store_true", help="print the report as JSON")
+    diagnose.add_argument(
+        "--metrics",
+        metavar="PATH.prom",
+        help="also write Prometheus metrics there (node_exporter's textfile format)",
+    )
     diagnose.add_argument(
         "--wide",
         action="store_true",
@@ -128,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _diagnose(args: argparse.Namespace) -> int:
     cluster = None
+    if args.metrics is not None and (problem := prometheus.path_problem(args.metrics)):
+        print(f"{_prog()} diagnose: --metrics: {problem}", file=sys.stderr)
+        return EXIT_BAD_SPEC
     try:
         if args.spec:
             cluster = load_cluster(args.spec)
@@ -139,6 +150,8 @@ def _diagnose(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(printable(problem), file=sys.stderr)
         return EXIT_BAD_SPEC
+    if args.metrics is not None:
+        prometheus.write(Path(args.metrics), report_registry(report, "diagnose", time.time()))
     if args.json:
         print(report.dumps())
     else:

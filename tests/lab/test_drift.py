@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.tally import exec_count
 from checks.drift_check import report_path
@@ -36,8 +37,8 @@ def converged(lab):
     return SimpleNamespace(lab=lab)
 
 
-def drift_run(**env):
-    run = pyinfra(LAB_INVENTORY, DRIFT, env=env or None)
+def drift_run(data: dict[str, str] | None = None, **env):
+    run = pyinfra(LAB_INVENTORY, DRIFT, env=env or None, data=data)
     report = json.loads(report_path("lab").read_text())
     return run, report
 
@@ -193,12 +194,22 @@ def test_a_hand_edited_hosts_block_and_launcher_file_are_named_with_what_changed
     )
 
 
-def test_a_removed_nccl_variable_is_named(converged):
+def test_a_removed_nccl_variable_is_named_and_scraped_as_a_metric(converged, tmp_path):
     converged.lab.ssh("node3", "sed -i '/^NCCL_IB_DISABLE=/d' /etc/environment")
-    run, report = drift_run()
+    metrics = tmp_path / "trainfleet.prom"
+    run, report = drift_run(data={"trainfleet_metrics": str(metrics)})
     (finding,) = [f for f in report["findings"] if f["property"] == "NCCL env (non-login ssh)"]
     assert finding["node"] == "node3" and "NCCL_IB_DISABLE=1" in finding["expected"]
     assert "NCCL_IB_DISABLE" not in finding["observed"]
+    # the same finding, as node_exporter's textfile collector would serve it to Prometheus
+    ok = {
+        (s.labels["node"], s.labels["check"]): s.value
+        for family in text_string_to_metric_families(metrics.read_text())
+        for s in family.samples
+        if s.name == "trainfleet_node_ok"
+    }
+    assert ok[("node3", "NCCL env (non-login ssh)")] == 0
+    assert ok[("node1", "NCCL env (non-login ssh)")] == 1 and ok[("node3", "reachable")] == 1
     assert_detected_then_cleared(
         converged.lab, {("node3", "NCCL env (non-login ssh)"), ("node3", "NCCL env files")}
     )
