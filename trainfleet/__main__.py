@@ -6,8 +6,11 @@
   ``keys readmit SPEC NODE... --fingerprint SHA256:...|--known-hosts``: take back the named
   host keys revoked under a node's name;
   ``keys ca|rotate-ca SPEC``: the cluster's SSH certificate authority
-- ``diagnose DIR [--spec SPEC] [--json]``: judge a hardware capture offline (exit 0: clean,
-  1: findings, 2: bad input)
+- ``diagnose DIR [--spec SPEC] [--json]``: judge a hardware capture offline
+- ``--version``
+
+Exit statuses: 0 ok, 1 findings (or nothing to show yet), 2 a bad spec or input, 64 a usage
+error (sysexits' EX_USAGE).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import json
 import re
 import sys
 import time
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import NoReturn
 
 from trainfleet import metrics as prometheus
 from trainfleet.certificates import fingerprint
@@ -31,11 +36,29 @@ from trainfleet.node_sets import fold
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError, load_cluster
 
+EXIT_USAGE = 64  # sysexits.h EX_USAGE: the command line itself is wrong
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error's own exit status (argparse's 2 is a bad spec's here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _version() -> str:
+    try:
+        return version("trainfleet")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
 
 def main(argv: list[str] | None = None) -> int:
     """The ``trainfleet`` console script (pyproject's ``[project.scripts]``) and
     ``python -m trainfleet``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog=_prog())
+    parser = _Parser(prog=_prog())
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate spec files without contacting any host")
     check.add_argument("specs", nargs="+")
@@ -102,14 +125,19 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster = load_cluster(path)
         except SpecError as exc:
-            for problem in exc.problems:
-                print(problem, file=sys.stderr)
+            if args.json:
+                print(json.dumps({"spec": path, "ok": False, "problems": exc.problems}))
+            else:
+                for problem in exc.problems:
+                    print(problem, file=sys.stderr)
             status = EXIT_BAD_SPEC
             continue
         if args.json:
             print(
                 json.dumps(
                     {
+                        "spec": path,
+                        "ok": True,
                         "cluster": cluster.name,
                         "master": cluster.master.name,
                         "total_gpus": cluster.total_gpus,
@@ -138,7 +166,7 @@ def _diagnose(args: argparse.Namespace) -> int:
     cluster = None
     if args.metrics is not None and (problem := prometheus.path_problem(args.metrics)):
         print(f"{_prog()} diagnose: --metrics: {problem}", file=sys.stderr)
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     try:
         if args.spec:
             cluster = load_cluster(args.spec)
@@ -164,7 +192,7 @@ def _diagnose(args: argparse.Namespace) -> int:
 def _readmit(args: argparse.Namespace, cluster: Cluster, store: KeyStore) -> int:
     """``keys readmit``: take back only the revoked host keys the operator names (by fingerprint)
     or that the controller's known_hosts lists for each node; any doubt is exit 2 with nothing
-    taken back."""
+    taken back (a command line that names neither: 64)."""
     if bool(args.fingerprint) == args.known_hosts:
         print(
             "readmit takes back only the host keys you name: --fingerprint SHA256:... (repeat "
@@ -172,7 +200,7 @@ def _readmit(args: argparse.Namespace, cluster: Cluster, store: KeyStore) -> int
             "node); give one of the two",
             file=sys.stderr,
         )
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     revoked = {node: store.revoked_host_keys(node) for node in args.nodes}
     if args.known_hosts:
         wanted, problems = _known_hosts_keys(cluster, args.nodes)
@@ -282,7 +310,7 @@ def _keys(args: argparse.Namespace) -> int:
             f"not nodes of {cluster.name}: {', '.join(unknown)} (nodes: {', '.join(names)})",
             file=sys.stderr,
         )
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     strangers = [u for u in args.user or [] if u not in cluster.mesh_users]
     if (
         strangers
@@ -292,22 +320,26 @@ def _keys(args: argparse.Namespace) -> int:
             f"(mesh users: {', '.join(cluster.mesh_users)})",
             file=sys.stderr,
         )
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     if args.action in ("revoke", "readmit") and not args.nodes:
         print(f"{args.action} needs the nodes to act on", file=sys.stderr)
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     store = KeyStore(cluster.name)
     if args.action != "readmit" and (args.fingerprint or args.known_hosts):
         print("--fingerprint and --known-hosts are readmit's", file=sys.stderr)
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     if args.action in ("ca", "rotate-ca", "readmit") and args.user:
         print(f"{args.action} acts on host keys or the CA: it takes no users", file=sys.stderr)
-        return EXIT_BAD_SPEC
+        return EXIT_USAGE
     if args.action in ("ca", "rotate-ca") and args.nodes:
         print(f"{args.action} acts on the cluster's CA: it takes no nodes", file=sys.stderr)
-        return EXIT_BAD_SPEC
-    if args.action == "ca":
-        print(store.certificate_authority().public)
+        return EXIT_USAGE
+    if args.action == "ca":  # read only: the first deploy makes the CA
+        public = store.snapshot([], []).ca
+        if public is None:
+            print(f"{cluster.name}: no CA yet; the first deploy makes it", file=sys.stderr)
+            return 1
+        print(public.public)
         return 0
     if args.action == "rotate-ca":
         old = store.rotate_certificate_authority()
@@ -324,11 +356,18 @@ def _keys(args: argparse.Namespace) -> int:
         for path in store.retired():
             print(path)
         return 0
-    for user in args.user or cluster.mesh_users:
-        for node in args.nodes or names:
-            if args.action == "list":
+    users, nodes = args.user or cluster.mesh_users, args.nodes or names
+    held = store.snapshot(users, nodes) if args.action == "list" else None  # read only
+    for user in users:
+        for node in nodes:
+            if held is not None:
+                pair = held.pairs.get((user, node))
                 state = (
-                    "revoked" if store.is_revoked(user, node) else store.keypair(user, node).public
+                    "revoked"
+                    if (user, node) in held.revoked
+                    else pair.public
+                    if pair
+                    else "no key yet (the deploy makes it)"
                 )
                 print(f"{user}@{node}: {state}")
             elif args.action == "rotate":

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import pkgutil
 import subprocess
@@ -68,8 +69,9 @@ def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
     script = _run(_installed(), "--help")
     module = _run(sys.executable, "-m", "trainfleet", "--help")
     assert script.returncode == module.returncode == 0, script.stderr + module.stderr
-    assert script.stdout.startswith("usage: trainfleet [-h] {check,schema,keys,diagnose}")
-    assert module.stdout.startswith("usage: python -m trainfleet [-h] {check,schema,keys,diagnose}")
+    usage = "[-h] [--version] {check,schema,keys,diagnose}"
+    assert script.stdout.startswith(f"usage: trainfleet {usage}")
+    assert module.stdout.startswith(f"usage: python -m trainfleet {usage}")
     assert script.stdout.replace("trainfleet", "T") == module.stdout.replace(
         "python -m trainfleet", "T"
     )
@@ -79,3 +81,52 @@ def test_python_m_trainfleet_still_runs_main():
     result = _run(sys.executable, "-m", "trainfleet", "check", "inventories/prod.yml")
     assert result.returncode == 0, result.stderr
     assert result.stdout == EXAMPLE_OK
+
+
+def test_the_version_and_the_exit_status_of_a_usage_error_apart_from_a_bad_spec(tmp_path):
+    version = _run(_installed(), "--version")
+    assert version.returncode == 0 and version.stdout.startswith("trainfleet 0.")
+    assert _run(_installed(), "no-such-command").returncode == 64
+    assert _run(_installed(), "check").returncode == 64  # no spec named
+    bad = tmp_path / "bad.yml"
+    bad.write_text("nodes: 3\n")
+    assert _run(_installed(), "check", str(bad)).returncode == 2
+
+
+def test_check_json_reports_problems_as_json_too(tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("nodes: 3\n")
+    run = _run(_installed(), "check", "--json", str(bad), "inventories/prod.yml")
+    assert run.returncode == 2 and run.stderr == ""
+    refused, good = map(json.loads, run.stdout.splitlines())
+    assert refused == {
+        "spec": str(bad),
+        "ok": False,
+        "problems": [
+            f"{bad}:1: nodes: must be a list of nodes, got integer; accepts: a list of nodes, "
+            "each a mapping of name, address, gpus, npus, ssh, nccl (name and address required)"
+        ],
+    }
+    assert good["ok"] is True and good["spec"] == "inventories/prod.yml" and good["nodes"]
+
+
+def test_keys_list_and_ca_read_the_store_and_never_make_a_key_or_a_ca(tmp_path):
+    env = {**os.environ, "TRAINFLEET_HOME": str(tmp_path / "home")}
+    listed = subprocess.run(
+        [_installed(), "keys", "list", "inventories/prod.yml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "root@gpu-a01: no key yet (the deploy makes it)" in listed.stdout
+    ca = subprocess.run(
+        [_installed(), "keys", "ca", "inventories/prod.yml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    assert ca.returncode == 1 and "no CA yet; the first deploy makes it" in ca.stderr
+    assert not (tmp_path / "home").exists()  # nothing made, not even a folder

@@ -338,18 +338,19 @@ def test_keys_readmit_takes_back_only_the_fingerprints_the_operator_names(
 
 
 @pytest.mark.parametrize(
-    "extra, why",
+    "extra, why, status",
     [
-        ([], "give one of the two"),  # neither: nothing is taken back on a node's name alone
-        (["--known-hosts", "--fingerprint", "FP_A"], "give one of the two"),  # both
-        (["--fingerprint", "SHA256:short"], "is not a fingerprint"),
-        (["--fingerprint", "FP_C"], "is not a host key revoked under these names"),  # c's, not a's
-        (["--fingerprint", "FP_A", "--fingerprint", "FP_C"], "FP_C is not a host key revoked"),
-        (["--known-hosts"], "lists no host key for a"),  # the controller lists nothing for a
+        # a command line that names neither or both: a usage error (64)
+        ([], "give one of the two", 64),  # neither: nothing is taken back on a name alone
+        (["--known-hosts", "--fingerprint", "FP_A"], "give one of the two", 64),  # both
+        (["--fingerprint", "SHA256:short"], "is not a fingerprint", 2),
+        (["--fingerprint", "FP_C"], "is not a host key revoked under these names", 2),  # c's
+        (["--fingerprint", "FP_A", "--fingerprint", "FP_C"], "FP_C is not a host key revoked", 2),
+        (["--known-hosts"], "lists no host key for a", 2),  # the controller lists nothing for a
     ],
 )
 def test_keys_readmit_refuses_doubtful_input_with_exit_2_and_takes_nothing_back(
-    tmp_path, monkeypatch, capsys, extra, why
+    tmp_path, monkeypatch, capsys, extra, why, status
 ):
     from trainfleet.__main__ import main
     from trainfleet.certificates import fingerprint
@@ -358,7 +359,7 @@ def test_keys_readmit_refuses_doubtful_input_with_exit_2_and_takes_nothing_back(
     everything = store.revoked_keys()
     prints = {"FP_A": fingerprint(a_keys[0]), "FP_C": fingerprint(c_key)}
     argv = [prints.get(arg, arg) for arg in ["keys", "readmit", str(spec), "a", *extra]]
-    assert main(argv) == 2
+    assert main(argv) == status
     err = capsys.readouterr().err
     assert why.replace("FP_C", prints["FP_C"]) in err
     assert store.revoked_keys() == everything
@@ -427,8 +428,8 @@ def test_keys_readmit_names_no_node_or_acts_for_another_command_is_refused(tmp_p
 
     spec, _, store, _, _ = readmit_setup(tmp_path, monkeypatch)
     everything = store.revoked_keys()
-    assert main(["keys", "readmit", str(spec), "--known-hosts"]) == 2  # names no node
-    assert main(["keys", "list", str(spec), "--known-hosts"]) == 2
+    assert main(["keys", "readmit", str(spec), "--known-hosts"]) == 64  # names no node
+    assert main(["keys", "list", str(spec), "--known-hosts"]) == 64
     assert store.revoked_keys() == everything
 
 

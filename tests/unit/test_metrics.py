@@ -87,7 +87,7 @@ def test_a_bad_metrics_path_is_refused_before_the_capture_is_read(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert run.returncode == 2 and "--metrics:" in run.stderr and "no such folder" in run.stderr
+    assert run.returncode == 64 and "--metrics:" in run.stderr and "no such folder" in run.stderr
 
 
 def test_diagnose_writes_the_metrics_it_was_asked_for(tmp_path):
