@@ -21,6 +21,7 @@ from pathlib import Path
 from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
 from trainfleet.diagnose import CaptureError, judge
+from trainfleet.diagnose_nccl import env_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import KnownHostsError, every_listed_key
 from trainfleet.model import Cluster
@@ -137,6 +138,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         print(report.dumps())
     else:
         print(report.table())
+        print("\n".join(printable(line) for line in env_lines(report)))
         for finding in report.findings:
             print(printable(f"[{finding.node}] {finding}"))
     return 1 if report.findings else 0
