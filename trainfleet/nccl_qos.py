@@ -162,35 +162,55 @@ def _pcp(rail: _Rail, reading: RailQos, qos: MlnxQos) -> None:
     _lossless(reading, rail, qos, None)
 
 
+def _chosen(
+    qos: MlnxQos, spec: int | None, tclass: int | None, tos: int | None, netdev: str
+) -> tuple[int, str] | None:
+    """The traffic class and where it comes from: the spec's, else the host's global class
+    (the kernel applies it whatever NCCL asks), else rdma_cm's TOS where it lands on the PFC
+    priority, else the lowest DSCP of the one PFC priority; None where none fits."""
+    pfc = qos.pfc_priorities
+    if spec is not None:
+        return spec, "nccl.env NCCL_IB_TC"
+    if tclass is not None:
+        return tclass, "the host's traffic_class (Global tclass)"
+    if tos is not None and _lands(tos, qos):
+        return tos, "the host's rdma_cm default_roce_tos"
+    if len(pfc) == 1 and qos.dscps_of(pfc[0]):
+        return qos.dscps_of(pfc[0])[0] << 2, (
+            f"the lowest DSCP {netdev} maps to PFC priority {pfc[0]}, << 2"
+        )
+    return None
+
+
 def _dscp(rail: _Rail, reading: RailQos, qos: MlnxQos, spec: int | None) -> None:
     tclass, tos = _host_classes(reading, rail)
     pfc = qos.pfc_priorities
+    listed = ",".join(map(str, pfc))
     netdev = reading["netdev"] or "its netdev"
     if qos.dscp2prio is None:
         rail.explanation.append(f"{rail.name}: trust dscp but the DSCP map was not read")
         rail.unset = "not derived: the DSCP map was not read"
         return
-    if spec is not None:
-        rail.tc, source = spec, "nccl.env NCCL_IB_TC"
-    elif tclass is not None:
-        rail.tc, source = tclass, "the host's traffic_class (Global tclass)"
-    elif tos is not None and _lands(tos, qos):
-        rail.tc, source = tos, "the host's rdma_cm default_roce_tos"
-    elif len(pfc) == 1 and qos.dscps_of(pfc[0]):
-        rail.tc = qos.dscps_of(pfc[0])[0] << 2
-        source = f"the lowest DSCP {netdev} maps to PFC priority {pfc[0]}, << 2"
-    elif len(pfc) > 1:
-        rail.problems.append(
-            f"{rail.name}: PFC on priorities {','.join(map(str, pfc))} of {netdev} and the host "
-            "sets no traffic class landing on one: name NCCL_IB_TC in nccl.env"
+    if tos is not None and pfc and not _lands(tos, qos):  # rdma_cm's users, not NCCL's QPs
+        rail.explanation.append(
+            f"{rail.name}: rdma_cm's default_roce_tos {describe_tc(tos, qos)} misses the PFC "
+            f"priority {listed}: rdma_cm connections (not NCCL's) go lossy"
         )
-        rail.unset = "not derived: PFC on several priorities"
+    chosen = _chosen(qos, spec, tclass, tos, netdev)
+    if chosen is None and pfc:
+        which = "several priorities" if len(pfc) > 1 else "a priority no DSCP maps to"
+        rail.problems.append(
+            f"{rail.name}: PFC on {which} ({listed}) of {netdev} and the host sets no traffic "
+            "class landing on one: name NCCL_IB_TC in nccl.env"
+        )
+        rail.unset = f"not derived: PFC on {which}"
         return
-    else:
+    if chosen is None:
         rail.explanation.append(f"{rail.name}: no PFC priority on {netdev}: NCCL_IB_TC not set")
         rail.unset = "not derived: no PFC priority"
-        _lossless(reading, rail, qos, (qos.dscp2prio or {}).get(0))
+        _lossless(reading, rail, qos, (qos.dscp2prio or {}).get(0))  # NCCL's default TC: 0
         return
+    rail.tc, source = chosen
     rail.explanation.append(f"{rail.name}: NCCL_IB_TC {describe_tc(rail.tc, qos)} from {source}")
     if tclass is not None and tclass != rail.tc:
         rail.problems.append(
@@ -200,7 +220,7 @@ def _dscp(rail: _Rail, reading: RailQos, qos: MlnxQos, spec: int | None) -> None
     if pfc and not _lands(rail.tc, qos):
         rail.problems.append(
             f"{rail.name}: {source} {describe_tc(rail.tc, qos)} misses the PFC priority "
-            f"{','.join(map(str, pfc))} of {netdev} (mlnx_qos)"
+            f"{listed} of {netdev} (mlnx_qos)"
         )
     _lossless(reading, rail, qos, (qos.dscp2prio or {}).get(rail.tc >> 2))
 

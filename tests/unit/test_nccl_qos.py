@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from facts.nccl_env_facts import NcclNetwork
 from trainfleet.__main__ import main
 from trainfleet.diagnose import judge
 from trainfleet.diagnose_nccl import NOT_DERIVED, PROBLEMS, WHY, ib_ports
@@ -378,3 +380,41 @@ def test_a_roce_tree_without_gid_files_names_the_gid_settings_not_read(tmp_path)
     )
     assert "NCCL_IB_TC" not in n1  # nor whose mlnx_qos to read: the netdev is a GID's
     assert "the port's netdev (gid_attrs/ndevs) was not read" in n1[NOT_DERIVED]
+
+
+def test_rdma_cms_tos_is_kept_where_it_lands_and_named_where_it_misses():
+    tos = SPIDERPOOL.read_text().split("cma_roce_tos: ")[1].split("\n")[0]  # "160"
+    reading = rail(netarbiter()) | {"default_roce_tos": tos}
+    node = node_qos([reading])  # 160: DSCP 40, priority 5, where netarbiter has no PFC
+    assert (node.env, node.problems) == ({"NCCL_IB_TC": "96"}, [])
+    assert (
+        "default_roce_tos 160 (DSCP 40 -> priority 5) misses the PFC priority 3"
+        in (node.explanation[0])
+    )
+    # Faulty variant: netarbiter's PFC row on priority 5: spiderpool's TOS lands there
+    moved = "        enabled     0   0   0   0   0   1   0   0   "
+    node = node_qos([rail(netarbiter(PFC3, moved)) | {"default_roce_tos": tos}])
+    assert (node.env, node.problems) == ({"NCCL_IB_TC": "160"}, [])
+    assert "from the host's rdma_cm default_roce_tos" in node.explanation[0]
+
+
+def test_several_pfc_priorities_and_no_host_class_ask_for_the_spec():
+    # Faulty variant: netarbiter's PFC row with priorities 3 and 4 lossless
+    both = "        enabled     0   0   0   1   1   0   0   0   "
+    node = node_qos([rail(netarbiter(PFC3, both))])
+    assert node.env == {} and node.problems == [
+        "mlx5_2:1 (eth4): PFC on several priorities (3,4) of eth4 and the host sets no traffic "
+        "class landing on one: name NCCL_IB_TC in nccl.env"
+    ]
+    assert node_qos([rail(netarbiter(PFC3, both), tclass=ucx_tclass())]).env == {TC: "106"}
+
+
+@pytest.mark.parametrize("tree", ["roce_v2_cx6", "roce_v1_only", "ib_two_hcas", "ib_port_down"])
+def test_the_capture_reads_a_port_and_its_gids_as_the_live_fact_does(tree):
+    fact = NcclNetwork()
+    script = fact.command(sysfs=str(FIXTURES / "sysfs" / tree)).get_raw_value()
+    output = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    live = fact.process(output.stdout.splitlines())["ib_ports"]
+    root = FIXTURES / "sysfs" / tree / "class" / "infiniband"
+    files = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file()}
+    assert ib_ports(files) == live
