@@ -44,7 +44,8 @@ RDMA_CM_TREE = "rdma_cm"  # configfs rdma_cm's default_roce_tos (where it was se
 TREES = (NET_TREE, RDMA_CM_TREE)
 # A netdev's name as the kernel allows it (IFNAMSIZ 16, no '/', no whitespace), narrowed to
 # what a capture folder's path grammar takes.
-QOS_SOURCE = re.compile(MLNX_QOS + r"/[A-Za-z0-9_.:-]{1,15}\.txt")
+NETDEV = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
+QOS_SOURCE = re.compile(MLNX_QOS + "/" + NETDEV.pattern + r"\.txt")
 PROBLEMS = "NCCL env problems"  # a health gate: none, or what stands in the GID or TC's way
 NOT_DERIVED = "NCCL env not derived"  # variable: why, per node
 WHY = "NCCL env why"  # the explanation: why each rail got its traffic class
@@ -104,11 +105,12 @@ def ib_ports(tree: Mapping[str, str]) -> list[IbPort]:
 
 
 def _netdev(port: IbPort) -> str | None:
-    """A RoCE port's netdev: its default GID's (index 0), else any GID's."""
+    """A RoCE port's netdev: its default GID's (index 0), else any GID's; None where none was
+    read or the file holds no netdev name (it only ever names a source, never a path)."""
     gids = port["gids"]
     own = [g["ndev"] for g in gids if g["index"] == 0 and g["ndev"]]
     named = own or [g["ndev"] for g in gids if g["ndev"]]
-    return named[0] if named else None
+    return named[0] if named and NETDEV.fullmatch(named[0]) else None
 
 
 def qos_readings(
@@ -194,7 +196,7 @@ def node_env(
         why = "not read: neither topo -m nor sys-class-infiniband" if rails is None else rails
         out.not_derived["NCCL_IB_HCA"] = why
     else:
-        _ib(out, rails, ports or [], spec_env, release, release_known)
+        _ib(out, rails, ports or [], spec_env, release, release_known, readings["tree_read"])
     if isinstance(rails, Rails) and "NCCL_IB_HCA" not in out.not_derived:
         _tc(out, rails, readings, spec_env)
     out.env |= {k: str(v) for k, v in spec_env.items()}
@@ -208,6 +210,7 @@ def _ib(
     spec_env: Mapping[str, Any],
     release: tuple[int, int] | None,
     known: bool,
+    tree_read: bool,
 ) -> None:
     """NCCL_IB_HCA and the GID settings, per NCCL rule (trainfleet.nccl.ib_settings)."""
     spec_hca = None if spec_env.get("NCCL_IB_HCA") is None else str(spec_env["NCCL_IB_HCA"])
@@ -218,6 +221,10 @@ def _ib(
         and not p["gids"]
         and any(r.hca in (f"{p['device']}:{p['port']}", p["device"]) for r in rails.rails)
     ]
+    if ports == [] and rails.rails and not tree_read:
+        out.not_derived["GID settings"] = (
+            "not read: no sys-class-infiniband (the rails' link layer and GIDs unknown)"
+        )
     for label, rule in _labels(release, known):
         env, _, problems = ib_settings(ports, rails, spec_hca, rule, spec_env)
         if not env:  # the rails' own problems, already the rails gate's finding

@@ -235,7 +235,7 @@ def rail_qos(reading: RailQos, spec_tc: int | None = None) -> _Rail:
         rail.unset = (
             f"not read: {MLNX_QOS_FILE.format(reading['netdev'])} {why}"
             if reading["netdev"]
-            else "not read: the port's netdev (gid_attrs/ndevs) was not read"
+            else "not read: the port's netdev (gid_attrs/ndevs) was not read or names no netdev"
         )
         if status.startswith("exit "):  # the tool failed or hung: never a silent pass
             rail.problems.append(f"{rail.name}: mlnx_qos not read: {why}")

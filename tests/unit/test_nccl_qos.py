@@ -16,7 +16,7 @@ import pytest
 from facts.nccl_env_facts import NcclNetwork
 from trainfleet.__main__ import main
 from trainfleet.diagnose import judge
-from trainfleet.diagnose_nccl import NOT_DERIVED, PROBLEMS, WHY, ib_ports
+from trainfleet.diagnose_nccl import NOT_DERIVED, PROBLEMS, WHY, ib_ports, qos_readings
 from trainfleet.hw import qos
 from trainfleet.hw.sources import INFINIBAND, SOURCES, STATUS_FILE
 from trainfleet.nccl_qos import (
@@ -379,7 +379,7 @@ def test_a_roce_tree_without_gid_files_names_the_gid_settings_not_read(tmp_path)
         in (n1[NOT_DERIVED])
     )
     assert "NCCL_IB_TC" not in n1  # nor whose mlnx_qos to read: the netdev is a GID's
-    assert "the port's netdev (gid_attrs/ndevs) was not read" in n1[NOT_DERIVED]
+    assert "the port's netdev (gid_attrs/ndevs) was not read or names no netdev" in n1[NOT_DERIVED]
 
 
 def test_rdma_cms_tos_is_kept_where_it_lands_and_named_where_it_misses():
@@ -418,3 +418,33 @@ def test_the_capture_reads_a_port_and_its_gids_as_the_live_fact_does(tree):
     root = FIXTURES / "sysfs" / tree / "class" / "infiniband"
     files = {p.relative_to(root).as_posix(): p.read_text() for p in root.rglob("*") if p.is_file()}
     assert ib_ports(files) == live
+
+
+def test_a_capture_with_topo_only_lists_the_rails_and_names_gids_and_tc_not_read(tmp_path):
+    topo = FIXTURES / "rdma" / "topo" / "topo-m_dgx-a100-1mcprddgx05_pxb-rails-storage-sys.txt"
+    folder = tmp_path / "c" / "a1"
+    folder.mkdir(parents=True)
+    shutil.copy(topo, folder / "nvidia-smi-topo-m.txt")
+    status = dict.fromkeys(SOURCES, "absent") | {"nvidia-smi-topo-m.txt": "ok"}
+    (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in status.items()))
+    a1 = judge(tmp_path / "c").observed["a1"]
+    assert a1["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}" for i in range(8))  # no storage HCA
+    assert a1[NOT_DERIVED].split(" | ")[1:] == [
+        "GID settings: not read: no sys-class-infiniband (the rails' link layer and GIDs unknown)",
+        "NCCL_IB_TC: not read: no sys-class-infiniband (link layer unknown)",
+    ]
+
+
+def test_a_netdev_file_that_names_no_netdev_is_never_a_source_name():
+    files = {
+        "mlx5_0/ports/1/link_layer": "Ethernet\n",
+        "mlx5_0/ports/1/state": "4: ACTIVE\n",
+        "mlx5_0/ports/1/gids/0": "fe80:0000:0000:0000:0e42:a1ff:fe5d:4db8\n",
+        "mlx5_0/ports/1/gid_attrs/types/0": "IB/RoCE v1\n",
+        "mlx5_0/ports/1/gid_attrs/ndevs/0": "../../etc\n",
+    }
+    (reading,) = qos_readings({"mlnx-qos/...txt": "ok"}, {}, ib_ports(files))
+    assert (reading["netdev"], reading["mlnx_qos"]) == (None, None)
+    assert node_qos([reading]).unset == [
+        "mlx5_0:1: not read: the port's netdev (gid_attrs/ndevs) was not read or names no netdev"
+    ]
