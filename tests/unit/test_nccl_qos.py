@@ -43,6 +43,7 @@ PFC3 = "        enabled     0   0   0   1   0   0   0   0   "
 PFC4 = "        enabled     0   0   0   0   1   0   0   0   "  # PFC on priority 4 instead
 NO_PFC = "        enabled     0   0   0   0   0   0   0   0   "
 TC3 = "tc: 3 ratelimit: unlimited, tsa: vendor"
+DCB = "dcb_pfc-app-show_roce-lab-notes_ens6_pfc-prio3_dscp-af31.txt"
 
 
 def netarbiter(old: str | None = None, new: str | None = None) -> str:
@@ -448,3 +449,20 @@ def test_a_netdev_file_that_names_no_netdev_is_never_a_source_name():
     assert node_qos([reading]).unset == [
         "mlx5_0:1: not read: the port's netdev (gid_attrs/ndevs) was not read or names no netdev"
     ]
+
+
+def test_dcbs_pfc_and_dscp_tables_read_where_mlnx_qos_is_absent():
+    pfc_show, app_show = (
+        block.split("\n", 1)[1]  # each tool's output without its `$ dcb ...` line
+        for block in (QOS / DCB).read_text().split("\n\n")
+    )
+    pfc = qos.parse_dcb_pfc(pfc_show)
+    assert tuple(p for p in range(8) if pfc[p]) == (3,)
+    assert qos.parse_dcb_app(app_show) == {26: 3}  # AF31: DSCP 26, NCCL's 106 >> 2
+    # Faulty variants, one line changed each: a cell missing, a name dcb does not print
+    with pytest.raises(qos.QosRefused, match="each priority 0..7 once"):
+        qos.parse_dcb_pfc(pfc_show.replace(" 7:off", " 6:on"))
+    with pytest.raises(qos.QosRefused, match="not a DSCP dcb prints"):
+        qos.parse_dcb_app(app_show.replace("AF31", "AF51"))
+    with pytest.raises(qos.QosRefused, match="not a line dcb pfc show prints"):
+        qos.parse_dcb_pfc(pfc_show.replace("prio-pfc", "pg-pfc"))  # dcb's first draft's name

@@ -233,3 +233,70 @@ def parse_spiderpool(text: str) -> SpiderpoolReading:
     return SpiderpoolReading(
         header[0], header[1], parse_mlnx_qos("\n".join(kept), partial=True), ecn, cnp, tos, tclass
     )
+
+
+# iproute2's dcb(8) (where mlnx_qos is absent): ``dcb pfc show dev X`` and ``dcb app show dev
+# X``. Its DSCP names are iproute2's rt_dsfield ones (``-N`` prints numbers instead).
+_DCB_PFC_CAP = re.compile(r"pfc-cap [0-9]+ macsec-bypass (?:on|off) delay [0-9]+")
+_DCB_PRIO_PFC = re.compile(r"prio-pfc((?: [0-7]:(?:on|off)){8})")
+_DCB_STATS = re.compile(r"(?:requests|indications)(?: [0-7]:[0-9]+){8}")
+_DCB_SELECTORS = (
+    "default-prio",
+    "ethtype-prio",
+    "stream-port-prio",
+    "dgram-port-prio",
+    "port-prio",
+    "pcp-prio",
+)
+
+
+def _dscp_value(name: str) -> int:
+    """A DSCP as dcb prints it: a number, or its rt_dsfield name (CS3, AF31, EF, ...)."""
+    if name.isdigit() and int(name) < 64:
+        return int(name)
+    if name == "default":
+        return 0
+    if re.fullmatch(r"CS[0-7]", name):
+        return 8 * int(name[2])
+    if re.fullmatch(r"AF[1-4][1-3]", name):
+        return 8 * int(name[2]) + 2 * int(name[3])
+    if name in ("EF", "VA", "LE"):
+        return {"EF": 46, "VA": 44, "LE": 1}[name]
+    raise QosRefused(f"not a DSCP dcb prints: {name!r}")
+
+
+def parse_dcb_pfc(text: str) -> tuple[bool, ...]:
+    """``dcb pfc show dev X``: PFC enabled per priority 0..7 (``prio-pfc``, required)."""
+    pfc: tuple[bool, ...] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or _DCB_PFC_CAP.fullmatch(line) or _DCB_STATS.fullmatch(line):
+            continue
+        match = _DCB_PRIO_PFC.fullmatch(line)
+        if match is None or pfc is not None:
+            raise QosRefused(f"not a line dcb pfc show prints once: {line!r}")
+        cells = dict(cell.split(":") for cell in match[1].split())
+        if sorted(cells) != [str(p) for p in PRIORITIES]:
+            raise QosRefused(f"prio-pfc does not name each priority 0..7 once: {line!r}")
+        pfc = tuple(cells[str(p)] == "on" for p in PRIORITIES)
+    if pfc is None:
+        raise QosRefused("no 'prio-pfc' line")
+    return pfc
+
+
+def parse_dcb_app(text: str) -> dict[int, int]:
+    """``dcb app show dev X``'s ``dscp-prio`` entries: DSCP -> priority (the DSCPs the table
+    does not name are not in it: the NIC's default applies to them, unknown here)."""
+    mapping: dict[int, int] = {}
+    for raw in text.splitlines():
+        words = raw.split()
+        if not words or words[0] in _DCB_SELECTORS:
+            continue
+        if words[0] != "dscp-prio":
+            raise QosRefused(f"not a line dcb app show prints: {raw.strip()!r}")
+        for entry in words[1:]:
+            dscp, _, priority = entry.partition(":")
+            if not re.fullmatch(r"[0-7]", priority) or _dscp_value(dscp) in mapping:
+                raise QosRefused(f"not one DSCP:priority entry: {entry!r}")
+            mapping[_dscp_value(dscp)] = int(priority)
+    return mapping
