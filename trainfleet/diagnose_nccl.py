@@ -55,6 +55,7 @@ _GID_PATH = re.compile(
     r"([A-Za-z0-9_]{1,32})/ports/([0-9]{1,3})/(gids|gid_attrs/(types|ndevs))/([0-9]{1,4})"
 )
 _PORT_PATH = re.compile(r"([A-Za-z0-9_]{1,32})/ports/([0-9]{1,3})/(link_layer|state)")
+NO_HCA = ("absent", "skipped")  # the node has no /sys/class/infiniband (sources.py)
 NEWER, OLDER = (2, 21), None  # the two GID rules (trainfleet.nccl_gids.AUTO_GID)
 
 
@@ -167,6 +168,7 @@ def capture_readings(status: Mapping[str, str], files: Mapping[str, str]) -> dic
         "ports": ports,
         "qos": qos_readings(status, files, roce),
         "tree_read": status.get(INFINIBAND) == "ok",
+        "tree_status": status.get(INFINIBAND, "not in the capture"),
     }
 
 
@@ -192,7 +194,10 @@ def node_env(
     out = NodeEnv()
     out.not_derived["NCCL_SOCKET_IFNAME"] = "not read: a capture holds no interface addresses"
     ports = readings["ports"]
-    if not isinstance(rails, Rails):
+    if rails is None and readings["tree_status"] in NO_HCA:  # as the live derive: no port
+        out.env["NCCL_IB_DISABLE"] = "1"
+        out.explanation.append(f"no /sys/class/infiniband ({readings['tree_status']}): no HCA")
+    elif not isinstance(rails, Rails):
         why = "not read: neither topo -m nor sys-class-infiniband" if rails is None else rails
         out.not_derived["NCCL_IB_HCA"] = why
     else:

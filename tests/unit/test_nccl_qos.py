@@ -466,3 +466,16 @@ def test_dcbs_pfc_and_dscp_tables_read_where_mlnx_qos_is_absent():
         qos.parse_dcb_app(app_show.replace("AF31", "AF51"))
     with pytest.raises(qos.QosRefused, match="not a line dcb pfc show prints"):
         qos.parse_dcb_pfc(pfc_show.replace("prio-pfc", "pg-pfc"))  # dcb's first draft's name
+
+
+def test_a_node_without_an_infiniband_tree_gets_ib_disabled_as_the_deploy_gives_it(tmp_path):
+    # the lab's nodes, and a CPU node: no topo -m, /sys/class/infiniband absent
+    for name in ("c1", "c2"):
+        folder = tmp_path / "c" / name
+        folder.mkdir(parents=True)
+        status = dict.fromkeys(SOURCES, "absent")
+        (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in status.items()))
+    report = judge(tmp_path / "c")
+    assert report.findings == []
+    assert report.observed["c1"]["NCCL_IB_DISABLE"] == "1"
+    assert "NCCL_IB_HCA" not in report.observed["c1"][NOT_DERIVED]
