@@ -122,15 +122,17 @@ def _ecn(reading: RailQos, priority: int | None, rail: _Rail) -> bool | None:
 
 def _host_classes(reading: RailQos, rail: _Rail) -> tuple[int | None, int | None]:
     """(the global traffic_class, rdma_cm's default_roce_tos), None where unset or not read."""
-    tclass = tos = None
-    try:
-        if reading["traffic_class"] is not None:
-            tclass = parse_traffic_class(reading["traffic_class"])
-        if reading["default_roce_tos"] is not None:
-            tos = parse_roce_tos(reading["default_roce_tos"])
-    except QosRefused as exc:
-        rail.problems.append(f"{rail.name}: {exc}")
-    return tclass, tos
+    found: list[int | None] = []
+    for text, parse in (
+        (reading["traffic_class"], parse_traffic_class),
+        (reading["default_roce_tos"], parse_roce_tos),
+    ):
+        try:
+            found.append(None if text is None else parse(text))
+        except QosRefused as exc:  # named: the node fails, the rest still explained
+            rail.problems.append(f"{rail.name}: {exc}")
+            found.append(None)
+    return found[0], found[1]
 
 
 def _lossless(reading: RailQos, rail: _Rail, qos: MlnxQos, priority: int | None) -> None:

@@ -479,3 +479,11 @@ def test_a_node_without_an_infiniband_tree_gets_ib_disabled_as_the_deploy_gives_
     assert report.findings == []
     assert report.observed["c1"]["NCCL_IB_DISABLE"] == "1"
     assert "NCCL_IB_HCA" not in report.observed["c1"][NOT_DERIVED]
+
+
+def test_a_traffic_class_file_that_is_no_reading_is_refused_and_named():
+    # Faulty variant: ucx#11105's reading with its "=" lost
+    node = node_qos([rail(netarbiter(), tclass="Global tclass 106")])
+    assert node.problems == [
+        "mlx5_2:1 (eth4): not 'Global tclass=<0-255>' nor empty: 'Global tclass 106'"
+    ]
