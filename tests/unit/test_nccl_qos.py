@@ -15,7 +15,7 @@ import pytest
 
 from facts.nccl_env_facts import NcclNetwork
 from trainfleet.__main__ import main
-from trainfleet.diagnose import judge
+from trainfleet.diagnose import CaptureError, judge
 from trainfleet.diagnose_nccl import NOT_DERIVED, PROBLEMS, WHY, ib_ports, qos_readings
 from trainfleet.hw import qos
 from trainfleet.hw.sources import INFINIBAND, SOURCES, STATUS_FILE
@@ -487,3 +487,18 @@ def test_a_traffic_class_file_that_is_no_reading_is_refused_and_named():
     assert node.problems == [
         "mlx5_2:1 (eth4): not 'Global tclass=<0-255>' nor empty: 'Global tclass 106'"
     ]
+
+
+def test_a_linked_mlnx_qos_folder_is_refused_not_followed(tmp_path):
+    root = tmp_path / "c"
+    roce_node(root, "n1", netarbiter())
+    elsewhere = tmp_path / "elsewhere"
+    (root / "n1" / "mlnx-qos").rename(elsewhere)
+    (root / "n1" / "mlnx-qos").symlink_to(elsewhere)
+    with pytest.raises(CaptureError, match="mlnx-qos: a link, not a directory"):
+        judge(root)
+    (root / "n1" / "mlnx-qos").unlink()
+    (root / "n1" / "mlnx-qos").mkdir()
+    (root / "n1" / "mlnx-qos" / "ens1f0.txt").symlink_to(elsewhere / "ens1f0.txt")
+    with pytest.raises(CaptureError, match="ens1f0.txt: cannot be read"):
+        judge(root)
