@@ -28,6 +28,7 @@ from trainfleet import metrics as prometheus
 from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
 from trainfleet.diagnose import CaptureError, judge
+from trainfleet.diagnose_nccl import env_lines
 from trainfleet.keystore import KeyStore
 from trainfleet.mesh import KnownHostsError, every_listed_key
 from trainfleet.metrics import report_registry
@@ -184,6 +185,7 @@ def _diagnose(args: argparse.Namespace) -> int:
         print(report.dumps())
     else:
         print(report.table(wide=args.wide))
+        print("\n".join(printable(line) for line in env_lines(report)))
         for line in report.finding_lines(wide=args.wide):
             print(line)
     return 1 if report.findings else 0

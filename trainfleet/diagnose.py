@@ -19,6 +19,8 @@ from typing import Any
 
 from trainfleet.capabilities import RULES, hardware
 from trainfleet.compare import HEALTHY, Finding, Report, compare
+from trainfleet.diagnose_nccl import QOS_LIMIT, TREES, add_to_report, capture_readings, envs_of
+from trainfleet.diagnose_nccl import is_source as nccl_source
 from trainfleet.grammar import short_name_problem
 from trainfleet.hw import infiniband, topo
 from trainfleet.hw.sources import (
@@ -135,7 +137,8 @@ def read_node(
         name, _, state = line.strip().partition(" ")
         if not line.strip():
             continue
-        if name not in SOURCES or not STATUS.fullmatch(state) or name in status:
+        known = name in SOURCES or nccl_source(name)
+        if not known or not STATUS.fullmatch(state) or name in status:
             problems.append(f"{folder / STATUS_FILE}:{number}: not '<source> <status>': {line!r}")
             continue
         status[name] = state
@@ -145,16 +148,22 @@ def read_node(
     for name, state in status.items():
         if state != "ok":
             continue
-        if name == INFINIBAND:
-            files |= _tree(folder / INFINIBAND, problems, budget)
-        elif (text := _read(folder / name, problems, FILE_LIMITS[name], budget)) is not None:
+        if name == INFINIBAND or name in TREES:
+            files |= _tree(folder / name, problems, budget, name)
+        elif "/" in name and (folder / name).parent.is_symlink():  # mlnx-qos/<netdev>.txt
+            problems.append(f"{(folder / name).parent}: a link, not a directory")
+        elif (
+            text := _read(folder / name, problems, FILE_LIMITS.get(name, QOS_LIMIT), budget)
+        ) is not None:
             files[name] = text
     return status, files
 
 
-def _tree(root: Path, problems: list[str], budget: _Budget) -> dict[str, str]:
-    """The sysfs tree's files below ``root`` by their path (links are not followed), at most
-    SYSFS_FILES of them."""
+def _tree(
+    root: Path, problems: list[str], budget: _Budget, source: str = INFINIBAND
+) -> dict[str, str]:
+    """A sysfs tree source's files below ``root`` by their path under ``source`` (links are
+    not followed), at most SYSFS_FILES of them."""
     if not root.is_dir() or root.is_symlink():
         problems.append(f"{root}: not a directory")
         return {}
@@ -177,10 +186,11 @@ def _tree(root: Path, problems: list[str], budget: _Budget) -> dict[str, str]:
                 problems.append(f"{root}: more than {SYSFS_FILES} files (the rest not read)")
                 return found
             if (text := _read(path, problems, SYSFS_LIMIT, budget)) is not None:
-                found[f"{INFINIBAND}/{relative}"] = text
+                found[f"{source}/{relative}"] = text
     return found
 
 
+NCCL_READINGS = "nccl"  # what a node's NCCL environment is derived from (diagnose_nccl)
 RAILS = "rails"  # a node's compute rails in read_capture's answer (Rails, a refusal, or None)
 RAILS_PROPERTY = "NCCL_IB_HCA (compute rails)"
 RAILS_HEALTH = "NCCL rails problems"
@@ -248,6 +258,7 @@ def read_capture(directory: Path) -> dict[str, dict[str, Any]]:
         status, files = read_node(folder, problems, budget)
         nodes[folder.name] = read_hardware(status, files)
         nodes[folder.name][RAILS] = node_rails(status, files)
+        nodes[folder.name][NCCL_READINGS] = capture_readings(status, files)
         del files  # one node's text held at a time: only what its parsers keep stays
     if not nodes and not problems:
         problems.append(f"{directory}: no node folders (each holds {STATUS_FILE})")
@@ -279,4 +290,12 @@ def judge(directory: Path, cluster: Cluster | None = None) -> Report:
             "each other and pass the health gates (no spec given: GPU counts not checked)"
         )
     _rails_findings(compared, {name: hw[RAILS] for name, hw in nodes.items()})
+    add_to_report(
+        compared,
+        envs_of(
+            {name: hw[RAILS] for name, hw in nodes.items()},
+            {name: hw[NCCL_READINGS] for name, hw in nodes.items()},
+            cluster,
+        ),
+    )
     return compared
