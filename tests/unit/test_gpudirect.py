@@ -49,7 +49,7 @@ def test_the_open_module_on_a_kernel_before_5_12_needs_peermem():
 
 def test_a_reading_that_cannot_be_parsed_is_unknown_and_says_why():
     assert gdr_path(None, H100_RELEASE).kind == UNKNOWN
-    assert "no NVIDIA driver loaded" in gdr_path(None, H100_RELEASE).why
+    assert "version not read (no NVIDIA driver loaded" in gdr_path(None, H100_RELEASE).why
     emptied = gdr_path("", H100_RELEASE)  # the H100's version line emptied
     assert emptied.kind == UNKNOWN and "unparsable" in emptied.why
     no_kernel = gdr_path(OPEN_LINE, None)

@@ -60,9 +60,8 @@ def gdr_path(version_line: str | None, release: str | None) -> GdrPath:
     are (None: not read)."""
     release = None if release is None else release.strip()
     if version_line is None:
-        return GdrPath(
-            UNKNOWN, None, release, "/proc/driver/nvidia/version not read: no NVIDIA driver loaded"
-        )
+        why = "/proc/driver/nvidia/version not read (no NVIDIA driver loaded, or not captured)"
+        return GdrPath(UNKNOWN, None, release, why)
     return _from_module(version_line, module_kind(version_line), release)
 
 
