@@ -17,11 +17,17 @@ from checks.bandwidth_verdicts import (
 )
 from checks.collective_stage import Job, backend_of
 from checks.collective_verdicts import rank_layout, rendezvous_tampered
-from checks.counters_verdicts import Counters, counter_problems, read_counters
+from checks.counters_verdicts import (
+    Counters,
+    counter_problems,
+    read_counters,
+    roce_figures,
+    roce_lines,
+)
 from checks.pair_ports import bandwidth_rounds, pair_port
 from checks.preflight_report import PreflightReport
 from checks.stage_runner import run_everywhere, shell_stage, stage_script
-from trainfleet.hw.infiniband import ERROR_COUNTERS
+from trainfleet.hw.infiniband import ERROR_COUNTERS, ROCE_COUNTERS
 from trainfleet.model import Cluster, Node
 
 # The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
@@ -145,9 +151,9 @@ def judge_bandwidth(
         report.problems += intruded_problems(cluster, "bandwidth", intruded_pairs)
     report.problems += bandwidth_problems(measured, floor)
     watched = watched or []
-    report.problems += counter_problems(
-        before, read_error_counters(state, watched), [n.name for n in watched]
-    )
+    after = read_error_counters(state, watched)
+    report.problems += counter_problems(before, after, [n.name for n in watched])
+    details["roce"] = roce_figures(before, after)  # RoCE retransmits, pauses, CNPs (#40)
     report.stages["bandwidth"] = (
         "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
     )
@@ -161,10 +167,11 @@ def read_error_counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
     ``nodes`` (``watched_nodes``), one command each."""
     if not nodes:
         return {}
-    names = " ".join(ERROR_COUNTERS)
+    names, roce = " ".join(ERROR_COUNTERS), " ".join(ROCE_COUNTERS)
     commands = {
-        n.name: shell_stage(COUNTERS, names, "", "gpu" if n.gpus else "", bound=50) for n in nodes
-    }  # (its two nvidia-smi calls: 25 s and 15 s at most)
+        n.name: shell_stage(COUNTERS, names, "", "gpu" if n.gpus else "", roce, bound=50)
+        for n in nodes
+    }  # (its two nvidia-smi calls: 25 s and 15 s at most; ethtool -S at once: 6 s)
     out = run_everywhere(state, commands, 50)
     return {node: read_counters(lines) for node, lines in out.items()}
 
@@ -186,4 +193,4 @@ def bandwidth_lines(details: dict[str, Any]) -> list[str]:
         )
     elif details.get("note"):
         lines.append(f"bandwidth not measured: {details['note']}")
-    return lines
+    return lines + roce_lines(details.get("roce") or {})

@@ -1,9 +1,11 @@
 """NCCL's own decisions, as its INFO log (NCCL_DEBUG=INFO, subsystems INIT,NET) states them on
 each rank of the preflight's collective: the NCCL version it loaded, its net plugin (loaded,
 or none found), whether its network channels use GPUDirect RDMA, and the transport between a
-node's GPUs. The odd node is named against the majority; a node the plan wants nvidia_peermem
-on (an InfiniBand/RoCE port active) whose NCCL used IB without GPUDirect RDMA is named against
-the spec (NVIDIA/nccl#1939, #1537: peermem loaded, GDR still off; #1676: 180 -> 10 GB/s).
+node's GPUs. The odd node is named against the majority; a GPU node with an InfiniBand/RoCE
+port active whose NCCL used IB without GPUDirect RDMA is named against the spec, whichever
+path it has (DMA-BUF or nvidia_peermem: NCCL marks either as ``/GDRDMA``; "DMA-BUF is
+available on GPU device" alone is no GDR, nccl-tests#245) (NVIDIA/nccl#1939, #1537: peermem
+loaded, GDR still off; #1676: 180 -> 10 GB/s).
 Plain functions over log lines; no host is touched here."""
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from checks.fabric_verdicts import nccl_network
 from checks.preflight_report import Problem
-from trainfleet.capabilities.gpu_node import peermem_wanted
+from trainfleet.capabilities.gpu_node import gdr_expected
 from trainfleet.compare import majority
 from trainfleet.model import Cluster
 from trainfleet.text import printable
@@ -26,6 +28,8 @@ _LOADED = re.compile(r"NET/Plugin ?: ?Loaded net plugin (.{1,60}?)(?: \(v[0-9]+\
 # "via NET/IB/0/GDRDMA", "via NET/AWS Libfabric/0" (a plugin's name may hold a space)
 _NET_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9/]+ : .* via NET/(.+?)\s*$")
 _GDR_OFF = re.compile(r"GPU Direct RDMA Disabled for HCA [0-9]+ '([A-Za-z0-9_.:-]{1,32})'")
+# the AWS OFI plugin's own word (nccl-tests#245: "NET/OFI ... disabling GDR")
+_OFI_GDR_OFF = re.compile(r"NCCL INFO NET/OFI .*disabling GDR\s*$")
 _LOCAL_CHANNEL = re.compile(r"NCCL INFO (?:Channel|Ring) [0-9/]+ : .* via (P2P/[A-Za-z/]+|SHM\S*)")
 _NVLS = re.compile(r"NCCL INFO NVLS multicast support is available")
 PROPERTIES = ("NCCL version", "net plugin", "GPUDirect RDMA", "transport within the node")
@@ -50,7 +54,10 @@ def decisions(ranks: list[list[str]]) -> dict[str, str]:
     )
     channels = [m.group(1) for line in lines if (m := _NET_CHANNEL.search(line))]
     with_gdr = sum(1 for c in channels if c.endswith("/GDRDMA"))
-    disabled = sorted({m.group(1) for line in lines if (m := _GDR_OFF.search(line))})
+    disabled = sorted(
+        {m.group(1) for line in lines if (m := _GDR_OFF.search(line))}
+        | ({"NET/OFI"} if any(_OFI_GDR_OFF.search(line) for line in lines) else set())
+    )
     if channels:
         gdr = (
             f"on every NET channel ({len(channels)})"
@@ -78,8 +85,8 @@ def nccl_decision_problems(
     networks: Mapping[str, dict[str, Any] | None],
 ) -> tuple[dict[str, dict[str, str]], list[Problem]]:
     """Every node's decisions and the problems: a node whose decision differs from most nodes'
-    (no majority: each node is named), and a node the plan wants nvidia_peermem on whose NCCL
-    used IB without GPUDirect RDMA on every network channel."""
+    (no majority: each node is named), and a GPU node with an active IB/RoCE port (unless
+    ``gpu.peermem: off``) whose NCCL used IB without GPUDirect RDMA on every network channel."""
     seen = {node: decisions(ranks) for node, ranks in logs.items() if ranks}
     problems = []
     for prop in PROPERTIES:
@@ -101,7 +108,7 @@ def nccl_decision_problems(
             )
     for node in cluster.nodes:
         found = seen.get(node.name)
-        if not found or not peermem_wanted(cluster.gpu, node.gpus, networks.get(node.name)):
+        if not found or not gdr_expected(cluster.gpu, node.gpus, networks.get(node.name)):
             continue
         network, _ = nccl_network([line for rank in logs[node.name] for line in rank])
         gdr = found["GPUDirect RDMA"]
@@ -110,10 +117,12 @@ def nccl_decision_problems(
                 Problem(
                     "collective",
                     node.name,
-                    f"nvidia_peermem is wanted here (an IB/RoCE port is active) but NCCL used "
+                    f"GPUDirect RDMA is expected here (an IB/RoCE port is active) but NCCL used "
                     f"{printable(network, 40)} with GPUDirect RDMA {gdr}: inter-node traffic "
-                    "goes through host memory; check nvidia_peermem (lsmod), NCCL_NET_GDR_LEVEL "
-                    "and ACS on the PCIe switches (trainfleet diagnose)",
+                    "goes through host memory; check the node's path (drift's GPUDirect RDMA: "
+                    "DMA-BUF needs the open kernel module and Linux 5.12, else nvidia_peermem in "
+                    "lsmod), NCCL_DMABUF_ENABLE, NCCL_NET_GDR_LEVEL and ACS on the PCIe switches "
+                    "(trainfleet diagnose)",
                 )
             )
     return seen, problems

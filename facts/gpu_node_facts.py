@@ -72,6 +72,8 @@ class GpuNodeStateT(TypedDict):
     ]  # memlock lines of other limits files: "FILE: DOMAIN TYPE memlock VALUE"
     peermem_conf: str | None  # PEERMEM_CONF's content
     clock: ClockT
+    nvidia_version: str | None  # /proc/driver/nvidia/version's first line; None: not read
+    kernel: str | None  # the kernel release (/proc/sys/kernel/osrelease); None: not read
 
 
 def read_smi_xml(encoded: str) -> tuple[str | None, list[GpuT]]:
@@ -100,6 +102,8 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
     each GPU's persistence mode and NVSwitch fabric state), NVSwitches on the PCI bus, the
     systemd units (nvidia-persistenced, nvidia-fabricmanager, chrony, systemd-timesyncd), the
     fabric manager package and its hold, nvidia_peermem loaded and configured at boot, the
+    NVIDIA kernel module's version line (open or proprietary) and the kernel release
+    (GPUDirect RDMA's path), the
     locked-memory limit this non-login session has (``ulimit -l``), ``chronyc tracking`` or
     timesyncd's status, and trainfleet's limits.d and modules-load.d files. Missing tools
     read as absent (``smi: "absent"``, ``systemd: False``, ``offset_ms: None``), never as passing.
@@ -117,7 +121,8 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
          "fabricmanager": {"nvidia-fabricmanager-565": "565.57.01-1"}, "fabricmanager_held": [...],
          "peermem_loaded": True, "peermem_boot": ["/etc/modules-load.d/trainfleet-peermem.conf"],
          "memlock": "unlimited", "memlock_hard": "unlimited", "memlock_conf": "...",
-         "peermem_conf": "...",
+         "peermem_conf": "...", "kernel": "6.8.0-45-generic",
+         "nvidia_version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  565.57.01 ...",
          "clock": {"chrony": True, "offset_ms": 0.26, "leap": "Normal", "ntp_synchronized": "yes"}}
     """
 
@@ -166,6 +171,10 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
                 state["fabricmanager_held"].append(lock_name(rest.strip()))
             elif tag == "peermem_loaded":
                 state["peermem_loaded"] = rest.strip() == "yes"
+            elif tag == "nvversion":
+                state["nvidia_version"] = printable(rest.strip(), 200)
+            elif tag == "kernel":
+                state["kernel"] = printable(rest.strip(), 100)
             elif tag == "peermem_boot":
                 state["peermem_boot"].append(rest.strip())
             elif tag == "memlock":
@@ -209,6 +218,8 @@ class GpuNodeState(FactBase[GpuNodeStateT]):
             "memlock_other": [],
             "peermem_conf": None,
             "clock": {"chrony": False, "offset_ms": None, "leap": None, "ntp_synchronized": None},
+            "nvidia_version": None,
+            "kernel": None,
         }
 
     def answer(self, value: dict[str, Any], recorded: list[str]) -> list[str]:
@@ -320,6 +331,16 @@ _ANSWER_PARTS: tuple[tuple[tuple[str, ...], frozenset[str], Any], ...] = (
         lambda s: [f"memlock_other {x}" for x in s["memlock_other"]],
     ),
     (("clock",), frozenset({"chrony", "ntpsync", "timesync"}), _clock_lines),
+    (
+        ("nvidia_version",),
+        frozenset({"nvversion"}),
+        lambda s: [f"nvversion {s['nvidia_version']}"] if s["nvidia_version"] else [],
+    ),
+    (
+        ("kernel",),
+        frozenset({"kernel"}),
+        lambda s: [f"kernel {s['kernel']}"] if s["kernel"] else [],
+    ),
     (
         ("memlock_conf", "peermem_conf"),
         frozenset({"file"}),

@@ -94,18 +94,27 @@ def persistence(wanted: bool):
 
 
 @operation()
-def peermem(conf: str | None):
+def peermem(conf: str | None, retired: str | None = None):
     """
     GPUDirect RDMA: ``nvidia_peermem`` loaded now (``modprobe``) and at boot
     (``/etc/modules-load.d/trainfleet-peermem.conf``, unless another file already loads it).
 
     + conf: the modules-load.d file's content as the plan rendered it (a GPU node with an active
-      InfiniBand/RoCE port); None: not wanted
+      InfiniBand/RoCE port and no DMA-BUF, or ``gpu.peermem: on``); None: not wanted
+    + retired: where ``auto`` no longer wants it (DMA-BUF available, a CPU node): the content
+      trainfleet wrote; its file is removed if found unchanged (an edited one is left, and
+      drift names it). A loaded module is never unloaded: a running job may use it.
     """
-    if conf is None:
-        host.noop("nvidia_peermem is not wanted here")
-        return
     state = _state()
+    if conf is None:
+        found = state.get("peermem_conf")
+        if retired is None or found is None:
+            host.noop("nvidia_peermem is not wanted here")
+        elif found != retired:
+            host.noop(f"{PEERMEM_CONF} was edited by hand: left in place")
+        else:
+            yield StringCommand("rm", "-f", "--", PEERMEM_CONF)
+        return
     commands = []
     if not state["peermem_boot"]:
         commands.append(write_file_command(PEERMEM_CONF, conf))
@@ -223,7 +232,7 @@ def settings(gpu: GpuNodePlan):
             version=fabric.version if fabric else None,
             allow_change=gpu.allow_change,
         ),
-        *peermem._inner(conf=gpu.peermem_conf),
+        *peermem._inner(conf=gpu.peermem_conf, retired=gpu.peermem_retired),
     ]
     refusals = [c for c in commands if isinstance(c, FailCommand)]
     if refusals:

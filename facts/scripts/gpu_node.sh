@@ -37,6 +37,10 @@ if command -v rpm >/dev/null 2>&1; then
     [ -r "$f" ] && awk '/^[^#! ]/ && /fabric/ { print "fmlock " $0 }' "$f"
   done
 fi
+# GPUDirect RDMA's path: the loaded NVIDIA module's own line (open or proprietary) and the
+# kernel release (DMA-BUF for RDMA needs the open module and Linux 5.12).
+[ -r "$r/proc/driver/nvidia/version" ] && head -n 1 "$r/proc/driver/nvidia/version" | sed 's/^/nvversion /'
+[ -r "$r/proc/sys/kernel/osrelease" ] && head -n 1 "$r/proc/sys/kernel/osrelease" | sed 's/^/kernel /'
 { lsmod 2>/dev/null; cat "$r/proc/modules" 2>/dev/null; } | awk '$1 == "nvidia_peermem" { f = 1 } END { print "peermem_loaded", f ? "yes" : "no" }'
 for f in "$r"/etc/modules-load.d/*.conf "$r"/usr/lib/modules-load.d/*.conf "$r"/etc/modules; do
   [ -f "$f" ] && awk '{ sub(/#.*/, ""); if ($1 == "nvidia_peermem") f = 1 } END { exit !f }' "$f" && echo "peermem_boot ${f#$r}"

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from checks.drift_check import report_path
-from facts.gpu_node_facts import MEMLOCK_CONF
+from facts.gpu_node_facts import MEMLOCK_CONF, PEERMEM_CONF
 from tests.lab.harness import deploy_twice, pyinfra
 from trainfleet.capabilities.gpu_node import memlock_conf
 
@@ -85,7 +85,13 @@ def test_a_hand_lowered_memlock_is_named_on_its_node_then_converged_again(conver
         found[("node2", "memlock (non-login ssh)")]["observed"],
         found[("node2", "memlock (non-login ssh)")]["expected"],
     ) == ("64", MEMLOCK)
+    # #40: trainfleet's nvidia_peermem boot file, as the old rule wrote it, where gpu.peermem
+    # auto no longer wants it (no GPU here; on a GPU node: DMA-BUF): the same re-deploy removes
+    # it, and its second run changes nothing
+    lab.ssh("node2", f"mkdir -p /etc/modules-load.d && printf 'nvidia_peermem\\n' > {PEERMEM_CONF}")
     first, _ = deploy_twice(converged.inventory, CLUSTER)
     assert first.changed()[OP] == ["node2"]
+    assert not lab.host("node2").file(PEERMEM_CONF).exists
     run, report = drift_run(converged.inventory)
     assert run.returncode == 0 and not report["drift"], report["findings"]
+    assert report["nodes"]["node2"]["properties"]["nvidia_peermem file"] == "absent"

@@ -24,6 +24,9 @@ from facts.gpu_node_facts import MEMLOCK_CONF, GpuNodeState
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_node"
 CAPTURES = FIXTURES / "captures"
+H100 = FIXTURES.parent / "hardware" / "h100_device"  # the lent H100's own captures
+# its kernel release: `uname -a`'s third field (uname.txt), as /proc/sys/kernel/osrelease has it
+H100_RELEASE = (H100 / "uname.txt").read_text().split()[2]
 # NVSwitches and GPUs of an HGX H200 board as `lspci -nn` lists them (bigstack-oss/cubecos#259):
 # bridges of class 0680 are the NVSwitches (10de:22a3), 3D controllers 0302 the GPUs (10de:2335).
 HGX_PCI = {
@@ -58,6 +61,23 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "dpkg": "hold ok installed nvidia-fabricmanager-535 535.54.03-1",
         "modules_load": {"trainfleet-peermem.conf": "nvidia_peermem\n"},
         "memlock_conf": "* soft memlock unlimited\n",
+        # the proprietary module's /proc/driver/nvidia/version (535.161.08: another machine's)
+        "nvidia_version": CAPTURES / "proc-driver-nvidia-version_proprietary_535.161.08.txt",
+    },
+    "h100_open_module_converged_under_peermem": {
+        "_source": "The lent H100 (tests/fixtures/hardware/h100_device: nvidia-smi -q -x, "
+        "/proc/driver/nvidia/version of the open kernel module 580.159.04, /proc/modules, kernel "
+        "6.18.44 from uname -a) as a node converged under the old rule: lsmod shows "
+        "nvidia_peermem (leptonai/gpud#39) and trainfleet's modules-load.d file is in place; "
+        "systemd running, nvidia-persistenced enabled and active.",
+        "smi": H100 / "nvidia-smi-q.xml",
+        "lsmod": "lsmod_peermem.txt",
+        "proc_modules": H100 / "proc-modules.txt",
+        "nvidia_version": H100 / "nvidia-driver-version.txt",
+        "osrelease": H100_RELEASE,
+        "systemd": True,
+        "units": {"nvidia-persistenced": "enabled active"},
+        "modules_load": {"trainfleet-peermem.conf": "nvidia_peermem\n"},
     },
     "pcie_rtx4000_timesyncd_1s_slow": {
         "_source": "An RTX 4000 SFF Ada on PCIe running 4 processes (nvidia-smi -q -x of driver "
@@ -186,6 +206,16 @@ esac
     for name, content in scenario.get("modules_load", {}).items():
         (root / "etc/modules-load.d").mkdir(parents=True, exist_ok=True)
         (root / "etc/modules-load.d" / name).write_text(content)
+    for path, content in (
+        ("proc/driver/nvidia/version", scenario.get("nvidia_version")),
+        ("proc/modules", scenario.get("proc_modules")),
+    ):
+        if content is not None:
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(Path(content).read_bytes())
+    if "osrelease" in scenario:
+        (root / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+        (root / "proc/sys/kernel/osrelease").write_text(scenario["osrelease"] + "\n")
     if "memlock_conf" in scenario:
         target = root / MEMLOCK_CONF.lstrip("/")
         target.parent.mkdir(parents=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from checks.bandwidth_stage import COUNTERS
 from checks.counters_verdicts import counter_problems, read_counters
-from trainfleet.hw.infiniband import ERROR_COUNTERS
+from trainfleet.hw.infiniband import ERROR_COUNTERS, ROCE_COUNTERS
 
 TREE = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "infiniband"
 TREE = TREE / "sys-class-infiniband-h100.0"
@@ -23,7 +23,16 @@ LINKS = TREE.parents[1] / "nvidia_smi" / "nvidia-smi-nvlink-e_ml-engineering-h10
 
 def reading(root: Path) -> dict:
     out = subprocess.run(
-        ["sh", "-c", COUNTERS, "trainfleet", " ".join(ERROR_COUNTERS), str(root)],
+        [
+            "sh",
+            "-c",
+            COUNTERS,
+            "trainfleet",
+            " ".join(ERROR_COUNTERS),
+            str(root),
+            "",
+            " ".join(ROCE_COUNTERS),
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -38,7 +47,12 @@ def test_a_port_whose_symbol_errors_grew_under_load_is_named_and_static_counts_a
     before = reading(tmp_path)
     assert before[("mlx5_1", "1", "link_downed")] == 255  # a count from before: not judged
     assert before[("mlx5_4", "1", "symbol_error")] == 0
-    assert len({(h, p) for h, p, _ in before}) == 9 and len(before) == 9 * len(ERROR_COUNTERS)
+    errors = {key: v for key, v in before.items() if key[2] in ERROR_COUNTERS}
+    assert len({(h, p) for h, p, _ in errors}) == 9 and len(errors) == 9 * len(ERROR_COUNTERS)
+    # each port's link layer is read beside them: mlx5_bond_0 is the one RoCE port
+    assert [key for key in before if key[2] == "link_layer/Ethernet"] == [
+        ("mlx5_bond_0", "1", "link_layer/Ethernet")
+    ]
     assert counter_problems({"n1": before}, {"n1": reading(tmp_path)}) == []
     (sysfs / "mlx5_4" / "ports" / "1" / "counters" / "symbol_error").write_text("12")
     (problem,) = counter_problems({"n1": before}, {"n1": reading(tmp_path)})

@@ -19,7 +19,8 @@ from facts.ssh_mesh_facts import SshdMesh, SshMeshProof, SshMeshUser
 from facts.stack_facts import StackVersions
 
 COMMANDS = {
-    "f4098b92269df7fa0b77fadee390424109ea1f2bfc40568414e60fbb2466df3e": GpuNodeState().command,
+    # #40: the GPUDirect RDMA path's two reads (the NVIDIA version line, the kernel release)
+    "5306d765c04f09f440913d648bdafd9a25facf77d73bfeb1b0955e1655d09697": GpuNodeState().command,
     "a1c69e5a21a59ecb956b010e397b73900ffa624d2e249cdebd6667ca32666673": lambda: (
         OpenMpiState().command(["root", "alice"])
     ),

@@ -435,6 +435,7 @@ def test_a_cpu_node_gets_memlock_only_and_null_leaves_memlock_unmanaged():
         "memlock (non-login ssh)": "unlimited",
         "memlock file": gpu_node.digest(cpu.memlock_conf),
         "memlock set elsewhere": "none",
+        "nvidia_peermem file": "absent",  # auto: trainfleet's own boot file has no place here
     }
     assert gpu_part({**GPU, "memlock": None}, {}, 0, None, None, None).memlock_conf is None
     assert gpu_part({**GPU, "memlock": 65536}, {}, 0, None, None, None).memlock == "65536"

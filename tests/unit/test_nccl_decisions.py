@@ -113,7 +113,7 @@ def test_a_node_with_a_channel_off_gpudirect_rdma_is_named(tmp_path):
     assert [node for node, _ in named] == ["node3", "node3"]
     assert "GPUDirect RDMA here is 'on 11 of 12 NET channels'" in named[0][1]
     assert named[1][1].startswith(
-        "nvidia_peermem is wanted here (an IB/RoCE port is active) but NCCL used IBext_v8 "
+        "GPUDirect RDMA is expected here (an IB/RoCE port is active) but NCCL used IBext_v8 "
         "with GPUDirect RDMA on 11 of 12 NET channels"
     )
 
@@ -130,9 +130,19 @@ def test_peermem_wanted_and_gdr_disabled_on_ib_is_named_and_sockets_are_not_this
     seen, problems = nccl_decision_problems(cluster(tmp_path, ["gpu1"]), logs, {"gpu1": IB})
     assert seen["gpu1"]["GPUDirect RDMA"] == "disabled for mlx5_10"
     assert [p.node for p in problems] == ["gpu1"] and "GPUDirect RDMA disabled" in problems[0].cause
-    # a CPU node, or one without an active port, is not the spec's to want peermem on
+    # whatever the node's path (DMA-BUF or nvidia_peermem, the spec's peermem auto or on):
+    # NCCL's own word is the judge
+    for setting in ("auto", "on"):
+        spec = cluster(tmp_path, ["gpu1"])
+        spec.gpu["peermem"] = setting
+        _, named = nccl_decision_problems(spec, logs, {"gpu1": IB})
+        assert [p.node for p in named] == ["gpu1"], setting
+    # a CPU node, one without an active port, or gpu.peermem: off is not the spec's to judge
     _, none = nccl_decision_problems(cluster(tmp_path, ["gpu1"], gpus=0), logs, {"gpu1": IB})
     assert none == []
+    off = cluster(tmp_path, ["gpu1"])
+    off.gpu["peermem"] = "off"
+    assert nccl_decision_problems(off, logs, {"gpu1": IB})[1] == []
     sockets = {"h": [(H100 / "nccl-1rank-info-all.log").read_text().splitlines()]}
     _, none = nccl_decision_problems(cluster(tmp_path, ["h"]), sockets, {"h": IB})
     assert none == []  # sockets despite an active port: nccl_socket_problems names that
@@ -162,3 +172,24 @@ def test_a_plugin_named_in_the_environment_but_missing_and_a_plugin_network_with
     assert decisions([missing])["net plugin"] == "none found (NCCL's own)"
     efa = (LOGS / "nccl-efa_aws_libfabric_ring.log").read_text().splitlines()
     assert decisions([efa])["GPUDirect RDMA"] == "on 0 of 3 NET channels"  # AWS Libfabric/0
+
+
+def test_dma_buf_channels_count_as_gpudirect_rdma_and_dma_buf_available_alone_does_not(tmp_path):
+    # Azure/aks-rdma-infiniband#36: NET/IB channels marked /GDRDMA; NCCL marks a DMA-BUF
+    # registration the same way. One line changed: a GDR_LEVEL line -> nccl-tests#245's
+    # "DMA-BUF is available on GPU device 0" (the open module's DMA-BUF path)
+    (lines,) = by_host("aks-rdma-36_ib_gdrdma_channels.log").values()
+    dmabuf = changed(
+        lines,
+        "[0] NCCL INFO NCCL_NET_GDR_LEVEL set by environment to SYS",
+        "[0] NCCL INFO DMA-BUF is available on GPU device 0",
+    )
+    logs = {"node1": [dmabuf], "node2": [lines]}
+    seen, problems = nccl_decision_problems(
+        cluster(tmp_path, list(logs)), logs, {node: IB for node in logs}
+    )
+    assert seen["node1"]["GPUDirect RDMA"] == "on every NET channel (7)"
+    assert problems == []
+    # nccl-tests#245: DMA-BUF available on the GPU, GDR disabled by the network plugin
+    ofi = (LOGS / "nccl-tests-245_ofi_dmabuf_available_gdr_disabled.log").read_text()
+    assert decisions([ofi.splitlines()])["GPUDirect RDMA"] == "disabled for NET/OFI"

@@ -1368,7 +1368,7 @@ def test_the_collective_stage_judges_nccls_choice_from_its_ranks_captured_log(mo
     assert [(p.node, p.cause[:60]) for p in report.problems] == [
         ("gpu-a02", "NCCL went over sockets although mlx5_0 port 1, mlx5_1 port 1"),
         # IB, but no channel line says GPUDirect RDMA (the quoted log has none): fails closed
-        ("gpu-a01", "nvidia_peermem is wanted here (an IB/RoCE port is active) bu"),
+        ("gpu-a01", "GPUDirect RDMA is expected here (an IB/RoCE port is active) "),
     ]
     assert "with GPUDirect RDMA not logged" in report.problems[1].cause
 

@@ -601,7 +601,7 @@ def test_a_quoted_on_for_nccl_ib_is_no_answer_either_the_accepted_values_are():
         (  # `Off` quoted would be refused: the word the key takes is suggested
             "gpu:\n  peermem: Off\n",
             "bad.yml:2: gpu.peermem: must be a string, got boolean False "
-            f'{QUOTE}a string is meant: "off"); accepts: `auto`, `off`',
+            f'{QUOTE}a string is meant: "off"); accepts: `auto`, `on`, `off`',
             "gpu:\n  peermem: 'off'\n",
         ),
         (

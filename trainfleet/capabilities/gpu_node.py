@@ -17,6 +17,7 @@ from trainfleet.capabilities import nccl_env
 from trainfleet.compare import digest
 from trainfleet.driver_pins import driver_branch
 from trainfleet.grammar import NULL, Key, Section, memlock_problem, positive_number
+from trainfleet.hw.gpudirect import DMA_BUF, PEERMEM, UNKNOWN, GdrPath, gdr_path
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render
@@ -31,6 +32,8 @@ MAJORITY = (
     "clock offset",
     "persistence mode",
 )
+
+PEERMEM_BOOT_FILE = "/etc/modules-load.d/trainfleet-peermem.conf"  # facts/gpu_node_facts.py's
 
 FABRIC_READY = (
     "Completed",
@@ -57,6 +60,11 @@ class GpuNodePlan:
     problems: list[str] = field(default_factory=list)  # the parts that cannot be planned
     allow_change: bool = False  # stack.allow_change: a fabric manager at another version may move
     peermem_conf: str | None = None  # the modules-load.d file that loads it at boot (peermem)
+    # GPUDirect RDMA's path on a GPU node (None: a CPU node, or its settings not read)
+    gdr: GdrPath | None = None
+    # trainfleet's own boot file as it wrote it, where ``auto`` no longer wants it (DMA-BUF, a
+    # CPU node): removed if found unchanged; the loaded module is left alone (a job may use it)
+    peermem_retired: str | None = None
 
 
 def memlock_conf(value: str | int) -> str:
@@ -72,10 +80,49 @@ def active_ports(network: Mapping[str, Any] | None) -> list[str]:
     )
 
 
-def peermem_wanted(gpu: Mapping[str, Any], gpus: int, network: Mapping[str, Any] | None) -> bool:
-    """nvidia_peermem belongs on a GPU node with an active IB/RoCE port (``gpu.peermem: auto``):
-    GPUDirect RDMA needs it."""
-    return gpus > 0 and gpu.get("peermem", "auto") == "auto" and bool(active_ports(network))
+def node_gdr(state: Mapping[str, Any] | None) -> GdrPath | None:
+    """The GPUDirect RDMA path the GpuNodeState fact shows (None: the fact was not read)."""
+    if state is None:
+        return None
+    return gdr_path(state.get("nvidia_version"), state.get("kernel"))
+
+
+def gdr_expected(gpu: Mapping[str, Any], gpus: int, network: Mapping[str, Any] | None) -> bool:
+    """A GPU node with an active IB/RoCE port uses GPUDirect RDMA, by DMA-BUF or nvidia_peermem
+    (unless ``gpu.peermem: off``: the site manages it)."""
+    return gpus > 0 and gpu.get("peermem", "auto") != "off" and bool(active_ports(network))
+
+
+def peermem_wanted(
+    gpu: Mapping[str, Any],
+    gpus: int,
+    network: Mapping[str, Any] | None,
+    gdr: GdrPath | None = None,
+) -> bool:
+    """``gpu.peermem: on``: nvidia_peermem on every GPU node. ``auto``: on a GPU node with an
+    active IB/RoCE port whose GPUDirect RDMA path is nvidia_peermem (a proprietary kernel
+    module, or a kernel before 5.12); where DMA-BUF is available it is not needed."""
+    setting = gpu.get("peermem", "auto")
+    if gpus == 0 or setting == "off":
+        return False
+    if setting == "on":
+        return True
+    return gdr_expected(gpu, gpus, network) and gdr is not None and gdr.kind == PEERMEM
+
+
+def _gdr_undecided(
+    gpu: Mapping[str, Any], gpus: int, network: Mapping[str, Any] | None, gdr: GdrPath | None
+) -> str | None:
+    """Why ``auto`` cannot tell whether this node needs nvidia_peermem (never assumed)."""
+    if gpu.get("peermem", "auto") != "auto" or not gdr_expected(gpu, gpus, network):
+        return None
+    if gdr is None or gdr.kind != UNKNOWN:
+        return None
+    return (
+        f"GPUDirect RDMA: DMA-BUF or nvidia_peermem cannot be told apart here ({gdr.why}); "
+        "nvidia_peermem was neither loaded nor retired: re-run once the NVIDIA driver is "
+        "loaded, or set gpu.peermem to on or off"
+    )
 
 
 def fabric_manager_package(family: str | None, driver: str) -> str | None:
@@ -98,9 +145,11 @@ def gpu_part(
 ) -> GpuNodePlan:
     """A node's GPU settings from the spec (``gpu``, ``stack.driver``), its GPU count in the
     spec and what it was found to be (GpuNodeState, NcclNetwork; None: not read)."""
-    peermem = peermem_wanted(gpu, gpus, network)
+    gdr = node_gdr(state) if gpus > 0 else None
+    peermem = peermem_wanted(gpu, gpus, network, gdr)
+    undecided = _gdr_undecided(gpu, gpus, network, gdr)
     memlock = gpu.get("memlock")
-    problems: list[str] = []
+    problems: list[str] = [undecided] if undecided else []
     fabric = None
     gpu_node = gpus > 0
     if (
@@ -141,6 +190,12 @@ def gpu_part(
         problems=problems,
         allow_change=bool(stack.get("allow_change", False)),
         peermem_conf=render("gpu_node/peermem.conf.j2") if peermem else None,
+        gdr=gdr,
+        peermem_retired=(
+            render("gpu_node/peermem.conf.j2")
+            if gpu.get("peermem", "auto") == "auto" and not peermem and not undecided
+            else None
+        ),
     )
 
 
@@ -207,12 +262,26 @@ def fabric_manager_value(state: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def peermem_text(gdr: GdrPath | None, loaded: bool, at_boot: bool) -> str:
+    """``loaded, at boot``; where DMA-BUF is the node's path, ``not needed (DMA-BUF)`` first
+    (a module left loaded by an earlier deploy is said so, not a finding)."""
+    state = ("loaded" if loaded else "not loaded") + (", at boot" if at_boot else "")
+    if gdr is not None and gdr.kind == DMA_BUF:
+        return "not needed (DMA-BUF)" + ("" if state == "not loaded" else f"; {state}")
+    return state
+
+
 def peermem_value(state: Mapping[str, Any]) -> str:
     if why := _smi_unreadable(state):
         return why
-    return ("loaded" if state["peermem_loaded"] else "not loaded") + (
-        ", at boot" if state["peermem_boot"] else ""
-    )
+    return peermem_text(node_gdr(state), state["peermem_loaded"], bool(state["peermem_boot"]))
+
+
+def gdr_value(state: Mapping[str, Any]) -> str:
+    """``DMA-BUF (open kernel module, kernel X)``, ``nvidia_peermem (proprietary ...)``, or
+    ``unknown (why)``."""
+    gdr = node_gdr(state)
+    return gdr.value() if gdr else UNREADABLE
 
 
 def clock_sync_value(state: Mapping[str, Any]) -> str:
@@ -300,10 +369,12 @@ def observed(
     props["memlock set elsewhere"] = "; ".join(state.get("memlock_other") or []) or "none"
     props["clock sync"] = clock_sync_value(state)
     props["clock offset"] = clock_offset_value(state, max_clock_offset_ms)
+    props["nvidia_peermem file"] = digest(state.get("peermem_conf"))
     if state["smi"] != "absent":
         props["persistence mode"] = persistence_value(state)
         props["fabric manager"] = fabric_manager_value(state)
         props["nvidia_peermem"] = peermem_value(state)
+        props["GPUDirect RDMA"] = gdr_value(state)
     return props
 
 
@@ -317,6 +388,10 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
         props["memlock set elsewhere"] = (
             "none"  # another file's line could override ours for the ranks
         )
+    if plan.peermem:
+        props["nvidia_peermem file"] = digest(plan.peermem_conf)
+    elif plan.peermem_retired is not None:
+        props["nvidia_peermem file"] = digest(None)  # trainfleet's own file, retired
     if not plan.gpu_node:
         return props
     props["clock offset"] = within(plan.max_clock_offset_ms)
@@ -325,7 +400,7 @@ def expected(plan: GpuNodePlan) -> dict[str, str]:
     if plan.fabric_manager:
         props["fabric manager"] = f"{plan.fabric_manager.version}, active, held"
     if plan.peermem:
-        props["nvidia_peermem"] = "loaded, at boot"
+        props["nvidia_peermem"] = peermem_text(plan.gdr, True, True)
     return props
 
 
@@ -398,6 +473,8 @@ def converged(plan: NodePlan) -> dict[str, Any]:
                 "peermem_boot": [],
                 **memlock,
                 "peermem_conf": None,
+                "nvidia_version": None,
+                "kernel": None,
                 "clock": {
                     "chrony": False,
                     "leap": None,
@@ -420,9 +497,11 @@ def converged(plan: NodePlan) -> dict[str, Any]:
             "fabricmanager": {fabric.package: f"{fabric.version}-1"} if fabric else {},
             "fabricmanager_held": [fabric.package] if fabric else [],
             "peermem_loaded": gpu.peermem,
-            "peermem_boot": ["/etc/modules-load.d/nvidia-peermem.conf"] if gpu.peermem else [],
+            "peermem_boot": [PEERMEM_BOOT_FILE] if gpu.peermem else [],
             **memlock,
-            "peermem_conf": None,
+            "peermem_conf": gpu.peermem_conf,
+            "nvidia_version": gpu.gdr.line if gpu.gdr else None,
+            "kernel": gpu.gdr.kernel if gpu.gdr else None,
             "clock": {
                 "chrony": True,
                 "leap": "Normal",
@@ -457,10 +536,15 @@ GPU = Section(
         "peermem": Key(
             str,
             "auto",
-            "`auto`: a GPU node with active InfiniBand/RoCE loads `nvidia_peermem` now and at boot "
-            "(GPUDirect RDMA; without it NCCL copies through the host); `off`: unmanaged.",
-            check=lambda v: None if v in ("auto", "off") else f"{v!r} must be 'auto' or 'off'",
-            accepts="`auto`, `off`",
+            "`auto`: a GPU node with active InfiniBand/RoCE whose GPUDirect RDMA needs it (a "
+            "proprietary NVIDIA kernel module, or a kernel before 5.12) loads `nvidia_peermem` now "
+            "and at boot; with the open kernel module on Linux 5.12 or later NCCL uses DMA-BUF "
+            "and it is not needed (trainfleet's boot file is removed, a loaded module left "
+            "alone); `on`: loaded on every GPU node; `off`: unmanaged.",
+            check=lambda v: (
+                None if v in ("auto", "on", "off") else f"{v!r} must be 'auto', 'on' or 'off'"
+            ),
+            accepts="`auto`, `on`, `off`",
         ),
         "memlock": Key(
             (str, int, NULL),

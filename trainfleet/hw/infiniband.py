@@ -24,6 +24,21 @@ ERROR_COUNTERS = (
     "local_link_integrity_errors",
     "excessive_buffer_overrun_errors",
 )
+# RoCE under load (hw_counters/, mlx5): a packet lost and sent again. Growing while no pause
+# frame was sent or received, the fabric dropped it: flow control (PFC) is not in effect.
+RETRANSMIT_COUNTERS = (
+    "out_of_sequence",
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "roce_adp_retrans",
+    "roce_slow_restart",
+    "roce_slow_restart_cnps",
+    "roce_slow_restart_trans",
+)
+# Congestion notification (DCQCN): CNPs sent and ECN-marked packets received (the notification
+# point), CNPs handled (the reaction point). Figures, not faults.
+CONGESTION_COUNTERS = ("np_cnp_sent", "np_ecn_marked_roce_packets", "rp_cnp_handled")
+ROCE_COUNTERS = RETRANSMIT_COUNTERS + CONGESTION_COUNTERS
 
 
 def hcas(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
