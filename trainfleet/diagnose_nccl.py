@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainfleet.compare import HEALTHY, Finding, Report
+from trainfleet.folded import wrapped
 from trainfleet.hw.sources import INFINIBAND
 from trainfleet.model import Cluster
 from trainfleet.nccl import Gid, IbPort, ib_settings, ucx_devices
@@ -35,6 +36,7 @@ from trainfleet.nccl_qos import (
     node_qos,
     odd_qos,
 )
+from trainfleet.node_sets import fold
 from trainfleet.rails import ETHERNET, Rails
 from trainfleet.rails import INFINIBAND as IB_LINK
 
@@ -352,6 +354,6 @@ def env_lines(report: Report) -> list[str]:
     every = len([n for n in report.nodes if n in report.observed])
     lines = ["", "NCCL environment trainfleet would write (docs/nccl_env.md):"]
     for text, nodes in groups.items():
-        who = f"all {every} nodes" if len(nodes) == every and every > 1 else ", ".join(nodes)
-        lines.append(f"  {text}  [{who}]")
+        who = f"all {every} nodes" if len(nodes) == every and every > 1 else fold(nodes)
+        lines += wrapped(f"{text}  [{who}]", indent="  ")  # 160 columns at any cluster size
     return lines

@@ -316,7 +316,7 @@ def test_diagnose_shows_each_nodes_nccl_env_and_names_the_odd_qos(tmp_path, caps
         "  NCCL_IB_ROCE_VERSION_NUM [NCCL >= 2.21]=2  [all 5 nodes]",
         "  NCCL_IB_ADDR_FAMILY [NCCL >= 2.21]=AF_INET  [all 5 nodes]",
         "  NCCL_IB_GID_INDEX [NCCL < 2.21 or unknown]=5  [all 5 nodes]",
-        "  NCCL_IB_TC=106  [n1, n2, n3, n4]",
+        "  NCCL_IB_TC=106  [n[1-4]]",
         "  not derived: NCCL_SOCKET_IFNAME: not read: a capture holds no interface addresses"
         "  [all 5 nodes]",
         "  not derived: NCCL_IB_TC: mlx5_0:1 (ens1f0): not read: mlnx-qos/ens1f0.txt timed out"
