@@ -116,7 +116,14 @@ def test_an_explicit_setting_still_decides_whatever_the_path():
     for setting, wanted in (("on", True), ("off", False)):
         plan = gpu_part({**GPU, "peermem": setting}, {}, 1, unread, IB, "debian")
         assert (plan.peermem, plan.problems, plan.peermem_retired) == (wanted, [], None)
-    assert gpu_part(GPU, {}, 1, unread, IB, "debian").problems[0].startswith("GPUDirect RDMA:")
+    # auto without a driver loaded (a first deploy): peermem waits, neither loaded nor retired,
+    # and the rest of the GPU settings go ahead; a line that cannot be parsed fails them
+    waiting = gpu_part(GPU, {}, 1, unread, IB, "debian")
+    assert (waiting.peermem, waiting.peermem_retired, waiting.problems) == (False, None, [])
+    assert observed(unread, IB, INTERFACE, 100)["GPUDirect RDMA"].startswith("unknown (")
+    garbled = {**unread, "nvidia_version": "NVRM version: something else"}
+    problems = gpu_part(GPU, {}, 1, garbled, IB, "debian").problems
+    assert problems and problems[0].startswith("GPUDirect RDMA:")
     # a CPU node under auto: trainfleet's file has no place there; under off: unmanaged
     assert gpu_part(GPU, {}, 0, None, IB, None).peermem_retired == "nvidia_peermem\n"
     assert gpu_part({**GPU, "peermem": "off"}, {}, 0, None, IB, None).peermem_retired is None
@@ -129,3 +136,18 @@ def test_the_captures_are_the_files_the_readme_names():
         .startswith("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08")
     )
     assert OPEN_LINE.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64")
+
+
+def test_a_real_h200_with_the_open_module_offers_dma_buf_as_its_driver_and_kernel_say():
+    """tests/fixtures/hardware/h200_rdma: captured on a lent H200 on 2026-11-28. The version
+    line and kernel release alone decide DMA-BUF here; the same machine's CUDA driver reports
+    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 1 and its kernel exports ib_umem_dmabuf_get, which
+    is what the rule stands for."""
+    h200 = Path(__file__).resolve().parents[1] / "fixtures" / "hardware" / "h200_rdma"
+    line = (h200 / "nvidia-driver-version.txt").read_text().splitlines()[0]
+    path = gdr_path(line, (h200 / "uname-r.txt").read_text())
+    assert (path.kind, path.module) == (DMA_BUF, "open")
+    assert path.why == "open kernel module, kernel 6.18.44-fc-v657-gpu"
+    attributes = (h200 / "cuda-rdma-attributes.txt").read_text()
+    assert "CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED 124 rc 0 value 1" in attributes
+    assert "T ib_umem_dmabuf_get " in (h200 / "kallsyms-dmabuf.txt").read_text()

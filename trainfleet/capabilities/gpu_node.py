@@ -149,7 +149,10 @@ def gpu_part(
     peermem = peermem_wanted(gpu, gpus, network, gdr)
     undecided = _gdr_undecided(gpu, gpus, network, gdr)
     memlock = gpu.get("memlock")
-    problems: list[str] = [undecided] if undecided else []
+    # a version line that was read and cannot be parsed fails the node's GPU settings; no line
+    # at all is a driver not loaded yet (a first deploy installs it): peermem waits, the rest
+    # of the settings go ahead, and drift shows the path as unknown with why
+    problems: list[str] = [undecided] if undecided and gdr and gdr.line is not None else []
     fabric = None
     gpu_node = gpus > 0
     if (
