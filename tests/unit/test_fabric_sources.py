@@ -352,3 +352,29 @@ def test_with_topo_an_unreadable_hca_pci_is_named_beside_topos_rails():
     assert rails.notes == (
         "hca-pci.txt refused: line 4 is not '<hca> <PCI function> [<netdev> ...]'",
     )
+
+
+def test_a_gpu_no_rail_serves_is_named_on_its_node_in_the_judges_report(tmp_path):
+    # three nodes of gpud's HGX without nvidia-smi; node2's hca-pci.txt lacks ONE line (its
+    # ConnectX-7 beside GPU 0000:db:00.0 did not come up): that GPU has no rail, named
+    text = "".join(f"{hca} {f.pci}\n" for hca, f in gpud_functions().items())
+    lacking = text.replace("hca-0000-dc-00.0 0000:dc:00.0\n", "")
+    for node, hca_pci in (("node1", text), ("node2", lacking), ("node3", text)):
+        folder = tmp_path / "capture" / node
+        folder.mkdir(parents=True)
+        status, files = lspci_node(hca_pci)
+        (folder / "sources.txt").write_text("".join(f"{n} {s}\n" for n, s in status.items()))
+        for name, body in files.items():
+            (folder / name).write_text(body)
+    report = judge(tmp_path / "capture")
+    rails = [(f.node, f.observed) for f in report.findings if f.property == "NCCL rails problems"]
+    assert rails == [
+        ("node2", "GPU 0000:db:00.0 is beside no rail: its NCCL traffic crosses the CPU")
+    ]
+    odd = [
+        (f.node, f.property, f.kind, f.observed) for f in report.findings if "rail" in f.property
+    ]
+    assert odd[1:] == [
+        ("node2", "rail hca-0000-dc-00.0", "majority", "absent"),
+        ("node2", "rails", "majority", "11: link layer unknown"),
+    ]
