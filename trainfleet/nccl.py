@@ -125,8 +125,8 @@ def network_rails(network: Mapping[str, Any]) -> Rails | None:
     them from a capture: by GPU affinity where ``nvidia-smi topo -m`` was read (its NIC legend
     names the HCAs, the ports are the fact's); a topo -m that cannot be read stands in the
     way, named (never a guess); None without nvidia-smi (every active port, ib_settings)."""
-    found = network.get("topo") or {}
-    if found.get("status") == "absent" or not found:
+    found = network.get("topo")
+    if not found or found["status"] == "absent":
         return None
     ports = fact_ports(network["ib_ports"])
     if found["status"] != "ok":

@@ -36,7 +36,7 @@ def hca_functions(text: str) -> dict[str, HcaFunction]:
     found: dict[str, HcaFunction] = {}
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split()
-        hca, pci, netdevs = (words + ["", ""])[0], (words + ["", ""])[1], words[2:]
+        hca, pci, netdevs = (words[0], words[1], words[2:]) if len(words) > 1 else ("", "", [])
         if (
             not _HCA.fullmatch(hca)
             or not PCI_FUNCTION.fullmatch(pci)
