@@ -13,7 +13,7 @@ from typing import Any
 
 from facts.hardware_facts import HardwareSources
 from runtime.gather import gather_fact, once_per_run, refused_sudo
-from trainfleet.hw.sources import IB_PATH, INFINIBAND, SOURCES, STATUS_FILE
+from trainfleet.hw.sources import STATUS_FILE, TREES, is_source, tree_file
 from trainfleet.keystore import controller_folder
 from trainfleet.model import Cluster
 
@@ -75,21 +75,18 @@ def new_directory(parent: Path) -> Path:
 
 
 def node_files(raw: dict[str, Any]) -> dict[str, bytes]:
-    """One node's files by their path in its folder: the fact's fixed source names,
-    ``sys-class-infiniband/<the kernel's names>`` (the fact's grammar, checked again: never
+    """One node's files by their path in its folder: the fact's source names (fixed, or
+    ``mlnx-qos/<netdev>.txt``), the trees' files (``sys-class-infiniband/``, ``sys-class-net/``,
+    ``rdma_cm/`` and the kernel's names, by each tree's grammar, checked again: never
     absolute, never ``..``) and ``sources.txt``. ValueError, naming it, for anything else: an
     unknown name, a path that is another's folder (``mlx5_0/ports`` beside
     ``mlx5_0/ports/1/state``), text that is not text."""
     status, files = raw["status"], raw["files"]
-    problems = [f"source {str(n)[:40]!r}" for n in status if n not in SOURCES]
-    prefix = INFINIBAND + "/"
+    problems = [f"source {str(n)[:40]!r}" for n in status if not is_source(str(n))]
     for name in files:
         if not isinstance(name, str):
             problems.append(f"file {str(name)[:40]!r}")
-        elif name.startswith(prefix):
-            if not IB_PATH.fullmatch(name[len(prefix) :]):
-                problems.append(f"file {name[:80]!r}")
-        elif name not in SOURCES or name == INFINIBAND:
+        elif not tree_file(name) and (not is_source(name) or name in TREES):
             problems.append(f"file {name[:80]!r}")
     if problems:
         raise ValueError("not a capture's names: " + ", ".join(problems[:4]))
@@ -109,8 +106,9 @@ def write_node(folder: Path, raw: dict[str, Any]) -> None:
     them (serial numbers, the kernel log)."""
     files = node_files(raw)
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if raw["status"].get(INFINIBAND) == "ok":  # the tree, even where no file of it was read
-        (folder / INFINIBAND).mkdir(mode=0o700)
+    for tree in TREES:  # each tree read, even where no file of it was
+        if raw["status"].get(tree) == "ok":
+            (folder / tree).mkdir(mode=0o700)
     for name, data in files.items():
         path = folder / name
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from types import MappingProxyType
 from typing import Any
 
 from pyinfra.api import FactBase, StringCommand
@@ -17,14 +18,19 @@ from trainfleet.hw.kernel_log import GREP
 from trainfleet.hw.sources import (
     CMDLINE,
     CPUINFO,
-    IB_PATH,
     INFINIBAND,
-    SOURCES,
+    RDMA_CM,
     STATUS,
+    SYS_CLASS_NET,
+    TREE_PATHS,
+    TREES,
+    is_source,
     read_hardware,
 )
 
 _SCRIPT = script("hardware.sh")
+# a tree's file lines: "<tag> <path below the tree> <value>"
+_TREE_TAGS = MappingProxyType({"ib": INFINIBAND, "net": SYS_CLASS_NET, "cm": RDMA_CM})
 
 
 def _decode(encoded: str) -> str:
@@ -38,9 +44,12 @@ def _decode(encoded: str) -> str:
 class HardwareSources(FactBase[dict[str, Any]]):
     """
     A node's hardware sources, each a tool's whole output (``nvidia-smi -q -x``, ``nvidia-smi
-    nvlink -s``, ``nvidia-smi topo -m``, ``lspci -vvv``, the kernel log, ``/proc/cmdline``) and
-    the InfiniBand sysfs tree, with what became of each (``ok``, ``absent``, ``exit N``,
-    ``skipped``). Nothing is changed on the node.
+    nvlink -s``, ``nvidia-smi topo -m``, ``lspci -vvv``, the kernel log, ``/proc/cmdline``),
+    the InfiniBand sysfs tree (with the GID entries in use and ``tc/1/traffic_class``) and each
+    HCA's PCI function (``hca-pci.txt``), with what became of each (``ok``, ``absent``,
+    ``exit N``, ``skipped``); a capture also each RoCE netdev's ``mlnx_qos -i`` (bounded) and
+    ECN enables, and rdma_cm's ToS where its configfs folder exists (docs/hardware.md). Nothing
+    is changed on the node: configfs is read, never made.
 
     + mode: ``check`` (drift: the kernel log's matching lines only; lspci and the log only on
       nodes with a GPU or HCA) or ``capture`` (everything, whole)
@@ -68,21 +77,21 @@ class HardwareSources(FactBase[dict[str, Any]]):
             tag, _, rest = line.partition(" ")
             if tag == "src":
                 name, _, how = rest.partition(" ")
-                if name not in SOURCES or name in status:
+                if not is_source(name) or name in status:
                     raise ValueError(f"source {name[:40]!r} unknown or given twice")
                 state, _, encoded = how.partition(" ")
                 if state == "ok":
                     status[name] = "ok"
-                    if name != INFINIBAND:
+                    if name not in TREES:
                         files[name] = _decode(encoded)
                 elif STATUS.fullmatch(how.strip()):
                     status[name] = how.strip()
                 else:
                     raise ValueError(f"source {name}: status {how[:40]!r}")
-            elif tag == "ib":
+            elif tree := _TREE_TAGS.get(tag):
                 path, _, value = rest.partition(" ")
-                if IB_PATH.fullmatch(path):  # the kernel's names only; anything else is dropped
-                    files[f"{INFINIBAND}/{path}"] = value
+                if TREE_PATHS[tree].fullmatch(path):  # the kernel's names only; else dropped
+                    files[f"{tree}/{path}"] = value
         return {"status": status, "files": files}
 
     @staticmethod

@@ -13,21 +13,21 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import RULES, hardware
 from trainfleet.compare import HEALTHY, Finding, Report, compare
-from trainfleet.diagnose_nccl import QOS_LIMIT, TREES, add_to_report, capture_readings, envs_of
-from trainfleet.diagnose_nccl import is_source as nccl_source
+from trainfleet.diagnose_nccl import add_to_report, capture_readings, envs_of
 from trainfleet.grammar import short_name_problem
-from trainfleet.hw import infiniband, topo
+from trainfleet.hw import infiniband, lspci, pci_tree, topo
 from trainfleet.hw.sources import (
     CMDLINE,
     CPUINFO,
     DMESG,
-    IB_PATH,
+    HCA_PCI,
     INFINIBAND,
     LSPCI,
     NVLINK,
@@ -36,11 +36,21 @@ from trainfleet.hw.sources import (
     STATUS,
     STATUS_FILE,
     TOPO,
+    TREE_PATHS,
+    TREES,
+    is_source,
     read_hardware,
 )
 from trainfleet.model import Cluster
 from trainfleet.nccl_cluster import odd_rails, rail_values
-from trainfleet.rails import Rails, by_affinity, ports_from_sysfs, without_affinity
+from trainfleet.rails import (
+    HcaPort,
+    Rails,
+    by_affinity,
+    disagreement,
+    ports_from_sysfs,
+    without_affinity,
+)
 
 MiB = 2**20
 # The most a capture's file may hold, by source: generous against what a large node prints
@@ -59,6 +69,7 @@ FILE_LIMITS = MappingProxyType(
     }
 )
 SYSFS_LIMIT = 64 * 1024  # a sysfs value is one page (4 or 64 KiB)
+SMALL_LIMIT = 64 * 1024  # hca-pci.txt, an mlnx_qos output (about 2 KB)
 SYSFS_FILES = 16384  # files of one node's InfiniBand tree (an 8-HCA node has ~1500)
 NODE_LIMIT = 64 * MiB  # one node's files together: what is held in memory at once
 TOTAL_LIMIT = 2048 * MiB  # the capture's files together (a node is a few MB)
@@ -137,33 +148,33 @@ def read_node(
         name, _, state = line.strip().partition(" ")
         if not line.strip():
             continue
-        known = name in SOURCES or nccl_source(name)
-        if not known or not STATUS.fullmatch(state) or name in status:
+        if not is_source(name) or not STATUS.fullmatch(state) or name in status:
             problems.append(f"{folder / STATUS_FILE}:{number}: not '<source> <status>': {line!r}")
             continue
         status[name] = state
+    # the fabric's sources (#40) are not in a capture made before them: "not read", not bad
     if listing is not None and (unsaid := [n for n in SOURCES if n not in status]):
         problems.append(f"{folder / STATUS_FILE}: says nothing of {', '.join(unsaid)}")
     files: dict[str, str] = {}
     for name, state in status.items():
         if state != "ok":
             continue
-        if name == INFINIBAND or name in TREES:
-            files |= _tree(folder / name, problems, budget, name)
-        elif "/" in name and (folder / name).parent.is_symlink():  # mlnx-qos/<netdev>.txt
+        if name in TREES:
+            files |= _tree(folder, name, problems, budget)
+        elif "/" in name and (folder / name).parent.is_symlink():
             problems.append(f"{(folder / name).parent}: a link, not a directory")
         elif (
-            text := _read(folder / name, problems, FILE_LIMITS.get(name, QOS_LIMIT), budget)
+            text := _read(folder / name, problems, FILE_LIMITS.get(name, SMALL_LIMIT), budget)
         ) is not None:
             files[name] = text
     return status, files
 
 
-def _tree(
-    root: Path, problems: list[str], budget: _Budget, source: str = INFINIBAND
-) -> dict[str, str]:
-    """A sysfs tree source's files below ``root`` by their path under ``source`` (links are
-    not followed), at most SYSFS_FILES of them."""
+def _tree(folder: Path, tree: str, problems: list[str], budget: _Budget) -> dict[str, str]:
+    """The files of the tree ``tree`` (sys-class-infiniband, ...) below the node's ``folder``
+    by their path (links are not followed; a path outside the tree's grammar is not read), at
+    most SYSFS_FILES of them."""
+    root = folder / tree
     if not root.is_dir() or root.is_symlink():
         problems.append(f"{root}: not a directory")
         return {}
@@ -180,13 +191,13 @@ def _tree(
         for name in names:
             path = Path(directory) / name
             relative = path.relative_to(root).as_posix()
-            if not IB_PATH.fullmatch(relative):
+            if not TREE_PATHS[tree].fullmatch(relative):
                 continue
             if (seen := seen + 1) > SYSFS_FILES:
                 problems.append(f"{root}: more than {SYSFS_FILES} files (the rest not read)")
                 return found
             if (text := _read(path, problems, SYSFS_LIMIT, budget)) is not None:
-                found[f"{source}/{relative}"] = text
+                found[f"{tree}/{relative}"] = text
     return found
 
 
@@ -198,20 +209,57 @@ RAILS_HEALTH = "NCCL rails problems"
 
 def node_rails(status: dict[str, str], files: dict[str, str]) -> Rails | str | None:
     """The node's compute rails from its capture (docs/nccl_env.md): by GPU affinity where
-    ``topo -m`` was read, with the sysfs tree's ports where that was read too; without a topo,
-    from the sysfs tree alone; a ``topo -m`` that cannot be read: why (never a guess); neither
-    source: None (nothing to derive)."""
+    ``topo -m`` was read, else where ``lspci -vvv`` and ``hca-pci.txt`` were (a node without
+    nvidia-smi), with the sysfs tree's ports where that was read too; where both affinity
+    sources were read, topo -m decides and their difference is named; with neither, from the
+    sysfs tree alone; an affinity source that cannot be read: why (never a guess); no source at
+    all: None (nothing to derive)."""
     ports = None
     if status.get(INFINIBAND) == "ok":
         prefix = INFINIBAND + "/"
         tree = {k[len(prefix) :]: v for k, v in files.items() if k.startswith(prefix)}
         ports = ports_from_sysfs(infiniband.hcas(tree))
+    from_lspci = _lspci_rails(status, files, ports)
     if status.get(TOPO) == "ok" and TOPO in files:
         try:
-            return by_affinity(topo.parse(files[TOPO]), ports)
+            rails = by_affinity(topo.parse(files[TOPO]), ports)
         except topo.TopoRefused as exc:
             return f"nvidia-smi topo -m refused: {exc}"
+        return replace(rails, notes=(*rails.notes, *_second_opinion(rails, from_lspci)))
+    if from_lspci is not None:
+        return from_lspci
     return None if ports is None else without_affinity(ports)
+
+
+def _second_opinion(by_topo: Rails, from_lspci: Rails | str | None) -> tuple[str, ...]:
+    """What lspci's rails say beside topo -m's, which decide: where they differ by HCA, and
+    what stood in lspci's way (an unreadable hca-pci.txt, an HCA lspci lacks), named."""
+    if from_lspci is None:
+        return ()
+    if isinstance(from_lspci, str):
+        return (from_lspci,)
+    if not (by_topo.rails and from_lspci.rails):
+        return from_lspci.problems
+    return (*from_lspci.problems, *disagreement(by_topo, from_lspci))
+
+
+def _lspci_rails(
+    status: dict[str, str], files: dict[str, str], ports: list[HcaPort] | None
+) -> Rails | str | None:
+    """The rails by lspci's PCIe switches and each HCA's PCI function (None: either source
+    not read, or a node whose lspci shows no GPU); a source that cannot be read: why."""
+    if status.get(HCA_PCI) != "ok" or status.get(LSPCI) != "ok" or LSPCI not in files:
+        return None
+    try:
+        functions = pci_tree.hca_functions(files.get(HCA_PCI, ""))
+    except ValueError as exc:
+        return f"{HCA_PCI} refused: {exc}"
+    devices = lspci.devices(files[LSPCI])
+    if not any(lspci.is_gpu(d) for d in devices):
+        return None
+    topology, missing = pci_tree.lspci_topology(devices, functions)
+    rails = by_affinity(topology, ports)
+    return replace(rails, problems=(*missing, *rails.problems)) if missing else rails
 
 
 def _rails_findings(report: Report, rails: dict[str, Rails | str | None]) -> None:
@@ -226,7 +274,7 @@ def _rails_findings(report: Report, rails: dict[str, Rails | str | None]) -> Non
         if isinstance(found, str):
             blockers = [found]
         else:
-            blockers = [*found.problems, *([found.mixed] if found.mixed else [])]
+            blockers = [*found.problems, *([found.mixed] if found.mixed else []), *found.notes]
             observed[RAILS_PROPERTY] = found.hca_list if found.rails else "none (NCCL_IB_DISABLE=1)"
             observed |= rail_values(found)
         observed[RAILS_HEALTH] = "; ".join(blockers) or HEALTHY

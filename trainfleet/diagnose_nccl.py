@@ -23,7 +23,7 @@ from typing import Any
 
 from trainfleet.compare import HEALTHY, Finding, Report
 from trainfleet.folded import wrapped
-from trainfleet.hw.sources import INFINIBAND
+from trainfleet.hw.sources import INFINIBAND, NETDEV, RDMA_CM, SYS_CLASS_NET
 from trainfleet.model import Cluster
 from trainfleet.nccl import Gid, IbPort, ib_settings, ucx_devices
 from trainfleet.nccl_gids import deciding_release, release_text
@@ -40,30 +40,18 @@ from trainfleet.node_sets import fold
 from trainfleet.rails import ETHERNET, Rails
 from trainfleet.rails import INFINIBAND as IB_LINK
 
-MLNX_QOS = MLNX_QOS_FILE.split("/")[0]  # mlnx-qos/<netdev>.txt: one source per RoCE netdev
-NET_TREE = "sys-class-net"  # /sys/class/net's ECN enables
-RDMA_CM_TREE = "rdma_cm"  # configfs rdma_cm's default_roce_tos (where it was set up)
-TREES = (NET_TREE, RDMA_CM_TREE)
-# A netdev's name as the kernel allows it (IFNAMSIZ 16, no '/', no whitespace), narrowed to
-# what a capture folder's path grammar takes.
-NETDEV = re.compile(r"[A-Za-z0-9_.:-]{1,15}")
-QOS_SOURCE = re.compile(MLNX_QOS + "/" + NETDEV.pattern + r"\.txt")
+NET_TREE = SYS_CLASS_NET  # /sys/class/net's ECN enables
+RDMA_CM_TREE = RDMA_CM  # configfs rdma_cm's default_roce_tos (where it was set up)
 PROBLEMS = "NCCL env problems"  # a health gate: none, or what stands in the GID or TC's way
 NOT_DERIVED = "NCCL env not derived"  # variable: why, per node
 WHY = "NCCL env why"  # the explanation: why each rail got its traffic class
 SEPARATOR = " | "  # between NOT_DERIVED's variables (their reasons hold "; ")
-QOS_LIMIT = 64 * 1024  # mlnx_qos prints ~1.5 KB
 _GID_PATH = re.compile(
     r"([A-Za-z0-9_]{1,32})/ports/([0-9]{1,3})/(gids|gid_attrs/(types|ndevs))/([0-9]{1,4})"
 )
 _PORT_PATH = re.compile(r"([A-Za-z0-9_]{1,32})/ports/([0-9]{1,3})/(link_layer|state)")
 NO_HCA = ("absent", "skipped")  # the node has no /sys/class/infiniband (sources.py)
 NEWER, OLDER = (2, 21), None  # the two GID rules (trainfleet.nccl_gids.AUTO_GID)
-
-
-def is_source(name: str) -> bool:
-    """Whether ``name`` in ``sources.txt`` is one of this module's sources."""
-    return name in TREES or QOS_SOURCE.fullmatch(name) is not None
 
 
 def _below(files: Mapping[str, str], tree: str) -> dict[str, str]:

@@ -4,8 +4,9 @@ Plain functions over the NcclNetwork fact's data, testable without any host:
 - the socket interface is the one that holds the node's cluster address (never a
   guess by name or order, which is how NCCL ends up on an unreachable second NIC);
 - InfiniBand/RoCE comes from sysfs: the compute rails become NCCL_IB_HCA (trainfleet.rails:
-  the ports under a GPU's PCIe switch where nvidia-smi topo -m is known, else every active
-  port; never InfiniBand and RoCE mixed), RoCE v2 picks NCCL_IB_GID_INDEX, no rail disables IB;
+  the ports under a GPU's PCIe switch where nvidia-smi topo -m is known, ``network_rails``,
+  else every active port; never InfiniBand and RoCE mixed), RoCE v2 picks NCCL_IB_GID_INDEX,
+  no rail disables IB;
 - spec values override derived ones.
 """
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from ipaddress import ip_interface
 from typing import Any, NotRequired, TypedDict
 
+from trainfleet.hw import topo
 from trainfleet.nccl_gids import (
     AF_INET,
     AF_INET6,
@@ -26,7 +28,7 @@ from trainfleet.nccl_gids import (
     picks_itself,
     release_text,
 )
-from trainfleet.rails import HcaPort, Rails, without_affinity
+from trainfleet.rails import HcaPort, Rails, by_affinity, without_affinity
 
 ENV_PURPOSE = "nccl environment"
 # The variable families `nccl.env` may set (the schema's grammar is built from this list, the
@@ -116,6 +118,24 @@ def ucx_devices(env: dict[str, str], interface: str | None) -> str | None:
 def fact_ports(ports: list[IbPort]) -> list[HcaPort]:
     """The NcclNetwork fact's ports as the rails rule reads them (the fact reads no rate)."""
     return [HcaPort(p["device"], p["port"], p["link_layer"], p["state"]) for p in ports]
+
+
+def network_rails(network: Mapping[str, Any]) -> Rails | None:
+    """The node's compute rails from its NcclNetwork fact, as ``trainfleet diagnose`` derives
+    them from a capture: by GPU affinity where ``nvidia-smi topo -m`` was read (its NIC legend
+    names the HCAs, the ports are the fact's); a topo -m that cannot be read stands in the
+    way, named (never a guess); None without nvidia-smi (every active port, ib_settings)."""
+    found = network.get("topo")
+    if not found or found["status"] == "absent":
+        return None
+    ports = fact_ports(network["ib_ports"])
+    if found["status"] != "ok":
+        why = f"nvidia-smi topo -m failed ({found['status']})"
+        return Rails((), {}, (why,), by_affinity=True)
+    try:
+        return by_affinity(topo.parse(found["text"] or ""), ports)
+    except topo.TopoRefused as exc:
+        return Rails((), {}, (f"nvidia-smi topo -m refused: {exc}",), by_affinity=True)
 
 
 def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainfleet.compare import Finding, majority
 from trainfleet.model import Cluster
-from trainfleet.nccl import Derived, derive, gid_disagreement
+from trainfleet.nccl import Derived, derive, gid_disagreement, network_rails
 from trainfleet.nccl_gids import deciding_release
 from trainfleet.rails import Rails
 
@@ -55,6 +55,7 @@ def derive_cluster(
             node.nccl,
             networks[node.name]["interfaces"],
             networks[node.name]["ib_ports"],
+            network_rails(networks[node.name]),
             release=node_release(cluster, (stacks or {}).get(node.name)),
         )
         for node in cluster.nodes

@@ -1,11 +1,12 @@
 """NCCL's compute rails: the HCA ports a node's GPUs reach without crossing the CPU.
 
 A rail is an active HCA port whose NIC is PIX or PXB (under the same PCIe switch) to at least
-one GPU in ``nvidia-smi topo -m``. A NIC that is PHB, NODE or SYS to every GPU (a frontend
-bond, a storage or management HCA) is not a rail: NCCL traffic through it crosses the host
-bridge, and NCCL spreads rings over every HCA it is given, so one such port drags every
-collective down to its speed. Rails never mix link layers: InfiniBand and RoCE ports in one
-NCCL_IB_HCA list fail in ``ibv_modify_qp`` (Invalid argument).
+one GPU in ``nvidia-smi topo -m`` or, without nvidia-smi, in ``lspci -vvv``'s bridges with
+each HCA's PCI function (trainfleet.hw.pci_tree). A NIC that is PHB, NODE or SYS to every GPU
+(a frontend bond, a storage or management HCA) is not a rail: NCCL traffic through it crosses
+the host bridge, and NCCL spreads rings over every HCA it is given, so one such port drags
+every collective down to its speed. Rails never mix link layers: InfiniBand and RoCE ports in
+one NCCL_IB_HCA list fail in ``ibv_modify_qp`` (Invalid argument).
 
 Without a GPU-affinity source (no GPU, no topo: the lab) every active port is a rail, as
 before, and still never both link layers. Plain functions over plain data.
@@ -59,8 +60,10 @@ class Rails:
     rails: tuple[Rail, ...]
     left_out: Mapping[str, str]  # HCA (port, or device) -> why it is not a rail
     problems: tuple[str, ...]  # the sources disagree: no list is derived (named, never a pick)
-    by_affinity: bool  # True where nvidia-smi topo -m decided, False where it was not there
+    by_affinity: bool  # True where a GPU-affinity source decided (topo -m, else lspci)
     mixed: str | None = None  # the rails hold InfiniBand and RoCE ports: why that fails
+    # named, yet the list stands: topo -m and lspci disagree (topo decides), a GPU no rail serves
+    notes: tuple[str, ...] = ()
 
     @property
     def hca_list(self) -> str:
@@ -144,7 +147,35 @@ def by_affinity(topology: Topology, ports: Sequence[HcaPort] | None) -> Rails:
             problems.append(
                 f"{device} is in /sys/class/infiniband but not in nvidia-smi topo -m's NIC legend"
             )
-    return Rails(tuple(rails), left_out, tuple(problems), by_affinity=True, mixed=_mixed(rails))
+    served = {g for r in rails for g in r.gpus}
+    alone = [g for g in topology.gpus if g not in served] if rails else []
+    notes = tuple(f"{g} is beside no rail: its NCCL traffic crosses the CPU" for g in alone)
+    return Rails(
+        tuple(rails), left_out, tuple(problems), by_affinity=True, mixed=_mixed(rails), notes=notes
+    )
+
+
+def disagreement(topo_rails: Rails, lspci_rails: Rails) -> list[str]:
+    """Where ``nvidia-smi topo -m``'s rails and ``lspci``'s differ, by HCA: which are rails,
+    and how many GPUs each serves (their GPU names differ: topo's indices, lspci's addresses,
+    so only the counts are compared). topo -m decides; this only names the difference."""
+
+    def served(rails: Rails) -> dict[str, int]:
+        return {r.hca.partition(":")[0]: len(r.gpus) for r in rails.rails}
+
+    by_topo, by_lspci = served(topo_rails), served(lspci_rails)
+    said = []
+    for hca in sorted(set(by_topo) | set(by_lspci)):
+        topo_n, lspci_n = by_topo.get(hca), by_lspci.get(hca)
+        if topo_n != lspci_n:
+            said.append(
+                f"{hca}: nvidia-smi topo -m says "
+                + (f"a rail beside {topo_n} GPU(s)" if topo_n else "not a rail")
+                + ", lspci's PCIe switches say "
+                + (f"a rail beside {lspci_n} GPU(s)" if lspci_n else "not a rail")
+                + " (topo -m decides)"
+            )
+    return said
 
 
 def explain(rails: Rails) -> Iterable[str]:
@@ -156,5 +187,6 @@ def explain(rails: Rails) -> Iterable[str]:
     for hca, why in rails.left_out.items():
         yield f"{hca}: left out: {why}"
     yield from rails.problems
+    yield from rails.notes
     if rails.mixed:
         yield rails.mixed

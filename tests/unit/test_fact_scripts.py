@@ -41,7 +41,7 @@ COMMANDS = {
     "c0d9af3772782a2f57559978d94375fa8821f6dada3c031dd96eb200362b3713": lambda: (
         SshMeshProof().command("root", ["a", "b"])
     ),
-    "1cba029bae5a50e75b980e5dfad33d87f3982b2ce3f164eee8a33effcd786e02": NcclNetwork().command,
+    "d7c0446ec3348c89793a441f3b5e2759fa8a0909c00be66bdcfbab8ed8159026": NcclNetwork().command,
     "9f646316c0d5f094c5c2c0d684952f790a993a97f975c3a00ef6f8d3e60cf791": NcclEnvFiles().command,
     "fbdfd6c3ea83c028ee6b1f0be4e239173f078119009f1705f6f6470d7238f490": NcclEnvSeen().command,
 }

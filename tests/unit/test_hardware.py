@@ -24,7 +24,13 @@ from trainfleet.compare import compare
 from trainfleet.diagnose import CaptureError, judge, read_capture
 from trainfleet.diagnose_nccl import is_env_property
 from trainfleet.hw import cmdline, infiniband, kernel_log, ledger, lspci, nvlink, smi_xml
-from trainfleet.hw.sources import SOURCES, STATUS_FILE, read_hardware
+from trainfleet.hw.sources import (
+    FABRIC_SOURCES,
+    MLNX_QOS,
+    SOURCES,
+    STATUS_FILE,
+    read_hardware,
+)
 from trainfleet.spec import load_cluster
 
 HW = Path(__file__).resolve().parents[1] / "fixtures" / "hardware"
@@ -871,7 +877,7 @@ def test_the_capture_format_in_the_docs_is_the_one_written():
     page = (Path(__file__).resolve().parents[2] / "docs" / "hardware.md").read_text()
     table = page.split("one file per source:", 1)[1].split("\n\n", 2)[1]
     named = {row.split("`")[1].rstrip("/") for row in table.splitlines() if row.startswith("| `")}
-    assert named == {*SOURCES, STATUS_FILE}
+    assert named == {*SOURCES, *FABRIC_SOURCES, f"{MLNX_QOS}/<netdev>.txt", STATUS_FILE}
 
 
 # ---- SXid, a GPU fallen off the bus, the NVLink domain: real kernel logs and Fabric blocks ----

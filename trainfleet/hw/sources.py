@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.hw import cmdline, infiniband, kernel_log, lspci, nvlink, smi_xml
@@ -24,12 +25,43 @@ CMDLINE = "cmdline"
 CPUINFO = "cpuinfo"  # /proc/cpuinfo (drift reads its first flags line)
 INFINIBAND = "sys-class-infiniband"  # a directory: the sysfs tree's files below it
 SOURCES = (SMI_XML, NVLINK, TOPO, LSPCI, DMESG, CMDLINE, CPUINFO, INFINIBAND)
+# The RDMA fabric's sources (#40). A capture made before them has none: each reads "not read",
+# never a refusal. hca-pci.txt: "<hca> <PCI function> [<netdev> ...]" a line (the HCA's device
+# link, read); the trees hold the RoCE netdevs' ECN enables (``<netdev>/ecn/roce_np/enable/<N>``)
+# and rdma_cm's configfs ToS (``<hca>/ports/<p>/default_roce_tos``); mlnx-qos/<netdev>.txt is
+# ``mlnx_qos -i <netdev>``, one source a RoCE netdev (drift's live read: the NcclNetwork fact).
+HCA_PCI = "hca-pci.txt"
+SYS_CLASS_NET = "sys-class-net"
+RDMA_CM = "rdma_cm"
+MLNX_QOS = "mlnx-qos"
+FABRIC_SOURCES = (HCA_PCI, SYS_CLASS_NET, RDMA_CM)
+TREES = (INFINIBAND, SYS_CLASS_NET, RDMA_CM)  # directories: their files below them
+# a netdev name as the kernel allows it (IFNAMSIZ 16 with its NUL) and a path or command may
+# carry: never "." or "..", never an option
+NETDEV = re.compile(r"(?!\.\.?$)(?!-)[A-Za-z0-9_.-]{1,15}")
+QOS_SOURCE = re.compile(rf"{MLNX_QOS}/((?!\.\.?\.txt$)(?!-)[A-Za-z0-9_.-]{{1,15}})\.txt")
 STATUS_FILE = "sources.txt"  # a capture's "<source> <status>" lines
 # a source holding a NUL byte is no tool's text output (sysfs values included): refused, named
 NOT_TEXT = "not text (it holds a NUL byte)"
 STATUS = re.compile(r"ok|absent|skipped|exit [0-9]{1,3}")
 # a file below sys-class-infiniband/: words, dots and dashes, never ".." or an absolute path
 IB_PATH = re.compile(r"(?!.*(?:^|/)\.\.?(?:/|$))[A-Za-z0-9_.-]{1,64}(?:/[A-Za-z0-9_.-]{1,64}){1,5}")
+# the files the fabric's trees may hold, and nothing else (the contract helper parsers read)
+NET_PATH = re.compile(r"(?!\.\.?/)(?!-)[A-Za-z0-9_.-]{1,15}/ecn/roce_(?:np|rp)/enable/[0-7]")
+CM_PATH = re.compile(r"(?!\.\.?/)[A-Za-z0-9_.-]{1,64}/ports/[0-9]{1,3}/default_roce_tos")
+TREE_PATHS = MappingProxyType({INFINIBAND: IB_PATH, SYS_CLASS_NET: NET_PATH, RDMA_CM: CM_PATH})
+
+
+def is_source(name: str) -> bool:
+    """A source a node may send or a capture list: a fixed name, or mlnx-qos/<netdev>.txt."""
+    return name in SOURCES or name in FABRIC_SOURCES or bool(QOS_SOURCE.fullmatch(name))
+
+
+def tree_file(name: str) -> bool:
+    """``name`` is a file of one of the trees (``sys-class-infiniband/mlx5_0/fw_ver``), by
+    that tree's grammar: never absolute, never ``..``."""
+    tree, _, path = name.partition("/")
+    return tree in TREE_PATHS and bool(TREE_PATHS[tree].fullmatch(path))
 
 
 def read_hardware(status: Mapping[str, str], files: Mapping[str, str]) -> dict[str, Any]:
