@@ -19,8 +19,10 @@ The rules, in order:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from checks.preflight_report import Problem
 
 Pair = tuple[str, str]  # (source, target): directed, as a stage tested it
 
@@ -110,3 +112,38 @@ def _stars(left: set[frozenset[str]], tested: set[Pair], failed: set[Pair]) -> d
         if n >= 2 and all(count[other] == 1 for other in others):
             centres[node] = _how(node, tested, failed, set(others))
     return centres
+
+
+def pattern_problems(
+    stage: str,
+    nodes: list[str],
+    tested: Iterable[Pair],
+    failed: Iterable[Pair],
+    why: Callable[[str, str], str],
+) -> list[Problem]:
+    """A pair stage's failures as problems, by their pattern: each node at fault named alone with
+    how (``why(source, target)`` words each failing pair), each link on both its ends, and a
+    pattern no node or link explains on every node with the same cause."""
+    failed = list(failed)
+    verdict = attribute(nodes, tested, failed)
+    if verdict.unexplained:
+        cause = (
+            f"{len(verdict.failed)} failing pairs that no single node or link explains "
+            f"({few([why(*p) for p in verdict.failed])}): every node is left out"
+        )
+        return [Problem(stage, node, cause) for node in nodes]
+    problems = [
+        Problem(stage, node, f"{how}: {few([why(*p) for p in verdict.failed if node in p])}")
+        for node, how in verdict.nodes.items()
+    ]
+    for a, b in verdict.links:
+        words = few([why(*p) for p in verdict.failed if set(p) == {a, b}])
+        cause = f"the link {a}-{b} fails ({words}): both ends named, neither told at fault"
+        problems += [Problem(stage, a, cause), Problem(stage, b, cause)]
+    return problems
+
+
+def few(items: list[str], shown: int = 3) -> str:
+    """At most ``shown`` of ``items``, and how many more: a cause reads at 64 nodes."""
+    more = f"; and {len(items) - shown} more" if len(items) > shown else ""
+    return "; ".join(items[:shown]) + more

@@ -144,3 +144,73 @@ def test_more_faults_than_a_minority_explains_leave_everyone_out():
     failed = both_ways(("node1", "node2"), ("node3", "node4"))  # two links in four nodes
     verdict = attribute(nodes, every_pair(nodes), failed)
     assert verdict.unexplained and verdict.left_out(nodes) == nodes
+
+
+def lab_cluster(n: int):
+    from trainfleet.spec import parse_cluster
+
+    return parse_cluster(
+        "nodes:\n"
+        + "".join(f"  - {{name: node{i}, address: 198.18.0.{10 + i}}}\n" for i in range(1, n + 1))
+    )
+
+
+def matrix(n: int, fail) -> dict[str, dict[str, str]]:
+    """Every node's probe of every node and of node1:29500; ``fail(src, target)``: its reason."""
+    nodes = names(n)
+    return {src: {t: fail(src, t) or "ok" for t in [*nodes, "node1:29500"]} for src in nodes}
+
+
+def test_the_issues_cut_off_node_is_the_only_one_reachability_names():
+    """The issue's measure: node3 drops inbound TCP 1024-65535 from the cluster; it still
+    reaches everyone (and the rendezvous port). Before, every node was named."""
+    from checks.healthy_subset import healthy_subset
+    from checks.reachability_verdicts import reachability_problems
+
+    seen = matrix(4, lambda src, t: "timeout timed out" if t == "node3" and src != t else None)
+    problems = reachability_problems(lab_cluster(4), seen)
+    assert [(p.node, p.cause) for p in problems] == [
+        (
+            "node3",
+            "no peer reaches it: node1 cannot reach node3: timeout timed out; node2 cannot reach "
+            "node3: timeout timed out; node4 cannot reach node3: timeout timed out",
+        )
+    ]
+    subset = healthy_subset(names(4), problems)
+    assert subset["nodes"] == ["node1", "node2", "node4"] and list(subset["excluded"]) == ["node3"]
+
+
+def test_reachability_names_a_link_on_both_ends_and_an_unexplained_pattern_on_everyone():
+    from checks.healthy_subset import healthy_subset
+    from checks.reachability_verdicts import reachability_problems
+
+    link = matrix(4, lambda src, t: "refused" if (src, t) == ("node2", "node4") else None)
+    problems = reachability_problems(lab_cluster(4), link)
+    cause = "the link node2-node4 fails (node2 cannot reach node4: refused): both ends named"
+    assert [(p.node, p.cause) for p in problems] == [
+        ("node2", f"{cause}, neither told at fault"),
+        ("node4", f"{cause}, neither told at fault"),
+    ]
+    halves = {"node1": 0, "node2": 0, "node3": 1, "node4": 1}
+    split = matrix(
+        4, lambda src, t: "timeout" if halves[src] != halves.get(t, halves[src]) else None
+    )
+    problems = reachability_problems(lab_cluster(4), split)
+    assert {p.node for p in problems} == set(names(4))
+    assert all("no single node or link explains" in p.cause for p in problems)
+    assert healthy_subset(names(4), problems)["note"] == (
+        "every node failed alike: the cause is not one node's"
+    )
+
+
+def test_no_node_reaching_the_rendezvous_port_names_the_master_and_one_that_cannot_names_itself():
+    from checks.reachability_verdicts import reachability_problems
+
+    closed = matrix(4, lambda src, t: "refused" if t == "node1:29500" and src != "node1" else None)
+    assert [(p.node, p.cause) for p in reachability_problems(lab_cluster(4), closed)] == [
+        ("node1", "no node reaches node1:29500: node2: refused; node3: refused; node4: refused")
+    ]
+    one = matrix(4, lambda src, t: "timeout" if (src, t) == ("node3", "node1:29500") else None)
+    assert [(p.node, p.cause) for p in reachability_problems(lab_cluster(4), one)] == [
+        ("node3", "cannot reach node1:29500: timeout")
+    ]

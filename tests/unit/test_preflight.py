@@ -774,14 +774,31 @@ def test_every_node_must_reach_every_node_as_every_mesh_user_and_silence_fails()
     }
     partial = {"root": {"gpu-a01": "ok"}, "alice": ok["alice"]}  # peers the probe never reported
     proofs = {"gpu-a01": one_way, "gpu-a02": partial, "gpu-a03": None}
+    # the silent node is named alone: the logins to it are not held against its peers
+    assert [(p.node, p.cause) for p in mesh_problems(cluster, proofs, names, 25)] == [
+        ("gpu-a03", "its SSH probes gave no complete answer within 25 s"),
+        ("gpu-a02", "as root, cannot ssh to itself: not probed"),
+    ]
+    # every node answered: alice's one failing login is a link, named on both its ends
+    proofs = {"gpu-a01": one_way, "gpu-a02": ok, "gpu-a03": ok}
+    link = (
+        "the link gpu-a01-gpu-a03 fails (as alice, gpu-a01 cannot ssh to gpu-a03: rc=255 "
+        "alice@gpu-a03: Permission denied (publickey).): both ends named, neither told at fault"
+    )
+    assert [(p.node, p.cause) for p in mesh_problems(cluster, proofs, names, 25)] == [
+        ("gpu-a01", link),
+        ("gpu-a03", link),
+    ]
+    # nobody logs in to gpu-a03 as alice (its authorized keys are gone): gpu-a03 alone
+    denied = "rc=255 Permission denied (publickey)."
+    shut = {**ok, "alice": {**ok["alice"], "gpu-a03": denied}}
+    proofs = {"gpu-a01": shut, "gpu-a02": shut, "gpu-a03": ok}
     assert [(p.node, p.cause) for p in mesh_problems(cluster, proofs, names, 25)] == [
         (
-            "gpu-a01",
-            "as alice, cannot ssh to gpu-a03: rc=255 alice@gpu-a03: Permission denied (publickey).",
+            "gpu-a03",
+            f"no peer reaches it: as alice, gpu-a01 cannot ssh to gpu-a03: {denied}; "
+            f"as alice, gpu-a02 cannot ssh to gpu-a03: {denied}",
         ),
-        ("gpu-a02", "as root, cannot ssh to gpu-a02: not probed"),
-        ("gpu-a02", "as root, cannot ssh to gpu-a03: not probed"),
-        ("gpu-a03", "its SSH probes gave no complete answer within 25 s"),
     ]
     # a node that could not be reached at all is named once, as unreachable, by the caller
     assert mesh_problems(cluster, {n: ok for n in names[:2]}, names[:2], 25) == []
