@@ -11,6 +11,7 @@ from pyinfra.api import State
 from checks.bandwidth_verdicts import (
     bandwidth_failures,
     bandwidth_problems,
+    busbw_median,
     intruded_problems,
     pair_figures,
     pair_name,
@@ -23,6 +24,7 @@ from checks.preflight_report import PreflightReport
 from checks.stage_runner import run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS
 from trainfleet.model import Cluster, Node
+from trainfleet.schema import BUSBW_FRACTION
 
 # The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
 # busbw flattens from a few hundred MiB), small enough that gloo on CPU nodes takes seconds.
@@ -100,17 +102,21 @@ def judge_bandwidth(
     watched: list[Node] | None = None,
 ) -> None:
     """Bus bandwidth of each pair's timed all_reduce (job 1.. of its nodes' ranks, ``ranks`` as
-    ``run_collective`` returns them); with the spec's floor (``preflight.min_busbw_gbps``) the
-    slow node or link is named, without one it is reported. The ``watched`` nodes' error
-    counters (``before``: read before the command) are read again: one that grew under the
-    load is named."""
+    ``run_collective`` returns them), against the cluster's median (under
+    ``preflight.min_busbw_fraction`` of it a pair is slow) and the spec's floor
+    (``preflight.min_busbw_gbps``), if any: the slow node or link is named by the pattern. The
+    ``watched`` nodes' error counters (``before``: read before the command) are read again: one
+    that grew under the load is named."""
     backend = backend_of(cluster)
     floor = cluster.preflight.get("min_busbw_gbps")
+    fraction = cluster.preflight.get("min_busbw_fraction", BUSBW_FRACTION)
     rounds, skipped = bandwidth_plan(cluster)
     details: dict[str, Any] = {
         "backend": backend,
         "bytes": BANDWIDTH_BYTES[backend],
         "floor_gbps": floor,
+        "min_fraction": fraction,
+        "median_gbps": None,
         "pairs": {},
     }
     report.details["bandwidth"] = details
@@ -143,7 +149,12 @@ def judge_bandwidth(
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     if intruded_pairs:
         report.problems += intruded_problems(cluster, "bandwidth", intruded_pairs)
-    report.problems += bandwidth_problems(measured, floor)
+    details["median_gbps"] = median = busbw_median(measured)
+    for pair in details["pairs"].values():  # every pair as a fraction of the median
+        pair["of_median"] = round(pair["busbw_gbps"] / median, 3) if median else None
+    report.problems += bandwidth_problems(
+        measured, floor, fraction, [n.name for n in cluster.nodes]
+    )
     watched = watched or []
     report.problems += counter_problems(
         before, read_error_counters(state, watched), [n.name for n in watched]
@@ -170,19 +181,28 @@ def read_error_counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
 
 
 def bandwidth_lines(details: dict[str, Any]) -> list[str]:
-    """The measured figures for people, one line per pair (the floor, if any, after them)."""
+    """The measured figures for people, one line per pair with its fraction of the median; the
+    median and what a slow pair is, and the floor if any, after them."""
     floor = details.get("floor_gbps")
+    median = details.get("median_gbps")
     lines = [
-        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s "
-        f"(algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
+        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s"
+        + (f" ({p['of_median']:.2f} of the median)" if p.get("of_median") is not None else "")
+        + f" (algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
         f"{details.get('backend')}, {p['bytes'] >> 20} MiB)"
         for name, p in details.get("pairs", {}).items()
     ]
+    if lines and median is not None:
+        lines.append(
+            f"busbw median: {median:.2f} GB/s (each node's best pair): a pair under "
+            f"{details.get('min_fraction', BUSBW_FRACTION):g} of it is slow "
+            "(preflight.min_busbw_fraction)"
+        )
     if lines:
         lines.append(
             f"busbw floor: {floor:g} GB/s"
             if floor is not None
-            else "busbw floor: none (preflight.min_busbw_gbps): measured and reported only"
+            else "busbw floor: none (preflight.min_busbw_gbps): judged against the median only"
         )
     elif details.get("note"):
         lines.append(f"bandwidth not measured: {details['note']}")

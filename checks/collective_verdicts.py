@@ -441,10 +441,10 @@ def missing_interfaces(
                 exact = value.startswith("=")
                 found = any(n == w if exact else n.startswith(w) for w in wanted for n in have)
             if not found:
+                listed = ", ".join(printable(n, 20) for n in have)
                 missing[node] = (
-                    f"{variable}={printable(value, 60)} names no interface the node has "
-                    f"({', '.join(printable(n, 20) for n in have)}): its ranks cannot start, "
-                    "the collective is not run"
+                    f"{variable}={printable(value, 60)} names an interface the node does not "
+                    f"have (it has {listed}): its ranks cannot start, the collective is not run"
                 )
                 break
     return missing

@@ -26,6 +26,7 @@ from checks.bandwidth_stage import (
     read_error_counters,
     watched_nodes,
 )
+from checks.bandwidth_verdicts import node_figures
 from checks.collective_stage import backend_of, run_collective, run_isolation
 from checks.collective_verdicts import failed_before_the_network, missing_interfaces
 from checks.drift_check import read_ledger
@@ -118,6 +119,7 @@ def _run(
             report.nodes,
             now,
             complete=complete(report, tested),
+            figures=node_figures(report.details.get("bandwidth", {})),
         ),
     )
     _publish(report)
