@@ -206,8 +206,8 @@ def bandwidth_problems(
             )
         else:
             cause = (
-                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s): the node is "
-                "slow with every partner"
+                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s): "
+                "the node is slow with every partner"
             )
         problems.append(Problem("bandwidth", node, cause))
     for a, b in verdict.links:
