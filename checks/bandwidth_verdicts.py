@@ -220,6 +220,69 @@ def bandwidth_problems(
     return problems
 
 
+# A node slow only with partners slow themselves takes three culprits in a ring, and three faults
+# are a minority (checks.attribution) from seven nodes: only there can a re-test be needed.
+RETEST_MIN_NODES = 7
+
+
+def retest_pairs(
+    measured: dict[tuple[str, ...], float],
+    floor: float | None,
+    fraction: float,
+    nodes: list[str],
+) -> list[tuple[str, str]]:
+    """(a partner known good, the suspect) for each node the ring could not tell from its slow
+    partners (slow only with nodes slow themselves), each partner a node in no slow pair, one
+    pair per partner (the pairs run at once): the re-test tells whether it is slow itself."""
+    pairs = {pair: bw for pair, bw in measured.items() if len(pair) == 2}
+    median = busbw_median(pairs)
+    slow = [pair for pair, bw in pairs.items() if _slow(bw, median, floor, fraction)]
+    if not slow or median is None:
+        return []
+    verdict = attribute(nodes, list(pairs), slow)
+    suspects = [
+        node
+        for node in verdict.nodes
+        if all(_peer(p, node) in verdict.nodes for p in slow if node in p)
+    ]
+    good = [n for n in nodes if not any(n in p for p in slow) and any(n in p for p in pairs)]
+    return list(zip(good, suspects, strict=False))
+
+
+def retested_problems(
+    problems: list[Problem],
+    figures: dict[str, tuple[str, float | None]],
+    median: float,
+    floor: float | None,
+    fraction: float,
+) -> list[Problem]:
+    """The bandwidth problems after the re-test (``figures``: suspect -> (its partner known
+    good, the pair's busbw, None: no figure)): a suspect as slow with that partner is the slow
+    node; one fast with it is cleared (it was slow only with slow nodes); one the re-test gave
+    no figure for keeps its verdict (no figure is no pass)."""
+    after = []
+    for problem in problems:
+        if problem.node not in figures:
+            after.append(problem)
+            continue
+        partner, bw = figures[problem.node]
+        if bw is None:
+            after.append(
+                Problem(
+                    "bandwidth",
+                    problem.node,
+                    f"{problem.cause}; its re-test with {partner} gave no figure",
+                )
+            )
+        elif _slow(bw, median, floor, fraction):
+            cause = (
+                f"slow: {bw:.2f} GB/s with {partner}, a partner known good, "
+                f"{_against(median, floor, fraction)}: the node is slow with every partner"
+            )
+            after.append(Problem("bandwidth", problem.node, cause))
+    return after
+
+
 def _slow(bw: float, median: float | None, floor: float | None, fraction: float) -> bool:
     return (median is not None and bw < fraction * median) or (floor is not None and bw < floor)
 

@@ -1987,3 +1987,50 @@ def test_a_collective_that_cannot_succeed_is_not_run_a_failed_probe_or_a_missing
     }
     assert sorted(missing_interfaces(seen, networks, "nccl")) == ["a", "c"]  # "en": a prefix
     assert missing_interfaces(seen, {}, "nccl") == {}  # interfaces not read: not judged here
+
+
+@pytest.mark.parametrize("suspect_is_slow", [False, True])
+def test_a_node_slow_only_with_slow_partners_is_retested_with_a_partner_known_good(
+    monkeypatch, suspect_is_slow
+):
+    """A ring of eight, node2 and node4 slow: node3's two pairs are both slow, with them. It is
+    re-tested with node6 (in no slow pair), in one more round: fast there, it is cleared; slow
+    there too, it is the slow node."""
+    from checks.preflight_scope import worst_case
+
+    eight = parse_cluster(
+        "nodes:\n"
+        + "".join(f"  - {{name: node{i}, address: 198.18.0.{10 + i}}}\n" for i in range(1, 9))
+    )
+    # the ring's ports: 29501 node1-node2, 29502 node3-node4, 29505 node2-node3, 29506 node4-node5
+    slow_ring = {29501, 29502, 29505, 29506}
+    sent: list[dict] = []
+
+    def answer(commands, seconds_of):
+        sent.append(commands)
+        if len(sent) == 1:
+            return _ranks_run(commands, lambda port: 0.2 if port in slow_ring else 0.02)
+        return _ranks_run(commands, lambda port: 0.2 if suspect_is_slow else 0.02)
+
+    calls, report = _preflight_collective(monkeypatch, eight, answer=answer)
+    assert len(calls) == 2  # the collective's command, then the re-test's round
+    retest, seconds = calls[1]
+    assert sorted(retest) == ["node3", "node6"] and seconds == 30
+    assert retest["node6"].endswith(" 1 gloo 30,0,2,198.18.0.16,29501,16777216")
+    assert retest["node3"].endswith(" 1 gloo 30,1,2,198.18.0.16,29501,16777216")
+    named = {p.node: p.cause for p in report.problems}
+    assert named["node2"].endswith("the node is slow with every partner")
+    assert named["node4"].endswith("the node is slow with every partner")
+    if suspect_is_slow:
+        assert named["node3"] == (
+            "slow: 0.08 GB/s with node6, a partner known good, median 0.84: the node is slow "
+            "with every partner"
+        )
+    else:
+        assert sorted(named) == ["node2", "node4"]
+    assert report.details["bandwidth"]["retest"] == {
+        "node6 node3": round((16 << 20) / (0.2 if suspect_is_slow else 0.02) / 1e9, 4)
+    }
+    # the stated worst case holds the re-test's round (from seven nodes)
+    rounds = 2
+    assert worst_case(eight)["collective and bandwidth"] >= 25 + rounds * 30 + 30 + 2 * 10
