@@ -8,8 +8,8 @@ judges its failures here, so one cut-off node never takes its healthy peers down
 The rules, in order:
 - a node that fails with more than half of the peers it was tested with (and with at least two)
   is at fault: "no peer reaches it", "it reaches no peer", or the peers it fails with;
-- what is left, if every remaining failing pair shares a node with another, names that shared
-  node (the centre of a star of failing pairs whose other ends fail nowhere else);
+- of what is left, a node in two or more failing pairs whose other ends fail nowhere else (the
+  centre of a star) is at fault;
 - every remaining failing pair that shares no node with another is a link: both ends named (a
   single pair cannot tell the node from the link; a second pass with other partners can);
 - anything else, or more faults than a minority of the nodes can explain (a split into halves,

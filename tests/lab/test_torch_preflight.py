@@ -263,7 +263,7 @@ def test_a_throttled_node_is_named_slow_against_its_peers_and_left_out_with_its_
     "could train"; now node3 alone is named slow against the median, left out with its figures,
     and its stamp keeps them. (The same lab unthrottled passes: the first test of this file.)"""
     lab, inventory = torch_lab
-    lab.ssh("node3", "tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 100ms")
+    lab.ssh("node3", "tc qdisc add dev eth0 root tbf rate 400mbit burst 64kb latency 100ms")
     try:
         run, report, seconds = preflight(inventory)
     finally:
@@ -428,9 +428,9 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
     lab, inventory = torch_lab
 
     # nftables comes from the host's apt cache (make host-deps); the rules live in node3's
-    # own network namespace: they drop what it sends to port 29500, and the connections the
-    # cluster opens to its ports 1024-65535 (the issue's broken firewall: SYNs only, so node3's
-    # own connections still get their answers; ssh on 22 still works).
+    # own network namespace: they drop what it sends to port 29500, and the connections its
+    # peers open to its ports 1024-65535 on its cluster interface (the issue's broken firewall:
+    # SYNs only, so node3's own connections still get their answers; ssh on 22 still works).
     def firewall():
         lab.ssh(
             "node3",
@@ -439,8 +439,8 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
             "nft add chain inet tf_test out '{ type filter hook output priority 0; }' && "
             "nft add rule inet tf_test out tcp dport 29500 drop && "
             "nft add chain inet tf_test in '{ type filter hook input priority 0; }' && "
-            "nft add rule inet tf_test in ip saddr 198.18.0.0/24 tcp dport 1024-65535 "
-            "'tcp flags & (syn | ack) == syn' drop",
+            "nft add rule inet tf_test in iifname eth0 ip saddr 198.18.0.0/24 "
+            "tcp dport 1024-65535 'tcp flags & (syn | ack) == syn' drop",
         )
 
     try:
@@ -528,14 +528,25 @@ def test_a_firewall_dropping_the_rendezvous_port_on_one_node_is_named(torch_lab)
     assert_nothing_left_running(lab)
 
 
-def test_missing_gloo_and_nccl_variables_in_one_nodes_non_login_environment_are_named(torch_lab):
+def test_missing_nccl_variables_and_a_gloo_interface_the_node_lacks_are_named_in_bound(torch_lab):
+    """node3's non-login environment loses its NCCL variables and names an interface node3 does
+    not have for gloo: hygiene names both, and the collective, whose ranks could not start
+    there (the others would wait out its bound: 68.7 s to name it before #41), is not run."""
     lab, inventory = torch_lab
-    with environment_edited(lab, inventory, "node3", "/^\\(NCCL\\|GLOO\\)_/d"):
-        run, report, _ = preflight(inventory)
+    sed = "/^NCCL_/d; s/^GLOO_SOCKET_IFNAME=eth0$/GLOO_SOCKET_IFNAME=ens9/"
+    with environment_edited(lab, inventory, "node3", sed):
+        run, report, seconds = preflight(inventory)
         assert run.returncode != 0
         hygiene = [p for p in problems(report) if p[1] == "hygiene"]
-        assert {p[0] for p in hygiene} == {"node3"}
-        assert any("GLOO_SOCKET_IFNAME is 'missing'" in p[2] for p in hygiene)
+        assert {p[0] for p in problems(report)} == {"node3"}
+        assert any("NCCL_SOCKET_IFNAME is 'missing'" in p[2] for p in hygiene)
+        assert any("GLOO_SOCKET_IFNAME is 'ens9'" in p[2] for p in hygiene)
+        assert any(
+            p[2].startswith("GLOO_SOCKET_IFNAME=ens9 names an interface the node does not have")
+            for p in hygiene
+        )
+        assert report["stages"]["collective"] == "skipped"
+        assert seconds < BOUND
 
 
 def test_a_different_torch_on_one_node_is_named(torch_lab):
