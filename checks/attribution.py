@@ -96,7 +96,13 @@ def _how(node: str, tested: set[Pair], failed: set[Pair], failing: set[str]) -> 
         return "fails with every peer" if both else "no peer reaches it"
     if outbound and all(p in failed for p in outbound):
         return "it reaches no peer"
-    return f"fails with {', '.join(sorted(failing))}"
+    return f"fails with {', '.join(sorted(failing, key=_natural))}"
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """node2 before node10: a name's leading text, then its trailing number."""
+    text = name.rstrip("0123456789")
+    return text, int(name[len(text) :] or 0)
 
 
 def _stars(left: set[frozenset[str]], tested: set[Pair], failed: set[Pair]) -> dict[str, str]:

@@ -67,6 +67,14 @@ def test_two_links_sharing_a_node_name_the_shared_node_alone():
     assert verdict.links == [] and verdict.left_out(nodes) == ["node1"]
 
 
+def test_a_star_of_failing_pairs_names_its_peers_in_rank_order():
+    nodes = names(12)
+    failed = both_ways(("node1", "node10"), ("node1", "node2"))
+    assert attribute(nodes, every_pair(nodes), failed).nodes == {
+        "node1": "fails with node2, node10"
+    }
+
+
 def test_two_links_that_share_no_node_are_two_links():
     nodes = names(8)
     failed = both_ways(("node1", "node3"), ("node6", "node8"))
