@@ -11,11 +11,14 @@ from pyinfra.api import State
 from checks.bandwidth_verdicts import (
     bandwidth_failures,
     bandwidth_problems,
+    busbw_median,
     intruded_problems,
     pair_figures,
     pair_name,
+    retest_pairs,
+    retested_problems,
 )
-from checks.collective_stage import Job, backend_of
+from checks.collective_stage import Job, backend_of, jobs_command, rendezvous_secret
 from checks.collective_verdicts import rank_layout, rendezvous_tampered
 from checks.counters_verdicts import (
     Counters,
@@ -26,9 +29,11 @@ from checks.counters_verdicts import (
 )
 from checks.pair_ports import bandwidth_rounds, pair_port
 from checks.preflight_report import PreflightReport
-from checks.stage_runner import run_everywhere, shell_stage, stage_script
+from checks.rank_output import job_steps, node_steps
+from checks.stage_runner import BOUNDS, run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS, ROCE_COUNTERS
 from trainfleet.model import Cluster, Node
+from trainfleet.schema import BUSBW_FRACTION
 
 # The bandwidth stage's buffer: large enough that NCCL reaches its plateau on a fabric (nccl-tests'
 # busbw flattens from a few hundred MiB), small enough that gloo on CPU nodes takes seconds.
@@ -106,17 +111,21 @@ def judge_bandwidth(
     watched: list[Node] | None = None,
 ) -> None:
     """Bus bandwidth of each pair's timed all_reduce (job 1.. of its nodes' ranks, ``ranks`` as
-    ``run_collective`` returns them); with the spec's floor (``preflight.min_busbw_gbps``) the
-    slow node or link is named, without one it is reported. The ``watched`` nodes' error
-    counters (``before``: read before the command) are read again: one that grew under the
-    load is named."""
+    ``run_collective`` returns them), against the cluster's median (under
+    ``preflight.min_busbw_fraction`` of it a pair is slow) and the spec's floor
+    (``preflight.min_busbw_gbps``), if any: the slow node or link is named by the pattern. The
+    ``watched`` nodes' error counters (``before``: read before the command) are read again: one
+    that grew under the load is named."""
     backend = backend_of(cluster)
     floor = cluster.preflight.get("min_busbw_gbps")
+    fraction = cluster.preflight.get("min_busbw_fraction", BUSBW_FRACTION)
     rounds, skipped = bandwidth_plan(cluster)
     details: dict[str, Any] = {
         "backend": backend,
         "bytes": BANDWIDTH_BYTES[backend],
         "floor_gbps": floor,
+        "min_fraction": fraction,
+        "median_gbps": None,
         "pairs": {},
     }
     report.details["bandwidth"] = details
@@ -149,7 +158,16 @@ def judge_bandwidth(
             details["pairs"][pair_name(pair)] = {"nodes": list(pair), **figures}
     if intruded_pairs:
         report.problems += intruded_problems(cluster, "bandwidth", intruded_pairs)
-    report.problems += bandwidth_problems(measured, floor)
+    details["median_gbps"] = median = busbw_median(measured)
+    for pair in details["pairs"].values():  # every pair as a fraction of the median
+        pair["of_median"] = round(pair["busbw_gbps"] / median, 3) if median else None
+    names = [n.name for n in cluster.nodes]
+    found = bandwidth_problems(measured, floor, fraction, names)
+    if median and (again := retest_pairs(measured, floor, fraction, names)):
+        retested = run_retest(state, cluster, again)
+        details["retest"] = {f"{a} {b}": retested[b][1] for a, b in again}
+        found = retested_problems(found, retested, median, floor, fraction)
+    report.problems += found
     watched = watched or []
     after = read_error_counters(state, watched)
     report.problems += counter_problems(before, after, [n.name for n in watched])
@@ -157,6 +175,49 @@ def judge_bandwidth(
     report.stages["bandwidth"] = (
         "failed" if any(p.stage == "bandwidth" for p in report.problems) else "ok"
     )
+
+
+def run_retest(
+    state: State, cluster: Cluster, pairs: list[tuple[str, str]]
+) -> dict[str, tuple[str, float | None]]:
+    """Each (partner known good, suspect) pair's timed all_reduce, all at once in one round of
+    the stage's bound (the partner hosts the pair's rendezvous on an isolation pair's port,
+    which hygiene checked): ``{suspect: (partner, busbw, None where no figure)}``."""
+    backend = backend_of(cluster)
+    seconds = BOUNDS["bandwidth"]
+    jobs: dict[str, Job] = {}
+    for index, (good, suspect) in enumerate(pairs):
+        nodes = [cluster.node(good), cluster.node(suspect)]
+        layout = rank_layout(nodes)
+        world = sum(n.slots for n in nodes)
+        for node in nodes:
+            jobs[node.name] = (
+                seconds,
+                layout[node.name][0],
+                world,
+                nodes[0].address,
+                pair_port(cluster, index),
+                BANDWIDTH_BYTES[backend],
+            )
+    out = run_everywhere(
+        state,
+        {
+            node: jobs_command(cluster.node(node).slots, backend, [job])
+            for node, job in jobs.items()
+        },
+        seconds,
+        stdin=rendezvous_secret(),
+    )
+    figures: dict[str, tuple[str, float | None]] = {}
+    for good, suspect in pairs:
+        ranks = [
+            job_steps(rank, 1)[0]
+            for node in (good, suspect)
+            for rank in node_steps(out.get(node, []), cluster.node(node).slots)
+        ]
+        measured = pair_figures(ranks)
+        figures[suspect] = (good, measured["busbw_gbps"] if measured else None)
+    return figures
 
 
 COUNTERS = stage_script("counters.sh")
@@ -177,19 +238,28 @@ def read_error_counters(state: State, nodes: list[Node]) -> dict[str, Counters]:
 
 
 def bandwidth_lines(details: dict[str, Any]) -> list[str]:
-    """The measured figures for people, one line per pair (the floor, if any, after them)."""
+    """The measured figures for people, one line per pair with its fraction of the median; the
+    median and what a slow pair is, and the floor if any, after them."""
     floor = details.get("floor_gbps")
+    median = details.get("median_gbps")
     lines = [
-        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s "
-        f"(algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
+        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s"
+        + (f" ({p['of_median']:.2f} of the median)" if p.get("of_median") is not None else "")
+        + f" (algbw {p['algbw_gbps']:.2f} GB/s, {p['ranks']} ranks "
         f"{details.get('backend')}, {p['bytes'] >> 20} MiB)"
         for name, p in details.get("pairs", {}).items()
     ]
+    if lines and median is not None:
+        lines.append(
+            f"busbw median: {median:.2f} GB/s (each node's best pair): a pair under "
+            f"{details.get('min_fraction', BUSBW_FRACTION):g} of it is slow "
+            "(preflight.min_busbw_fraction)"
+        )
     if lines:
         lines.append(
             f"busbw floor: {floor:g} GB/s"
             if floor is not None
-            else "busbw floor: none (preflight.min_busbw_gbps): measured and reported only"
+            else "busbw floor: none (preflight.min_busbw_gbps): judged against the median only"
         )
     elif details.get("note"):
         lines.append(f"bandwidth not measured: {details['note']}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
+from checks.attribution import attribute, few
 from checks.collective_verdicts import node_causes, rank_failure, ranks_of
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
+from trainfleet.schema import BUSBW_FRACTION
 from trainfleet.text import printable
 
 
@@ -123,65 +126,171 @@ def bandwidth_failures(
     return problems
 
 
+def busbw_median(measured: dict[tuple[str, ...], float]) -> float | None:
+    """The cluster's reference figure: each node's best pair (what the node reaches with a good
+    partner), the median of those. Not the median of the pairs: at three nodes two of the three
+    pairs are a slow node's, and the pairs' median would be its figure. None: no pair of nodes."""
+    best: dict[str, float] = {}
+    for pair, bw in measured.items():
+        if len(pair) == 2:
+            for node in pair:
+                best[node] = max(best.get(node, 0.0), bw)
+    return statistics.median(best.values()) if best else None
+
+
+def node_figures(details: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Each measured node's best pair's bus bandwidth and the cluster's median (GB/s), from the
+    bandwidth stage's details: what the stamps keep."""
+    best: dict[str, float] = {}
+    for pair in (details.get("pairs") or {}).values():
+        if len(pair.get("nodes", [])) == 2:
+            for node in pair["nodes"]:
+                best[node] = max(best.get(node, 0.0), pair["busbw_gbps"])
+    median = details.get("median_gbps")
+    return {node: {"busbw_gbps": bw, "median_gbps": median} for node, bw in best.items()}
+
+
 def bandwidth_problems(
-    measured: dict[tuple[str, ...], float], floor: float | None
+    measured: dict[tuple[str, ...], float],
+    floor: float | None,
+    fraction: float = BUSBW_FRACTION,
+    nodes: list[str] | None = None,
 ) -> list[Problem]:
-    """With a floor (GB/s): each pair under it fails. A node under the floor in every pair it is
-    in (two or more) is the slow node; a slow pair of two nodes that reach the floor elsewhere
-    is a slow link, named on both its nodes; with two nodes only, the pair is named (nothing
-    tells the node from the link). ``measured``: pair (one node: intra-node) -> busbw."""
-    if floor is None:
-        return []
-    slow = {pair: bw for pair, bw in measured.items() if bw < floor}
-    pairs_of: dict[str, list[tuple[str, ...]]] = {}
-    for pair in measured:
-        for node in pair:
-            pairs_of.setdefault(node, []).append(pair)
-    # A node reaches the floor somewhere: it is not the slow one in its slow pairs. A node slow
-    # in every pair is the slow node only if each of those peers reaches the floor elsewhere
-    # (two slow neighbours would make a healthy node look slow in a ring).
-    fine = {node for node, pairs in pairs_of.items() if any(p not in slow for p in pairs)}
-    slow_nodes = [
-        node
-        for node, pairs in pairs_of.items()
-        if len(pairs) >= 2
-        and all(p in slow for p in pairs)
-        and all(_peer(p, node) in fine for p in pairs)
-    ]
-    problems = []
-    for node in slow_nodes:
-        figures = ", ".join(f"with {_peer(p, node)}: {measured[p]:.2f}" for p in pairs_of[node])
-        problems.append(
-            Problem(
-                "bandwidth",
-                node,
-                f"bus bandwidth under the floor of {floor:g} GB/s in every pair it "
-                f"is in ({figures} GB/s): the node is slow",
-            )
+    """Each pair against the cluster's median (``busbw_median``): under ``fraction`` of it, or
+    under the spec's ``floor`` (GB/s, None: none), it is slow. The slow pairs are judged by
+    their pattern (checks.attribution): a node slow with every partner (each fast elsewhere) is
+    the slow node, named alone with its figure and the median; a pair slow only together is a
+    slow link, named on both its nodes; a node slow only with partners slow themselves is not
+    told from them; a pattern no node or link explains names every node alike; with two nodes
+    only, the pair (nothing tells the node from the link). ``measured``: pair (one node:
+    intra-node, judged by the floor alone) -> busbw; ``nodes``: rank order."""
+    problems = [
+        Problem(
+            "bandwidth",
+            pair[0],
+            f"its GPUs' bus bandwidth {bw:.2f} GB/s is under the floor of {floor:g} GB/s",
         )
-    for pair, bw in slow.items():
-        if any(node in slow_nodes for node in pair):
-            continue
-        if len(pair) == 1:
-            cause = f"its GPUs' bus bandwidth {bw:.2f} GB/s is under the floor of {floor:g} GB/s"
-        elif len(pairs_of[pair[0]]) < 2 or len(pairs_of[pair[1]]) < 2:
+        for pair, bw in measured.items()
+        if len(pair) == 1 and floor is not None and bw < floor
+    ]
+    pairs = {pair: bw for pair, bw in measured.items() if len(pair) == 2}
+    median = busbw_median(pairs)
+    slow = {pair: bw for pair, bw in pairs.items() if _slow(bw, median, floor, fraction)}
+    if not slow or median is None:
+        return problems
+    order = nodes or list(dict.fromkeys(node for pair in pairs for node in pair))
+    against = _against(median, floor, fraction)
+    verdict = attribute(order, list(pairs), list(slow))
+    if len(order) == 2:
+        ((pair, bw),) = slow.items()
+        cause = (
+            f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor "
+            f"of {floor:g} GB/s (no third node to tell the slow node from the slow link)"
+        )
+        return problems + [Problem("bandwidth", node, cause) for node in pair]
+    if verdict.unexplained:
+        listed = few([f"{pair_name(p)} {bw:.2f} GB/s" for p, bw in slow.items()])
+        cause = (
+            f"{len(slow)} of {len(pairs)} pairs are slow ({listed}; {against}): no single "
+            "node or link explains it, a slow node or link among them not told apart"
+        )
+        return problems + [Problem("bandwidth", node, cause) for node in order]
+    for node in verdict.nodes:
+        mine = {p: bw for p, bw in pairs.items() if node in p}
+        figures = ", ".join(f"with {_peer(p, node)}: {bw:.2f}" for p, bw in mine.items())
+        partners = [_peer(p, node) for p in mine if p in slow]
+        if all(peer in verdict.nodes for peer in partners):
             cause = (
-                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor "
-                f"of {floor:g} GB/s (no third node to tell the slow node from the slow link)"
-            )
-        elif all(node in fine for node in pair):
-            cause = (
-                f"the link {pair_name(pair)} is slow: bus bandwidth {bw:.2f} GB/s, under the floor "
-                f"of {floor:g} GB/s, while both nodes reach it with their other peer"
+                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s), but only "
+                f"with {', '.join(partners)}, slow themselves: not told from them"
             )
         else:
             cause = (
-                f"bus bandwidth {bw:.2f} GB/s between {pair[0]} and {pair[1]} is under the floor "
-                f"of {floor:g} GB/s, and not both reach it with another peer: a slow node or link "
-                "among them, not told apart"
+                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s): "
+                "the node is slow with every partner"
             )
-        problems += [Problem("bandwidth", node, cause) for node in pair]
+        problems.append(Problem("bandwidth", node, cause))
+    for a, b in verdict.links:
+        bw = pairs.get((a, b), pairs.get((b, a), 0.0))
+        cause = (
+            f"the link {a}-{b} is slow: {bw:.2f} GB/s, {against}, while both nodes reach it "
+            "with their other partners"
+        )
+        problems += [Problem("bandwidth", a, cause), Problem("bandwidth", b, cause)]
     return problems
+
+
+# A node slow only with partners slow themselves takes three culprits in a ring, and three faults
+# are a minority (checks.attribution) from seven nodes: only there can a re-test be needed.
+RETEST_MIN_NODES = 7
+
+
+def retest_pairs(
+    measured: dict[tuple[str, ...], float],
+    floor: float | None,
+    fraction: float,
+    nodes: list[str],
+) -> list[tuple[str, str]]:
+    """(a partner known good, the suspect) for each node the ring could not tell from its slow
+    partners (slow only with nodes slow themselves), each partner a node in no slow pair, one
+    pair per partner (the pairs run at once): the re-test tells whether it is slow itself."""
+    pairs = {pair: bw for pair, bw in measured.items() if len(pair) == 2}
+    median = busbw_median(pairs)
+    slow = [pair for pair, bw in pairs.items() if _slow(bw, median, floor, fraction)]
+    if not slow or median is None:
+        return []
+    verdict = attribute(nodes, list(pairs), slow)
+    suspects = [
+        node
+        for node in verdict.nodes
+        if all(_peer(p, node) in verdict.nodes for p in slow if node in p)
+    ]
+    good = [n for n in nodes if not any(n in p for p in slow) and any(n in p for p in pairs)]
+    return list(zip(good, suspects, strict=False))
+
+
+def retested_problems(
+    problems: list[Problem],
+    figures: dict[str, tuple[str, float | None]],
+    median: float,
+    floor: float | None,
+    fraction: float,
+) -> list[Problem]:
+    """The bandwidth problems after the re-test (``figures``: suspect -> (its partner known
+    good, the pair's busbw, None: no figure)): a suspect as slow with that partner is the slow
+    node; one fast with it is cleared (it was slow only with slow nodes); one the re-test gave
+    no figure for keeps its verdict (no figure is no pass)."""
+    after = []
+    for problem in problems:
+        if problem.node not in figures:
+            after.append(problem)
+            continue
+        partner, bw = figures[problem.node]
+        if bw is None:
+            after.append(
+                Problem(
+                    "bandwidth",
+                    problem.node,
+                    f"{problem.cause}; its re-test with {partner} gave no figure",
+                )
+            )
+        elif _slow(bw, median, floor, fraction):
+            cause = (
+                f"slow: {bw:.2f} GB/s with {partner}, a partner known good, "
+                f"{_against(median, floor, fraction)}: the node is slow with every partner"
+            )
+            after.append(Problem("bandwidth", problem.node, cause))
+    return after
+
+
+def _slow(bw: float, median: float | None, floor: float | None, fraction: float) -> bool:
+    return (median is not None and bw < fraction * median) or (floor is not None and bw < floor)
+
+
+def _against(median: float, floor: float | None, fraction: float) -> str:
+    """What a slow figure fell under: "median 0.40" (a fraction of it), and the floor if any."""
+    words = f"median {median:.2f}"
+    return words + (f", floor {floor:g} GB/s" if floor is not None else "")
 
 
 def _peer(pair: tuple[str, ...], node: str) -> str:

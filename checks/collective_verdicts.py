@@ -410,3 +410,41 @@ def isolate(
             )
         problems.append(Problem("isolation", node, cause))
     return problems
+
+
+SOCKET_INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def missing_interfaces(
+    seen: dict[str, dict[str, Any]], networks: dict[str, Any] | None, backend: str
+) -> dict[str, str]:
+    """The nodes whose ranks would be told to use a network interface the node does not have
+    (``GLOO_SOCKET_IFNAME``, and with NCCL ``NCCL_SOCKET_IFNAME``, in the non-login environment
+    hygiene read, against the interfaces the node's network fact lists), each with why: their
+    ranks fail at once while every other rank waits out the collective's bound, so the
+    collective cannot succeed and is not run. Gloo opens every interface it lists; NCCL's
+    ``=name`` is exact, ``^...`` (exclusions) is not judged, a bare name is a prefix. A node
+    whose interfaces were not read is not judged here."""
+    missing = {}
+    for node, data in sorted(seen.items()):
+        have = [i.get("name", "") for i in ((networks or {}).get(node) or {}).get("interfaces", [])]
+        if not have:
+            continue
+        for variable in SOCKET_INTERFACE_VARIABLES[: 2 if backend == "nccl" else 1]:
+            value = str((data.get("env") or {}).get(variable) or "")
+            if not value or value.startswith("^"):
+                continue
+            wanted = [w for w in value.lstrip("=").split(",") if w]
+            if variable == "GLOO_SOCKET_IFNAME":  # gloo opens every one it lists
+                found = all(w in have for w in wanted)
+            else:  # NCCL uses those that match: one is enough
+                exact = value.startswith("=")
+                found = any(n == w if exact else n.startswith(w) for w in wanted for n in have)
+            if not found:
+                listed = ", ".join(printable(n, 20) for n in have)
+                missing[node] = (
+                    f"{variable}={printable(value, 60)} names an interface the node does not "
+                    f"have (it has {listed}): its ranks cannot start, the collective is not run"
+                )
+                break
+    return missing

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from checks.attribution import pattern_problems
 from checks.preflight_report import Problem
 from trainfleet import certificates
 from trainfleet.defaults import RENEW_FRACTION
@@ -20,26 +21,43 @@ def mesh_problems(
 ) -> list[Problem]:
     """The SSH stage: ``proofs[node][user][peer] = "ok" | reason`` (None: the node's probe
     gave no complete answer) over the reachable ``names``. Every peer of every mesh user must
-    be "ok": a probe that did not run, or a peer missing from it, is a failure, never a pass."""
-    problems = []
-    for node in names:
-        users = proofs.get(node)
-        if users is None:
-            problems.append(
-                Problem("ssh", node, f"its SSH probes gave no complete answer within {seconds} s")
+    be "ok": a probe that did not run, or a peer missing from it, is a failure, never a pass.
+    A node's login to itself is its own; the logins between nodes are judged by their pattern
+    (checks.attribution), for each user: a node no peer logs in to, or that logs in to none,
+    alone; a single failing pair as a link; a pattern no node or link explains on every node."""
+    problems = [
+        Problem("ssh", node, f"its SSH probes gave no complete answer within {seconds} s")
+        for node in names
+        if proofs.get(node) is None
+    ]
+    answered = [node for node in names if proofs.get(node) is not None]
+    for user in cluster.mesh_users:
+        results = {node: (proofs[node] or {}).get(user) or {} for node in answered}
+        failed = {
+            (node, peer): results[node].get(peer, "not probed")
+            for node in answered
+            for peer in names
+            if results[node].get(peer) != "ok"
+        }
+        problems += [
+            Problem("ssh", node, f"as {user}, cannot ssh to itself: {printable(why)}")
+            for (node, peer), why in failed.items()
+            if node == peer
+        ]
+        tested = [(node, peer) for node in answered for peer in answered if node != peer]
+        problems += [
+            p
+            for p in pattern_problems(
+                "ssh",
+                answered,
+                tested,
+                failed,
+                lambda a, b, user=user, failed=failed: (
+                    f"as {user}, {a} cannot ssh to {b}: " + printable(failed[(a, b)])
+                ),
             )
-            continue
-        for user in cluster.mesh_users:
-            results = users.get(user) or {}
-            failed = [
-                (peer, results.get(peer, "not probed"))
-                for peer in names
-                if results.get(peer) != "ok"
-            ]
-            for peer, why in failed:
-                problems.append(
-                    Problem("ssh", node, f"as {user}, cannot ssh to {peer}: {printable(why)}")
-                )
+            if p not in problems
+        ]
     return problems
 
 

@@ -26,8 +26,9 @@ from checks.bandwidth_stage import (
     read_error_counters,
     watched_nodes,
 )
-from checks.collective_stage import run_collective, run_isolation
-from checks.collective_verdicts import failed_before_the_network
+from checks.bandwidth_verdicts import node_figures
+from checks.collective_stage import backend_of, run_collective, run_isolation
+from checks.collective_verdicts import failed_before_the_network, missing_interfaces
 from checks.drift_check import read_ledger
 from checks.healthy_subset import healthy_lines, healthy_subset
 from checks.hygiene_stage import run_hygiene
@@ -39,7 +40,7 @@ from checks.preflight_scope import bound_line, scope, seen_now, worst_case
 from checks.publish import publish
 from checks.publish import report_path as report_file
 from checks.reachability_stage import run_reachability
-from checks.reachability_verdicts import rendezvous_unreachable
+from checks.reachability_verdicts import reachability_failed
 from checks.smoke_stage import run_smoke
 from checks.stage_runner import BOUNDS
 from runtime.gather import once_per_run, prove_sudo, refused_sudo
@@ -77,6 +78,10 @@ def _run(
         elif node.name not in active:
             report.problems.append(Problem("unreachable", node.name, "cannot be reached over SSH"))
     networks, plan = run_hygiene(state, cluster, report)
+    no_interface = missing_interfaces(
+        report.details["hygiene"], networks, backend_of(cluster)
+    )  # their ranks cannot start: the collective is not run (_stages)
+    report.problems += [Problem("hygiene", node, why) for node, why in no_interface.items()]
     report.stages["hygiene"] = (
         "failed" if any(p.stage == "hygiene" for p in report.problems) else "ok"
     )
@@ -114,6 +119,7 @@ def _run(
             report.nodes,
             now,
             complete=complete(report, tested),
+            figures=node_figures(report.details.get("bandwidth", {})),
         ),
     )
     _publish(report)
@@ -137,9 +143,14 @@ def _stages(
     if cluster.mesh_users:
         run_ssh_mesh(state, cluster, report, active)
         report.stages["ssh"] = "failed" if any(p.stage == "ssh" for p in report.problems) else "ok"
-    cut_off = rendezvous_unreachable(cluster, report.details.get("reachability", {}))
-    if len(active) < len(cluster.nodes) or not master_port_free or cut_off:
-        report.stages["collective"] = "skipped"  # it cannot succeed: the cause is named above
+    # A collective cannot succeed where a node cannot be reached (over SSH, a peer's listener or
+    # the rendezvous port) or a node's ranks cannot start: not run, the cause is named above.
+    unreached = reachability_failed(report.details.get("reachability", {}))
+    no_interface = missing_interfaces(
+        report.details["hygiene"], networks, backend_of(cluster)
+    ).keys() & {n.name for n in cluster.nodes}
+    if len(active) < len(cluster.nodes) or not master_port_free or unreached or no_interface:
+        report.stages["collective"] = "skipped"
         report.stages["bandwidth"] = "skipped"
     else:
         _collective_stages(state, cluster, report, networks, active)

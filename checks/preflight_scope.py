@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from checks.bandwidth_stage import bandwidth_plan
+from checks.bandwidth_verdicts import RETEST_MIN_NODES
 from checks.mesh_stage import mesh_bound
 from checks.stage_runner import BOUNDS
 from trainfleet import stamps
@@ -26,10 +27,13 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     """Seconds each step may take at most on this cluster, in the order they run; their sum is
     the preflight's worst case. The collective and the bandwidth pairs share one command that
     ends with the last round of pairs; isolation (two passes) runs only where the collective
-    failed, when no pair runs, so the longer of the two counts."""
+    failed, when no pair runs, so the longer of the two counts. From RETEST_MIN_NODES nodes the
+    bandwidth stage may re-test suspects with partners known good: one more round."""
     nodes = len(cluster.nodes)
     rounds, _ = bandwidth_plan(cluster)
+    retest = rounds and nodes >= RETEST_MIN_NODES  # a suspect re-tested: one more round
     collective = BOUNDS["collective"] + BOUNDS["bandwidth"] * len(rounds)
+    collective += (BOUNDS["bandwidth"] + WAIT) if retest else 0
     steps = {
         "sudo proof": SUDO,
         "hygiene": BOUNDS["hygiene"] + WAIT,

@@ -14,9 +14,11 @@ Stages, each bounded in time, all nodes at once:
 5. when 4 fails: 2-rank collectives of the master with each node, then of each suspect with a
    node known good, name the node or link at fault;
 6. when 4 passes: the bus bandwidth (nccl-tests' busbw) of a timed all_reduce between each
-   pair of nodes, every GPU of both, in rounds; under ``preflight.min_busbw_gbps`` the slow
-   node (slow in every pair) or the slow link is named, without a floor the figures are
-   reported. An InfiniBand port down on one node while its peers' are active is named (1).
+   pair of nodes, every GPU of both, in rounds, judged against the cluster's median (under
+   ``preflight.min_busbw_fraction`` of it, 0.5 by default) and ``preflight.min_busbw_gbps``,
+   if set: the slow node (slow with every partner) or the slow link is named by the pattern
+   (checks/attribution.py, as reachability's and ssh's failures are). An InfiniBand port down
+   on one node while its peers' are active is named (1).
 Its worst case for the cluster's size is printed first (checks/preflight_scope.py). A table
 goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json, each tested
 node's verdict to preflight-<cluster>-stamps.json beside it: the deploy writes launch files for

@@ -56,7 +56,12 @@ class Cluster:
     nccl: dict[str, Any]
     openmpi: dict[str, Any] = field(default_factory=lambda: {"tcp_include": "auto", "params": {}})
     preflight: dict[str, Any] = field(
-        default_factory=lambda: {"smoke": None, "min_busbw_gbps": None, "healthy_multiple_of": None}
+        default_factory=lambda: {
+            "smoke": None,
+            "min_busbw_gbps": None,
+            "min_busbw_fraction": 0.5,
+            "healthy_multiple_of": None,
+        }
     )
     gpu: dict[str, Any] = field(
         default_factory=lambda: {

@@ -77,6 +77,13 @@ def smoke_launcher_problem(value: Any) -> str | None:
     return None
 
 
+BUSBW_FRACTION = 0.5  # under half the median: a slow node, far beyond the lab's noise (0.32-0.46)
+
+
+def fraction_problem(value: Any) -> str | None:
+    return None if 0 < value <= 1 else f"must be above 0 and at most 1, got {value}"
+
+
 PREFLIGHT = Section(
     doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
     keys={
@@ -89,6 +96,18 @@ PREFLIGHT = Section(
             check=positive_number,
             example=40,
             accepts="a number above 0",
+        ),
+        "min_busbw_fraction": Key(
+            (int, float),
+            BUSBW_FRACTION,
+            "A node pair whose bus bandwidth is under this fraction of the cluster's median "
+            "(each node's best pair's figure, the median of those) is slow against its peers: a "
+            "node slow with every partner is named slow and left out, a pair slow only together "
+            "is a slow link. The default is robust to a lab's or a shared fabric's noise; raise it "
+            "(0.9) where pairs measure alike. Judged with or without `min_busbw_gbps`.",
+            check=fraction_problem,
+            example=0.8,
+            accepts="a number above 0, at most 1",
         ),
         "healthy_multiple_of": Key(
             (int, NULL),

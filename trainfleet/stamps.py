@@ -91,6 +91,7 @@ def recorded(
     cluster_nodes: list[str],
     now: datetime,
     complete: bool = True,
+    figures: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The stamps after a preflight: each node it tested (``tested``: node -> the causes that
     left it out, empty where none did) stamped now with what it was ``seen`` with (``plan``,
@@ -98,7 +99,9 @@ def recorded(
 
     A node with causes failed (``passed: False``, left out). One without passed only where the
     run was ``complete`` (the collective ran and passed); else its verdict is open
-    (``passed: None``): not left out, but never carried over by a staleness bound."""
+    (``passed: None``): not left out, but never carried over by a staleness bound. ``figures``:
+    what the run measured of each node (its best pair's bus bandwidth and the cluster's median),
+    kept with its stamp so a node left out as slow keeps the numbers that left it out."""
     after = {node: dict(stamp) for node, stamp in before.items() if node in cluster_nodes}
     for node, causes in tested.items():
         own = [c for c in causes if not c.startswith(CUT)]
@@ -108,6 +111,8 @@ def recorded(
             "causes": own,
             **{key: seen.get(node, {}).get(key) for key in ("plan", "ledger", "kernel")},
         }
+        if figures and node in figures:
+            after[node]["figures"] = dict(figures[node])
     return after
 
 

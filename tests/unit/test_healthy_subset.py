@@ -75,3 +75,34 @@ def test_no_subset_when_every_node_failed_alike_or_a_problem_names_no_node():
     assert stranger["nodes"] == [] and stranger["note"] == (
         "a problem names no node of the cluster (?)"
     )
+
+
+def test_a_slow_node_is_left_out_with_its_figures_and_its_stamp_keeps_them():
+    from datetime import UTC, datetime
+
+    from checks.bandwidth_verdicts import bandwidth_problems, node_figures
+    from trainfleet import stamps
+
+    measured = {("node1", "node2"): 0.40, ("node2", "node3"): 0.05, ("node3", "node4"): 0.05}
+    measured[("node1", "node4")] = 0.40
+    problems = bandwidth_problems(measured, None)
+    subset = healthy_subset(NODES[:4], problems)
+    assert subset["nodes"] == ["node1", "node2", "node4"]
+    (cause,) = subset["excluded"]["node3"]
+    assert cause.startswith("bandwidth: slow: 0.05 GB/s, median 0.40 (")
+    details = {
+        "median_gbps": 0.4,
+        "pairs": {"-".join(p): {"nodes": list(p), "busbw_gbps": bw} for p, bw in measured.items()},
+    }
+    figures = node_figures(details)
+    assert figures["node3"] == {"busbw_gbps": 0.05, "median_gbps": 0.4}
+    now = datetime(2026, 11, 28, tzinfo=UTC)
+    tested = {n: subset["excluded"].get(n, []) for n in NODES[:4]}
+    after = stamps.recorded({}, tested, {}, NODES[:4], now, figures=figures)
+    assert after["node3"]["passed"] is False and after["node3"]["causes"] == [cause]
+    assert after["node3"]["figures"] == {"busbw_gbps": 0.05, "median_gbps": 0.4}
+    assert after["node1"]["passed"] is True and after["node1"]["figures"]["busbw_gbps"] == 0.4
+    # a staleness-bounded run tests the slow node again
+    assert stamps.to_retest(after, {}, ["node3"], stamps.parse_stale("1h"), now) == {
+        "node3": "did not pass its last preflight"
+    }

@@ -53,6 +53,7 @@ def test_a_good_spec_gets_every_default():
         "certificate_days": 365,
     }
     assert spec["gpu"]["memlock"] == "unlimited" and spec["preflight"]["min_busbw_gbps"] is None
+    assert spec["preflight"]["min_busbw_fraction"] == 0.5
     assert spec["nccl"]["socket_ifname"] == "auto"
     assert spec["stack"]["cuda"] is None
 
@@ -395,6 +396,18 @@ def test_check_command_accepts_the_example_and_prints_json():
             "accepts: a number above 0",
         ),
         ("preflight: {min_busbw_gbps: 0}\n", "preflight.min_busbw_gbps: must be more than 0"),
+        (
+            "preflight: {min_busbw_fraction: 0}\n",
+            "preflight.min_busbw_fraction: must be above 0 and at most 1, got 0",
+        ),
+        (
+            "preflight: {min_busbw_fraction: 1.5}\n",
+            "preflight.min_busbw_fraction: must be above 0 and at most 1, got 1.5",
+        ),
+        (
+            "preflight: {min_busbw_fraction: null}\n",
+            "preflight.min_busbw_fraction: must be an integer or number, got null",
+        ),
         (
             "preflight: {healthy_multiple_of: 0}\n",
             "preflight.healthy_multiple_of: must be more than 0",

@@ -273,9 +273,7 @@ CLAIMS = (
         "checks/preflight_stages/collective.sh",
     ),
     Claim("Using network Socket", PREFLIGHT, "the node is slow", "checks/bandwidth_verdicts.py"),
-    Claim(
-        "Using network Socket", PREFLIGHT, "is slow: bus bandwidth", "checks/bandwidth_verdicts.py"
-    ),
+    Claim("Using network Socket", PREFLIGHT, "min_busbw_fraction", "trainfleet/schema.py"),
     Claim("Using network Socket", PREFLIGHT, "min_busbw_gbps", "trainfleet/schema.py"),
     Claim("Using network Socket", CLUSTER, "nvidia_peermem", "trainfleet/capabilities/gpu_node.py"),
     # leftover shared memory after a crash
