@@ -147,12 +147,38 @@ def by_affinity(topology: Topology, ports: Sequence[HcaPort] | None) -> Rails:
             problems.append(
                 f"{device} is in /sys/class/infiniband but not in nvidia-smi topo -m's NIC legend"
             )
+    rails = _one_link_layer(rails, left_out)
     served = {g for r in rails for g in r.gpus}
     alone = [g for g in topology.gpus if g not in served] if rails else []
     notes = tuple(f"{g} is beside no rail: its NCCL traffic crosses the CPU" for g in alone)
     return Rails(
         tuple(rails), left_out, tuple(problems), by_affinity=True, mixed=_mixed(rails), notes=notes
     )
+
+
+def _one_link_layer(rails: list[Rail], left_out: dict[str, str]) -> list[Rail]:
+    """Where the ports beside the GPUs hold both link layers (an HGX node's InfiniBand compute
+    HCAs and a frontend or storage Ethernet port that shares a GPU's PCIe switch), the rails
+    are the link layer that serves every GPU the others serve; the other ports are left out
+    (``left_out``, with why). Where each layer serves every such GPU, or neither does, the mix
+    stays: a problem the spec settles by naming the HCAs, never a pick."""
+    layers: dict[str, set[str]] = {}
+    for rail in rails:
+        layers.setdefault(rail.link_layer or "unknown", set()).update(rail.gpus)
+    if set(layers) != {INFINIBAND, ETHERNET}:
+        return rails
+    served = set().union(*layers.values())
+    whole = [layer for layer, gpus in layers.items() if gpus == served]
+    if len(whole) != 1:
+        return rails
+    (keep,) = whole
+    for rail in rails:
+        if rail.link_layer != keep:
+            left_out[rail.hca] = (
+                f"{rail.link_layer} beside {'+'.join(rail.gpus)} only, while the {keep} rails "
+                "serve every GPU: a frontend or storage port (NCCL cannot mix link layers)"
+            )
+    return [rail for rail in rails if rail.link_layer == keep]
 
 
 def disagreement(topo_rails: Rails, lspci_rails: Rails) -> list[str]:

@@ -20,7 +20,14 @@ from trainfleet.hw.sources import TOPO as TOPO_FILE
 from trainfleet.hw.topo import TopoRefused, parse
 from trainfleet.nccl import derive
 from trainfleet.nccl_cluster import odd_rails
-from trainfleet.rails import Rails, by_affinity, explain, ports_from_sysfs, without_affinity
+from trainfleet.rails import (
+    HcaPort,
+    Rails,
+    by_affinity,
+    explain,
+    ports_from_sysfs,
+    without_affinity,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TOPO = FIXTURES / "rdma" / "topo"
@@ -321,3 +328,44 @@ def test_the_judge_shows_each_nodes_rails_and_names_the_odd_and_the_unreadable(t
     table = report.table()  # every finding's row is shown: never "no drift" beside findings
     assert not table.startswith("no drift") and "rail mlx5_8" in table
     assert report.observed["h1"]["rail mlx5_0"] == "GPU0, link layer unknown, rate unknown"
+
+
+def _dgx_ports(ethernet: set[str]) -> list[HcaPort]:
+    """A port per NIC of the DGX A100's topo -m legend, with gpud's real sysfs values: its
+    mlx5_0 port's state, rate and link layer, and for ``ethernet`` its bond's link layer."""
+    ib = infiniband.hcas(gpud_tree())
+    port, bond = ib["mlx5_0"]["ports"]["1"], ib["mlx5_bond_0"]["ports"]["1"]
+    legend = parse(DGX_A100.read_text()).nics.values()
+    return [
+        HcaPort(
+            name,
+            1,
+            bond["link_layer"] if name in ethernet else port["link_layer"],
+            port["state"],
+            port["rate"],
+        )
+        for name in legend
+    ]
+
+
+def test_an_ethernet_port_beside_some_gpus_is_left_out_where_the_ib_rails_serve_every_gpu():
+    # An HGX node's frontend/storage port can share a GPU's PCIe switch (gpud's HGX H100's
+    # ConnectX-6 Dx sits under GPU 19:00.0's switch): by affinity alone it would be a rail,
+    # and its Ethernet beside the InfiniBand rails would refuse the node's whole list.
+    rails = by_affinity(parse(DGX_A100.read_text()), _dgx_ports({"mlx5_1"}))
+    assert rails.mixed is None and rails.problems == ()
+    kept = [f"mlx5_{n}:1" for n in (0, 2, 3, 4, 5, 6, 7)]  # mlx5_8/9: storage, SYS to all
+    assert [r.hca for r in rails.rails] == kept
+    assert rails.left_out["mlx5_1:1"] == (
+        "Ethernet beside GPU0+GPU1 only, while the InfiniBand rails serve every GPU: a frontend "
+        "or storage port (NCCL cannot mix link layers)"
+    )
+    derived = derive("198.18.0.11", AUTO, INTERFACES, [], rails)
+    assert derived.env["NCCL_IB_HCA"] == "=" + ",".join(kept)
+
+
+def test_a_mix_where_no_one_link_layer_serves_every_gpu_stays_a_problem():
+    # mlx5_0 and mlx5_1 both Ethernet: GPU0 and GPU1 have no InfiniBand rail, the other six no
+    # Ethernet one; neither layer serves every GPU, so no list is picked.
+    rails = by_affinity(parse(DGX_A100.read_text()), _dgx_ports({"mlx5_0", "mlx5_1"}))
+    assert rails.mixed is not None and "mlx5_0:1" in rails.mixed
