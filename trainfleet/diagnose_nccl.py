@@ -23,7 +23,7 @@ from typing import Any
 
 from trainfleet.compare import HEALTHY, Finding, Report
 from trainfleet.folded import wrapped
-from trainfleet.hw.sources import INFINIBAND, NETDEV, RDMA_CM, SYS_CLASS_NET
+from trainfleet.hw.sources import INFINIBAND, RDMA_CM, SYS_CLASS_NET
 from trainfleet.model import Cluster
 from trainfleet.nccl import Gid, IbPort, ib_settings, ucx_devices
 from trainfleet.nccl_gids import deciding_release, release_text
@@ -35,6 +35,7 @@ from trainfleet.nccl_qos import (
     RailQos,
     node_qos,
     odd_qos,
+    port_netdev,
 )
 from trainfleet.node_sets import fold
 from trainfleet.rails import ETHERNET, Rails
@@ -95,15 +96,6 @@ def ib_ports(tree: Mapping[str, str]) -> list[IbPort]:
     return list(ports.values())
 
 
-def _netdev(port: IbPort) -> str | None:
-    """A RoCE port's netdev: its default GID's (index 0), else any GID's; None where none was
-    read or the file holds no netdev name (it only ever names a source, never a path)."""
-    gids = port["gids"]
-    own = [g["ndev"] for g in gids if g["index"] == 0 and g["ndev"]]
-    named = own or [g["ndev"] for g in gids if g["ndev"]]
-    return named[0] if named and NETDEV.fullmatch(named[0]) else None
-
-
 def qos_readings(
     status: Mapping[str, str], files: Mapping[str, str], roce: Sequence[IbPort]
 ) -> list[RailQos]:
@@ -111,7 +103,7 @@ def qos_readings(
     net = _below(files, NET_TREE)
     readings = []
     for port in roce:
-        netdev = _netdev(port)
+        netdev = port_netdev(port)
         device, number = port["device"], port["port"]
         source = MLNX_QOS_FILE.format(netdev)
         state = status.get(source, "not in the capture") if netdev else "its netdev not read"

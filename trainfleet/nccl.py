@@ -79,6 +79,11 @@ class Derived:
     gid_index: int | None = None
     network: str | None = None  # the cluster address's subnet, e.g. "198.18.0.0/24"
     release: tuple[int, int] | None = None  # the NCCL whose GID rule applied (None: unknown)
+    # the host's QoS on its RoCE rails (trainfleet.nccl_qos): the values the majority compares
+    # (trust, PFC priority, traffic class) and what is wrong with it (lossy RoCE, a TC that
+    # misses the PFC priority); a finding on the fabric, never a reason not to write the env
+    qos: dict[str, str] = field(default_factory=dict)
+    qos_problems: list[str] = field(default_factory=list)
 
 
 def cluster_interface(interfaces: list[Interface], address: str) -> tuple[str | None, str | None]:

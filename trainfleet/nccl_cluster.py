@@ -13,6 +13,7 @@ from trainfleet.compare import Finding, majority
 from trainfleet.model import Cluster
 from trainfleet.nccl import Derived, derive, gid_disagreement, network_rails
 from trainfleet.nccl_gids import deciding_release
+from trainfleet.nccl_qos import live_readings, node_qos
 from trainfleet.rails import Rails
 
 
@@ -61,6 +62,9 @@ def derive_cluster(
         for node in cluster.nodes
         if networks.get(node.name) is not None
     }
+    for node in cluster.nodes:
+        if node.name in derived:
+            host_qos(derived[node.name], networks[node.name], node.nccl["env"].get("NCCL_IB_TC"))
     disagreement = gid_disagreement({name: d.gid_index for name, d in derived.items()})
     if disagreement:
         for d in derived.values():
@@ -69,6 +73,23 @@ def derive_cluster(
     for name, why in family_disagreement(derived).items():
         derived[name].problems.append(why)
     return derived
+
+
+def host_qos(derived: Derived, network: Mapping[str, Any], spec_tc: str | None) -> None:
+    """NCCL_IB_TC from the host's own QoS on its RoCE rails (trainfleet.nccl_qos), where the
+    spec sets none and one can be derived; the readings the majority compares and what is
+    wrong with them go into ``derived.qos`` and ``derived.qos_problems``."""
+    hca = derived.env.get("NCCL_IB_HCA", "")
+    if derived.problems or not hca or derived.env.get("NCCL_IB_DISABLE") == "1":
+        return
+    readings = live_readings(network, hca.lstrip("^=").split(","))
+    if not readings:  # InfiniBand rails only: traffic classes are RoCE's
+        return
+    found = node_qos(readings, None if spec_tc is None else str(spec_tc))
+    if spec_tc is None and "NCCL_IB_TC" in found.env:
+        derived.env["NCCL_IB_TC"] = found.env["NCCL_IB_TC"]
+    derived.qos = dict(found.values)
+    derived.qos_problems = [*found.problems, *found.unset]
 
 
 def rail_values(rails: Rails) -> dict[str, str]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from trainfleet.compare import Finding, majority
 from trainfleet.hw.qos import (
@@ -28,6 +28,7 @@ from trainfleet.hw.qos import (
     parse_roce_tos,
     parse_traffic_class,
 )
+from trainfleet.hw.sources import NETDEV
 
 LOSSY = "lossy RoCE: neither PFC nor ECN on the priority NCCL's traffic takes"
 NCCL_378 = "(nccl#378: 0.x GB/s under load, a RoCE fabric without flow control)"
@@ -318,3 +319,43 @@ def odd_qos(by_node: Mapping[str, NodeQos]) -> list[Finding]:
         values = {n: q.values[prop] for n, q in by_node.items() if prop in q.values}
         findings += majority(prop, values)
     return findings
+
+
+def port_netdev(port: Mapping[str, Any]) -> str | None:
+    """A RoCE port's netdev: its default GID's (index 0), else any GID's; None where none was
+    read or the name is outside the netdev grammar (it names a source, never a path)."""
+    gids = port["gids"]
+    own = [g["ndev"] for g in gids if g["index"] == 0 and g["ndev"]]
+    named = own or [g["ndev"] for g in gids if g["ndev"]]
+    return named[0] if named and NETDEV.fullmatch(named[0]) else None
+
+
+def live_readings(network: Mapping[str, Any], hcas: Sequence[str]) -> list[RailQos]:
+    """Each RoCE rail's QoS readings from the NcclNetwork fact (``hcas``: NCCL_IB_HCA's
+    entries, ``mlx5_0:1`` or a whole device); an InfiniBand rail has no traffic class here."""
+    readings: list[RailQos] = []
+    for port in network.get("ib_ports") or []:
+        name = f"{port['device']}:{port['port']}"
+        if port["link_layer"] != "Ethernet" or not ({name, port["device"]} & set(hcas)):
+            continue
+        netdev = port_netdev(port)
+        tool = (network.get("qos") or {}).get(netdev) if netdev else None
+        status = tool["status"] if tool else "not read" if netdev else "its netdev not read"
+        enables = (network.get("ecn") or {}).get(netdev, {}) if netdev else {}
+        tos = (network.get("roce_tos") or {}).get(name)
+        readings.append(
+            RailQos(
+                rail=name,
+                netdev=netdev,
+                mlnx_qos=tool["text"] if tool and status == "ok" else None,
+                mlnx_qos_status=status,
+                traffic_class=(network.get("traffic_class") or {}).get(port["device"]),
+                default_roce_tos=None if tos is None else str(tos),
+                ecn={
+                    f"roce_{side}/{prio}": str(on)
+                    for side, prios in enables.items()
+                    for prio, on in prios.items()
+                },
+            )
+        )
+    return readings

@@ -4,20 +4,29 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from trainfleet.compare import ABSENT, Content, content, digest
+from trainfleet.compare import ABSENT, HEALTHY, Content, content, digest
 from trainfleet.defaults import NCCL_CONF, NCCL_ENVIRONMENT, NCCL_PROFILE
 from trainfleet.grammar import Key, Section, env_name_problem, env_value_problem, ifname_problem
 from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived, checked_env, uniform_variables
 from trainfleet.nccl_cluster import derive_cluster
 from trainfleet.nccl_gids import expected_gid_reading, pinned_gid_reading
+from trainfleet.nccl_qos import PFC_PRIORITY, TC, TRUST
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
-# No majority vote: a node's interface is its own; the spec is what counts.
+# A node's interface is its own, the spec is what counts; but the host's QoS on its RoCE rails
+# must agree across nodes (a PFC priority on one node only drops that node's frames).
+QOS_PROPERTIES = MappingProxyType(
+    {TRUST: "RoCE QoS trust", PFC_PRIORITY: "RoCE PFC priority", TC: "RoCE traffic class"}
+)
+MAJORITY = tuple(QOS_PROPERTIES.values())
+QOS_HEALTH = "RoCE QoS problems"  # lossy RoCE (no PFC, no ECN), a TC off the PFC priority
+HEALTH = (QOS_HEALTH,)
 UNREAD = "the node's network could not be read"
 
 
@@ -29,6 +38,8 @@ class NcclPlan:
     environment: list[str]  # the /etc/environment block
     nccl_conf: list[str]  # the /etc/nccl.conf block
     interface: str | None = None  # the cluster interface (the one holding the node's address)
+    qos: Mapping[str, str] = field(default_factory=dict)  # the host's RoCE QoS (nccl_qos)
+    qos_problems: tuple[str, ...] = ()
 
 
 def nccl_part(derived: Derived) -> NcclPlan:
@@ -40,6 +51,8 @@ def nccl_part(derived: Derived) -> NcclPlan:
         environment=render_lines("nccl_env/environment.j2", env=env),
         nccl_conf=render_lines("nccl_env/nccl.conf.j2", env=env),
         interface=derived.interface,
+        qos=dict(derived.qos),
+        qos_problems=tuple(derived.qos_problems),
     )
 
 
@@ -105,6 +118,7 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
     files = fp["nccl_files"]
     network = fp.get("network")
     return {
+        **qos_observed(part(plan)),
         "NCCL env plan": "; ".join(part(plan).problems) or "ok",
         # the index a shell sees, read in the node's GID tables now (a GID that moved)
         "NCCL GID index": pinned_gid_reading(
@@ -121,6 +135,15 @@ def observe(fp: dict[str, Any], plan: NodePlan, cluster: Cluster) -> dict[str, s
             ]
         ),
     }
+
+
+def qos_observed(nccl: NcclPlan) -> dict[str, str]:
+    """The host's QoS on its RoCE rails, as drift compares it across nodes (read with the
+    network this run; a node without RoCE rails has none of these)."""
+    found = {QOS_PROPERTIES[key]: value for key, value in nccl.qos.items() if key in QOS_PROPERTIES}
+    if nccl.qos or nccl.qos_problems:
+        found[QOS_HEALTH] = "; ".join(nccl.qos_problems) or HEALTHY
+    return found
 
 
 def expect(plan: NodePlan) -> dict[str, str]:
