@@ -11,7 +11,8 @@ PY := $(VENV)/bin/python
 LAB_NODES ?= 3
 # Debian packages the controller needs to run the lab (never installed into a running lab:
 # the host's / is the lab's lower layer).
-HOST_PACKAGES := iproute2 openssh-server openssh-client tini python3-venv
+# chromium: the HTML reports are tested in a real headless browser (tests/unit/test_html_report.py)
+HOST_PACKAGES := iproute2 openssh-server openssh-client tini python3-venv chromium
 # Debian packages lab tests install inside nodes, pre-downloaded into the host's apt cache
 # because nodes have no network.
 NODE_PACKAGES := pdsh nftables openmpi-bin gcc-11 g++-11 sudo

@@ -23,6 +23,7 @@ from checks.publish import report_path as report_file
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
+from trainfleet import html_report
 from trainfleet import metrics as prometheus
 from trainfleet.capabilities import CAPABILITIES, RULES, pins_met
 from trainfleet.compare import (
@@ -366,3 +367,6 @@ def _publish(result: Report) -> None:
         report_path(result.cluster),
         "TRAINFLEET_DRIFT_JSON",
     )
+    page = report_path(result.cluster).with_suffix(".html")  # one page beside the JSON
+    write_atomic(page, html_report.page(result, f"Drift report for {result.cluster}"))
+    print(f"    HTML report: {page}", file=sys.stderr)

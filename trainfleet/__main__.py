@@ -24,9 +24,11 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
+from trainfleet import html_report
 from trainfleet import metrics as prometheus
 from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
+from trainfleet.controller_files import write_atomic
 from trainfleet.diagnose import CaptureError, judge
 from trainfleet.diagnose_nccl import env_lines
 from trainfleet.keystore import KeyStore
@@ -106,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also write Prometheus metrics there (node_exporter's textfile format)",
     )
     diagnose.add_argument(
+        "--html",
+        metavar="PATH.html",
+        help="also write the report as one self-contained HTML page there",
+    )
+    diagnose.add_argument(
         "--wide",
         action="store_true",
         help="the node x check grid even where it is wider than 160 columns (else it folds)",
@@ -168,6 +175,11 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.metrics is not None and (problem := prometheus.path_problem(args.metrics)):
         print(f"{_prog()} diagnose: --metrics: {problem}", file=sys.stderr)
         return EXIT_USAGE
+    if args.html is not None and not Path(args.html).parent.is_dir():
+        print(
+            f"{_prog()} diagnose: --html: {Path(args.html).parent}: no such folder", file=sys.stderr
+        )
+        return EXIT_USAGE
     try:
         if args.spec:
             cluster = load_cluster(args.spec)
@@ -179,6 +191,9 @@ def _diagnose(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(printable(problem), file=sys.stderr)
         return EXIT_BAD_SPEC
+    if args.html is not None:
+        title = f"trainfleet diagnose {Path(args.capture).name}"
+        write_atomic(Path(args.html), html_report.page(report, title))
     if args.metrics is not None:
         prometheus.write(Path(args.metrics), report_registry(report, "diagnose", time.time()))
     if args.json:

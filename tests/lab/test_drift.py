@@ -210,6 +210,8 @@ def test_a_removed_nccl_variable_is_named_and_scraped_as_a_metric(converged, tmp
     }
     assert ok[("node3", "NCCL env (non-login ssh)")] == 0
     assert ok[("node1", "NCCL env (non-login ssh)")] == 1 and ok[("node3", "reachable")] == 1
+    page = report_path("lab").with_suffix(".html").read_text()  # the page beside the JSON
+    assert "3 nodes, 1 odd: node3" in page and "NCCL env (non-login ssh)" in page
     assert_detected_then_cleared(
         converged.lab, {("node3", "NCCL env (non-login ssh)"), ("node3", "NCCL env files")}
     )
