@@ -10,6 +10,7 @@ a module of its own (``checks/<stage>_stage.py``), its verdicts plain functions 
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,12 +45,17 @@ from checks.reachability_verdicts import reachability_failed
 from checks.smoke_stage import run_smoke
 from checks.stage_runner import BOUNDS
 from runtime.gather import once_per_run, prove_sudo, refused_sudo
-from trainfleet import stamps
+from trainfleet import html_report, stamps
+from trainfleet import metrics as prometheus
+from trainfleet.controller_files import write_atomic
 from trainfleet.model import Cluster
 
 
 def cluster_preflight(
-    cluster: Cluster, smoke: str | None = None, stale: timedelta | None = None
+    cluster: Cluster,
+    smoke: str | None = None,
+    stale: timedelta | None = None,
+    metrics: Path | None = None,
 ) -> PreflightReport:
     """Run every stage once per run, print the table and write the JSON report and the stamps.
 
@@ -57,11 +63,15 @@ def cluster_preflight(
     + stale: test again only the nodes whose last pass is older than this, or changed since,
       or that never passed (``checks.preflight_scope.scope``); the others carry their verdict
     """
-    return once_per_run("preflight", lambda state: _run(state, cluster, smoke, stale))
+    return once_per_run("preflight", lambda state: _run(state, cluster, smoke, stale, metrics))
 
 
 def _run(
-    state: State, cluster: Cluster, smoke: str | None = None, stale: timedelta | None = None
+    state: State,
+    cluster: Cluster,
+    smoke: str | None = None,
+    stale: timedelta | None = None,
+    metrics: Path | None = None,
 ) -> PreflightReport:
     steps = worst_case(cluster, smoke)
     print(f"--> Preflight of {cluster.name}: {bound_line(cluster, steps)}", file=sys.stderr)
@@ -123,6 +133,7 @@ def _run(
         ),
     )
     _publish(report)
+    _pictures(report, metrics, now)
     return report
 
 
@@ -233,10 +244,10 @@ def report_path(cluster: str) -> Path:
 
 
 def _publish(result: PreflightReport) -> None:
+    # the node x stage grid even where it does not fit 160 columns (else it folds)
+    wide = os.environ.get("TRAINFLEET_WIDE") == "1"
     lines = bandwidth_lines(result.details.get("bandwidth", {}))
-    lines += [f"[{p.node}] {p}" for p in result.problems] + [
-        f"[{w.node}] warning: {w}" for w in result.warnings
-    ]
+    lines += result.problem_lines(wide)
     if result.carried:
         lines.append(
             "carried over (passed within the staleness bound, unchanged): "
@@ -248,9 +259,56 @@ def _publish(result: PreflightReport) -> None:
         lines.append("the cluster can train: every stage passed")
     publish(
         f"Preflight for {result.cluster}",
-        result.table(),
+        result.table(wide),
         lines,
         result.dumps(),
         report_path(result.cluster),
         "TRAINFLEET_PREFLIGHT_JSON",
     )
+
+
+def pair_fractions(bandwidth: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Each measured pair's bus bandwidth as a fraction of the cluster's median."""
+    return {
+        (pair["nodes"][0], pair["nodes"][1]): pair["of_median"]
+        for pair in bandwidth.get("pairs", {}).values()
+        if pair.get("of_median") is not None and len(pair.get("nodes", ())) == 2
+    }
+
+
+def _pictures(result: PreflightReport, metrics: Path | None, now: datetime) -> None:
+    """The HTML page beside the JSON (the node x stage grid, the pairs as a heatmap) and,
+    given ``metrics``, the Prometheus textfile (each node's stages, each pair's busbw, each
+    stamp's age)."""
+    report = result.as_report()
+    bandwidth = result.details.get("bandwidth", {})
+    fractions = pair_fractions(bandwidth)
+    heat = (
+        "<h2>Bandwidth: each pair as a fraction of the median</h2>"
+        + html_report.heatmap(result.nodes, fractions)
+        if fractions
+        else ""
+    )
+    page = report_path(result.cluster).with_suffix(".html")
+    write_atomic(page, html_report.page(report, f"Preflight for {result.cluster}", heat))
+    print(f"    HTML report: {page}", file=sys.stderr)
+    if metrics is None:
+        return
+    registry = prometheus.report_registry(report, "preflight", now.timestamp())
+    prometheus.pair_bandwidth(
+        registry,
+        result.cluster,
+        {
+            (pair["nodes"][0], pair["nodes"][1]): pair["busbw_gbps"]
+            for pair in bandwidth.get("pairs", {}).values()
+            if pair.get("busbw_gbps") is not None and len(pair.get("nodes", ())) == 2
+        },
+    )
+    ages = {}
+    for node, stamp in stamps.load(result.cluster).items():
+        when = stamps.passed_at(stamp)
+        if when is not None:
+            ages[node] = max(0.0, (now - when).total_seconds())
+    prometheus.stamp_ages(registry, result.cluster, ages)
+    prometheus.write(metrics, registry)
+    print(f"    Prometheus metrics: {metrics}", file=sys.stderr)

@@ -6,6 +6,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from trainfleet import folded
+from trainfleet.compare import Finding, Report, printable
+from trainfleet.folded import WIDTH
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -55,7 +59,48 @@ class PreflightReport:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2)
 
-    def table(self) -> str:
+    def cells(self) -> dict[str, dict[str, str]]:
+        """stage -> node -> ok | FAIL | ok, warning | skipped | carried."""
+        return {row[0]: dict(zip(self.nodes, row[1:], strict=True)) for row in self._rows()[1:]}
+
+    def table(self, wide: bool = False, width: int = WIDTH) -> str:
+        """Stages by nodes where the grid fits ``width`` (or ``wide``); else a summary line and
+        each stage's outcomes with the folded node set that has each (trainfleet/folded.py)."""
+        rows = self._rows()
+        lines = folded.grid(rows)
+        del lines[1]  # the preflight's grid has no rule under its header
+        if wide or max(map(len, lines)) <= width:
+            return "\n".join(lines)
+        failing = {p.node for p in self.problems}
+        out = [folded.summary(self.nodes, failing)]
+        for stage, cells in self.cells().items():
+            odd = {node for node, cell in cells.items() if cell == "FAIL"}
+            out += folded.property_lines(stage, cells, odd, width)
+        return "\n".join(out)
+
+    def folds(self, wide: bool = False, width: int = WIDTH) -> bool:
+        return not wide and max(map(len, folded.grid(self._rows()))) > width
+
+    def problem_lines(self, wide: bool = False, width: int = WIDTH) -> list[str]:
+        """``[node] stage: cause`` per problem and warning; folded by text where the table
+        folds (the same cause on 200 nodes is one line)."""
+        pairs = [(p.node, printable(str(p))) for p in self.problems]
+        pairs += [(w.node, printable(f"warning: {w}")) for w in self.warnings]
+        if self.folds(wide, width):
+            return folded.grouped(pairs, width)
+        return [f"[{node}] {text}" for node, text in pairs]
+
+    def as_report(self) -> Report:
+        """The same outcomes as drift's plain data (node -> stage -> outcome; each problem a
+        health finding on its stage), for the HTML page and the metrics."""
+        cells = self.cells()
+        observed = {node: {stage: cells[stage][node] for stage in cells} for node in self.nodes}
+        findings = [Finding(p.node, p.stage, "health", p.cause) for p in self.problems]
+        return Report(
+            self.cluster, list(self.nodes), observed, findings, compared_with="each other"
+        )
+
+    def _rows(self) -> list[list[str]]:
         rows = [["stage", *self.nodes]]
         for stage, outcome in self.stages.items():
             cells = [stage]
@@ -70,8 +115,4 @@ class PreflightReport:
                     else ("FAIL" if mine else "ok, warning" if warned else "ok")
                 )
             rows.append(cells)
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        return "\n".join(
-            "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
-            for row in rows
-        )
+        return rows

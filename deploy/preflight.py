@@ -23,19 +23,23 @@ Its worst case for the cluster's size is printed first (checks/preflight_scope.p
 goes to stderr, the JSON report to .trainfleet/reports/preflight-<cluster>.json, each tested
 node's verdict to preflight-<cluster>-stamps.json beside it: the deploy writes launch files for
 the nodes it did not fail in /etc/trainfleet/launch/healthy/. ``--data trainfleet_stale=6h``
-tests again only the nodes that passed longer ago, changed since, or never passed.
+tests again only the nodes that passed longer ago, changed since, or never passed. An HTML page
+goes beside the JSON (the node x stage grid, the pairs' bandwidth as a heatmap); ``--data
+trainfleet_metrics=PATH.prom`` also writes Prometheus metrics (trainfleet/metrics.py).
 A node with a problem fails the run. Nothing is left running and nothing is changed, but for
 an empty root-only /run/trainfleet: each python runs isolated (``-I``) in a fresh directory
 made there and removed, never in /tmp, so no module a node user planted is imported as root.
 """
 
 import sys
+from pathlib import Path
 
 from pyinfra import host
 
 from checks import preflight_check
 from operations import verdict
 from runtime.gather import this_node
+from trainfleet import metrics as prometheus
 from trainfleet import stamps
 from trainfleet.schema import smoke_launcher_problem
 
@@ -52,7 +56,14 @@ except ValueError as exc:
     print(f"trainfleet: trainfleet_stale: {exc}; nothing was run", file=sys.stderr)
     raise SystemExit(2) from None
 
-result = preflight_check.cluster_preflight(cluster, smoke=smoke, stale=bound)
+metrics = host.data.get("trainfleet_metrics")
+if metrics is not None and (problem := prometheus.path_problem(metrics)):
+    print(f"trainfleet: trainfleet_metrics: {problem}; nothing was run", file=sys.stderr)
+    raise SystemExit(2)
+
+result = preflight_check.cluster_preflight(
+    cluster, smoke=smoke, stale=bound, metrics=None if metrics is None else Path(metrics)
+)
 verdict.verdict(
     name="This node can train with the others",
     check="preflight",

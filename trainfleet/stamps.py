@@ -84,6 +84,11 @@ def _when(text: object) -> datetime | None:
         return None
 
 
+def passed_at(stamp: Mapping[str, Any]) -> datetime | None:
+    """When the node last passed (None: its stamp is no pass, or its time cannot be read)."""
+    return _when(stamp.get("at")) if stamp.get("passed") is True else None
+
+
 def recorded(
     before: Mapping[str, dict[str, Any]],
     tested: Mapping[str, list[str]],

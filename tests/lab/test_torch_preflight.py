@@ -10,6 +10,9 @@ import signal
 import subprocess
 import time
 from contextlib import contextmanager
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from checks.drift_check import ledger_path
 from checks.preflight_check import report_path
@@ -86,9 +89,10 @@ forge()
 ATTACK_OUT = "/run/tf-store-attack.out"
 
 
-def preflight(inventory: str, stale: str | None = None):
+def preflight(inventory: str, stale: str | None = None, metrics: Path | None = None):
     started = time.monotonic()
-    data = {"trainfleet_stale": stale} if stale else None
+    data = {"trainfleet_stale": stale} if stale else {}
+    data |= {"trainfleet_metrics": str(metrics)} if metrics else {}
     # TimeoutExpired = it hung: the test fails
     run = pyinfra(inventory, PREFLIGHT, timeout=BOUND, data=data)
     return run, json.loads(report_path("lab").read_text()), time.monotonic() - started
@@ -256,7 +260,7 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
 
 
 def test_a_throttled_node_is_named_slow_against_its_peers_and_left_out_with_its_figures(
-    torch_lab,
+    torch_lab, tmp_path
 ):
     """The issue's measure: node3's cluster interface throttled with `tc tbf` (its pairs at a
     fraction of the others'), no floor in the spec. Before, every stage passed and the cluster
@@ -265,11 +269,29 @@ def test_a_throttled_node_is_named_slow_against_its_peers_and_left_out_with_its_
     lab, inventory = torch_lab
     lab.ssh("node3", "tc qdisc add dev eth0 root tbf rate 400mbit burst 64kb latency 100ms")
     try:
-        run, report, seconds = preflight(inventory)
+        run, report, seconds = preflight(inventory, metrics=tmp_path / "preflight.prom")
     finally:
         lab.ssh("node3", "tc qdisc del dev eth0 root")
     assert run.returncode != 0, run.describe()
     bandwidth = report["details"]["bandwidth"]
+    # the same figures for Prometheus and on the HTML page's heatmap (#42)
+    scraped = {
+        (
+            s.name,
+            s.labels.get("a"),
+            s.labels.get("b"),
+            s.labels.get("node"),
+            s.labels.get("check"),
+        ): s.value
+        for family in text_string_to_metric_families((tmp_path / "preflight.prom").read_text())
+        for s in family.samples
+    }
+    slow = bandwidth["pairs"]["node1-node3"]["busbw_gbps"]
+    assert scraped[("trainfleet_pair_busbw_gbps", "node1", "node3", None, None)] == slow
+    assert scraped[("trainfleet_node_ok", None, None, "node3", "bandwidth")] == 0
+    assert scraped[("trainfleet_node_ok", None, None, "node1", "bandwidth")] == 1
+    page = report_path("lab").with_suffix(".html").read_text()
+    assert "Bandwidth: each pair as a fraction of the median" in page and "node1 - node3" in page
     pairs = bandwidth["pairs"]
     print("throttled busbw (GB/s):", {name: p["busbw_gbps"] for name, p in pairs.items()})
     median = bandwidth["median_gbps"]

@@ -120,3 +120,51 @@ def test_diagnose_prints_the_folded_report_and_the_grid_with_wide(tmp_path):
     )
     wide = subprocess.run([*run, "--wide"], capture_output=True, text=True).stdout
     assert wide.splitlines()[1].split()[:3] == ["property", "gpu001", "gpu002"]
+
+
+def test_the_preflights_table_folds_at_256_nodes_and_its_problems_fold_by_cause():
+    from checks.preflight_report import PreflightReport, Problem
+
+    nodes = [f"gpu{i:03d}" for i in range(1, 257)]
+    report = PreflightReport("big", nodes)
+    report.stages = {"hygiene": "ok", "reachability": "ok", "bandwidth": "failed"}
+    report.problems = [
+        Problem("bandwidth", n, "slow: 0.05 GB/s, median 0.40") for n in ("gpu017", "gpu131")
+    ]
+    lines = [*report.table().splitlines(), *report.problem_lines()]
+    assert max(map(len, lines)) <= WIDTH
+    assert lines == [
+        "256 nodes, 2 odd: gpu[017,131]",
+        "hygiene:",
+        "  gpu[001-256]: ok",
+        "reachability:",
+        "  gpu[001-256]: ok",
+        "bandwidth:",
+        "  gpu[017,131]: FAIL *",
+        "  gpu[001-016,018-130,132-256]: ok",
+        "[gpu[017,131]] bandwidth: slow: 0.05 GB/s, median 0.40",
+    ]
+    small = PreflightReport("lab", ["node1", "node2", "node3"], stages={"bandwidth": "failed"})
+    small.problems = [Problem("bandwidth", "node3", "slow")]
+    assert small.table().splitlines()[1].split() == ["bandwidth", "ok", "ok", "FAIL"]
+    assert small.problem_lines() == ["[node3] bandwidth: slow"]
+
+
+def test_the_preflights_page_shades_each_pair_by_its_fraction_of_the_median():
+    from checks.preflight_check import pair_fractions
+    from checks.preflight_report import PreflightReport, Problem
+    from trainfleet.html_report import heatmap, page
+
+    bandwidth = {
+        "pairs": {
+            "node1-node2": {"nodes": ["node1", "node2"], "busbw_gbps": 0.4, "of_median": 1.0},
+            "node1-node3": {"nodes": ["node1", "node3"], "busbw_gbps": 0.05, "of_median": 0.125},
+        }
+    }
+    fractions = pair_fractions(bandwidth)
+    assert fractions == {("node1", "node2"): 1.0, ("node1", "node3"): 0.125}
+    report = PreflightReport("lab", ["node1", "node2", "node3"], stages={"bandwidth": "failed"})
+    report.problems = [Problem("bandwidth", "node3", "slow")]
+    html = page(report.as_report(), "Preflight", heatmap(report.nodes, fractions))
+    assert 'title="node1 - node3: 0.12 of the median"' in html
+    assert "3 nodes, 1 odd: node3" in html and '<td class="odd" title="FAIL">FAIL</td>' in html
