@@ -95,6 +95,7 @@ test: venv lint host-deps
 bench: venv host-deps
 	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
 	$(PY) -m bench $(BENCH_ARGS)  # brings up (and takes down) its own labs: none may be up
+	$(PY) -m bench.report_render  # what a report costs to render at 16, 256 and 1,024 nodes
 
 unit: venv
 	$(PY) -m pytest -q -m 'not lab'

@@ -168,3 +168,13 @@ def test_the_preflights_page_shades_each_pair_by_its_fraction_of_the_median():
     html = page(report.as_report(), "Preflight", heatmap(report.nodes, fractions))
     assert 'title="node1 - node3: 0.12 of the median"' in html
     assert "3 nodes, 1 odd: node3" in html and '<td class="odd" title="FAIL">FAIL</td>' in html
+
+
+def test_the_rendering_benchmark_measures_each_output_at_each_size():
+    from bench.report_render import markdown, measure
+
+    rows = measure([16, 64], runs=1)
+    assert [r["nodes"] for r in rows] == [16, 64]
+    assert all(r["table lines"] == 4 for r in rows)  # the same two odd values: the same length
+    assert rows[1]["page KB"] > rows[0]["page KB"] > 0  # the page holds every node
+    assert markdown(rows).splitlines()[0].startswith("| nodes | table s |")
