@@ -12,8 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from checks.preflight_report import Problem
+from trainfleet import folded
 from trainfleet.capabilities.launchers import HEALTHY
 from trainfleet.defaults import LAUNCH_DIR
+from trainfleet.node_sets import fold
 from trainfleet.stamps import cut_to_multiple
 
 
@@ -55,6 +57,9 @@ def healthy_subset(
     }
 
 
+FOLD_AT = 8  # more nodes than this in a list: folded (gpu[001-016,018-200])
+
+
 def healthy_lines(subset: dict[str, Any], total: int) -> list[str]:
     """The subset for people: whom no problem names, who was left out and why."""
     if not subset["excluded"] and not subset["note"]:
@@ -62,12 +67,18 @@ def healthy_lines(subset: dict[str, Any], total: int) -> list[str]:
     if subset["note"]:
         lines = [f"no healthy subset: {subset['note']}"]
     else:
+        names = subset["nodes"]
         lines = [
-            f"healthy subset: {len(subset['nodes'])} of {total} nodes, named by no problem: "
-            + (", ".join(subset["nodes"]) or "none")
+            f"healthy subset: {len(names)} of {total} nodes, named by no problem: "
+            + ((fold(names) if len(names) > FOLD_AT else ", ".join(names)) or "none")
             + f" (the next deploy writes their launch files in {LAUNCH_DIR}/{HEALTHY}/)"
         ]
-    lines += [
-        f"left out: {node}: {'; '.join(causes)}" for node, causes in subset["excluded"].items()
-    ]
-    return lines
+    excluded = subset["excluded"]
+    if len(excluded) <= FOLD_AT:
+        return lines + [
+            f"left out: {node}: {'; '.join(causes)}" for node, causes in excluded.items()
+        ]
+    # a few hundred nodes: one line per cause, with the folded nodes it left out
+    return lines + folded.grouped(
+        ((node, "; ".join(causes)) for node, causes in excluded.items()), indent="left out: "
+    )

@@ -80,14 +80,21 @@ def property_lines(
     return lines
 
 
-def grouped(pairs: Iterable[tuple[str, str]], width: int = WIDTH) -> list[str]:
-    """``(node, text)`` pairs as one line per text, ``[folded nodes] text``, in first-seen
-    order: the same finding on 200 nodes is one line."""
+def grouped(
+    pairs: Iterable[tuple[str, str]], width: int = WIDTH, indent: str | None = None
+) -> list[str]:
+    """``(node, text)`` pairs as one line per text, ``[folded nodes] text`` (or, given
+    ``indent``, ``<indent>folded nodes: text``), in first-seen order: the same finding on 200
+    nodes is one line."""
     nodes: dict[str, list[str]] = {}
     for node, text in pairs:
         nodes.setdefault(text, []).append(node)
     return [
-        line for text, names in nodes.items() for line in wrapped(f"[{fold(names)}] {text}", width)
+        line
+        for text, names in nodes.items()
+        for line in wrapped(
+            f"[{fold(names)}] {text}" if indent is None else f"{indent}{fold(names)}: {text}", width
+        )
     ]
 
 

@@ -178,3 +178,17 @@ def test_the_rendering_benchmark_measures_each_output_at_each_size():
     assert all(r["table lines"] == 4 for r in rows)  # the same two odd values: the same length
     assert rows[1]["page KB"] > rows[0]["page KB"] > 0  # the page holds every node
     assert markdown(rows).splitlines()[0].startswith("| nodes | table s |")
+
+
+def test_the_healthy_subset_folds_its_node_lists_at_a_few_hundred_nodes():
+    from checks.healthy_subset import healthy_lines
+
+    nodes = [f"gpu{i:03d}" for i in range(1, 201)]
+    left = {n: ["bandwidth: slow"] for n in nodes[100:112]}
+    subset = {"nodes": [n for n in nodes if n not in left], "excluded": left, "note": None}
+    lines = healthy_lines(subset, 200)
+    assert lines[0].startswith(
+        "healthy subset: 188 of 200 nodes, named by no problem: gpu[001-100,113-200] (the next"
+    )
+    assert lines[1:] == ["left out: gpu[101-112]: bandwidth: slow"]
+    assert max(map(len, lines)) <= WIDTH
