@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import NoReturn
 
-from trainfleet import html_report
+from trainfleet import front_door, html_report
 from trainfleet import metrics as prometheus
 from trainfleet.certificates import fingerprint
 from trainfleet.compare import printable
@@ -117,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the node x check grid even where it is wider than 160 columns (else it folds)",
     )
+    front_door.add_parsers(sub)
     args = parser.parse_args(argv)
 
+    if args.command in front_door.DOORS:
+        return _door(args)
     if args.command == "diagnose":
         return _diagnose(args)
 
@@ -168,6 +173,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cluster.total_gpus} GPUs, master {cluster.master.name}"
             )
     return status
+
+
+def _door(args: argparse.Namespace) -> int:
+    """``trainfleet deploy|drift|preflight|capture|remediate SPEC``: the flags checked and the
+    spec validated, then pyinfra on the inventory it describes; its status passed on (0 ok,
+    1 a node failed or a finding)."""
+    if problems := front_door.problems(args.command, args):
+        print("\n".join(f"{_prog()} {args.command}: {p}" for p in problems), file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        load_cluster(args.spec)
+    except SpecError as exc:
+        print("\n".join(exc.problems), file=sys.stderr)
+        return EXIT_BAD_SPEC
+    if not (front_door.REPO / front_door.DOORS[args.command].deploy).is_file():
+        print(
+            f"{_prog()}: no deploy/ beside the package: run from a trainfleet checkout",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    argv, env = front_door.command(args.command, args)
+    ran = subprocess.run(argv, cwd=front_door.REPO, env={**os.environ, **env}, check=False)
+    return 0 if ran.returncode == 0 else EXIT_BAD_SPEC if ran.returncode == 2 else 1
 
 
 def _diagnose(args: argparse.Namespace) -> int:

@@ -69,11 +69,12 @@ def test_both_commands_offer_the_same_subcommands_each_under_its_own_name():
     script = _run(_installed(), "--help")
     module = _run(sys.executable, "-m", "trainfleet", "--help")
     assert script.returncode == module.returncode == 0, script.stderr + module.stderr
-    usage = "[-h] [--version] {check,schema,keys,diagnose}"
+    usage = "[-h] [--version]"
     assert script.stdout.startswith(f"usage: trainfleet {usage}")
     assert module.stdout.startswith(f"usage: python -m trainfleet {usage}")
-    assert script.stdout.replace("trainfleet", "T") == module.stdout.replace(
-        "python -m trainfleet", "T"
+    # the same help under each name (argparse wraps the usage line by the name's length)
+    assert " ".join(script.stdout.replace("trainfleet", "T").split()) == " ".join(
+        module.stdout.replace("python -m trainfleet", "T").split()
     )
 
 
@@ -130,3 +131,43 @@ def test_keys_list_and_ca_read_the_store_and_never_make_a_key_or_a_ca(tmp_path):
     )
     assert ca.returncode == 1 and "no CA yet; the first deploy makes it" in ca.stderr
     assert not (tmp_path / "home").exists()  # nothing made, not even a folder
+
+
+def test_the_front_door_builds_pyinfras_command_and_refuses_bad_flags_before_it(tmp_path):
+    from trainfleet import front_door
+
+    parser = __import__("argparse").ArgumentParser()
+    front_door.add_parsers(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["preflight", "inventories/prod.yml", "--stale", "6h", "--smoke", "deepspeed", "--limit",
+         "gpu-a01", "--wide", "--metrics", str(tmp_path / "p.prom")]
+    )  # fmt: skip
+    argv, env = front_door.command("preflight", args)
+    assert argv[1:] == [
+        "-y", "--limit", "gpu-a01",
+        "--data", f"trainfleet_metrics={tmp_path / 'p.prom'}",
+        "--data", "trainfleet_stale=6h", "--data", "trainfleet_smoke=deepspeed",
+        "inventories/from_spec.py", "deploy/preflight.py",
+    ]  # fmt: skip
+    assert env == {
+        "TRAINFLEET_SPEC": str((REPO / "inventories/prod.yml").resolve()),
+        "TRAINFLEET_WIDE": "1",
+    }
+    deploy = parser.parse_args(["deploy", "x.yml", "--dry"])
+    assert front_door.command("deploy", deploy)[0][1:] == [
+        "--dry",
+        "inventories/from_spec.py",
+        "deploy/cluster.py",
+    ]
+    for argv, why in (
+        (["preflight", "inventories/prod.yml", "--stale", "6x"], "--stale:"),
+        (["preflight", "inventories/prod.yml", "--smoke", "slurm"], "--smoke:"),
+        (["drift", "inventories/prod.yml", "--metrics", str(tmp_path / "m.txt")], "--metrics:"),
+        (["deploy", "inventories/prod.yml", "--dry", "-y"], "--dry and -y"),
+    ):
+        run = _run(_installed(), *argv)
+        assert run.returncode == 64 and why in run.stderr, (argv, run.stderr)
+    assert _run(_installed(), "remediate", "inventories/prod.yml").returncode == 64  # no --node
+    bad = tmp_path / "bad.yml"
+    bad.write_text("nodes: 3\n")
+    assert _run(_installed(), "drift", str(bad)).returncode == 2
