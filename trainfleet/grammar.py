@@ -120,6 +120,27 @@ def non_negative(value: int) -> str | None:
     return None if value >= 0 else f"must be 0 or more, got {value}"
 
 
+def released(shape: Check, exists: Check) -> Check:
+    """``shape``'s grammar, then ``exists``: a value of the right shape that names no release."""
+
+    def check(value: str) -> str | None:
+        return shape(value) or exists(value)
+
+    return check
+
+
+def rendezvous_port_problem(value: int) -> str | None:
+    """The master's rendezvous port: a TCP port above the system ports (22 is sshd's)."""
+    if problem := port_problem(value):
+        return problem
+    if value < 1024:
+        return (
+            f"{value} is a system port (below 1024: 22 is sshd's); the rendezvous runs as the "
+            "job's user on a port 1024-65535 (29500 by default)"
+        )
+    return None
+
+
 def pattern(regex: str, example: str) -> Check:
     compiled = re.compile(regex, re.ASCII)  # \d is 0-9 only, not every script's digits
 

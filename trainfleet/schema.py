@@ -25,8 +25,8 @@ from trainfleet.grammar import (
     cluster_name_problem,
     hostname_problem,
     non_negative,
-    port_problem,
     positive_number,
+    rendezvous_port_problem,
     short_name_problem,
     type_name,
     user_problem,
@@ -62,8 +62,15 @@ CLUSTER = Section(
             int,
             29500,
             "Rendezvous port of the master (first) node.",
-            check=port_problem,
-            accepts="1-65535",
+            check=rendezvous_port_problem,
+            accepts="1024-65535",
+        ),
+        "mixed_subnets": Key(
+            bool,
+            False,
+            "Whether one node may sit outside the /24 every other node shares (false: that "
+            "pattern is refused as the typo it usually is).",
+            accepts="true or false",
         ),
     },
 )

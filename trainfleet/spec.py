@@ -11,6 +11,7 @@ import difflib
 import ipaddress
 import re
 import reprlib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,33 @@ def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
     _fqdn_rules(spec, ctx)
     _ssh_user_rules(spec, ctx)
     _driver_rules(spec["stack"], ctx)
+    if not spec["cluster"]["mixed_subnets"]:
+        _subnet_rules(spec["nodes"], ctx)
+
+
+def _subnet_rules(nodes: list[dict[str, Any]], ctx: _Ctx) -> None:
+    """Three or more IPv4 nodes, all but one in one /24: the one outside is most likely a typo
+    (192.0.12.11 among 192.0.2.x), refused with its line; ``cluster.mixed_subnets`` allows it."""
+    subnets: dict[int, ipaddress.IPv4Network] = {}
+    for i, node in enumerate(nodes):
+        try:
+            address = ipaddress.ip_address(str(node.get("address")))
+        except ValueError:
+            continue
+        if isinstance(address, ipaddress.IPv4Address):
+            subnets[i] = ipaddress.IPv4Network(f"{address}/24", strict=False)
+    counts = Counter(subnets.values())
+    if len(subnets) < 3 or len(counts) != 2 or min(counts.values()) != 1:
+        return
+    shared = max(counts, key=counts.__getitem__)
+    for i, subnet in subnets.items():
+        if subnet != shared:
+            ctx.add(
+                ("nodes", i, "address"),
+                f"{nodes[i]['address']} is outside {shared}, where the other "
+                f"{counts[shared]} nodes are: a typo? (a node that really is elsewhere: "
+                "cluster.mixed_subnets: true)",
+            )
 
 
 def _stack_rules(stack: dict[str, Any], ctx: _Ctx) -> None:

@@ -181,7 +181,7 @@ def test_a_thousand_nodes_need_a_handful_of_patterns_and_each_name_is_matched_by
 
 def test_a_group_whose_patterns_would_match_a_node_on_another_port_lists_its_names_as_they_are():
     cluster = parse_cluster("""\
-cluster: {name: ports}
+cluster: {name: ports, mixed_subnets: true}
 nodes:
   - {name: gpu-a01, address: 198.18.0.11}
   - {name: gpu-a02, address: 198.18.0.12}

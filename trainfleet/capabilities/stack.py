@@ -25,6 +25,7 @@ from trainfleet.grammar import (
     node_path_problem,
     pattern,
     python_pin_problem,
+    released,
     url_problem,
 )
 from trainfleet.model import Cluster, Node
@@ -39,6 +40,7 @@ from trainfleet.pins import (
     without_requirements,
 )
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
+from trainfleet.releases import cuda_problem, torch_problem
 from trainfleet.render import render
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
@@ -330,7 +332,7 @@ STACK = Section(
             (str, NULL),
             None,
             "CUDA toolkit version.",
-            check=pattern(r"\d+\.\d+(\.\d+)?", "12.4"),
+            check=released(pattern(r"\d+\.\d+(\.\d+)?", "12.4"), cuda_problem),
             example="12.4",
             accepts="`12.4`, `12.4.1`",
         ),
@@ -338,9 +340,10 @@ STACK = Section(
             (str, NULL),
             None,
             "cuDNN version.",
-            check=pattern(r"\d+(\.\d+){1,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
+            # cuDNN's packages are versioned major.minor.patch.build: "9.1" names none
+            check=pattern(r"\d+(\.\d+){2,3}(-\d+(\+cuda\d+\.\d+)?)?", "9.1.0.70"),
             example="9.1.0.70",
-            accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4`",
+            accepts="`9.1.0.70`, `9.1.0.70-1+cuda12.4` (at least major.minor.patch)",
         ),
         "nccl": Key(
             (str, NULL),
@@ -354,7 +357,7 @@ STACK = Section(
             (str, NULL),
             None,
             "PyTorch version in the node venv.",
-            check=pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"),
+            check=released(pattern(r"\d+\.\d+\.\d+(\+[a-z0-9]+)?", "2.4.1"), torch_problem),
             example="2.4.1",
             accepts="`2.4.1`, `2.4.1+cu124`",
         ),
@@ -392,7 +395,8 @@ STACK = Section(
             None,
             "NVIDIA driver on nodes with GPUs: a branch (`550`: its newest release) or an exact "
             "version, installed and held; at least what `stack.cuda` needs (CUDA 12.x: 525.60.13).",
-            check=pattern(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", "550.54.15"),
+            # a branch, or a release's three parts: "550.54" is neither (no package has it)
+            check=pattern(r"[0-9]{3}(\.[0-9]{1,3}\.[0-9]{1,3})?", "550.54.15"),
             example="550.54.15",
             accepts="`550`, `550.54.15`",
         ),
