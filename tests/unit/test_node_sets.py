@@ -168,3 +168,21 @@ def test_check_prints_the_node_count_and_the_folded_sets(tmp_path):
         check=True,
     ).stdout
     assert out == f"{spec}: ok: 202 nodes (cpu[1-2],gpu[001-200]), 1600 GPUs, master gpu001\n"
+
+
+def test_a_200_node_spec_written_as_two_ranges_validates():
+    c = cluster("""\
+        - name: gpu[001-100]
+          address: 192.0.2.[1-100]
+          gpus: 8
+        - name: gpu[101-200]
+          address: 192.0.2.101
+          gpus: 8
+        """)
+    assert len(c.nodes) == 200 and c.total_gpus == 1600
+    assert (c.nodes[100].name, c.nodes[100].address) == ("gpu101", "192.0.2.101")
+    assert (c.nodes[-1].name, c.nodes[-1].address, c.nodes[-1].rank) == (
+        "gpu200",
+        "192.0.2.200",
+        199,
+    )
