@@ -22,6 +22,7 @@ from trainfleet.compare import Finding, Report, compare
 from trainfleet.diagnose import judge
 from trainfleet.folded import CELL, WIDTH
 from trainfleet.hw.sources import STATUS_FILE
+from trainfleet.node_sets import fold
 
 VBIOS = ("nvidia-smi-q.xml", "<vbios_version>96.00.DA.00.0C<", "<vbios_version>96.00.99.00.01<")
 WIDTH_X8 = ("nvidia-smi-q.xml", "<current_link_width>16x</", "<current_link_width>8x</")
@@ -192,3 +193,41 @@ def test_the_healthy_subset_folds_its_node_lists_at_a_few_hundred_nodes():
     )
     assert lines[1:] == ["left out: gpu[101-112]: bandwidth: slow"]
     assert max(map(len, lines)) <= WIDTH
+
+
+def test_drift_of_the_benchmarks_256_node_fleet_with_two_hand_edited_hosts_blocks(tmp_path):
+    """The controller benchmark's fake fleet (every node answering as a converged one does),
+    two nodes' /etc/hosts blocks losing their last line, through drift's own comparison."""
+    import base64
+    from dataclasses import replace
+
+    from bench.controller import fleet as fleet_mod
+    from bench.controller.record import load
+    from facts.hosts_facts import HOSTS_PURPOSE
+    from facts.managed_block_facts import with_block_line
+
+    fleet = fleet_mod.build(256, tmp_path / "fleet", load())
+    answers = dict(fleet.converged)
+    victims = [fleet.cluster.nodes[16].name, fleet.cluster.nodes[130].name]
+    for victim in victims:
+        lines = list(answers[victim].fingerprint)
+        at = lines.index(f"{fleet_mod.MARK} hosts") + 1
+        section = base64.b64decode(lines[at]).decode()
+        block = fleet.plan.nodes[victim].hosts.lines[:-1]
+        lines[at] = fleet_mod.b64(
+            fleet_mod.joined(
+                [
+                    with_block_line(line, HOSTS_PURPOSE, block)
+                    for line in fleet_mod.text_lines(section)
+                    if not line.startswith("block ")
+                ]
+            )
+        )
+        answers[victim] = replace(answers[victim], fingerprint=lines)
+    report = fleet_mod.offline_drift(fleet, answers)
+    lines = [*report.table().splitlines(), *report.finding_lines()]
+    assert max(map(len, lines)) <= WIDTH
+    assert lines[0] == f"256 nodes, 2 odd: {fold(victims)}"
+    assert "hosts block:" in lines
+    assert any(line.startswith(f"  {fold(victims)}: ") and line.endswith(" *") for line in lines)
+    assert len(lines) < 40  # the findings', not the nodes': 256 nodes would be 256 lines
