@@ -138,26 +138,34 @@ def test_one_nodes_hosts_block_is_named_by_drift(fleet):
     """A node whose /etc/hosts block lost a line: drift names that node, and only it (the
     node's block is not the one asked for: it answers the whole file, no digest)."""
     victim = fleet.cluster.nodes[1].name
-    answers = dict(fleet.converged)
-    lines = list(answers[victim].fingerprint)
-    at = lines.index(f"{fleet_mod.MARK} hosts") + 1
-    section = base64.b64decode(lines[at]).decode()
-    block = fleet.plan.nodes[victim].hosts.lines[:-1]
-    lines[at] = fleet_mod.b64(
-        fleet_mod.joined(
-            [
-                with_block_line(line, HOSTS_PURPOSE, block)
-                for line in fleet_mod.text_lines(section)
-                if not line.startswith("block ")
-            ]
-        )
-    )
-    answers[victim] = replace(answers[victim], fingerprint=lines)
+    answers = hosts_block_cut(fleet, [victim])
     report = fleet_mod.offline_drift(fleet, answers)
     assert {f.node for f in report.findings} == {victim}
     assert {f.property for f in report.findings} == {"hosts block"}
     (finding,) = report.findings  # the whole file came back: its diff names the lost line
     assert f"-{fleet.plan.nodes[victim].hosts.lines[-1]}" in finding.diff
+
+
+def hosts_block_cut(fleet: fleet_mod.Fleet, victims: list[str]) -> dict:
+    """The fleet's converged answers with each victim's /etc/hosts block losing its last line
+    (as a hand edit would), the rest of each answer as it was."""
+    answers = dict(fleet.converged)
+    for victim in victims:
+        lines = list(answers[victim].fingerprint)
+        at = lines.index(f"{fleet_mod.MARK} hosts") + 1
+        section = base64.b64decode(lines[at]).decode()
+        block = fleet.plan.nodes[victim].hosts.lines[:-1]
+        lines[at] = fleet_mod.b64(
+            fleet_mod.joined(
+                [
+                    with_block_line(line, HOSTS_PURPOSE, block)
+                    for line in fleet_mod.text_lines(section)
+                    if not line.startswith("block ")
+                ]
+            )
+        )
+        answers[victim] = replace(answers[victim], fingerprint=lines)
+    return answers
 
 
 def test_a_converged_nodes_cluster_wide_blocks_do_not_grow_with_the_cluster(tmp_path):

@@ -21,10 +21,12 @@ NO_LINKS = H100 / "nvidia-smi-nvlink-e.txt"  # the H100 (a VM's one GPU) has no 
 LINKS = TREE.parents[1] / "nvidia_smi" / "nvidia-smi-nvlink-e_ml-engineering-h100_abridged.txt"
 
 
-def reading(root: Path) -> dict:
+def reading(root: Path, sh: str = "sh", env: dict[str, str] | None = None) -> dict:
+    """counters.sh's reading of the sysfs under ``root`` (``sh``, ``env``: a shell and PATH of
+    the test's own, where it stubs a tool)."""
     out = subprocess.run(
         [
-            "sh",
+            sh,
             "-c",
             COUNTERS,
             "trainfleet",
@@ -37,6 +39,7 @@ def reading(root: Path) -> dict:
         text=True,
         timeout=30,
         check=True,
+        env=env,
     )
     return read_counters(out.stdout.splitlines())
 

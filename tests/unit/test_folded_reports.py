@@ -198,32 +198,13 @@ def test_the_healthy_subset_folds_its_node_lists_at_a_few_hundred_nodes():
 def test_drift_of_the_benchmarks_256_node_fleet_with_two_hand_edited_hosts_blocks(tmp_path):
     """The controller benchmark's fake fleet (every node answering as a converged one does),
     two nodes' /etc/hosts blocks losing their last line, through drift's own comparison."""
-    import base64
-    from dataclasses import replace
-
     from bench.controller import fleet as fleet_mod
     from bench.controller.record import load
-    from facts.hosts_facts import HOSTS_PURPOSE
-    from facts.managed_block_facts import with_block_line
+    from tests.unit.test_controller_bench import hosts_block_cut
 
     fleet = fleet_mod.build(256, tmp_path / "fleet", load())
-    answers = dict(fleet.converged)
     victims = [fleet.cluster.nodes[16].name, fleet.cluster.nodes[130].name]
-    for victim in victims:
-        lines = list(answers[victim].fingerprint)
-        at = lines.index(f"{fleet_mod.MARK} hosts") + 1
-        section = base64.b64decode(lines[at]).decode()
-        block = fleet.plan.nodes[victim].hosts.lines[:-1]
-        lines[at] = fleet_mod.b64(
-            fleet_mod.joined(
-                [
-                    with_block_line(line, HOSTS_PURPOSE, block)
-                    for line in fleet_mod.text_lines(section)
-                    if not line.startswith("block ")
-                ]
-            )
-        )
-        answers[victim] = replace(answers[victim], fingerprint=lines)
+    answers = hosts_block_cut(fleet, victims)
     report = fleet_mod.offline_drift(fleet, answers)
     lines = [*report.table().splitlines(), *report.finding_lines()]
     assert max(map(len, lines)) <= WIDTH

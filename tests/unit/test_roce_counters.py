@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import shutil
 import stat
-import subprocess
 from pathlib import Path
 
-from checks.bandwidth_stage import COUNTERS, bandwidth_lines
+from checks.bandwidth_stage import bandwidth_lines
 from checks.counters_verdicts import counter_problems, read_counters, roce_figures, roce_lines
-from trainfleet.hw.infiniband import ERROR_COUNTERS, ROCE_COUNTERS
+from tests.unit.test_counters import reading
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CX6 = FIXTURES / "sysfs" / "roce_v2_cx6" / "class" / "infiniband"
@@ -62,24 +61,7 @@ def read(root: Path, ethtool: str | None) -> dict:
             f"#!/bin/sh\n[ \"$*\" = '-S ens1f0' ] && exec cat '{root / 'ethtool.txt'}'\n"
         )
         stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    out = subprocess.run(
-        [
-            str(bin_dir / "sh"),
-            "-c",
-            COUNTERS,
-            "trainfleet",
-            " ".join(ERROR_COUNTERS),
-            str(root),
-            "",
-            " ".join(ROCE_COUNTERS),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        env={"PATH": str(bin_dir)},
-    )
-    return read_counters(out.stdout.splitlines())
+    return reading(root, str(bin_dir / "sh"), {"PATH": str(bin_dir)})
 
 
 def changed(text: str, old: str, new: str) -> str:
