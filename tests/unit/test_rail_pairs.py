@@ -15,7 +15,13 @@ from checks.bandwidth_stage import bandwidth_plan
 from checks.pair_ports import hosted_ports, rail_bound
 from checks.preflight_scope import WAIT, worst_case
 from checks.rail_stage import rail_jobs, rail_lines, rail_plan, rail_ports
-from checks.rail_verdicts import hca_entries, node_rails, rail_problems, rail_rounds
+from checks.rail_verdicts import (
+    hca_entries,
+    node_rails,
+    rail_failures,
+    rail_problems,
+    rail_rounds,
+)
 from trainfleet.spec import SpecError, parse_cluster
 
 NODES = ["node1", "node2", "node3", "node4"]
@@ -200,3 +206,26 @@ def test_figures_for_people_give_each_rail_pair_against_its_rails_median():
     )
     assert rail_lines(details)[1].startswith("busbw rail medians: rail 1 0.41 GB/s, rail 2 0.40")
     assert rail_lines({}) == []
+
+
+def test_a_rail_pair_without_a_figure_fails_its_failing_end_in_its_words_or_both_ends():
+    pair = ("node1", "node2")
+    finished = [{"step": step, "job": 1} for step in ("start", "reached", "joined", "done")]
+    reset = finished[:2] + [
+        {"step": "error", "job": 1, "stage": "collective", "error": "RuntimeError: reset"}
+    ]
+    found = rail_failures(pair, 1, RAILS, {"node1": finished, "node2": reset})
+    assert [(p.node, p.cause) for p in found] == [
+        (
+            "node2",
+            "rail eth2: the timed all_reduce with node1's rail eth2 did not finish: "
+            "collective failed: RuntimeError: reset",
+        )
+    ]
+    # both finished yet no figure: no pass, both ends named
+    found = rail_failures(pair, 0, RAILS, {"node1": finished, "node2": finished})
+    assert [p.node for p in found] == ["node1", "node2"]
+    assert found[0].cause == (
+        "rail eth1: the timed all_reduce of node1-node2 rail 1 (eth1-eth1) reported no usable "
+        "figure"
+    )
