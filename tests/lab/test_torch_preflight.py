@@ -319,6 +319,8 @@ def test_a_throttled_node_and_a_throttled_rail_are_told_apart_and_left_out_with_
     # every node pair on both rails, one interface each, against its rail's median
     rails = bandwidth["rails"]
     print("rail busbw (GB/s):", {name: p["busbw_gbps"] for name, p in rails["pairs"].items()})
+    print(f"preflight with two rails: {seconds:.1f} s, bound {report['details']['bound']}")
+    assert report["details"]["bound"]["steps"]["rails"] == 3 * 30 + 10  # three rounds, counted
     assert rails["rails"] == {node: RAILS for node in NODES}
     assert rails["bytes"] == 4 << 20
     assert set(rails["pairs"]) == {
