@@ -29,6 +29,7 @@ from checks.counters_verdicts import (
 )
 from checks.pair_ports import bandwidth_rounds, pair_port
 from checks.preflight_report import PreflightReport
+from checks.rail_stage import rail_lines, run_rails
 from checks.rank_output import job_steps, node_steps
 from checks.stage_runner import BOUNDS, run_everywhere, shell_stage, stage_script
 from trainfleet.hw.infiniband import ERROR_COUNTERS, ROCE_COUNTERS
@@ -115,7 +116,8 @@ def judge_bandwidth(
     ``preflight.min_busbw_fraction`` of it a pair is slow) and the spec's floor
     (``preflight.min_busbw_gbps``), if any: the slow node or link is named by the pattern. The
     ``watched`` nodes' error counters (``before``: read before the command) are read again: one
-    that grew under the load is named."""
+    that grew under the load is named. On nodes with several rails, the same pairs rail by rail
+    (checks.rail_stage), each rail judged alike: a slow rail is named on its node."""
     backend = backend_of(cluster)
     floor = cluster.preflight.get("min_busbw_gbps")
     fraction = cluster.preflight.get("min_busbw_fraction", BUSBW_FRACTION)
@@ -168,6 +170,7 @@ def judge_bandwidth(
         details["retest"] = {f"{a} {b}": retested[b][1] for a, b in again}
         found = retested_problems(found, retested, median, floor, fraction)
     report.problems += found
+    run_rails(state, cluster, report, rounds, fraction)  # the same pairs, rail by rail
     watched = watched or []
     after = read_error_counters(state, watched)
     report.problems += counter_problems(before, after, [n.name for n in watched])
@@ -263,4 +266,4 @@ def bandwidth_lines(details: dict[str, Any]) -> list[str]:
         )
     elif details.get("note"):
         lines.append(f"bandwidth not measured: {details['note']}")
-    return lines + roce_lines(details.get("roce") or {})
+    return lines + rail_lines(details) + roce_lines(details.get("roce") or {})

@@ -13,6 +13,22 @@ def pair_port(cluster: Cluster, index: int) -> int:
     return cluster.master_port + 1 + index
 
 
+def rail_bound(cluster: Cluster) -> int:
+    """The most rails a node may measure (checks.rail_verdicts.node_rails), known before the
+    hygiene stage reads any node's NCCL_IB_HCA: one per GPU on GPU nodes, else the spec's
+    interface rails; 0 below two."""
+    declared = len(cluster.preflight.get("rails") or [])
+    most = max(n.gpus for n in cluster.nodes) if cluster.uses_gpus else declared
+    return most if most >= 2 else 0
+
+
+def rail_port(cluster: Cluster, pair_index: int, rail: int) -> int:
+    """The rendezvous port of the ``pair_index``-th node pair's (``bandwidth_rounds`` order) rail
+    ``rail`` (0-based): the rail pairs run after the node pairs, on ports known before hygiene
+    checks them, whatever rails the nodes turn out to have."""
+    return pair_port(cluster, pair_index * rail_bound(cluster) + rail)
+
+
 def bandwidth_rounds(cluster: Cluster) -> list[list[tuple[str, ...]]]:
     """The bandwidth stage's rounds of pairs (a single node with several GPUs: itself alone)."""
     names = [n.name for n in cluster.nodes]
@@ -25,13 +41,18 @@ def hosted_ports(cluster: Cluster) -> dict[str, dict[int, str]]:
     """Each node's ports that a pair's rendezvous may listen on there, and what uses each: a
     bandwidth pair on its first node; the isolation's first pass, the master with each node,
     on the master; its second pass (a suspect with a node known good, known only then) on any
-    other node, so each of them may host any of its ports."""
+    other node, so each of them may host any of its ports; a rail pair on its first node."""
     hosted: dict[str, dict[int, str]] = {n.name: {} for n in cluster.nodes}
     pairs = [pair for pairs in bandwidth_rounds(cluster) for pair in pairs]
     for index, pair in enumerate(pairs):
         hosted[pair[0]].setdefault(
             pair_port(cluster, index), f"the bandwidth pair {pair_name(pair)}"
         )
+    for index, pair in enumerate(pairs):
+        for rail in range(rail_bound(cluster) if len(pair) == 2 else 0):
+            hosted[pair[0]].setdefault(
+                rail_port(cluster, index, rail), f"the bandwidth pair {pair_name(pair)}'s rails"
+            )
     if len(cluster.nodes) > 2:  # the isolation runs on three nodes or more
         master, *others = [n.name for n in cluster.nodes]
         for index, node in enumerate(others):

@@ -12,6 +12,7 @@ from typing import Any
 from checks.bandwidth_stage import bandwidth_plan
 from checks.bandwidth_verdicts import RETEST_MIN_NODES
 from checks.mesh_stage import mesh_bound
+from checks.pair_ports import rail_bound
 from checks.stage_runner import BOUNDS
 from trainfleet import stamps
 from trainfleet.compare import digest
@@ -28,7 +29,9 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     the preflight's worst case. The collective and the bandwidth pairs share one command that
     ends with the last round of pairs; isolation (two passes) runs only where the collective
     failed, when no pair runs, so the longer of the two counts. From RETEST_MIN_NODES nodes the
-    bandwidth stage may re-test suspects with partners known good: one more round."""
+    bandwidth stage may re-test suspects with partners known good: one more round. Where nodes
+    may have several rails (a GPU node's HCAs, the spec's ``preflight.rails``), the same rounds
+    of pairs rail by rail follow, in a command of their own."""
     nodes = len(cluster.nodes)
     rounds, _ = bandwidth_plan(cluster)
     retest = rounds and nodes >= RETEST_MIN_NODES  # a suspect re-tested: one more round
@@ -47,6 +50,9 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     steps["collective and bandwidth"] = max(
         collective + WAIT, BOUNDS["collective"] + WAIT + 2 * (BOUNDS["isolation"] + WAIT)
     )
+    if rounds and len(cluster.nodes) > 1 and rail_bound(cluster):
+        # the rail pairs (checks.rail_stage): the node pairs' rounds again, one command after
+        steps["rails"] = BOUNDS["bandwidth"] * len(rounds) + WAIT
     if smoke:
         steps["smoke"] = BOUNDS["smoke"] + WAIT
     return steps

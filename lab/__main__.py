@@ -1,4 +1,4 @@
-"""``python -m lab up N | down | status | stop NODE | start NODE | ssh NODE [-- CMD...]``"""
+"""``python -m lab up N [--rails R] | down | status | stop NODE | start NODE | ssh NODE [CMD]``"""
 
 from __future__ import annotations
 
@@ -23,6 +23,14 @@ def main(argv: list[str] | None = None) -> int:
         help="no decoy second NIC (by default each node also has eno1 on a subnet peers cannot "
         "reach)",
     )
+    up.add_argument(
+        "--rails",
+        type=int,
+        default=0,
+        metavar="R",
+        help="give each node R rail interfaces (eth1..ethR, rail r on a bridge and subnet "
+        "198.18.(10+r).0/24 of its own), declared in the spec as preflight.rails",
+    )
     sub.add_parser("down", help="stop every node and remove every trace of the lab")
     status = sub.add_parser("status", help="show the nodes; exit 0 only when all are reachable")
     status.add_argument("--json", action="store_true")
@@ -40,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            lab.up(args.count, decoy=not args.single_nic)
+            lab.up(args.count, decoy=not args.single_nic, rails=args.rails)
             print(f"lab: inventory: inventories/lab.py (spec {lab.spec})")
             return 0
         if args.command == "down":

@@ -53,6 +53,19 @@ SSH_WAIT_SECONDS = 30.0
 # every node (its route points at the node's own dead-end veth), so peers cannot reach it.
 DECOY_NIC = "eno1"
 DECOY_OFFSET = 128
+# Rails (`up N --rails R`): rail r (1..R) is eth<r> in every node, at 198.18.(10 + r).<host>/24,
+# a veth into a bridge of its own (<prefix>rail<r>): a separate network per rail, as on a
+# rail-optimised fabric, so a pair over rail r reaches its partner's rail r and nothing else.
+MAX_RAILS = 8
+RAIL_SUBNET_BASE = 10
+
+
+def rail_interface(rail: int) -> str:
+    return f"eth{rail}"
+
+
+def rail_bridge(rail: int) -> str:
+    return f"{PREFIX}rail{rail}"
 
 
 class LabError(Exception):
@@ -165,11 +178,13 @@ class Lab:
 
     # -- up --------------------------------------------------------------------------------
 
-    def up(self, count: int, log=print, decoy: bool = True) -> list[LabNode]:
+    def up(self, count: int, log=print, decoy: bool = True, rails: int = 0) -> list[LabNode]:
         if os.geteuid() != 0:
             raise LabError("the lab needs root (namespaces, mounts, veth)")
         if not 1 <= count <= MAX_NODES:
             raise LabError(f"node count must be 1..{MAX_NODES}, got {count}")
+        if not 0 <= rails <= MAX_RAILS:
+            raise LabError(f"rails must be 0..{MAX_RAILS}, got {rails}")
         missing = [c for c in REQUIRED_COMMANDS if not _which(c)]
         if missing:
             raise LabError(
@@ -182,6 +197,8 @@ class Lab:
         started = time.monotonic()
         try:
             nodes = self._up(count, decoy)
+            if rails:
+                self.add_rails(rails)
         except BaseException:
             log("lab: up failed; tearing down what was started")
             self.down(log=lambda *_: None)
@@ -277,6 +294,44 @@ class Lab:
         _run("ip", "-n", node.netns, "addr", "add", f"{node.address}/24", "dev", "eth0")
         _run("ip", "-n", node.netns, "link", "set", "eth0", "up")
 
+    def add_rails(self, rails: int) -> None:
+        """Give every node of the lab that is up ``rails`` more interfaces, rail r (1..) being
+        eth<r> on a bridge and subnet of its own, and declare them in the lab's spec
+        (``preflight.rails``); a lab that already has rails gets them replaced."""
+        if not 1 <= rails <= MAX_RAILS:
+            raise LabError(f"rails must be 1..{MAX_RAILS}, got {rails}")
+        nodes = self.nodes()
+        if not nodes:
+            raise LabError("the lab is not up (`python -m lab up 3 --rails 2`)")
+        self.remove_rails()
+        for rail in range(1, rails + 1):
+            bridge = rail_bridge(rail)
+            _run("ip", "link", "add", bridge, "type", "bridge")
+            Path(f"/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6").write_text("1\n")
+            _run("ip", "link", "set", bridge, "up")
+            for node in nodes:
+                self._rail(node, rail, bridge)
+        self._write_spec(nodes, rails)
+
+    def _rail(self, node: LabNode, rail: int, bridge: str) -> None:
+        host = node.address.rsplit(".", 1)[1]
+        veth = f"{PREFIX}{int(host) - FIRST_HOST + 1}r{rail}"  # at most 15 characters
+        inside = rail_interface(rail)
+        _run("ip", "link", "add", veth, "type", "veth", "peer", "name", inside, "netns", node.netns)
+        _run("ip", "link", "set", veth, "master", bridge, "up")
+        address = f"198.18.{RAIL_SUBNET_BASE + rail}.{host}/24"
+        _run("ip", "-n", node.netns, "addr", "add", address, "dev", inside)
+        _run("ip", "-n", node.netns, "link", "set", inside, "up")
+
+    def remove_rails(self) -> None:
+        """The rails' bridges and veths gone (each node's end goes with its pair), the spec
+        without them: the lab as `up` without --rails made it."""
+        for link in self.leftovers()["links"]:
+            if re.fullmatch(re.escape(PREFIX) + r"(rail\d+|\d+r\d+)", link):
+                _run("ip", "link", "delete", link, check=False)
+        if self.spec.exists():
+            self._write_spec(self.nodes())
+
     def _prepare_layer(self, node: LabNode, operator_key: str) -> None:
         """The node's first boot state: own host keys, machine-id and a DHCP-style hostname."""
         upper = node.dir / "upper"
@@ -365,7 +420,7 @@ class Lab:
                 lines.append(f"{node.name},{node.address} {kind} {key}\n")
         self.known_hosts.write_text("".join(lines))
 
-    def _write_spec(self, nodes: list[LabNode]) -> None:
+    def _write_spec(self, nodes: list[LabNode], rails: int = 0) -> None:
         spec = {
             "cluster": {"name": "lab", "domain": "lab.trainfleet.test", "mesh_users": ["root"]},
             "ssh": {
@@ -381,6 +436,8 @@ class Lab:
             # pam_limits raises a hard limit only with CAP_SYS_RESOURCE, which a container
             # running the lab may lack: the lab asks for what its sshd can give.
             spec["gpu"] = {"memlock": max(64, hard // 1024)}
+        if rails:  # the nodes have no RDMA: their rails are these interfaces
+            spec["preflight"] = {"rails": [rail_interface(r) for r in range(1, rails + 1)]}
         self.spec.write_text(
             "# Written by `python -m lab up`; read by inventories/lab.py.\n"
             + yaml.safe_dump(spec, sort_keys=False)

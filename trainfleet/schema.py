@@ -10,6 +10,7 @@ grammar, an allowlist, is in ``grammar.py``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from trainfleet.capabilities.gpu_node import GPU
@@ -91,6 +92,13 @@ def fraction_problem(value: Any) -> str | None:
     return None if 0 < value <= 1 else f"must be above 0 and at most 1, got {value}"
 
 
+def rail_interface_problem(value: Any) -> str | None:
+    """One rail interface's name: what `ip link` may hold, no comma (one interface per rail)."""
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
+        return None
+    return f"{value!r} is not an interface name (`[A-Za-z0-9_.:@-]{{1,15}}`)"
+
+
 PREFLIGHT = Section(
     doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
     keys={
@@ -115,6 +123,20 @@ PREFLIGHT = Section(
             check=fraction_problem,
             example=0.8,
             accepts="a number above 0, at most 1",
+        ),
+        "rails": Key(
+            list,
+            [],
+            "The interfaces of each node's compute rails where the nodes have no RDMA (two or "
+            "more, the same names on every node, e.g. a lab's or a cloud's extra NICs): the "
+            "bandwidth stage also measures rail-aligned pairs, rail i of one node with rail i of "
+            "its partner over that interface alone, and names a slow rail (`node3 rail eth2`). "
+            "Nodes with RDMA take their rails from NCCL_IB_HCA instead. []: no interface rails.",
+            items=str,
+            check=lambda v: None if len(set(v)) == len(v) else f"{v} names an interface twice",
+            each=rail_interface_problem,
+            example=["eth1", "eth2"],
+            accepts="interface names `[A-Za-z0-9_.:@-]{1,15}`, each once",
         ),
         "healthy_multiple_of": Key(
             (int, NULL),

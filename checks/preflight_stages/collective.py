@@ -6,7 +6,9 @@
 # run one after the other in this one process (torch is imported once). With BYTES > 0, a timed
 # all_reduce of that many bytes follows (the bandwidth stage's pairs). A job without BYTES that
 # fails (the whole cluster's collective) ends the process: no pair can be measured where
-# the cluster cannot train. Every step names its job; a step without one (the import, or what
+# the cluster cannot train. A rail pair's JOB has two more fields, ",RAIL,LOCAL": only local rank
+# LOCAL runs it, as rank FIRST of WORLD, over that one interface or HCA (``use_rail``); the other
+# local ranks skip it. Every step names its job; a step without one (the import, or what
 # collective.sh adds) is the process's.
 # Run as `python -I -c` in a private root-only directory: no module a node user planted in the
 # working directory (or named in PYTHON* variables) is imported instead of the standard library's.
@@ -21,6 +23,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import struct
 import sys
@@ -517,6 +520,21 @@ def joined_run(job, rank, world, master, port, nbytes, deadline, secret, context
 
 
 current = {"job": 0, "until": float("inf")}
+RAIL_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
+
+
+def use_rail(rail):
+    """A rail pair's one interface or HCA (``if:eth2``, ``hca:mlx5_4``), for the process group
+    made next: gloo and NCCL's sockets read their interface then; NCCL reads NCCL_IB_HCA once
+    per process, at its first group, and this process runs this one rail's pairs alone."""
+    kind, _, name = rail.partition(":")
+    if kind not in ("if", "hca") or not RAIL_NAME.fullmatch(name):
+        raise Failed("rail", f"not a rail: {rail!r}")
+    if kind == "if":
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+        os.environ["NCCL_SOCKET_IFNAME"] = "=" + name
+    else:
+        os.environ["NCCL_IB_HCA"] = "=" + name
 
 
 def watchdog():
@@ -546,7 +564,7 @@ def main():
         if visible
         else local
     )
-    _, first, _, _, _, _ = jobs[0]
+    first = jobs[0][1]
     say(
         "start",
         job=0,
@@ -571,14 +589,21 @@ def main():
         say("error", stage=failed.stage, error=str(failed))
         sys.exit(2)
     status, passed = 0, True
-    for job, (end, first, world, master, port, nbytes) in enumerate(jobs):
-        rank, world, nbytes = int(first) + local, int(world), int(nbytes)
+    for job, fields in enumerate(jobs):
+        end, first, world, master, port, nbytes = fields[:6]
+        rail = fields[6] if len(fields) == 8 else None  # a rail pair: one rank of each node's
+        if rail is not None and int(fields[7]) != local:
+            continue  # another local rank's rail
+        rank = int(first) + (0 if rail is not None else local)
+        world, nbytes = int(world), int(nbytes)
         if job and not passed and not int(jobs[job - 1][5]):
             break  # the collective failed: its exit status and words stay its own
         current.update(job=job, until=started + float(end) + 5)
         if job:
             say("start", job=job, rank=rank, local=local, gpu=gpu if backend == "nccl" else None)
         try:
+            if rail is not None:
+                use_rail(rail)
             context = job_context(master, port, world, end, nbytes)
             deadline = started + float(end)
             passed = run(job, rank, world, master, int(port), nbytes, deadline, secret, context)

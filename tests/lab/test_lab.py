@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from lab.netns import BRIDGE, PREFIX, STATE_DIR, Lab
 from tests.lab.harness import REPO
@@ -62,7 +63,7 @@ def assert_gone(pids: list[int]) -> None:
 
 def test_cli_up_status_ssh_and_down_leave_nothing(lab):
     lab.down()
-    up = cli("up", "2")
+    up = cli("up", "2", "--rails", "2")
     assert up.returncode == 0, up.stderr
     pids = [n.pid for n in Lab().nodes()]
 
@@ -79,6 +80,19 @@ def test_cli_up_status_ssh_and_down_leave_nothing(lab):
 
     ssh = cli("ssh", "node2", "--", "hostname")
     assert ssh.returncode == 0 and ssh.stdout.strip() == "ip-198-18-0-12"
+
+    # --rails 2: eth1 and eth2 on subnets of their own, declared as the nodes' rails; a rail
+    # reaches the same rail of a peer
+    assert yaml.safe_load(Lab().spec.read_text())["preflight"] == {"rails": ["eth1", "eth2"]}
+    rails = cli(
+        "ssh",
+        "node1",
+        "--",
+        "ip -4 -o addr show eth1; ip -4 -o addr show eth2; "
+        "timeout 2 bash -c '</dev/tcp/198.18.12.12/22' && echo reached rail2",
+    ).stdout
+    assert "198.18.11.11/24" in rails and "198.18.12.11/24" in rails
+    assert "reached rail2" in rails  # node2's eth2, from node1
 
     down = cli("down")
     assert down.returncode == 0, down.stderr

@@ -16,11 +16,20 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from checks.drift_check import ledger_path
 from checks.preflight_check import report_path
-from tests.lab.harness import PYINFRA, REPO, deploy_twice, on_every_node, pyinfra
+from lab.netns import rail_bridge
+from tests.lab.harness import (
+    PYINFRA,
+    REPO,
+    TORCH_STACK,
+    deploy_twice,
+    on_every_node,
+    pyinfra,
+)
 from tests.lab.test_launchers import ranks
 from trainfleet.stamps import stamps_path
 
 NODES = ["node1", "node2", "node3"]
+RAILS = ["eth1", "eth2"]  # `python -m lab up N --rails 2`'s
 PREFLIGHT = "deploy/preflight.py"
 LAUNCH = "/etc/trainfleet/launch"
 HEALTHY = f"{LAUNCH}/healthy"
@@ -259,19 +268,27 @@ def test_a_healthy_cluster_all_reduces_across_every_node(torch_lab):
     assert_nothing_left_running(lab)
 
 
-def test_a_throttled_node_is_named_slow_against_its_peers_and_left_out_with_its_figures(
+def test_a_throttled_node_and_a_throttled_rail_are_told_apart_and_left_out_with_their_figures(
     torch_lab, tmp_path
 ):
-    """The issue's measure: node3's cluster interface throttled with `tc tbf` (its pairs at a
-    fraction of the others'), no floor in the spec. Before, every stage passed and the cluster
-    "could train"; now node3 alone is named slow against the median, left out with its figures,
-    and its stamp keeps them. (The same lab unthrottled passes: the first test of this file.)"""
-    lab, inventory = torch_lab
-    lab.ssh("node3", "tc qdisc add dev eth0 root tbf rate 400mbit burst 64kb latency 100ms")
+    """The issue's measures in one run: node3's cluster interface throttled with `tc tbf` (its
+    pairs at a fraction of the others'), no floor in the spec; and the lab grown two rails per
+    node (eth1, eth2 on bridges and subnets of their own, declared as preflight.rails), node2's
+    second rail throttled alike. Before, every stage passed and the cluster "could train"; now
+    node3 alone is named slow against the median, node2 alone by its rail eth2 (its other rail
+    and every other node's rails pass), both left out with their figures, which the stamps
+    keep. (The same lab unthrottled passes: the first test of this file.)"""
+    lab, _ = torch_lab
+    lab.lab.add_rails(2)
+    inventory = lab.spec_inventory(tmp_path, stack=TORCH_STACK, preflight={"rails": RAILS})
+    tbf = "tc qdisc add dev {} root tbf rate 400mbit burst 64kb latency 100ms"
     try:
+        lab.ssh("node3", tbf.format("eth0"))
+        lab.ssh("node2", tbf.format("eth2"))
         run, report, seconds = preflight(inventory, metrics=tmp_path / "preflight.prom")
     finally:
         lab.ssh("node3", "tc qdisc del dev eth0 root")
+        lab.lab.remove_rails()  # the lab as the other tests know it (node2's qdisc goes too)
     assert run.returncode != 0, run.describe()
     bandwidth = report["details"]["bandwidth"]
     # the same figures for Prometheus and on the HTML page's heatmap (#42)
@@ -299,29 +316,63 @@ def test_a_throttled_node_is_named_slow_against_its_peers_and_left_out_with_its_
     # every pair as a fraction of the median: node3's under half, the others' pair at 1
     assert pairs["node1-node2"]["of_median"] == 1.0
     assert pairs["node2-node3"]["of_median"] < 0.5 and pairs["node1-node3"]["of_median"] < 0.5
+    # every node pair on both rails, one interface each, against its rail's median
+    rails = bandwidth["rails"]
+    print("rail busbw (GB/s):", {name: p["busbw_gbps"] for name, p in rails["pairs"].items()})
+    print(f"preflight with two rails: {seconds:.1f} s, bound {report['details']['bound']}")
+    assert report["details"]["bound"]["steps"]["rails"] == 3 * 30 + 10  # three rounds, counted
+    assert rails["rails"] == {node: RAILS for node in NODES}
+    assert rails["bytes"] == 4 << 20
+    assert set(rails["pairs"]) == {
+        f"{pair} rail {r} (eth{r}-eth{r})"
+        for pair in ("node1-node2", "node2-node3", "node1-node3")
+        for r in (1, 2)
+    }
+    on_rail2 = {name.split(" ")[0]: p for name, p in rails["pairs"].items() if " rail 2 " in name}
+    assert on_rail2["node1-node3"]["of_median"] == 1.0
+    assert on_rail2["node1-node2"]["of_median"] < 0.5 and on_rail2["node2-node3"]["of_median"] < 0.5
+    assert all(
+        p["of_median"] >= 0.5 for name, p in rails["pairs"].items() if " rail 1 " in name
+    )  # node2's other rail passes; so does node3's, whose cluster interface is the slow one
     found = problems(report)
-    assert [(node, stage) for node, stage, _ in found] == [("node3", "bandwidth")], found
-    cause = found[0][2]
+    assert sorted((node, stage) for node, stage, _ in found) == [
+        ("node2", "bandwidth"),
+        ("node3", "bandwidth"),
+    ], found
+    causes = {node: cause for node, _, cause in found}
     best = max(pairs["node2-node3"]["busbw_gbps"], pairs["node1-node3"]["busbw_gbps"])
-    assert cause.startswith(f"slow: {best:.2f} GB/s, median {median:.2f} (with node2: ")
-    assert cause.endswith("the node is slow with every partner")
+    assert causes["node3"].startswith(f"slow: {best:.2f} GB/s, median {median:.2f} (with node2: ")
+    assert causes["node3"].endswith("the node is slow with every partner")
+    rail_best = max(on_rail2["node1-node2"]["busbw_gbps"], on_rail2["node2-node3"]["busbw_gbps"])
+    rail_median = rails["medians_gbps"]["2"]
+    assert causes["node2"].startswith(
+        f"rail eth2 slow: {rail_best:.2f} GB/s, median {rail_median:.2f} of rail 2 (eth2) (with "
+    )
+    assert causes["node2"].endswith("the node's rail is slow with every partner on it")
     assert report["stages"] == {**HEALTHY_STAGES, "bandwidth": "failed"}
-    # left out with its cause; the others can train; the stamps keep the figures
-    assert report["healthy"]["nodes"] == ["node1", "node2"]
-    assert report["healthy"]["excluded"] == {"node3": [f"bandwidth: {cause}"]}
+    # left out with their causes; node1 can train; the stamps keep node3's figures
+    assert report["healthy"]["nodes"] == ["node1"]
+    assert report["healthy"]["excluded"] == {
+        "node2": [f"bandwidth: {causes['node2']}"],
+        "node3": [f"bandwidth: {causes['node3']}"],
+    }
     stamped = json.loads(stamps_path("lab").read_text())["nodes"]
     assert {node: s["passed"] for node, s in stamped.items()} == {
         "node1": True,
-        "node2": True,
+        "node2": False,
         "node3": False,
     }
     assert stamped["node3"]["figures"] == {"busbw_gbps": best, "median_gbps": median}
-    # for people: each pair's fraction of the median, the median, the left-out node
+    # for people: each pair's fraction of the median, the median, each rail pair's, the left out
     assert "busbw node1-node2: " in run.stderr and "(1.00 of the median)" in run.stderr
     assert f"busbw median: {median:.2f} GB/s" in run.stderr
+    assert "busbw node1-node3 rail 2 (eth2-eth2): " in run.stderr
+    assert "(1.00 of the rail's median)" in run.stderr
     assert "left out: node3: bandwidth: slow: " in run.stderr
+    assert "left out: node2: bandwidth: rail eth2 slow: " in run.stderr
     assert seconds < BOUND
     assert_nothing_left_running(lab)
+    assert rail_bridge(1) not in lab.lab.leftovers()["links"]  # the rails are gone again
 
 
 def test_the_naive_interface_on_one_node_is_named(torch_lab):

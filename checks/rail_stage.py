@@ -1,0 +1,196 @@
+"""The bandwidth stage per rail: on nodes with several compute rails (checks.rail_verdicts), each
+node pair of the stage's rounds again on every rail both nodes have, rail i of one node with
+rail i of the other, one rank each (local rank i: GPU i), over that one interface
+(GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) or HCA (NCCL_IB_HCA). One command per node after the
+node pairs (NCCL reads its HCAs once per process: the ranks that used every rail cannot be made to
+use one), the same rounds, bounds and rendezvous as the node pairs'."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from pyinfra.api import State
+
+from checks.bandwidth_verdicts import intruded_problems, pair_figures
+from checks.collective_stage import backend_of, jobs_command, rendezvous_secret
+from checks.collective_verdicts import rendezvous_tampered
+from checks.pair_ports import rail_bound, rail_port
+from checks.preflight_report import PreflightReport, Problem
+from checks.rail_verdicts import (
+    RailPair,
+    node_rails,
+    rail_failures,
+    rail_label,
+    rail_medians,
+    rail_pair_name,
+    rail_problems,
+    rail_rounds,
+)
+from checks.rank_output import job_steps, node_steps
+from checks.stage_runner import BOUNDS, run_everywhere
+from trainfleet.model import Cluster
+
+# A rail pair's buffer: one rail carries it, so NCCL keeps the node pairs' plateau size; gloo on
+# a CPU node's extra NICs needs less to tell a rail at 1/8 of the others (seconds matter there).
+RAIL_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 4 << 20})
+
+# A rail job: a Job (checks.collective_stage) and the rail ("if:eth2", "hca:mlx5_4") with the
+# local rank that runs it.
+RailJob = tuple[int, int, int, str, int, int, str, int]
+
+
+def rail_plan(
+    cluster: Cluster, rounds: list[list[tuple[str, ...]]], envs: dict[str, dict[str, str]]
+) -> tuple[dict[str, list[str]], list[list[RailPair]]]:
+    """Each node's rails and the rounds of rail pairs (none where no two nodes share two rails).
+    ``envs``: each node's environment as its ranks get it (the hygiene stage's reading)."""
+    rails = node_rails(cluster, envs)
+    return rails, rail_rounds(rounds, rails)
+
+
+def rail_ports(cluster: Cluster, rounds: list[list[tuple[str, ...]]]) -> dict[RailPair, int]:
+    """Each rail pair's rendezvous port (checks.pair_ports.rail_port, which hygiene checked)."""
+    flat = [pair for pairs in rounds for pair in pairs]
+    bound = rail_bound(cluster)
+    return {
+        (pair, r): rail_port(cluster, i, r) for i, pair in enumerate(flat) for r in range(bound)
+    }
+
+
+def rail_jobs(
+    cluster: Cluster,
+    rails: dict[str, list[str]],
+    plan: list[list[RailPair]],
+    ports: dict[RailPair, int],
+    seconds: int,
+) -> dict[str, list[RailJob]]:
+    """Each node's rail jobs, in the order of ``plan``: a rail pair of round k ends (k + 1) x
+    ``seconds`` after the ranks start (the first round also covers torch's import, as the
+    re-test's does), its rendezvous on its first node's cluster address, on its own port."""
+    backend = backend_of(cluster)
+    jobs: dict[str, list[RailJob]] = {}
+    for k, items in enumerate(plan):
+        for pair, r in items:
+            port = ports[(pair, r)]
+            host = cluster.node(pair[0]).address
+            for first, node in enumerate(pair):
+                jobs.setdefault(node, []).append(
+                    (
+                        (k + 1) * seconds,
+                        first,
+                        2,
+                        host,
+                        port,
+                        RAIL_BYTES[backend],
+                        rails[node][r],
+                        r,
+                    )
+                )
+    return jobs
+
+
+def run_rails(
+    state: State,
+    cluster: Cluster,
+    report: PreflightReport,
+    rounds: list[list[tuple[str, ...]]],
+    fraction: float,
+) -> None:
+    """Measure and judge the rail pairs of the node pairs' ``rounds`` (``details["rails"]`` of
+    the bandwidth stage's details: each rail pair's figure as a fraction of its rail's median);
+    no rails, no command."""
+    details = report.details["bandwidth"]
+    envs = {n: h.get("env") or {} for n, h in report.details.get("hygiene", {}).items()}
+    rails, plan = rail_plan(cluster, rounds, envs)
+    if not plan:
+        return
+    seconds = BOUNDS["bandwidth"]
+    ports = rail_ports(cluster, rounds)
+    jobs = rail_jobs(cluster, rails, plan, ports, seconds)
+    backend = backend_of(cluster)
+    ranks_on = {node: 1 + max(job[7] for job in mine) for node, mine in jobs.items()}
+    out = run_everywhere(
+        state,
+        {node: jobs_command(ranks_on[node], backend, mine) for node, mine in jobs.items()},
+        len(plan) * seconds,
+        stdin=rendezvous_secret(),
+    )
+    ranks = {
+        node: [job_steps(rank, len(jobs[node])) for rank in node_steps(lines, ranks_on[node])]
+        for node, lines in out.items()
+        if node in jobs
+    }
+    measured, found, intruded = _judged(rails, plan, ports, jobs, ranks)
+    medians = rail_medians(measured)
+    details["rails"] = {
+        "rails": {node: [rail_label(r) for r in mine] for node, mine in rails.items() if mine},
+        "bytes": RAIL_BYTES[backend],
+        "medians_gbps": {str(r + 1): m for r, m in sorted(medians.items())},
+        "pairs": {
+            rail_pair_name(pair, r, rails): {
+                "nodes": list(pair),
+                "rail": r + 1,
+                "rails": [rail_label(rails[node][r]) for node in pair],
+                "busbw_gbps": bw,
+                "of_median": round(bw / medians[r], 3) if medians.get(r) else None,
+            }
+            for (pair, r), bw in measured.items()
+        },
+    }
+    if intruded:
+        found += intruded_problems(cluster, "bandwidth", intruded)
+    names = [n.name for n in cluster.nodes]
+    report.problems += found + rail_problems(measured, rails, fraction, names)
+
+
+def _judged(
+    rails: dict[str, list[str]],
+    plan: list[list[RailPair]],
+    ports: dict[RailPair, int],
+    jobs: dict[str, list[RailJob]],
+    ranks: dict[str, list[list[list[dict[str, Any]]]]],
+) -> tuple[dict[RailPair, float], list[Problem], list[str]]:
+    """Each rail pair's figure from its two ranks (local rank r of each node, the job's place
+    among the node's jobs); the problems of those that gave none; those intruded upon."""
+    measured: dict[RailPair, float] = {}
+    found: list[Problem] = []
+    intruded: list[str] = []
+    for items in plan:
+        for pair, r in items:
+            port = ports[(pair, r)]
+            steps = {}
+            for node in pair:
+                place = next(
+                    i for i, job in enumerate(jobs[node]) if job[4] == port and job[7] == r
+                )
+                node_ranks = ranks.get(node) or []
+                steps[node] = node_ranks[r][place] if r < len(node_ranks) else []
+            figures = pair_figures([steps[node] for node in pair])
+            if figures is None and rendezvous_tampered(list(steps.values())):
+                intruded.append(rail_pair_name(pair, r, rails))
+            elif figures is None:
+                found += rail_failures(pair, r, rails, steps)
+            else:
+                measured[(pair, r)] = figures["busbw_gbps"]
+    return measured, found, intruded
+
+
+def rail_lines(details: dict[str, Any]) -> list[str]:
+    """The rail pairs' figures for people: one line per rail pair with its fraction of its
+    rail's median, then each rail's median."""
+    rails = details.get("rails") or {}
+    lines = [
+        f"busbw {name}: {p['busbw_gbps']:.2f} GB/s"
+        + ("" if p.get("of_median") is None else f" ({p['of_median']:.2f} of the rail's median)")
+        for name, p in (rails.get("pairs") or {}).items()
+    ]
+    medians = rails.get("medians_gbps") or {}
+    if medians:
+        lines.append(
+            "busbw rail medians: "
+            + ", ".join(f"rail {r} {m:.2f} GB/s" for r, m in medians.items())
+            + ": a rail pair under the fraction of its rail's median is slow, a rail under "
+            "that of the best rail's is slow on every node"
+        )
+    return lines
