@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 from checks.bandwidth_verdicts import bandwidth_problems
-from checks.collective_verdicts import collective_problems, isolate, rank_failure
+from checks.collective_verdicts import (
+    collective_problems,
+    isolate,
+    rank_failure,
+    version_problems,
+)
 from checks.fabric_verdicts import ib_port_problems, mtu_problems, nccl_socket_problems
 from checks.hygiene_verdicts import hygiene_problems, shm_warnings
 from checks.smoke_verdicts import smoke_problems
@@ -24,8 +29,11 @@ from tests.unit.test_gpu_node import port
 from trainfleet.__main__ import main as trainfleet_main
 from trainfleet.capabilities.openmpi import tcp_include
 from trainfleet.compare import Finding
+from trainfleet.driver_pins import driver_for_cuda_problem
 from trainfleet.grammar import env_name_problem
 from trainfleet.hccl import rank_table
+from trainfleet.hw import kernel_log
+from trainfleet.hw.kernel_log import xid_name
 from trainfleet.nccl import Derived, cluster_interface, gid_disagreement, ib_settings
 from trainfleet.spec import parse_cluster
 
@@ -76,6 +84,19 @@ ISSUE_LIST = (
 )
 
 
+# Issue #43's list: the messages and symptoms users paste that had no entry, each in one entry.
+ISSUE_43_LIST = (
+    ("Permission denied (publickey", "Host key verification failed"),
+    ("Versions that differ between nodes",),
+    ("localhost.localdomain",),
+    ("Some NCCL operations have failed or timed out", "failed (exitcode: -6)"),
+    ("A driver of version at least", "is required for CUDA"),
+    ("Xid (PCI:0000:5d:00): 79", "GPU has fallen off the bus"),
+    ("802", "system not yet initialized", "nvidia-fabricmanager"),
+    ("ibv_reg_mr", "Cannot allocate memory", "memlock"),
+)
+
+
 @dataclass(frozen=True)
 class Claim:
     """An entry (found by ``message``) names ``command`` and quotes ``phrase``; ``source`` really
@@ -93,6 +114,18 @@ SHM_CLEANUP, CHECK = "deploy/shm_cleanup.py", "trainfleet check"
 HYGIENE, COLLECTIVE = "checks/hygiene_verdicts.py", "checks/collective_verdicts.py"
 FABRIC, NCCL = "checks/fabric_verdicts.py", "trainfleet/nccl.py"
 IBV = "Call to ibv_modify_qp failed with error Invalid argument"
+HOST_KEY, VERSIONS = "Host key verification failed", "they must be same"
+WATCHDOG, INSTALLER = (
+    "Some NCCL operations have failed or timed out",
+    "A driver of version at least",
+)
+XID79, ERR802, REG_MR = "Xid (PCI:0000:5d:00): 79", "system not yet initialized", "ibv_reg_mr_iova2"
+DIAGNOSE, CAPTURE, HEALTH = (
+    "trainfleet diagnose",
+    "deploy/capture.py",
+    "trainfleet.capabilities.hardware:HEALTH",
+)
+GPU_NODE, MESH = "trainfleet/capabilities/gpu_node.py", "checks/mesh_verdicts.py"
 
 CLAIMS = (
     # ncclSystemError
@@ -322,6 +355,62 @@ CLAIMS = (
     ),
 )
 
+# issue #43: one-way SSH
+CLAIMS_43 = (
+    Claim(HOST_KEY, PREFLIGHT, "cannot ssh to", MESH),
+    Claim(HOST_KEY, PREFLIGHT, "cannot ssh to itself", MESH),
+    Claim(HOST_KEY, CLUSTER, "does not exist on this node", "operations/ssh_mesh_ops.py"),
+    Claim(HOST_KEY, CLUSTER, "@cert-authority", "trainfleet/mesh.py"),
+    Claim(HOST_KEY, CLUSTER, "/etc/ssh/ssh_known_hosts", "trainfleet.defaults:SYSTEM_KNOWN_HOSTS"),
+    Claim(HOST_KEY, CLUSTER, "mesh_users", "trainfleet/schema.py"),
+    Claim(HOST_KEY, DRIFT, "ssh mesh (", "trainfleet/capabilities/ssh_mesh.py"),
+    # versions that differ between nodes
+    Claim(VERSIONS, DRIFT, "the other nodes have", "trainfleet/compare.py"),
+    Claim(VERSIONS, DRIFT, "torch", "trainfleet.capabilities.stack:MAJORITY"),
+    Claim(VERSIONS, DRIFT, "cuda", "trainfleet.capabilities.stack:MAJORITY"),
+    Claim(VERSIONS, DRIFT, "package ", "trainfleet.capabilities.stack:MAJORITY"),
+    Claim(VERSIONS, DRIFT, "gpu driver", "trainfleet.capabilities.identity:MAJORITY"),
+    Claim(VERSIONS, DRIFT, "kernel", "trainfleet.capabilities.identity:MAJORITY"),
+    Claim(VERSIONS, PREFLIGHT, "differs from the other ranks'", COLLECTIVE),
+    Claim(VERSIONS, CLUSTER, "allow_change", "trainfleet/capabilities/stack.py"),
+    # every node named localhost.localdomain
+    Claim("localhost.localdomain", DRIFT, "is not unique", "trainfleet/compare.py"),
+    Claim("localhost.localdomain", DRIFT, "hostname", "trainfleet.capabilities.hosts:UNIQUE"),
+    Claim("localhost.localdomain", PREFLIGHT, "is also the hostname of", HYGIENE),
+    # PyTorch's NCCL watchdog, torchrun's exitcode -6
+    Claim(WATCHDOG, PREFLIGHT, "(timed out)", COLLECTIVE),
+    Claim(WATCHDOG, PREFLIGHT, "python exited with status", COLLECTIVE),
+    Claim(WATCHDOG, DRIFT, "GPU Xid since boot", HEALTH),
+    Claim(WATCHDOG, DRIFT, "GPU memory errors", HEALTH),
+    Claim(WATCHDOG, DRIFT, "NVLink fabric problems", HEALTH),
+    Claim(WATCHDOG, DIAGNOSE, CAPTURE, "trainfleet/__main__.py"),
+    # the CUDA runfile's driver warning
+    Claim(INSTALLER, CHECK, "is older than CUDA", "trainfleet/driver_pins.py"),
+    Claim(INSTALLER, CHECK, "525.60.13", "trainfleet/driver_pins.py"),
+    Claim(INSTALLER, DRIFT, "gpu driver", "trainfleet.capabilities.identity:MAJORITY"),
+    # Xid 79
+    Claim(XID79, DRIFT, "GPU Xid since boot", HEALTH),
+    Claim(XID79, DRIFT, "hardware sources", HEALTH),
+    Claim(XID79, DRIFT, "GPU has fallen off the bus", "trainfleet/hw/kernel_log.py"),
+    Claim(XID79, DIAGNOSE, CAPTURE, "trainfleet/__main__.py"),
+    # CUDA error 802
+    Claim(ERR802, CLUSTER, "a mismatch is CUDA error 802", GPU_NODE),
+    Claim(ERR802, DRIFT, "fabric manager", GPU_NODE),
+    Claim(ERR802, DRIFT, "NVLink fabric problems", HEALTH),
+    Claim(
+        ERR802,
+        CHECK,
+        "unquoted as booleans: quote such a word where a string",
+        "trainfleet/spec.py",
+    ),
+    # ibv_reg_mr and the locked-memory limit
+    Claim(REG_MR, DRIFT, "memlock (non-login ssh)", GPU_NODE),
+    Claim(REG_MR, DRIFT, "memlock set elsewhere", GPU_NODE),
+    Claim(REG_MR, CLUSTER, "90-trainfleet-memlock.conf", "operations/gpu_node_ops.py"),
+    Claim(REG_MR, CLUSTER, "nvidia_peermem", GPU_NODE),
+)
+CLAIMS = CLAIMS + CLAIMS_43
+
 # What an entry says trainfleet does NOT do: the page says so, and the product's code indeed
 # never mentions it. Should trainfleet start handling one, this fails until the entry is updated.
 NOT_HANDLED = (
@@ -331,6 +420,10 @@ NOT_HANDLED = (
     ("Using network Socket", "does not install the RDMA user-space libraries", "ibverbs"),
     ("this will not preserve the environment", "neither reads nor sets sshd's `UsePAM`", "UsePAM"),
     ("Duplicate GPU detected", "is named but not rewritten", "systemd-machine-id-setup"),
+    (HOST_KEY, "never runs `ssh-keyscan`", "ssh-keyscan"),
+    (WATCHDOG, "`TORCH_NCCL_BLOCKING_WAIT`", "TORCH_NCCL_BLOCKING_WAIT"),
+    (INSTALLER, "never runs NVIDIA's runfile installer", "runfile"),
+    (REG_MR, "does not set systemd's `LimitMEMLOCK`", "LimitMEMLOCK"),
 )
 
 
@@ -349,6 +442,24 @@ def test_every_failure_of_the_issue_has_an_entry() -> None:
         entries = [body for body in _sections().values() if all(w in body for w in words)]
         assert entries, f"no entry of {PAGE.name} holds all of {words}"
         assert THREAD.search(entries[0]), f"the entry for {words} cites no owner/repo#N thread"
+
+
+def test_every_message_of_issue_43_has_an_entry() -> None:
+    """Issue #43's list, each message's words in one entry that cites the public thread it
+    was quoted from, and the index links it."""
+    for words in ISSUE_43_LIST:
+        entries = [body for body in _sections().values() if all(w in body for w in words)]
+        assert len(entries) == 1, f"{len(entries)} entries of {PAGE.name} hold all of {words}"
+        assert THREAD.search(entries[0]), f"the entry for {words} cites no owner/repo#N thread"
+
+
+def test_the_page_says_where_diagnose_helps() -> None:
+    """`trainfleet diagnose` is in the command table and in the hardware entries."""
+    assert (
+        "| `pyinfra inventories/<name>.py deploy/capture.py`, then `trainfleet diagnose" in _text()
+    )
+    for message in (WATCHDOG, XID79, ERR802):
+        assert DIAGNOSE in _entry(message), message
 
 
 def test_every_entry_cites_a_thread_and_names_a_command() -> None:
@@ -607,3 +718,41 @@ def test_the_messages_captured_on_a_real_gpu_machine_are_in_their_captures():
     for path, message in cited:
         text = (ROOT / path).read_text()
         assert message.replace("\n", " ") in text.replace("\n", " "), (path, message)
+
+
+def _examples_43() -> list[str]:
+    """The examples issue #43's entries show, made by the functions that print them."""
+    versions = {"torch": "2.4.1", "cuda": "12.4", "nccl": "2.21.5"}
+    differ = version_problems(
+        ["gpu-a01", "gpu-a02", "gpu-a03"], [versions, {**versions, "torch": "2.4.0"}, versions]
+    )
+    localhost = {"hostname": "localhost.localdomain"}
+    seen = {"gpu-a01": localhost, "gpu-a02": localhost, "gpu-a03": {"hostname": "gpu-a03"}}
+    shared = [p for p in hygiene_problems(THREE, seen, {}, {}) if "of gpu-a01" in p.cause]
+    assert len(differ) == 1 and len(shared) == 1
+    return [
+        str(Finding("gpu-a02", "torch", "majority", "2.4.0", "2.4.1")),
+        f"preflight: {differ[0]}",
+        str(Finding("gpu-a01", "hostname", "unique", "localhost.localdomain", "also on gpu-a02")),
+        f"preflight: {shared[0]}",
+        driver_for_cuda_problem("470.82.01", "12.4") or "",
+        f"0000:5d:00: {xid_name(79)} x1",
+    ]
+
+
+def test_the_examples_of_issue_43_are_what_trainfleet_prints() -> None:
+    page = _flat(_text())
+    for example in _examples_43():
+        assert example and _flat(example) in page, f"{PAGE.name} does not show: {example}"
+
+
+def test_the_kernel_lines_quoted_from_fixtures_are_in_them() -> None:
+    """An entry that cites a kernel-log fixture quotes a line that fixture holds, and the
+    quoted Xid is one the kernel-log parser reads as that Xid."""
+    cited = re.findall(
+        r"\(`(tests/fixtures/hardware/dmesg/[^`]+)`\):\s*`([^`]+)`", PAGE.read_text()
+    )
+    assert cited
+    for path, line in cited:
+        assert line in (ROOT / path).read_text(), (path, line)
+        assert [x["xid"] for x in kernel_log.read(line)["xids"]] == [79], line
