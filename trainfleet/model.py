@@ -59,7 +59,7 @@ class Cluster:
         default_factory=lambda: {
             "smoke": None,
             "min_busbw_gbps": None,
-            "min_busbw_fraction": 0.5,
+            "min_busbw_fraction": 0.33,
             "healthy_multiple_of": None,
         }
     )

@@ -53,7 +53,7 @@ def test_a_good_spec_gets_every_default():
         "certificate_days": 365,
     }
     assert spec["gpu"]["memlock"] == "unlimited" and spec["preflight"]["min_busbw_gbps"] is None
-    assert spec["preflight"]["min_busbw_fraction"] == 0.5
+    assert spec["preflight"]["min_busbw_fraction"] == 0.33
     assert spec["nccl"]["socket_ifname"] == "auto"
     assert spec["stack"]["cuda"] is None
 
