@@ -85,7 +85,8 @@ def smoke_launcher_problem(value: Any) -> str | None:
     return None
 
 
-BUSBW_FRACTION = 0.33  # under a third of the median: a slow node; a loaded lab measured a healthy pair at 0.50 (#41)
+# under a third of the median: a slow node (a loaded lab measured a healthy pair at 0.50: #41)
+BUSBW_FRACTION = 0.33
 
 
 def fraction_problem(value: Any) -> str | None:
