@@ -370,6 +370,12 @@ def test_a_throttled_node_and_a_throttled_rail_are_told_apart_and_left_out_with_
     assert "(1.00 of the rail's median)" in run.stderr
     assert "left out: node3: bandwidth: slow: " in run.stderr
     assert "left out: node2: bandwidth: rail eth2 slow: " in run.stderr
+    # the next deploy writes the subset's launch files on node1 alone; a re-run changes nothing
+    deploy_twice(inventory, "deploy/cluster.py")
+    assert lab.host("node1").file(f"{HEALTHY}/hostfile").content_string == "node1 slots=1\n"
+    readme = lab.host("node1").file(f"{HEALTHY}/README").content_string
+    assert "node3: bandwidth: slow: " in readme and "node2: bandwidth: rail eth2 slow: " in readme
+    assert not lab.host("node2").file(HEALTHY).exists and not lab.host("node3").file(HEALTHY).exists
     assert seconds < BOUND
     assert_nothing_left_running(lab)
     assert rail_bridge(1) not in lab.lab.leftovers()["links"]  # the rails are gone again
