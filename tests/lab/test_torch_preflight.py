@@ -331,31 +331,34 @@ def test_a_throttled_node_and_a_throttled_rail_are_told_apart_and_left_out_with_
     on_rail2 = {name.split(" ")[0]: p for name, p in rails["pairs"].items() if " rail 2 " in name}
     assert on_rail2["node1-node3"]["of_median"] == 1.0
     assert on_rail2["node1-node2"]["of_median"] < 0.5 and on_rail2["node2-node3"]["of_median"] < 0.5
-    assert all(
-        p["of_median"] >= 0.33 for name, p in rails["pairs"].items() if " rail 1 " in name
-    )  # node2's other rail passes; so does node3's, whose cluster interface is the slow one
+    # node2's other rail passes with node1. (node3's rail pairs are not judged here: with its
+    # cluster interface throttled, a loaded lab has measured its rail-1 pair with node2 at 0.23
+    # of the rail's median, and node3 is left out either way.)
+    on_rail1 = {name.split(" ")[0]: p for name, p in rails["pairs"].items() if " rail 1 " in name}
+    assert on_rail1["node1-node2"]["of_median"] >= 0.33
     found = problems(report)
-    assert sorted((node, stage) for node, stage, _ in found) == [
-        ("node2", "bandwidth"),
-        ("node3", "bandwidth"),
-    ], found
-    causes = {node: cause for node, _, cause in found}
+    assert {node for node, _, _ in found} == {"node2", "node3"}, found
+    assert {stage for _, stage, _ in found} == {"bandwidth"}, found
     best = max(pairs["node2-node3"]["busbw_gbps"], pairs["node1-node3"]["busbw_gbps"])
-    assert causes["node3"].startswith(f"slow: {best:.2f} GB/s, median {median:.2f} (with node2: ")
-    assert causes["node3"].endswith("the node is slow with every partner")
+    (slow,) = [c for n, _, c in found if n == "node3" and c.startswith("slow: ")]
+    assert slow.startswith(f"slow: {best:.2f} GB/s, median {median:.2f} (with node2: ")
+    assert slow.endswith("the node is slow with every partner")
     rail_best = max(on_rail2["node1-node2"]["busbw_gbps"], on_rail2["node2-node3"]["busbw_gbps"])
     rail_median = rails["medians_gbps"]["2"]
-    assert causes["node2"].startswith(
+    # node2 is named by its rail, never as a slow node
+    (by_rail,) = [c for n, _, c in found if n == "node2" and c.startswith("rail eth2 slow: ")]
+    assert by_rail.startswith(
         f"rail eth2 slow: {rail_best:.2f} GB/s, median {rail_median:.2f} of rail 2 (eth2) (with "
     )
-    assert causes["node2"].endswith("the node's rail is slow with every partner on it")
+    assert by_rail.endswith("the node's rail is slow with every partner on it")
+    assert not [c for n, _, c in found if n == "node2" and c.startswith("slow: ")]
     assert report["stages"] == {**HEALTHY_STAGES, "bandwidth": "failed"}
     # left out with their causes; node1 can train; the stamps keep node3's figures
     assert report["healthy"]["nodes"] == ["node1"]
-    assert report["healthy"]["excluded"] == {
-        "node2": [f"bandwidth: {causes['node2']}"],
-        "node3": [f"bandwidth: {causes['node3']}"],
-    }
+    excluded = report["healthy"]["excluded"]
+    assert (
+        f"bandwidth: {by_rail}" in excluded["node2"] and f"bandwidth: {slow}" in excluded["node3"]
+    )
     stamped = json.loads(stamps_path("lab").read_text())["nodes"]
     assert {node: s["passed"] for node, s in stamped.items()} == {
         "node1": True,
