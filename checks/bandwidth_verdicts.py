@@ -197,21 +197,21 @@ def bandwidth_problems(
         return problems + [Problem("bandwidth", node, cause) for node in order]
     for node in verdict.nodes:
         mine = {p: bw for p, bw in pairs.items() if node in p}
-        figures = ", ".join(f"with {_peer(p, node)}: {bw:.2f}" for p, bw in mine.items())
+        best, figures = node_figures_text(pairs, node)
         partners = [_peer(p, node) for p in mine if p in slow]
         if all(peer in verdict.nodes for peer in partners):
             cause = (
-                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s), but only "
+                f"slow: {best:.2f} GB/s, {against} ({figures} GB/s), but only "
                 f"with {', '.join(partners)}, slow themselves: not told from them"
             )
         else:
             cause = (
-                f"slow: {max(mine.values()):.2f} GB/s, {against} ({figures} GB/s): "
+                f"slow: {best:.2f} GB/s, {against} ({figures} GB/s): "
                 "the node is slow with every partner"
             )
         problems.append(Problem("bandwidth", node, cause))
     for a, b in verdict.links:
-        bw = pairs.get((a, b), pairs.get((b, a), 0.0))
+        bw = link_figure(pairs, a, b)
         cause = (
             f"the link {a}-{b} is slow: {bw:.2f} GB/s, {against}, while both nodes reach it "
             "with their other partners"
@@ -295,3 +295,17 @@ def _against(median: float, floor: float | None, fraction: float) -> str:
 
 def _peer(pair: tuple[str, ...], node: str) -> str:
     return next((n for n in pair if n != node), node)
+
+
+def node_figures_text(pairs: dict[Any, float], node: str) -> tuple[float, str]:
+    """A node's best pair figure and its figures with each partner (``with node2: 0.05,
+    ...``), as the causes of the per-node and the per-rail judges say them."""
+    mine = {p: bw for p, bw in pairs.items() if node in p}
+    return max(mine.values()), ", ".join(
+        f"with {_peer(p, node)}: {bw:.2f}" for p, bw in mine.items()
+    )
+
+
+def link_figure(pairs: dict[Any, float], a: str, b: str) -> float:
+    """A pair's figure, whichever way round it was measured (0 where it was not)."""
+    return pairs.get((a, b), pairs.get((b, a), 0.0))

@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from checks.attribution import attribute, few
-from checks.bandwidth_verdicts import busbw_median, pair_name
+from checks.bandwidth_verdicts import busbw_median, link_figure, node_figures_text, pair_name
 from checks.collective_verdicts import rank_failure
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
@@ -172,15 +172,14 @@ def _slow_on_rail(
         return [Problem("bandwidth", node, cause) for node in order]
     problems = []
     for node in verdict.nodes:
-        mine = {p: bw for p, bw in pairs.items() if node in p}
-        figures = ", ".join(f"with {_peer(p, node)}: {bw:.2f}" for p, bw in mine.items())
+        best, figures = node_figures_text(pairs, node)
         cause = (
-            f"rail {names[node]} slow: {max(mine.values()):.2f} GB/s, {against} ({figures} "
+            f"rail {names[node]} slow: {best:.2f} GB/s, {against} ({figures} "
             "GB/s): the node's rail is slow with every partner on it"
         )
         problems.append(Problem("bandwidth", node, cause))
     for a, b in verdict.links:
-        bw = pairs.get((a, b), pairs.get((b, a), 0.0))
+        bw = link_figure(pairs, a, b)
         cause = (
             f"the {label} link {a} {names[a]}-{b} {names[b]} is slow: {bw:.2f} GB/s, {against}, "
             "while both rails reach it with their other partners"
@@ -194,7 +193,3 @@ def _by_rail(measured: dict[RailPair, float]) -> dict[int, dict[Pair, float]]:
     for (pair, r), bw in measured.items():
         by_rail.setdefault(r, {})[pair] = bw
     return by_rail
-
-
-def _peer(pair: Pair, node: str) -> str:
-    return next((n for n in pair if n != node), node)
