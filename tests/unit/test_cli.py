@@ -48,9 +48,12 @@ def _installed() -> Path:
     return script
 
 
-def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
-    # This checkout's package, whichever checkout the venv was installed from.
+def _run(*argv: str | Path, home: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # This checkout's package, whichever checkout the venv was installed from; ``home``: the
+    # controller's TRAINFLEET_HOME (its key store) for this run.
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    if home is not None:
+        env["TRAINFLEET_HOME"] = str(home)
     return subprocess.run(
         [str(a) for a in argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120
     )
@@ -112,23 +115,10 @@ def test_check_json_reports_problems_as_json_too(tmp_path):
 
 
 def test_keys_list_and_ca_read_the_store_and_never_make_a_key_or_a_ca(tmp_path):
-    env = {**os.environ, "TRAINFLEET_HOME": str(tmp_path / "home")}
-    listed = subprocess.run(
-        [_installed(), "keys", "list", "inventories/prod.yml"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    listed = _run(_installed(), "keys", "list", "inventories/prod.yml", home=tmp_path / "home")
     assert listed.returncode == 0, listed.stderr
     assert "root@gpu-a01: no key yet (the deploy makes it)" in listed.stdout
-    ca = subprocess.run(
-        [_installed(), "keys", "ca", "inventories/prod.yml"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-    )
+    ca = _run(_installed(), "keys", "ca", "inventories/prod.yml", home=tmp_path / "home")
     assert ca.returncode == 1 and "no CA yet; the first deploy makes it" in ca.stderr
     assert not (tmp_path / "home").exists()  # nothing made, not even a folder
 
