@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
-from checks.attribution import attribute, few
+from checks.attribution import Attribution, attribute, few
 from checks.collective_verdicts import node_causes, rank_failure, ranks_of
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
@@ -195,27 +196,44 @@ def bandwidth_problems(
             "node or link explains it, a slow node or link among them not told apart"
         )
         return problems + [Problem("bandwidth", node, cause) for node in order]
-    for node in verdict.nodes:
-        mine = {p: bw for p, bw in pairs.items() if node in p}
-        best, figures = node_figures_text(pairs, node)
-        partners = [_peer(p, node) for p in mine if p in slow]
+
+    def node_cause(node: str, best: float, figures: str) -> str:
+        partners = [_peer(p, node) for p in slow if node in p]
         if all(peer in verdict.nodes for peer in partners):
-            cause = (
+            return (
                 f"slow: {best:.2f} GB/s, {against} ({figures} GB/s), but only "
                 f"with {', '.join(partners)}, slow themselves: not told from them"
             )
-        else:
-            cause = (
-                f"slow: {best:.2f} GB/s, {against} ({figures} GB/s): "
-                "the node is slow with every partner"
-            )
-        problems.append(Problem("bandwidth", node, cause))
-    for a, b in verdict.links:
-        bw = link_figure(pairs, a, b)
-        cause = (
+        return (
+            f"slow: {best:.2f} GB/s, {against} ({figures} GB/s): "
+            "the node is slow with every partner"
+        )
+
+    def link_cause(a: str, b: str, bw: float) -> str:
+        return (
             f"the link {a}-{b} is slow: {bw:.2f} GB/s, {against}, while both nodes reach it "
             "with their other partners"
         )
+
+    return problems + attributed_problems(verdict, pairs, node_cause, link_cause)
+
+
+def attributed_problems(
+    verdict: Attribution,
+    pairs: dict[Any, float],
+    node_cause: Callable[[str, float, str], str],
+    link_cause: Callable[[str, str, float], str],
+) -> list[Problem]:
+    """The slow nodes and links an attribution names, each with its figures: a node with its
+    best pair and each partner's (``node_cause(node, best, figures)``), a link on both its
+    nodes with its pair's figure (``link_cause(a, b, bw)``). The per-node and per-rail judges
+    differ only in their words."""
+    problems = []
+    for node in verdict.nodes:
+        best, figures = node_figures_text(pairs, node)
+        problems.append(Problem("bandwidth", node, node_cause(node, best, figures)))
+    for a, b in verdict.links:
+        cause = link_cause(a, b, link_figure(pairs, a, b))
         problems += [Problem("bandwidth", a, cause), Problem("bandwidth", b, cause)]
     return problems
 

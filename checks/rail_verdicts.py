@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from checks.attribution import attribute, few
-from checks.bandwidth_verdicts import busbw_median, link_figure, node_figures_text, pair_name
+from checks.bandwidth_verdicts import attributed_problems, busbw_median, pair_name
 from checks.collective_verdicts import rank_failure
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
@@ -170,22 +170,18 @@ def _slow_on_rail(
             "no single node's rail or link explains it"
         )
         return [Problem("bandwidth", node, cause) for node in order]
-    problems = []
-    for node in verdict.nodes:
-        best, figures = node_figures_text(pairs, node)
-        cause = (
+    return attributed_problems(
+        verdict,
+        pairs,
+        lambda node, best, figures: (
             f"rail {names[node]} slow: {best:.2f} GB/s, {against} ({figures} "
             "GB/s): the node's rail is slow with every partner on it"
-        )
-        problems.append(Problem("bandwidth", node, cause))
-    for a, b in verdict.links:
-        bw = link_figure(pairs, a, b)
-        cause = (
+        ),
+        lambda a, b, bw: (
             f"the {label} link {a} {names[a]}-{b} {names[b]} is slow: {bw:.2f} GB/s, {against}, "
             "while both rails reach it with their other partners"
-        )
-        problems += [Problem("bandwidth", a, cause), Problem("bandwidth", b, cause)]
-    return problems
+        ),
+    )
 
 
 def _by_rail(measured: dict[RailPair, float]) -> dict[int, dict[Pair, float]]:
