@@ -359,3 +359,21 @@ def test_the_front_door_prints_the_warnings_before_pyinfra_runs(specs, tmp_path)
     lines = door.stderr.splitlines()
     assert lines[:2] == [w.line(str(warn)) for w in spec_warnings(load_cluster(warn))], door.stderr
     assert "--> Loading inventory..." in lines[2:]  # then pyinfra, on the spec's inventory
+
+
+def test_the_page_lists_every_warning_by_its_key():
+    """docs/spec-checks.md's table of warnings has a row for each key a warning names."""
+    text = """
+        cluster: {master_port: 2222}
+        ssh: {port: 2222, key: /nonexistent/id, known_hosts: /nonexistent/known_hosts}
+        stack: {cuda: '12.4', driver: '535', torch: '2.4.1', torch_cuda: cpu}
+        preflight: {healthy_multiple_of: 4}
+        nodes: [{name: a, address: 192.0.2.1, gpus: 8}, {name: b, address: '2001:db8::2'}]
+    """
+    label = stack("{torch: '2.4.1+cu121', torch_cuda: cu124}")
+    keys = {w.split(": ")[2] for w in warned(text) + label}
+    assert len(keys) == 8, keys
+    page = (REPO / "docs/spec-checks.md").read_text().split("## Warned")[1]
+    rows = {line.split("|")[1].strip() for line in page.splitlines() if line.startswith("| `")}
+    listed = {key.strip("` ") for row in rows for key in row.split("/")}
+    assert {k.replace("nodes[b]", "nodes[NAME]") for k in keys} <= listed
