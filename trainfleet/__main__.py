@@ -1,6 +1,7 @@
 """``trainfleet`` (or ``python -m trainfleet``): offline tools of the controller.
 
-- ``check SPEC...``: validate specs without contacting any host
+- ``check SPEC... [--strict] [--json]``: validate specs without contacting any host; values of
+  the right shape that are most likely wrong are warnings (``--strict``: a bad spec)
 - ``schema``: print the spec reference
 - ``keys list|rotate|revoke|retired SPEC [NODE...]``: the SSH mesh keys in the key store;
   ``keys readmit SPEC NODE... --fingerprint SHA256:...|--known-hosts``: take back the named
@@ -40,6 +41,7 @@ from trainfleet.model import Cluster
 from trainfleet.node_sets import fold
 from trainfleet.schema import reference_markdown
 from trainfleet.spec import EXIT_BAD_SPEC, SpecError, load_cluster
+from trainfleet.spec_warnings import spec_warnings
 
 EXIT_USAGE = 64  # sysexits.h EX_USAGE: the command line itself is wrong
 
@@ -67,7 +69,18 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate spec files without contacting any host")
     check.add_argument("specs", nargs="+")
-    check.add_argument("--json", action="store_true", help="print the derived cluster as JSON")
+    check.add_argument(
+        "--json",
+        action="store_true",
+        help="print the derived cluster, the problems and the warnings as JSON",
+    )
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 2, as a bad spec) on warnings too: values of the right shape that are "
+        "most likely wrong (a driver older than its CUDA's own, an address the preflight cannot "
+        "test, a named ssh.key or known_hosts missing or lacking a node)",
+    )
     sub.add_parser("schema", help="print the spec reference (markdown)")
     keys = sub.add_parser("keys", help="the SSH mesh keys in the controller's key store")
     keys.add_argument(
@@ -135,44 +148,48 @@ def main(argv: list[str] | None = None) -> int:
 
     status = 0
     for path in args.specs:
-        try:
-            cluster = load_cluster(path)
-        except SpecError as exc:
-            if args.json:
-                print(json.dumps({"spec": path, "ok": False, "problems": exc.problems}))
-            else:
-                for problem in exc.problems:
-                    print(problem, file=sys.stderr)
-            status = EXIT_BAD_SPEC
-            continue
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "spec": path,
-                        "ok": True,
-                        "cluster": cluster.name,
-                        "master": cluster.master.name,
-                        "total_gpus": cluster.total_gpus,
-                        "nodes": [
-                            {
-                                "name": n.name,
-                                "address": n.address,
-                                "rank": n.rank,
-                                "gpus": n.gpus,
-                                "names": n.names,
-                            }
-                            for n in cluster.nodes
-                        ],
-                    }
-                )
-            )
-        else:
-            print(
-                f"{path}: ok: {len(cluster.nodes)} nodes ({fold(n.name for n in cluster.nodes)}), "
-                f"{cluster.total_gpus} GPUs, master {cluster.master.name}"
-            )
+        status = max(status, _check(path, args.json, args.strict))
     return status
+
+
+def _check(path: str, as_json: bool, strict: bool) -> int:
+    """``check`` of one spec: 0 ok (warnings or not), 2 refused, or warned under ``--strict``."""
+    try:
+        cluster = load_cluster(path)
+    except SpecError as exc:
+        if as_json:
+            print(json.dumps({"spec": path, "ok": False, "problems": exc.problems}))
+        else:
+            print("\n".join(exc.problems), file=sys.stderr)
+        return EXIT_BAD_SPEC
+    warnings = [w.line(path) for w in spec_warnings(cluster)]
+    failed = strict and bool(warnings)
+    if as_json:
+        report = {"spec": path, "ok": not failed, **_summary(cluster), "warnings": warnings}
+        print(json.dumps(report))
+        return EXIT_BAD_SPEC if failed else 0
+    for line in warnings:
+        print(line, file=sys.stderr)
+    if failed:
+        print(f"{path}: {len(warnings)} warning(s), refused under --strict", file=sys.stderr)
+        return EXIT_BAD_SPEC
+    print(
+        f"{path}: ok: {len(cluster.nodes)} nodes ({fold(n.name for n in cluster.nodes)}), "
+        f"{cluster.total_gpus} GPUs, master {cluster.master.name}"
+    )
+    return 0
+
+
+def _summary(cluster: Cluster) -> dict[str, object]:
+    return {
+        "cluster": cluster.name,
+        "master": cluster.master.name,
+        "total_gpus": cluster.total_gpus,
+        "nodes": [
+            {"name": n.name, "address": n.address, "rank": n.rank, "gpus": n.gpus, "names": n.names}
+            for n in cluster.nodes
+        ],
+    }
 
 
 def _door(args: argparse.Namespace) -> int:
@@ -183,10 +200,12 @@ def _door(args: argparse.Namespace) -> int:
         print("\n".join(f"{_prog()} {args.command}: {p}" for p in problems), file=sys.stderr)
         return EXIT_USAGE
     try:
-        load_cluster(args.spec)
+        cluster = load_cluster(args.spec)
     except SpecError as exc:
         print("\n".join(exc.problems), file=sys.stderr)
         return EXIT_BAD_SPEC
+    for warning in spec_warnings(cluster):  # what `check` warns of, before any host is reached
+        print(warning.line(args.spec), file=sys.stderr)
     if not (front_door.REPO / front_door.DOORS[args.command].deploy).is_file():
         print(
             f"{_prog()}: no deploy/ beside the package: run from a trainfleet checkout",

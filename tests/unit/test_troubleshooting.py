@@ -462,6 +462,16 @@ def test_the_page_says_where_diagnose_helps() -> None:
         assert DIAGNOSE in _entry(message), message
 
 
+def test_each_headings_quoted_message_occurs_verbatim_in_its_entry() -> None:
+    """A heading quotes what users paste (`...` where it varies): each quoted part is in the
+    entry's own text too (a log excerpt, an example), as the tool prints it."""
+    for heading, body in _sections().items():
+        text = _flat(body.split("\n", 1)[1])
+        for quoted in re.findall(r"`([^`]+)`", heading):
+            for part in filter(None, (p.strip() for p in quoted.split("..."))):
+                assert part in text, f"{heading}: {part!r} is not in the entry"
+
+
 def test_every_entry_cites_a_thread_and_names_a_command() -> None:
     sections = _sections()
     assert len(sections) >= len(ISSUE_LIST)
