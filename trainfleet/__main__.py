@@ -61,10 +61,25 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+def _every_command(sub: argparse._SubParsersAction) -> str:  # type: ignore[type-arg]
+    """Every command with every option (each command's usage line, built from its parser, so
+    none is left out), and the exit statuses: the top-level ``--help``'s epilog."""
+    usages = [
+        " ".join(command.format_usage().removeprefix("usage: ").split())
+        for command in sub.choices.values()
+    ]
+    return (
+        "every command and its options (COMMAND --help says what each does):\n"
+        + "\n".join(f"  {usage}" for usage in usages)
+        + "\n\nexit status: 0 ok, 1 findings or failed nodes, 2 a bad spec or input, 64 a usage"
+        " error"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """The ``trainfleet`` console script (pyproject's ``[project.scripts]``) and
     ``python -m trainfleet``; returns the exit status."""
-    parser = _Parser(prog=_prog())
+    parser = _Parser(prog=_prog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate spec files without contacting any host")
@@ -133,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the node x check grid even where it is wider than 160 columns (else it folds)",
     )
     front_door.add_parsers(sub)
+    parser.epilog = _every_command(sub)
     args = parser.parse_args(argv)
 
     if args.command in front_door.DOORS:

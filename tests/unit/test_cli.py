@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import tomllib
@@ -95,6 +96,22 @@ def test_the_version_and_the_exit_status_of_a_usage_error_apart_from_a_bad_spec(
     bad = tmp_path / "bad.yml"
     bad.write_text("nodes: 3\n")
     assert _run(_installed(), "check", str(bad)).returncode == 2
+
+
+def test_the_help_lists_every_command_and_every_option_of_each():
+    helped = _run(_installed(), "--help").stdout
+    commands = _run(_installed(), "no-such-command").stderr  # usage names the choices
+    names = commands.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert {"check", "deploy", "drift", "preflight", "capture", "remediate"} <= set(names)
+    for name in names:
+        (line,) = [ln for ln in helped.splitlines() if ln.startswith(f"  trainfleet {name} ")]
+        options = _run(_installed(), name, "--help").stdout
+        listed = set(re.findall(r"^ {2}(?:(-\w), )?(--[\w-]+)", options, re.M)) - {("-h", "--help")}
+        assert listed or name == "schema", options  # the parse found options where there are
+        for short, option in listed:  # the usage line names an option by its short name if any
+            said = short or option
+            assert f"[{said}" in line or f" {said} " in line, (name, said)
+    assert "exit status: 0 ok, 1 findings or failed nodes, 2 a bad spec" in helped
 
 
 def test_check_json_reports_problems_as_json_too(tmp_path):
