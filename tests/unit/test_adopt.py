@@ -125,13 +125,18 @@ def fleet(tmp_path_factory) -> fleet_mod.Fleet:
     return fleet_mod.build(3, tmp_path_factory.mktemp("adopt"), load())
 
 
-def _deploy(fleet: fleet_mod.Fleet, manage: dict[str, bool], tmp: Any) -> dict[str, Any]:
-    """The real deploy by pyinfra on the converged fake nodes, the spec's ``manage`` set."""
+def _deploy(
+    fleet: fleet_mod.Fleet, manage: dict[str, bool], tmp: Any, home: Any = None
+) -> dict[str, Any]:
+    """The real deploy by pyinfra on the converged fake nodes, the spec's ``manage`` set
+    (``home``: another TRAINFLEET_HOME than the fleet's)."""
     spec = yaml.safe_load(fleet.spec.read_text())
     spec["manage"] = manage
     fleet.spec.write_text(yaml.safe_dump(spec, sort_keys=False))
     inventory = fleet.write_inventory("converged", tmp / "converged.pkl")
     env = {**os.environ, **fleet.env(), "TRAINFLEET_FLEET": str(inventory)}
+    if home is not None:
+        env["TRAINFLEET_HOME"] = str(home)
     proc = subprocess.run(
         [PYINFRA, *pyinfra_args("re-run")],
         cwd=REPO,
@@ -147,7 +152,8 @@ def _deploy(fleet: fleet_mod.Fleet, manage: dict[str, bool], tmp: Any) -> dict[s
 
 
 def test_an_unmanaged_step_runs_no_operation_and_the_others_run_as_before(fleet, tmp_path):
-    report = _deploy(fleet, {"hostname": False, "ssh_mesh": False, "stack": False}, tmp_path)
+    home = tmp_path / "home"  # a controller with no key store yet
+    report = _deploy(fleet, {"hostname": False, "ssh_mesh": False, "stack": False}, tmp_path, home)
     ran = {op["name"] for op in report["results"]["operations"]}
     assert "Hostname is the node's spec name" not in ran
     assert not any("mesh" in name or "known_hosts" in name for name in ran), ran
@@ -160,6 +166,9 @@ def test_an_unmanaged_step_runs_no_operation_and_the_others_run_as_before(fleet,
         "Launcher configs",
         "GPU node settings (memlock, persistence, fabric manager, nvidia_peermem)",
     } <= ran
+    # the mesh not managed: no key and no CA made for it (the key store read only)
+    made = [p for p in home.rglob("*") if p.is_file()] if home.exists() else []
+    assert not [p for p in made if "keys" in p.relative_to(home).parts], made
 
 
 # -- drift: an unmanaged step's properties observed, never expected ---------------------------
