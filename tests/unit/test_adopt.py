@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 from dataclasses import replace
 from typing import Any
@@ -118,6 +119,11 @@ def test_an_env_python_of_safe_characters_is_accepted(path):
 
 
 # -- the deploy: an unmanaged step runs no operation ------------------------------------------
+
+
+def test_the_deploy_asks_for_every_step_by_its_manage_key_and_for_no_other():
+    asked = re.findall(r'cluster\.manages\("([a-z_]+)"\)', (REPO / "deploy/cluster.py").read_text())
+    assert sorted(asked) == sorted(MANAGE_STEPS)  # each once, none misspelt (a typo is managed)
 
 
 @pytest.fixture(scope="module")
