@@ -208,7 +208,7 @@ MANAGE = Section(
         "ssh_mesh": _manage_key(
             "the SSH mesh (known_hosts, mesh users' keys and certificates, sshd's drop-in, the KRL)"
         ),
-        "pdsh": _manage_key("pdsh's genders file and ssh default"),
+        "pdsh": _manage_key("pdsh (installed, talking ssh, its list of the nodes)"),
         "stack": _manage_key(
             "the pinned stack (CUDA, cuDNN, NCCL, OpenMPI, GCC packages, held; the PyTorch venv)"
         ),

@@ -68,11 +68,17 @@ def adopt(lab, tmp_path: Path) -> SimpleNamespace:
     spec_file = tmp_path / "adopted.yml"
     spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
     drift_before = front_door("drift", str(spec_file))
+    untouched = {node: held(lab, node) for node in NODES}  # the first contact wrote nothing
     first = front_door("deploy", str(spec_file), "-y")
     second = front_door("deploy", str(spec_file), "-y")
     drift_after = front_door("drift", str(spec_file))
     return SimpleNamespace(
-        before=drift_before, first=first, second=second, after=drift_after, spec=spec_file
+        before=drift_before,
+        untouched=untouched,
+        first=first,
+        second=second,
+        after=drift_after,
+        spec=spec_file,
     )
 
 
@@ -142,6 +148,7 @@ def test_drift_before_the_first_deploy_says_per_step_and_node_what_it_would_chan
     assert "  pdsh: node[1-3]: pdsh nodes (/etc/genders) would be added" in run.stderr
     # the hostname is observed (unique), never expected: no node is asked to be renamed
     assert not any(f["property"].startswith("hostname") for f in report["findings"])
+    assert named.adopted.untouched == named.own  # read-only: every byte and name as it was
 
 
 def test_the_adopting_deploy_keeps_each_hostname_converges_and_a_rerun_changes_nothing(named):
