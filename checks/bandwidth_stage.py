@@ -205,7 +205,7 @@ def run_retest(
     out = run_everywhere(
         state,
         {
-            node: jobs_command(cluster.node(node).slots, backend, [job])
+            node: jobs_command(cluster.node(node).slots, backend, [job], cluster.job_python)
             for node, job in jobs.items()
         },
         seconds,

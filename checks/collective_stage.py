@@ -53,18 +53,21 @@ def collective_command(
     port: int,
     backend: str,
     seconds: int,
+    python: str | None = None,
 ) -> StringCommand:
     """``count`` ranks on one node, global ranks ``first``.. of ``world``, done in ``seconds``."""
-    return jobs_command(count, backend, [(seconds, first, world, master, port, 0)])
+    return jobs_command(count, backend, [(seconds, first, world, master, port, 0)], python)
 
 
-def jobs_command(count: int, backend: str, jobs: list[Job]) -> StringCommand:
+def jobs_command(
+    count: int, backend: str, jobs: list[Job], python: str | None = None
+) -> StringCommand:
     """``count`` ranks on one node, each running ``jobs`` in turn in one process (torch imported
-    once), each job ending by its own end."""
+    once), each job ending by its own end, by ``python`` (the cluster's ``job_python``)."""
     end = max(job[0] for job in jobs)
     return python_stage(
         _COLLECTIVE_RUN,
-        f"{VENV_DIR}/bin/python",
+        python or f"{VENV_DIR}/bin/python",  # None: trainfleet's venv
         end + 5,
         COLLECTIVE,
         count,
@@ -118,7 +121,10 @@ def run_collective(
     }
     out = run_everywhere(
         state,
-        {n.name: jobs_command(layout[n.name][1], backend, jobs[n.name]) for n in cluster.nodes},
+        {
+            n.name: jobs_command(layout[n.name][1], backend, jobs[n.name], cluster.job_python)
+            for n in cluster.nodes
+        },
         max(job[0] for node_jobs in jobs.values() for job in node_jobs),
         stdin=rendezvous_secret(),
     )
@@ -243,9 +249,11 @@ def run_pairs(
         address = cluster.node(a).address
         place[b] = (a, len(hosting.get(a, [])))
         hosting.setdefault(a, []).append(
-            collective_command(0, 1, 2, address, port, backend, seconds)
+            collective_command(0, 1, 2, address, port, backend, seconds, cluster.job_python)
         )
-        joining[b] = collective_command(1, 1, 2, address, port, backend, seconds)
+        joining[b] = collective_command(
+            1, 1, 2, address, port, backend, seconds, cluster.job_python
+        )
     # a node hosting several pairs reads the secret once and hands it to each on its stdin
     # (printf is the shell's own: no process shows it in its arguments)
     commands = {

@@ -25,7 +25,13 @@ from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
 from trainfleet import html_report
 from trainfleet import metrics as prometheus
-from trainfleet.capabilities import CAPABILITIES, RULES, pins_met
+from trainfleet.capabilities import (
+    CAPABILITIES,
+    RULES,
+    expected_steps,
+    managed_expectations,
+    pins_met,
+)
 from trainfleet.compare import (
     ABSENT,
     Content,
@@ -33,6 +39,7 @@ from trainfleet.compare import (
     Report,
     absent_everywhere_else,
     compare,
+    deploy_changes,
     explain,
 )
 from trainfleet.controller_files import write_atomic
@@ -149,11 +156,21 @@ def compare_fingerprints(
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     for prefix in RULES.absent_elsewhere:
         absent_everywhere_else(observed, prefix)
-    expected = {name: pins_met(observed[name], expect(plan.nodes[name])) for name in fingerprints}
+    expected = {
+        name: pins_met(observed[name], managed_expectations(plan.nodes[name], cluster.manage))
+        for name in fingerprints
+    }
     report = compare(
         cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable, rules=RULES
     )
     _explain(report, plan, fingerprints, cluster.mesh_users, read_launchers)
+    # Before a first deploy (adopting a running cluster) this is what the deploy would do.
+    steps = {
+        name: {prop: step for prop, (_, step) in expected_steps(plan.nodes[name]).items()}
+        for name in fingerprints
+    }
+    report.not_managed = cluster.unmanaged
+    report.would_change = deploy_changes(report.findings, steps)
     return report
 
 
@@ -362,7 +379,7 @@ def _publish(result: Report) -> None:
     publish(
         f"Drift report for {result.cluster}",
         result.table(all_rows=os.environ.get("TRAINFLEET_DRIFT_ALL") == "1", wide=wide),
-        result.finding_lines(wide=wide),
+        [*result.finding_lines(wide=wide), *result.change_lines()],
         result.dumps(),
         report_path(result.cluster),
         "TRAINFLEET_DRIFT_JSON",

@@ -112,7 +112,10 @@ def run_rails(
     ranks_on = {node: 1 + max(job[7] for job in mine) for node, mine in jobs.items()}
     out = run_everywhere(
         state,
-        {node: jobs_command(ranks_on[node], backend, mine) for node, mine in jobs.items()},
+        {
+            node: jobs_command(ranks_on[node], backend, mine, cluster.job_python)
+            for node, mine in jobs.items()
+        },
         len(plan) * seconds,
         stdin=rendezvous_secret(),
     )

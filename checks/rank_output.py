@@ -9,6 +9,15 @@ from typing import Any
 from trainfleet.defaults import VENV_DIR
 from trainfleet.text import printable
 
+
+def _no_python(line: str) -> str:
+    """collective.sh's word for a python that is not there (its path after it: the spec's)."""
+    python = printable(line[len("nopython ") :]) or f"{VENV_DIR}/bin/python"
+    if python == f"{VENV_DIR}/bin/python":
+        return f"no python at {python}: the node has no venv (pin stack.torch and deploy)"
+    return f"no python at {python} (preflight.python): the node lacks that env"
+
+
 _EXIT_LINE = re.compile(r"exit ([0-9]{1,3})", re.ASCII)
 
 
@@ -19,15 +28,8 @@ def _steps(lines: list[str]) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = []
     for line in lines:
         exited = _EXIT_LINE.fullmatch(line)
-        if line == "nopython":
-            steps.append(
-                {
-                    "step": "error",
-                    "stage": "python",
-                    "error": f"no python at {VENV_DIR}/bin/python: the node has no venv "
-                    "(pin stack.torch and deploy)",
-                }
-            )
+        if line == "nopython" or line.startswith("nopython "):
+            steps.append({"step": "error", "stage": "python", "error": _no_python(line)})
         elif line == "nosecret":  # the controller's fault, never a user's: named all the same
             steps.append(
                 {"step": "error", "stage": "secret", "error": "no rendezvous secret came on stdin"}

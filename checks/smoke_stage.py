@@ -14,7 +14,7 @@ from checks.stage_runner import (
     shell_stage,
     stage_script,
 )
-from trainfleet.defaults import LAUNCH_DIR, RUN_DIR, VENV_DIR
+from trainfleet.defaults import LAUNCH_DIR, RUN_DIR
 from trainfleet.model import Cluster
 from trainfleet.schema import smoke_launcher_problem
 
@@ -44,7 +44,7 @@ def smoke_command(cluster: Cluster, launcher: str) -> StringCommand:
         # reach first
         launch += ["--mca", "orte_tmpdir_base", RUN_DIR]
         job = [
-            f"{VENV_DIR}/bin/python",
+            cluster.job_python,
             *job,
             "--master-addr",
             cluster.master.address,

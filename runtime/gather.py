@@ -213,7 +213,8 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
     """This run's plan of every node, from the facts the deploy reads (``DeployState``, one
     remote command per node) and the key store, built once per run however many hosts deploy;
     its notes are logged once. The key store is brought up to date first (``prepare_keys``:
-    the run's one writer of it), then the plan reads its snapshot."""
+    the run's one writer of it; not where the spec leaves the mesh unmanaged), then the plan
+    reads its snapshot."""
 
     def compute(state: State) -> ClusterPlan:
         run_facts(state).failed_before_plan = set(state.failed_hosts)
@@ -222,7 +223,13 @@ def deploy_plan(cluster: Cluster) -> ClusterPlan:
         )
         read = read_once(DeployState, users=cluster.mesh_users, blocks=cluster_blocks(cluster))
         gathered = plan_inputs(read)
-        keys = prepare_keys(KeyStore(cluster.name), cluster, gathered)
+        store = KeyStore(cluster.name)
+        # An unmanaged mesh (manage.ssh_mesh: false) makes no key or CA: the store read only.
+        keys = (
+            prepare_keys(store, cluster, gathered)
+            if cluster.manages("ssh_mesh")
+            else store.snapshot(cluster.mesh_users, [n.name for n in cluster.nodes])
+        )
         built = plan_cluster(cluster, gathered, keys, preflight_exclusions(cluster))
         for note in built.notes:
             logger.warning(note)

@@ -82,6 +82,10 @@ class Report:
     # what "no drift" means: what the nodes were compared with (the offline judge without a
     # spec compares them with each other only)
     compared_with: str = "the spec and each other"
+    # the deploy's steps the spec's ``manage`` turned off: observed, never compared with the spec
+    not_managed: tuple[str, ...] = ()
+    # what a deploy would change (``deploy_changes``): step -> node -> one line per property
+    would_change: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
     @property
     def drift(self) -> bool:
@@ -100,7 +104,28 @@ class Report:
             },
             "findings": [f.to_json() for f in self.findings],
             **({"mesh_probe": self.mesh_probe} if self.mesh_probe else {}),
+            **({"not_managed": list(self.not_managed)} if self.not_managed else {}),
+            **({"would_change": self.would_change} if self.would_change else {}),
         }
+
+    def change_lines(self) -> list[str]:
+        """For people: the steps not managed, then what a deploy would change, step by step,
+        each line with the folded nodes it is on (one line for a whole rack alike)."""
+        lines = []
+        if self.not_managed:
+            lines.append(
+                f"not managed (the spec's manage:): {', '.join(self.not_managed)}: "
+                "observed, not compared with the spec"
+            )
+        if self.would_change:
+            lines.append("a deploy would change:")
+        for step, nodes in self.would_change.items():
+            alike: dict[str, list[str]] = {}
+            for node, changes in nodes.items():
+                for change in changes:
+                    alike.setdefault(change, []).append(node)
+            lines += [printable(f"  {step}: {fold(on)}: {text}") for text, on in alike.items()]
+        return lines
 
     def table(self, all_rows: bool = False, wide: bool = False, width: int = WIDTH) -> str:
         """Properties by nodes; rows with a finding only, unless ``all_rows``; odd values: '*'.
@@ -274,6 +299,45 @@ def explain(
         if f.kind == "spec" and want is not None and have is not None:
             files, diff = content_diff(want, have)
             report.findings[i] = replace(f, files=files, diff=diff)
+
+
+CHANGE_FILES = 3  # files named in a change's line; the rest counted
+CHANGE_VALUE = 80  # characters of a value shown in a change's line
+
+
+def change_text(finding: Finding) -> str:
+    """What a deploy would do about one spec finding, in words: add, remove, rewrite files, or
+    change a value from what the node has to what the spec wants (each shortened: a line)."""
+    files = list(finding.files[:CHANGE_FILES])
+    if len(finding.files) > CHANGE_FILES:
+        files.append(f"{len(finding.files) - CHANGE_FILES} more")
+    where = f" ({', '.join(files)})" if files else ""
+    if finding.observed == ABSENT:
+        return f"{finding.property}{where} would be added"
+    if finding.expected == ABSENT:
+        return f"{finding.property}{where} would be removed"
+    if finding.files:
+        return f"{finding.property}{where} would be rewritten"
+    have, want = (_short(v) for v in (finding.observed, finding.expected or ""))
+    return f"{finding.property} would change from {have!r} to {want!r}"
+
+
+def _short(value: str) -> str:
+    return value if len(value) <= CHANGE_VALUE else f"{value[: CHANGE_VALUE - 3]}..."
+
+
+def deploy_changes(
+    findings: list[Finding], steps: dict[str, dict[str, str | None]]
+) -> dict[str, dict[str, list[str]]]:
+    """The spec findings a deploy would mend, by the step that mends each (``steps``: node ->
+    property -> its ``manage`` step, None where no step sets it) and node, in the steps' order
+    of first appearance: step -> node -> what would change."""
+    changes: dict[str, dict[str, list[str]]] = {}
+    for f in findings:
+        step = steps.get(f.node, {}).get(f.property) if f.kind == "spec" else None
+        if step is not None:
+            changes.setdefault(step, {}).setdefault(f.node, []).append(change_text(f))
+    return changes
 
 
 def absent_everywhere_else(observed: dict[str, dict[str, str]], prefix: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from trainfleet.defaults import VENV_DIR
+
 
 @dataclass(frozen=True)
 class Node:
@@ -61,6 +63,7 @@ class Cluster:
             "min_busbw_gbps": None,
             "min_busbw_fraction": 0.33,
             "healthy_multiple_of": None,
+            "python": None,
         }
     )
     gpu: dict[str, Any] = field(
@@ -76,6 +79,8 @@ class Cluster:
     source: str = "<spec>"
     mesh: str = "certificates"  # ssh.mesh: certificates | keys
     certificate_days: int = 365  # ssh.certificate_days
+    # the spec's ``manage``: each step of the deploy -> whether it is managed (a key not here is)
+    manage: dict[str, bool] = field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any], source: str = "<spec>") -> Cluster:
@@ -110,7 +115,28 @@ class Cluster:
             source=source,
             mesh=spec["ssh"]["mesh"],
             certificate_days=spec["ssh"]["certificate_days"],
+            manage=dict(spec.get("manage") or {}),
         )
+
+    def manages(self, step: str) -> bool:
+        """Whether the deploy manages ``step`` (a ``manage`` key: ``hostname``, ``stack``...)."""
+        return self.manage.get(step, True)
+
+    @property
+    def unmanaged(self) -> tuple[str, ...]:
+        """The steps the spec turned off (``manage: {hostname: false}``), in the spec's order."""
+        return tuple(step for step, managed in self.manage.items() if not managed)
+
+    @property
+    def job_python(self) -> str:
+        """The python the preflight's ranks run: ``preflight.python`` (an existing env, where
+        the stack is not managed), else trainfleet's venv."""
+        return self.preflight.get("python") or f"{VENV_DIR}/bin/python"
+
+    @property
+    def job_env(self) -> str:
+        """The env the launcher files use (its ``bin/``): ``job_python``'s."""
+        return self.job_python.rsplit("/bin/", 1)[0]
 
     @property
     def master(self) -> Node:

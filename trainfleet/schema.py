@@ -25,6 +25,7 @@ from trainfleet.grammar import (
     address_problem,
     cluster_name_problem,
     hostname_problem,
+    node_path_problem,
     non_negative,
     positive_number,
     rendezvous_port_problem,
@@ -100,6 +101,16 @@ def rail_interface_problem(value: Any) -> str | None:
     return f"{value!r} is not an interface name (`[A-Za-z0-9_.:@-]{{1,15}}`)"
 
 
+def preflight_python_problem(value: Any) -> str | None:
+    """An existing env's python on the nodes: ``<env>/bin/python[3[.N]]``, an absolute path of
+    safe characters (the launchers' files use ``<env>/bin``)."""
+    if problem := node_path_problem(value):
+        return problem
+    if not re.fullmatch(r"(/[^/]+)+/bin/python(3(\.[0-9]{1,2})?)?", value, re.ASCII):
+        return f"{value!r} is not an env's python (<env>/bin/python, python3 or python3.N)"
+    return None
+
+
 PREFLIGHT = Section(
     doc="What the preflight checks beyond its stages (`deploy/preflight.py`).",
     keys={
@@ -149,6 +160,18 @@ PREFLIGHT = Section(
             example=2,
             accepts="1 or more",
         ),
+        "python": Key(
+            (str, NULL),
+            None,
+            "The python of an existing env on every node (a conda env, a system PyTorch) the "
+            "preflight's ranks and smoke job run, and the launcher files use (its `bin/`), where "
+            "the stack is not managed (`manage.stack: false`; refused otherwise: a managed stack's "
+            "preflight tests the venv it pinned). null: trainfleet's venv.",
+            check=preflight_python_problem,
+            example="/opt/conda/envs/train/bin/python",
+            accepts="an absolute path `<env>/bin/python`, `python3` or `python3.N` of letters, "
+            "digits and `._+@,=:~-`, no `..`",
+        ),
         "smoke": Key(
             (str, NULL),
             None,
@@ -160,6 +183,39 @@ PREFLIGHT = Section(
             example="deepspeed",
             accepts=", ".join(f"`{n}`" for n in SMOKE_LAUNCHERS),
         ),
+    },
+)
+
+
+def _manage_key(what: str) -> Key:
+    return Key(
+        bool,
+        True,
+        f"Whether the deploy manages {what}; false: the deploy leaves it as the node has it and "
+        "drift does not compare it with the spec (the preflight still checks what a job needs).",
+        accepts="true or false (a YAML boolean)",
+    )
+
+
+# What an existing cluster keeps as it is (docs/adopt.md): each key one step of deploy/cluster.py,
+# whose properties drift stops expecting (each capability's MANAGED).
+MANAGE = Section(
+    doc="What the deploy manages, step by step (default: everything); adopting a running "
+    "cluster, turn off what it keeps as it is (docs/adopt.md).",
+    keys={
+        "hostname": _manage_key("each node's hostname (/etc/hostname, the running name)"),
+        "hosts": _manage_key("the cluster's block in /etc/hosts"),
+        "ssh_mesh": _manage_key(
+            "the SSH mesh (known_hosts, mesh users' keys and certificates, sshd's drop-in, the KRL)"
+        ),
+        "pdsh": _manage_key("pdsh (installed, talking ssh, its list of the nodes)"),
+        "stack": _manage_key(
+            "the pinned stack (CUDA, cuDNN, NCCL, OpenMPI, GCC packages, held; the PyTorch venv)"
+        ),
+        "nccl_env": _manage_key("the NCCL environment (profile.d, /etc/environment, nccl.conf)"),
+        "openmpi": _manage_key("each mesh user's ~/.openmpi/mca-params.conf"),
+        "launchers": _manage_key("the launcher files in /etc/trainfleet/launch"),
+        "gpu_node": _manage_key("memlock, persistence mode, the fabric manager, nvidia_peermem"),
     },
 )
 
@@ -222,6 +278,7 @@ SPEC = Section(
         "openmpi": OPENMPI,
         "gpu": GPU,
         "preflight": PREFLIGHT,
+        "manage": MANAGE,
         # `nodes` is a list of NODE sections; handled by the validator.
     },
 )

@@ -32,7 +32,7 @@ from trainfleet.grammar import (
     type_name,
 )
 from trainfleet.model import Cluster
-from trainfleet.schema import CLUSTER, NODE, SPEC
+from trainfleet.schema import CLUSTER, NODE, SPEC, preflight_python_problem
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
@@ -421,8 +421,21 @@ def _cross_checks(spec: dict[str, Any], ctx: _Ctx) -> None:
     _fqdn_rules(spec, ctx)
     _ssh_user_rules(spec, ctx)
     _driver_rules(spec["stack"], ctx)
+    _preflight_python_rules(spec, ctx)
     if not spec["cluster"]["mixed_subnets"]:
         _subnet_rules(spec["nodes"], ctx)
+
+
+def _preflight_python_rules(spec: dict[str, Any], ctx: _Ctx) -> None:
+    """An existing env's python only where the stack is not managed: a managed stack's preflight
+    tests the venv the deploy pinned and drift compares, never another env that may differ."""
+    python = spec["preflight"]["python"]
+    if python and not preflight_python_problem(python) and spec["manage"]["stack"]:
+        ctx.add(
+            ("preflight", "python"),
+            "an existing env's python needs manage.stack: false (a managed stack's preflight "
+            "tests trainfleet's venv, the one the deploy pins)",
+        )
 
 
 def _subnet_rules(nodes: list[dict[str, Any]], ctx: _Ctx) -> None:

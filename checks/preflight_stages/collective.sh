@@ -1,4 +1,4 @@
-# The collective's ranks on this node: $1 the pinned venv's python, $2 seconds, $3 the script,
+# The collective's ranks on this node: $1 the python (the pinned venv's, or preflight.python), $2 seconds, $3 the script,
 # $4 its number of ranks, then the script's arguments after LOCAL_RANK. Each rank runs at once, its output in files of its own; then each rank's
 # lines are printed behind its local rank ("3 {...}"): its steps, and when it failed its exit
 # status and the last lines it wrote to stderr, and the lines of NCCL's INFO log that say which
@@ -12,7 +12,7 @@ IFS= read -r secret || true
 case $secret in *[!0-9a-f]* | "") echo "nosecret"; exit 2 ;; esac
 printf '%s\n' "$secret" >secret || exit 97
 secret=""
-if [ ! -x "$python" ]; then echo "nopython"; exit 2; fi
+if [ ! -x "$python" ]; then echo "nopython $python"; exit 2; fi
 pids="" i=0
 while [ "$i" -lt "$count" ]; do
   NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET NCCL_DEBUG_FILE="$PWD/nccl.$i" \

@@ -324,16 +324,3 @@ def test_a_node_down_is_named_unreachable(converged):
         lab.lab.start("node2")
     run, report = drift_run()
     assert run.returncode == 0 and not report["drift"], report["findings"]
-
-
-def test_the_front_door_runs_drift_on_the_spec_alone(converged):
-    """`trainfleet drift SPEC` (#43): no inventory module, the same read-only drift run."""
-    run = subprocess.run(
-        [sys.executable, "-m", "trainfleet", "drift", str(converged.lab.lab.spec)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",  # wherever the user is: the front door finds deploy/ itself
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert "no drift: 3 nodes match the spec and each other" in run.stderr

@@ -416,15 +416,23 @@ def test_the_naive_interface_on_one_node_is_named(torch_lab):
     assert_nothing_left_running(lab)
 
 
-def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_not_as_timeouts(
-    torch_lab,
+def test_an_existing_envs_missing_python_and_a_torch_that_cannot_be_imported_are_named_per_node(
+    torch_lab, tmp_path
 ):
-    lab, inventory = torch_lab
+    """An adopted cluster's own env (``manage: {stack: false}``, ``preflight.python``; here a
+    link to the venv): missing on node2, its torch gone on node3, each named, no timeout; node1
+    runs it."""
+    lab, _ = torch_lab
+    env, python = "/opt/team/env", "/opt/team/env/bin/python"
+    adopted = lab.spec_inventory(
+        tmp_path, stack=TORCH_STACK, manage={"stack": False}, preflight={"python": python}
+    )
     torch_dir = "/opt/trainfleet/venv/lib/python3.11/site-packages/torch"
-    lab.ssh("node2", "mv /opt/trainfleet/venv /opt/trainfleet/venv.off")
+    for node in ("node1", "node3"):
+        lab.ssh(node, f"mkdir -p /opt/team && ln -sfn /opt/trainfleet/venv {env}")
     lab.ssh("node3", f"mv {torch_dir} {torch_dir}.off")
     try:
-        run, report, _ = preflight(inventory)
+        run, report, _ = preflight(adopted)
         assert run.returncode != 0
         collective = [
             (node, cause) for node, stage, cause in problems(report) if stage == "collective"
@@ -432,15 +440,15 @@ def test_a_missing_venv_and_a_torch_that_cannot_be_imported_are_named_per_node_n
         assert collective == [
             (
                 "node2",
-                "python failed: no python at /opt/trainfleet/venv/bin/python: the node has no venv "
-                "(pin stack.torch and deploy)",
+                f"python failed: no python at {python} (preflight.python): the node lacks that env",
             ),
             ("node3", "import failed: ModuleNotFoundError: No module named 'torch'"),
         ], collective
         assert "timed out" not in json.dumps(report["problems"])
     finally:
-        lab.ssh("node2", "mv /opt/trainfleet/venv.off /opt/trainfleet/venv")
         lab.ssh("node3", f"mv {torch_dir}.off {torch_dir}")
+        for node in ("node1", "node3"):
+            lab.ssh(node, "rm -rf /opt/team")
     assert_nothing_left_running(lab)
 
 

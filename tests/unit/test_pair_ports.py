@@ -262,7 +262,7 @@ def _isolation(monkeypatch, tmp_path, node1: dict[int, list[str]], node2: list[s
     }
     sent: list[dict[str, str]] = []
 
-    def command(first, count, world, master, port, backend, seconds):
+    def command(first, count, world, master, port, backend, seconds, python):
         text = "\n".join(ranks[(master, port, first)])
         return StringCommand("sh", "-c", f"'read s; cat <<\"EOF\"\n{text}\nEOF\n'")
 

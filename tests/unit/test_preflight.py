@@ -689,6 +689,49 @@ def test_a_venv_without_torch_is_named_with_pythons_own_message(planted, monkeyp
     ]
 
 
+def _env_collective(cwd, python) -> list[str]:
+    """The collective of rank 0 of 1 by the spec's ``preflight.python`` (the stack unmanaged)."""
+    cluster = parse_cluster(
+        f"manage: {{stack: false}}\npreflight: {{python: {python}}}\n"
+        "nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n"
+    )
+    command = collective_stage.collective_command(
+        0, 1, 1, "127.0.0.1", 1, "gloo", 5, cluster.job_python
+    )
+    return causes(rank_output.node_steps(_run_stage(command, cwd).stdout.splitlines(), 1)[0])
+
+
+def test_an_existing_envs_missing_python_is_named_as_the_specs_not_a_timeout(planted, tmp_path):
+    _, cwd = planted
+    python = f"{tmp_path}/conda/envs/train/bin/python"
+    assert _env_collective(cwd, python) == [
+        f"python failed: no python at {python} (preflight.python): the node lacks that env"
+    ]
+
+
+def test_an_existing_env_without_torch_is_named_with_pythons_own_message(planted, tmp_path):
+    _, cwd = planted
+    env = tmp_path / "conda"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    assert _env_collective(cwd, f"{env}/bin/python") == [
+        "import failed: ModuleNotFoundError: No module named 'torch'"
+    ]
+
+
+def test_the_smoke_job_and_the_launchers_use_the_existing_env():
+    from trainfleet.capabilities.launchers import render_launchers
+
+    cluster = parse_cluster(
+        "manage: {stack: false}\npreflight: {python: /opt/conda/envs/train/bin/python}\n"
+        "nodes:\n  - {name: gpu-a01, address: 192.0.2.11}\n"
+    )
+    smoke = smoke_stage.smoke_command(cluster, "mpirun").get_raw_value()
+    assert "/opt/conda/envs/train/bin/python" in smoke and "/opt/trainfleet" not in smoke
+    files = render_launchers(cluster, cluster.nodes[0])
+    assert "exec /opt/conda/envs/train/bin/torchrun " in files["torchrun.sh"][0]
+    assert not any("/opt/trainfleet/venv" in text for text, _ in files.values())
+
+
 def test_a_python_that_cannot_start_is_named_with_its_exit_status_and_last_words(
     planted, monkeypatch, tmp_path
 ):

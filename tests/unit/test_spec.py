@@ -80,7 +80,8 @@ def test_the_example_prod_spec_is_valid():
         (
             "- 1\n- 2\n",
             "bad.yml:1: (top level): the spec must be a mapping with a 'nodes' list, got list; "
-            "accepts: a mapping of cluster, ssh, stack, nccl, openmpi, gpu, preflight, nodes",
+            "accepts: a mapping of cluster, ssh, stack, nccl, openmpi, gpu, preflight, manage, "
+            "nodes",
         ),
         (
             "nodes:\n  - name: a\n    address: 192.0.2.1\n  - name: a\n    address: 192.0.2.2\n",

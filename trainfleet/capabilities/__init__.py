@@ -20,12 +20,15 @@ A capability module declares what the machinery loops over; what it leaves out t
 + ``met(prop, have, pin)``: whether a node's value meets a pin of its own property that is not
   written equal (a venv pin as pip's ``==`` reads it, a driver branch); ``ABSENT_ELSEWHERE``:
   the property prefixes where a node lacking one that another node has shows it as absent
++ ``MANAGED``: each ``manage`` key (a step of the deploy the spec may turn off) -> the prefixes
+  of the properties ``expect`` gives for that step ("": every one): an unmanaged step's
+  properties are still observed (and majority-voted, unique) but not expected
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
@@ -96,6 +99,14 @@ class Capability:
     wanted_contents: Callable[[NodePlan], Contents] = _no_contents
     converged: Callable[[NodePlan], dict[str, Any]] = _no_answers
     met: Callable[[str, str, str], bool] = _never_met
+    MANAGED: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def step_of(self, prop: str) -> str | None:
+        """The ``manage`` key whose step ``prop`` (one of ``expect``'s) belongs to, if any."""
+        for step, prefixes in self.MANAGED.items():
+            if prop.startswith(prefixes):
+                return step
+        return None
 
     @classmethod
     def of(cls, module: ModuleType) -> Capability:
@@ -131,6 +142,30 @@ RULES = Rules(
     health=tuple(p for cap in CAPABILITIES for p in cap.HEALTH),
     absent_elsewhere=tuple(p for cap in CAPABILITIES for p in cap.ABSENT_ELSEWHERE),
 )
+
+
+# Every step of the deploy the spec's ``manage`` may turn off, in the registry's order.
+MANAGE_STEPS = tuple(dict.fromkeys(step for cap in CAPABILITIES for step in cap.MANAGED))
+
+
+def expected_steps(plan: NodePlan) -> dict[str, tuple[str, str | None]]:
+    """Every property drift expects of the node's plan -> (its value, the ``manage`` step it
+    belongs to; None: a property no step of the deploy sets, such as the GPU count)."""
+    return {
+        prop: (value, cap.step_of(prop))
+        for cap in CAPABILITIES
+        for prop, value in cap.expect(plan).items()
+    }
+
+
+def managed_expectations(plan: NodePlan, manage: Mapping[str, bool]) -> dict[str, str]:
+    """What drift expects of the node: every capability's ``expect`` less the properties of the
+    steps ``manage`` turned off (observed and voted on, never compared with the spec)."""
+    return {
+        prop: value
+        for prop, (value, step) in expected_steps(plan).items()
+        if step is None or manage.get(step, True)
+    }
 
 
 def pins_met(seen: dict[str, str], want: dict[str, str]) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import nccl_env
@@ -21,6 +22,9 @@ from trainfleet.hw.gpudirect import DMA_BUF, PEERMEM, UNKNOWN, GdrPath, gdr_path
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render
+
+# every property it expects is its step's (manage.gpu_node)
+MANAGED = MappingProxyType({"gpu_node": ("",)})
 
 # GPU node settings every node shares (GPU-only ones are the spec's to expect)
 MAJORITY = (

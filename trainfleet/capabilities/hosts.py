@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.compare import ABSENT, Content, content, digest
@@ -13,6 +14,9 @@ from trainfleet.render import render, render_lines
 
 MAJORITY = ("hosts block",)
 UNIQUE = ("hostname",)  # no two nodes may share these
+# Two steps: the name (hostname and its /etc/hostname) and the block; a stale line in /etc/hosts
+# (a cluster name resolving elsewhere) is the job's concern either way, always expected.
+MANAGED = MappingProxyType({"hostname": ("hostname",), "hosts": ("hosts block",)})
 
 
 @dataclass(frozen=True)

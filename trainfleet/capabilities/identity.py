@@ -3,6 +3,7 @@ what every node must share (OS, kernel, GPU driver). No operation: nothing here 
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import gpu_node, hosts
@@ -13,6 +14,8 @@ from trainfleet.plan_types import NodePlan, Sections
 
 MAJORITY = ("os", "kernel", "gpu driver")
 UNIQUE = ("boot_id", "machine-id")  # no two nodes may share these
+# the driver is the stack's pin, installed with it
+MANAGED = MappingProxyType({"stack": ("gpu driver",)})
 
 
 def check_sections(users: list[str], peers: list[str]) -> Sections:

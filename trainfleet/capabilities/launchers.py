@@ -15,13 +15,16 @@ from typing import Any
 from trainfleet.capabilities import nccl_env, openmpi
 from trainfleet.capabilities.nccl_env import derived
 from trainfleet.compare import Content, content, digest
-from trainfleet.defaults import LAUNCH_DIR, VENV_DIR
+from trainfleet.defaults import LAUNCH_DIR
 from trainfleet.hccl import render_rank_table
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render_lines, variables
 from trainfleet.stamps import cut_to_multiple
 from trainfleet.text import printable
+
+# every property it expects is its step's (manage.launchers)
+MANAGED = MappingProxyType({"launchers": ("",)})
 
 # file name -> (template, mode)
 LAUNCHER_FILES = MappingProxyType(
@@ -86,7 +89,7 @@ def render_launchers(
         "cluster": cluster,
         "node": node,
         "launch_dir": launch_dir,
-        "venv": VENV_DIR,
+        "venv": cluster.job_env,  # trainfleet's venv, or the env of preflight.python
         "forward": sorted(forward),
         "forward_env": dict(sorted(forward.items())),
         "mca": mca,
@@ -255,7 +258,7 @@ def _healthy_files(
             cluster=subset,
             node=me,
             launch_dir=where if excluded else LAUNCH_DIR,
-            venv=VENV_DIR,
+            venv=subset.job_env,
             excluded=excluded,
             full_dir=LAUNCH_DIR,
         )

@@ -19,6 +19,9 @@ from trainfleet.nccl_qos import PFC_PRIORITY, TC, TRUST
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
 
+# every property it expects is its step's (manage.nccl_env)
+MANAGED = MappingProxyType({"nccl_env": ("",)})
+
 # A node's interface is its own, the spec is what counts; but the host's QoS on its RoCE rails
 # must agree across nodes (a PFC priority on one node only drops that node's frames).
 QOS_PROPERTIES = MappingProxyType(

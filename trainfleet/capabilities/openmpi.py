@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.capabilities import nccl_env, ssh_mesh
@@ -31,6 +32,9 @@ from trainfleet.model import Cluster, Node
 from trainfleet.nccl import Derived
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render_lines
+
+# every property it expects is its step's (manage.openmpi)
+MANAGED = MappingProxyType({"openmpi": ("",)})
 
 # The MCA parameters trainfleet owns; spec `openmpi.params` may add others, not these.
 PINNED = ("btl_tcp_if_include", "oob_tcp_if_include")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.compare import Content, content, digest
@@ -10,6 +11,9 @@ from trainfleet.defaults import PDSH_GENDERS
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
+
+# every property it expects is its step's (manage.pdsh)
+MANAGED = MappingProxyType({"pdsh": ("",)})
 
 MAJORITY = ("pdsh nodes",)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet import certificates, mesh
@@ -40,6 +41,9 @@ from trainfleet.mesh import (
 from trainfleet.model import Cluster, Node
 from trainfleet.plan_types import Gathered, NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.render import render, render_lines
+
+# every property it expects is its step's (manage.ssh_mesh)
+MANAGED = MappingProxyType({"ssh_mesh": ("",)})
 
 MAJORITY = ("known_hosts block", "authorized_keys")
 

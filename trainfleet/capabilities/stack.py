@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 
 from trainfleet.compare import ABSENT, PYTHON_PREFIX, Content, content, digest
@@ -42,6 +43,9 @@ from trainfleet.pins import (
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 from trainfleet.releases import cuda_problem, torch_problem
 from trainfleet.render import render
+
+# every property it expects is its step's (manage.stack)
+MANAGED = MappingProxyType({"stack": ("",)})
 
 MAJORITY = ("os", "kernel", "cuda", "torch", "gcc", "package ", PYTHON_PREFIX)
 ABSENT_ELSEWHERE = (PYTHON_PREFIX,)  # a package in one node's venv only: absent on the others
