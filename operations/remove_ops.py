@@ -19,6 +19,7 @@ from pyinfra.api.command import PyinfraCommand
 from facts.managed_block_facts import BlockState, FileRead, block_state
 from facts.openmpi_facts import OpenMpiState
 from facts.remove_facts import BLOCK_FILES, HOME_BLOCK_FILES, OWNED_FILES, BlockFile, RemoveFiles
+from facts.shell import shell
 from facts.ssh_mesh_facts import SshMeshUser
 from operations.managed_block_ops import block_change
 from operations.remote import ANY, as_user_command, fail_command, script
@@ -40,6 +41,12 @@ _REMOVE_FILE = script("remote_root_safe_dir.sh") + script("remove_file.sh")
 # Removes trainfleet's names from one of its root-owned directories (or the whole directory),
 # then the directory and its parent where they are left empty.
 _REMOVE_TREE = script("remote_root_safe_dir.sh") + script("remove_tree.sh")
+
+
+_UNLOCK = (
+    'if command -v dnf >/dev/null 2>&1; then dnf versionlock delete "$@"; '
+    'else yum versionlock delete "$@"; fi'
+)
 
 
 def delete_command(path: str, expect: str = ANY, user: str | None = None) -> StringCommand:
@@ -113,14 +120,8 @@ def holds_out(held: list[str], locked: list[str]) -> list[StringCommand]:
     commands = []
     if held:
         commands.append(StringCommand("apt-mark", "unhold", *(QuoteString(n) for n in held)))
-    if locked:
-        names = " ".join(str(QuoteString(n)) for n in locked)
-        commands.append(
-            StringCommand(
-                f"if command -v dnf >/dev/null 2>&1; then dnf versionlock delete {names}; "
-                f"else yum versionlock delete {names}; fi"
-            )
-        )
+    if locked:  # dnf where it is, else EL7's yum
+        commands.append(shell(_UNLOCK, *locked))
     return commands
 
 

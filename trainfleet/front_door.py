@@ -38,7 +38,9 @@ DOORS: Mapping[str, Door] = MappingProxyType(
         "capture": Door("deploy/capture.py", "read-only: save each node's hardware", True),
         "remediate": Door("deploy/remediate.py", "opt-in remediation of one node", False),
         "remove": Door(
-            "deploy/remove.py", "take trainfleet off every node, user bytes kept", False
+            "deploy/remove.py",
+            "undo the deploy on every node: user bytes kept, packages stay",
+            False,
         ),
     }
 )
