@@ -72,8 +72,19 @@ def removed(lab):
             lab.ssh(node, f"cat >> {path}", input=lines)
     before = {node: snapshot(lab, node) for node in NODES}
     deployed, _ = deploy_twice(LAB_INVENTORY, "deploy/cluster.py")
+    converged = snapshot(lab, "node1")
+    dry = trainfleet("remove", str(lab.lab.spec), "--dry")
+    after_dry = snapshot(lab, "node1")
     remove = trainfleet("remove", str(lab.lab.spec), "-y")
-    return SimpleNamespace(lab=lab, before=before, deployed=deployed, remove=remove)
+    return SimpleNamespace(
+        lab=lab, before=before, deployed=deployed, remove=remove, dry=(dry, converged, after_dry)
+    )
+
+
+def test_a_dry_remove_changes_nothing(removed):
+    dry, converged, after = removed.dry
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert after == converged != removed.before["node1"]
 
 
 def test_remove_leaves_every_user_byte_and_no_trainfleet_block_file_or_unit(removed):
