@@ -20,6 +20,7 @@ from pyinfra import logger
 
 from checks.publish import publish
 from checks.publish import report_path as report_file
+from checks.unmanaged import fold_unmanaged
 from facts.launchers_facts import LauncherContents
 from runtime.bundle import NodeFingerprint, plan_inputs
 from runtime.gather import gather_fact, once_per_run, preflight_exclusions, refused_sudo
@@ -163,6 +164,7 @@ def compare_fingerprints(
     report = compare(
         cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable, rules=RULES
     )
+    fold_unmanaged(report, fingerprints, cluster.mesh_users)  # after trainfleet remove
     _explain(report, plan, fingerprints, cluster.mesh_users, read_launchers)
     # Before a first deploy (adopting a running cluster) this is what the deploy would do.
     steps = {

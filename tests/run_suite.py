@@ -75,6 +75,7 @@ SHARDS = (
         "test_nccl_env.py",
         "test_two_controllers.py",
         "test_lab.py",
+        "test_remove.py",
     ),
     lab_shard(
         "c",

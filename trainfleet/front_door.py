@@ -1,4 +1,4 @@
-"""One front door: ``trainfleet deploy|drift|preflight|capture|remediate SPEC`` runs the
+"""One front door: ``trainfleet deploy|drift|preflight|capture|remediate|remove SPEC`` runs the
 matching pyinfra deploy on the inventory the spec describes (``inventories/from_spec.py``),
 with the run's options as flags instead of ``--data trainfleet_*`` strings. Every flag is
 checked, and the spec validated, before pyinfra starts: a bad value is a usage error (64), a
@@ -37,6 +37,11 @@ DOORS: Mapping[str, Door] = MappingProxyType(
         "preflight": Door("deploy/preflight.py", "read-only: can the cluster train", True),
         "capture": Door("deploy/capture.py", "read-only: save each node's hardware", True),
         "remediate": Door("deploy/remediate.py", "opt-in remediation of one node", False),
+        "remove": Door(
+            "deploy/remove.py",
+            "undo the deploy on every node: user bytes kept, packages stay",
+            False,
+        ),
     }
 )
 
@@ -58,6 +63,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
             parser.add_argument("--smoke", help="also train the smoke job with this launcher")
         if name == "remediate":
             parser.add_argument("--node", required=True, help="the one node to remediate")
+        if name == "remove":
+            parser.add_argument(
+                "--purge-venv", action="store_true", help="also delete trainfleet's venv"
+            )
 
 
 def problems(name: str, args: argparse.Namespace) -> list[str]:
@@ -97,6 +106,7 @@ def command(name: str, args: argparse.Namespace) -> tuple[list[str], dict[str, s
         "trainfleet_stale": getattr(args, "stale", None),
         "trainfleet_smoke": getattr(args, "smoke", None),
         "trainfleet_remediate": getattr(args, "node", None),
+        "trainfleet_purge_venv": "1" if getattr(args, "purge_venv", False) else None,
     }
     for key, value in data.items():
         if value:
