@@ -32,6 +32,7 @@ for user in cluster.mesh_users:
 remove_ops.system_files(
     name="trainfleet's blocks, files, units and holds out of the system",
     purge_venv=purge_venv,
+    holding=tuple(step for step in ("stack", "gpu_node") if cluster.manages(step)),
 )
 # The certificate mesh's drop-ins first, sshd reloaded (only if its drop-in was there), then
 # the host certificates trainfleet signed and the KRL: the deploy's own step for a key mesh.
@@ -41,4 +42,5 @@ ssh_mesh_ops.sshd_certificates(
     drop_in=None,
     revoked_keys=None,
 )
-remove_ops.hostname_note(name="Hostname left as it is")
+if cluster.manages("hostname"):
+    remove_ops.hostname_note(name="Hostname left as it is")

@@ -18,7 +18,14 @@ from pyinfra.api.command import PyinfraCommand
 
 from facts.managed_block_facts import BlockState, FileRead, block_state
 from facts.openmpi_facts import OpenMpiState
-from facts.remove_facts import BLOCK_FILES, HOME_BLOCK_FILES, OWNED_FILES, BlockFile, RemoveFiles
+from facts.remove_facts import (
+    BLOCK_FILES,
+    FABRIC_MANAGER,
+    HOME_BLOCK_FILES,
+    OWNED_FILES,
+    BlockFile,
+    RemoveFiles,
+)
 from facts.shell import shell
 from facts.ssh_mesh_facts import SshMeshUser
 from operations.managed_block_ops import block_change
@@ -114,6 +121,15 @@ def acs_unit_out(delete: list[PyinfraCommand], enabled: str | None) -> list[Pyin
     return [*(disable if enabled.startswith("enabled") else []), *delete, *reload]
 
 
+def held_by(steps: tuple[str, ...], names: list[str]) -> list[str]:
+    """The held packages the managed ``steps`` hold: the stack's pins (``stack``), the
+    fabric manager (``gpu_node``). A step the spec does not manage held nothing: a hold on its
+    packages is the cluster's own, and stays."""
+    return [
+        name for name in names if ("gpu_node" if FABRIC_MANAGER.search(name) else "stack") in steps
+    ]
+
+
 def holds_out(held: list[str], locked: list[str]) -> list[StringCommand]:
     """trainfleet's holds released (apt-mark unhold; dnf/yum versionlock delete): the
     packages themselves stay installed."""
@@ -139,9 +155,11 @@ def _read(files: dict[str, FileRead], path: str) -> FileRead:
     return files.get(path) or {"state": "missing", "link": False, "data": None}
 
 
-def system_files_out(found: dict, purge_venv: bool) -> list[PyinfraCommand]:
-    """Every root-owned change: blocks, whole files, the ACS unit, launcher files, holds, the
-    venv (``found``: the RemoveFiles fact)."""
+def system_files_out(
+    found: dict, purge_venv: bool, holding: tuple[str, ...] = ("stack", "gpu_node")
+) -> list[PyinfraCommand]:
+    """Every root-owned change: blocks, whole files, the ACS unit, launcher files, the holds
+    of the ``holding`` steps, the venv (``found``: the RemoveFiles fact)."""
     files = found["files"]
     commands: list[PyinfraCommand] = []
     for block in BLOCK_FILES:
@@ -151,7 +169,7 @@ def system_files_out(found: dict, purge_venv: bool) -> list[PyinfraCommand]:
         out = owned_file_out(owned.path, _read(files, owned.path), owned.content)
         commands += acs_unit_out(out, found["unit"]) if owned.path == ACS_UNIT_PATH else out
     commands += launch_dir_out(found["launch"], found["launch_link"])
-    commands += holds_out(found["held"], found["locked"])
+    commands += holds_out(held_by(holding, found["held"]), held_by(holding, found["locked"]))
     commands += venv_out(found["venv"], purge_venv)
     return commands
 
@@ -196,7 +214,7 @@ def _home_block_out(
 
 
 @operation()
-def system_files(purge_venv: bool = False):
+def system_files(purge_venv: bool = False, holding: tuple[str, ...] = ("stack", "gpu_node")):
     """
     trainfleet's root-owned files off the node: its blocks out of /etc/hosts, /etc/environment,
     /etc/nccl.conf, the system known_hosts and pdsh's lists (the rest of each file kept byte for
@@ -204,8 +222,9 @@ def system_files(purge_venv: bool = False):
     trainfleet's), the ACS boot unit and the launcher files deleted; its package holds released.
 
     + purge_venv: also delete trainfleet's venv (``/opt/trainfleet/venv``)
+    + holding: the steps whose holds are trainfleet's (those the spec manages)
     """
-    commands = system_files_out(fact(RemoveFiles), purge_venv)
+    commands = system_files_out(fact(RemoveFiles), purge_venv, holding)
     if not commands:
         host.noop("no trainfleet block, file, unit or hold in the system's files")
         return

@@ -16,9 +16,6 @@ README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 README_MAX_LINES = 250
-# Written by another part of issue #43 on its own branch: a link to it is accepted while the
-# file is absent here; once it exists it is checked like every other page.
-WRITTEN_ELSEWHERE = {DOCS / "adopt.md", DOCS / "remove.md"}
 
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -65,8 +62,7 @@ def test_every_relative_link_leads_somewhere(page):
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if not dest.exists():
-            if dest not in WRITTEN_ELSEWHERE:
-                broken.append(f"{target}: no such file")
+            broken.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target}: no heading #{anchor} in {dest.relative_to(REPO)}")
     assert broken == [], f"{page.relative_to(REPO)}: broken links"

@@ -195,6 +195,14 @@ def test_holds_are_released_packages_stay_and_the_venv_goes_only_when_asked():
     assert isinstance(refused, FailCommand)
 
 
+def test_a_step_the_spec_does_not_manage_keeps_its_holds_they_are_the_clusters_own():
+    held = ["cuda-toolkit-12-4", "libnccl2", "nvidia-fabricmanager-550"]
+    assert remove_ops.held_by(("stack", "gpu_node"), held) == held
+    assert remove_ops.held_by(("gpu_node",), held) == ["nvidia-fabricmanager-550"]
+    assert remove_ops.held_by(("stack",), held) == ["cuda-toolkit-12-4", "libnccl2"]
+    assert remove_ops.held_by((), held) == []
+
+
 def test_the_acs_unit_is_disabled_deleted_and_systemd_told():
     delete = [remove_ops.delete_command("/etc/systemd/system/trainfleet-acs.service")]
     commands = [c.get_raw_value() for c in remove_ops.acs_unit_out(delete, "enabled")]
