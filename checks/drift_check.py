@@ -164,7 +164,6 @@ def compare_fingerprints(
     report = compare(
         cluster.name, [n.name for n in cluster.nodes], observed, expected, unreachable, rules=RULES
     )
-    fold_unmanaged(report, fingerprints, cluster.mesh_users)  # after trainfleet remove
     _explain(report, plan, fingerprints, cluster.mesh_users, read_launchers)
     # Before a first deploy (adopting a running cluster) this is what the deploy would do.
     steps = {
@@ -173,6 +172,9 @@ def compare_fingerprints(
     }
     report.not_managed = cluster.unmanaged
     report.would_change = deploy_changes(report.findings, steps)
+    # A node trainfleet is not on (never deployed, or after trainfleet remove): its spec
+    # findings fold into one "not managed", once what a deploy would change is taken from them.
+    fold_unmanaged(report, fingerprints, cluster.mesh_users)
     return report
 
 

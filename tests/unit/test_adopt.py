@@ -287,6 +287,26 @@ def test_drift_on_fresh_nodes_says_per_step_and_node_what_a_deploy_would_change(
     ]
 
 
+def test_a_node_trainfleet_never_touched_is_not_managed_and_drift_still_says_what_would_change(
+    fleet,
+):
+    untouched = _bare(_fingerprints(fleet, fleet.converged))
+    for fp in untouched.values():  # no trace of trainfleet at all (checks.unmanaged)
+        fp["known_hosts"]["block"] = None
+        for user in fleet.cluster.mesh_users:
+            fp[f"mesh_user:{user}"]["authorized"]["block"] = None
+            fp[f"mesh_user:{user}"]["config"]["block"] = None
+        fp["launchers"] = {}
+    report = _drift(fleet, untouched, hostname=False)
+    nodes = {n.name for n in fleet.cluster.nodes}
+    # one "not managed" per node instead of each missing block, and what a deploy would do
+    assert {(f.node, f.property) for f in report.findings if f.kind == "spec"} == {
+        (node, "trainfleet") for node in nodes
+    }
+    assert {"hosts", "pdsh", "ssh_mesh", "launchers"} <= set(report.would_change)
+    assert all(set(on) == nodes for on in report.would_change.values())
+
+
 def test_a_converged_report_says_nothing_would_change():
     report = _report([])
     assert report.would_change == {} and "would_change" not in report.to_json()
