@@ -222,6 +222,9 @@ def _door(args: argparse.Namespace) -> int:
         return EXIT_BAD_SPEC
     for warning in spec_warnings(cluster):  # what `check` warns of, before any host is reached
         print(warning.line(args.spec), file=sys.stderr)
+    if problems := front_door.node_problems(args, [node.name for node in cluster.nodes]):
+        print("\n".join(f"{_prog()} {args.command}: {p}" for p in problems), file=sys.stderr)
+        return EXIT_USAGE
     if not (front_door.REPO / front_door.DOORS[args.command].deploy).is_file():
         print(
             f"{_prog()}: no deploy/ beside the package: run from a trainfleet checkout",

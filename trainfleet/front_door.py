@@ -8,6 +8,7 @@ it."""
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ from pathlib import Path
 from types import MappingProxyType
 
 from trainfleet import metrics, stamps
+from trainfleet.node_sets import fold
 from trainfleet.schema import smoke_launcher_problem
 
 REPO = Path(__file__).resolve().parents[1]  # deploy/ and inventories/ beside the package
 INVENTORY = "inventories/from_spec.py"
+NODES_GROUP = "nodes"  # the inventory's group of every node
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,20 @@ def problems(name: str, args: argparse.Namespace) -> list[str]:
         found.append(f"--smoke: {problem}")
     if args.dry and args.yes:
         found.append("--dry and -y: a dry run never asks, and pyinfra's -y turns its checks off")
+    return found
+
+
+def node_problems(args: argparse.Namespace, names: list[str]) -> list[str]:
+    """``--limit`` and ``--node`` against the spec's nodes, before pyinfra starts: a limit
+    that matches no node would run on nothing and pass, having checked nothing. pyinfra's
+    ``--limit`` takes host and group names (``nodes``: every node) and globs, comma-separated."""
+    found = []
+    for part in filter(None, (getattr(args, "limit", None) or "").split(",")):
+        if part != NODES_GROUP and not fnmatch.filter(names, part):
+            found.append(f"--limit: {part!r} matches no node of the spec ({fold(names)})")
+    node = getattr(args, "node", None)
+    if node is not None and node not in names:
+        found.append(f"--node: {node!r} is no node of the spec ({fold(names)})")
     return found
 
 

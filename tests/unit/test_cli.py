@@ -175,6 +175,20 @@ def test_the_front_door_builds_pyinfras_command_and_refuses_bad_flags_before_it(
         run = _run(_installed(), *argv)
         assert run.returncode == 64 and why in run.stderr, (argv, run.stderr)
     assert _run(_installed(), "remediate", "inventories/prod.yml").returncode == 64  # no --node
+    # --limit and --node against the spec's nodes: a limit matching none would check nothing
+    names = ["gpu-a01", "gpu-a02"]
+    for ok in (["--limit", "gpu-a01"], ["--limit", "gpu-a0*,nodes"], []):
+        assert front_door.node_problems(parser.parse_args(["drift", "x.yml", *ok]), names) == []
+    (limit,) = front_door.node_problems(
+        parser.parse_args(["drift", "x.yml", "--limit", "gpu-a01,gpu-b*"]), names
+    )
+    assert limit == "--limit: 'gpu-b*' matches no node of the spec (gpu-a[01-02])"
+    (node,) = front_door.node_problems(
+        parser.parse_args(["remediate", "x.yml", "--node", "gpu-a03"]), names
+    )
+    assert node.startswith("--node: 'gpu-a03' is no node of the spec")
+    run = _run(_installed(), "remediate", "inventories/prod.yml", "--node", "gpu-a03")
+    assert run.returncode == 64 and "--> " not in run.stderr  # pyinfra never started
     bad = tmp_path / "bad.yml"
     bad.write_text("nodes: 3\n")
     assert _run(_installed(), "drift", str(bad)).returncode == 2

@@ -355,10 +355,12 @@ def test_check_json_carries_the_warnings_and_strict_turns_ok_false(specs, tmp_pa
 
 def test_the_front_door_prints_the_warnings_before_pyinfra_runs(specs, tmp_path):
     _, warn = specs
+    # a limit that matches no node: the warnings, then the refusal, and no host is reached
     door = run("drift", str(warn), "--limit", "no-such-node", home=tmp_path)
     lines = door.stderr.splitlines()
     assert lines[:2] == [w.line(str(warn)) for w in spec_warnings(load_cluster(warn))], door.stderr
-    assert "--> Loading inventory..." in lines[2:]  # then pyinfra, on the spec's inventory
+    assert door.returncode == 64 and "--> Loading inventory..." not in door.stderr
+    assert lines[2].endswith("--limit: 'no-such-node' matches no node of the spec (a,b)"), lines
 
 
 def test_the_page_lists_every_warning_by_its_key():
