@@ -272,3 +272,26 @@ class LabController:
             """)
         )
         return str(inventory)
+
+
+def front_door(*args: str) -> subprocess.CompletedProcess[str]:
+    """``trainfleet ARGS`` as a user runs it, from elsewhere (the front door finds deploy/
+    itself); drift's JSON report on stdout too."""
+    return subprocess.run(
+        [sys.executable, "-m", "trainfleet", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd="/",
+        env={**os.environ, "TRAINFLEET_DRIFT_JSON": "-"},
+    )
+
+
+def adopted_spec(spec: Path, folder: Path) -> Path:
+    """The lab's spec, adopting the nodes with their own hostnames
+    (``manage: {hostname: false}``), written in ``folder``."""
+    adopted = yaml.safe_load(spec.read_text())
+    adopted["manage"] = {"hostname": False}
+    path = folder / "adopted.yml"
+    path.write_text(yaml.safe_dump(adopted, sort_keys=False))
+    return path

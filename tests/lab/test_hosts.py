@@ -5,18 +5,23 @@ front door's deploy with ``manage: {hostname: false}``; then the whole spec rena
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
-from tests.lab.harness import LAB_INVENTORY, deploy_twice, on_every_node, pyinfra, readmit
+from tests.lab.harness import (
+    LAB_INVENTORY,
+    adopted_spec,
+    deploy_twice,
+    front_door,
+    on_every_node,
+    pyinfra,
+    readmit,
+)
 
 DEPLOY = "deploy/cluster.py"
 BEGIN = "# BEGIN trainfleet managed block: cluster hosts (do not edit)"
@@ -28,18 +33,6 @@ ADOPTED = ("/etc/hostname", "/etc/hosts", "/etc/environment")
 # pyinfra's results table: an operation's name, then its hosts, successes (changes), errors and
 # no-change counts ("-" for none)
 RESULT_ROW = re.compile(r" {4}(.+?) +([0-9]+) +([0-9]+|-) +([0-9]+|-) +([0-9]+|-) *")
-
-
-def front_door(*args: str) -> subprocess.CompletedProcess[str]:
-    """``trainfleet ARGS`` as a user runs it, from elsewhere; drift's JSON on stdout."""
-    return subprocess.run(
-        [sys.executable, "-m", "trainfleet", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",
-        env={**os.environ, "TRAINFLEET_DRIFT_JSON": "-"},
-    )
 
 
 def changed_by(run: subprocess.CompletedProcess[str]) -> dict[str, int]:
@@ -75,10 +68,7 @@ def _held(out: str, resolve: tuple[str, ...]) -> dict[str, str]:
 def adopt(lab, tmp_path: Path) -> SimpleNamespace:
     """The lab as a running cluster: its own hostnames, a user's lines in /etc/hosts and
     /etc/environment; drift before any deploy, the adopting deploy twice, drift after."""
-    spec = yaml.safe_load(lab.lab.spec.read_text())
-    spec["manage"] = {"hostname": False}
-    spec_file = tmp_path / "adopted.yml"
-    spec_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    spec_file = adopted_spec(lab.lab.spec, tmp_path)
     drift_before = front_door("drift", str(spec_file))
     untouched = held(lab)  # the first contact wrote nothing
     first = front_door("deploy", str(spec_file), "-y")

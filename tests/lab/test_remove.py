@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import base64
 import shlex
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from facts.remove_facts import BLOCK_FILES, HOME_BLOCK_FILES, OWNED_FILES
-from tests.lab.harness import pyinfra
+from tests.lab.harness import adopted_spec, front_door, pyinfra
 from trainfleet.defaults import LAUNCH_DIR, MESH_KEY_NAME
 
 NODES = ("node1", "node2", "node3")
@@ -64,16 +61,6 @@ def snapshot(lab, node: str) -> dict[str, bytes | None]:
     return {"hostname": running.encode(), **files}
 
 
-def trainfleet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trainfleet", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd="/",  # wherever the user is: the front door finds deploy/ itself
-    )
-
-
 @pytest.fixture(scope="module")
 def removed(lab, tmp_path_factory):
     """A fresh lab, each node with its own hostname and the user's lines, adopted keeping its
@@ -83,19 +70,16 @@ def removed(lab, tmp_path_factory):
         for path, lines in USER_LINES.items():
             lab.ssh(node, f"cat >> {path}", input=lines)
     before = {node: snapshot(lab, node) for node in NODES}
-    spec = yaml.safe_load(lab.lab.spec.read_text())
-    spec["manage"] = {"hostname": False}
-    adopted = tmp_path_factory.mktemp("remove") / "adopted.yml"
-    adopted.write_text(yaml.safe_dump(spec, sort_keys=False))
+    adopted = adopted_spec(lab.lab.spec, tmp_path_factory.mktemp("remove"))
     env = {"TRAINFLEET_SPEC": str(adopted)}
     deployed = pyinfra(FROM_SPEC, "deploy/cluster.py", env=env)
     assert deployed.returncode == 0, deployed.describe()
     again = pyinfra(FROM_SPEC, "deploy/cluster.py", env=env)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
     converged = snapshot(lab, "node1")
-    dry = trainfleet("remove", str(adopted), "--dry")
+    dry = front_door("remove", str(adopted), "--dry")
     after_dry = snapshot(lab, "node1")
-    remove = trainfleet("remove", str(adopted), "-y")
+    remove = front_door("remove", str(adopted), "-y")
     return SimpleNamespace(
         lab=lab,
         spec=adopted,
@@ -133,7 +117,7 @@ def test_a_second_remove_changes_nothing(removed):
 
 
 def test_drift_says_not_managed_after_remove(removed):
-    drift = trainfleet("drift", str(removed.spec))
+    drift = front_door("drift", str(removed.spec))
     assert drift.returncode == 1, drift.stdout + drift.stderr
     for node in NODES:  # one finding each, not a list of missing blocks and files
         said = [line for line in drift.stderr.splitlines() if f"[{node}] trainfleet: drift" in line]
