@@ -24,28 +24,33 @@ from trainfleet.hw.sources import STATUS_FILE
 from trainfleet.metrics import report_registry
 
 H100 = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "hardware" / "h100_device"
-SOURCES = {  # what the H100's capture holds (tests/fixtures/hardware/h100_capture)
+SOURCES = {  # what the H100's capture holds (tests/fixtures/hardware/h100_device)
     "nvidia-smi-q.xml": "ok",
     "nvidia-smi-nvlink-s.txt": "ok",
     "nvidia-smi-topo-m.txt": "ok",
     "lspci-vvv.txt": "ok",
     "dmesg.txt": "ok",
     "cmdline": "ok",
-    "cpuinfo": "absent",
+    "cpuinfo": "absent",  # not captured on that machine (its capture script predates it)
     "sys-class-infiniband": "absent",
 }
+
+
+def h100_node(folder: Path) -> None:
+    """The one real H100 node's capture laid out in ``folder`` (made), as a capture saves it:
+    each source it holds and the status of each (the tests copy it too)."""
+    folder.mkdir(parents=True)
+    for name, status in SOURCES.items():
+        if status == "ok":
+            (folder / name).write_bytes((H100 / name).read_bytes())
+    (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in SOURCES.items()))
 
 
 def h100_properties() -> dict[str, str]:
     """The one real H100 node's observed properties, as the offline judge reads them."""
     with tempfile.TemporaryDirectory() as tmp:
-        node = Path(tmp) / "capture" / "gpu001"
-        node.mkdir(parents=True)
-        for name, status in SOURCES.items():
-            if status == "ok":
-                (node / name).write_bytes((H100 / name).read_bytes())
-        (node / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in SOURCES.items()))
-        return dict(judge(node.parent).observed["gpu001"])
+        h100_node(Path(tmp) / "capture" / "gpu001")
+        return dict(judge(Path(tmp) / "capture").observed["gpu001"])
 
 
 def fleet(nodes: int, one: dict[str, str]) -> Report:

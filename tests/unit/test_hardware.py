@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.report_render import SOURCES as H100_SOURCES
+from bench.report_render import h100_node
 from checks import drift_check
 from checks.capture_save import node_files, save_nodes, write_node
 from facts.hardware_facts import HardwareSources, HardwareState
@@ -38,17 +40,6 @@ H100 = HW / "h100_device"  # one H100 SXM5 in a KVM guest, captured by capture_o
 GPU_CAPTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpu_node" / "captures"
 HGX_LSPCI = HW / "lspci" / "lspci-vvv_gpud-hgx-h100_acs-srcvalid-and-downgraded.txt"
 IB_TREE = HW / "infiniband" / "sys-class-infiniband-h100.0"
-# the device capture's sources, as a capture saves them (sources.txt: each one's status)
-H100_SOURCES = {
-    "nvidia-smi-q.xml": "ok",
-    "nvidia-smi-nvlink-s.txt": "ok",
-    "nvidia-smi-topo-m.txt": "ok",
-    "lspci-vvv.txt": "ok",
-    "dmesg.txt": "ok",
-    "cmdline": "ok",
-    "sys-class-infiniband": "absent",
-    "cpuinfo": "absent",  # not captured on that machine (its capture script predates it)
-}
 
 
 def read(path: Path) -> str:
@@ -238,12 +229,7 @@ def capture(tmp: Path, nodes: int = 4, faults: dict | None = None) -> Path:
     line), one line changed."""
     root = tmp / "capture"
     for i in range(1, nodes + 1):
-        folder = root / f"node{i}"
-        folder.mkdir(parents=True)
-        for name, status in H100_SOURCES.items():
-            if status == "ok":
-                shutil.copy(H100 / name, folder / name)
-        (folder / STATUS_FILE).write_text("".join(f"{n} {s}\n" for n, s in H100_SOURCES.items()))
+        h100_node(root / f"node{i}")
     for node, (name, old, new) in (faults or {}).items():
         path = root / node / name
         text = read(path)
