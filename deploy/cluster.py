@@ -77,7 +77,8 @@ def user_trusts_exactly_the_mesh(user: MeshUserPlan, trust_if: Any, in_their_hom
 # node. pyinfra runs each operation on every node before the next one starts, so a mesh that
 # moves (keys <-> certificates, a new CA) first trusts the old way and the new everywhere;
 # then nodes change what they present (while moving: only if no node failed its trust step);
-# then, only in a run that reached every node without a failure, the old trust is dropped.
+# then, only in a run that reached every node without a failure, the old trust is dropped,
+# a few seconds later (MESH_MOVE_GRACE_SECONDS): a login under way finishes under it first.
 # A revoked key goes at once. Each user's steps come before the next user's. The root-owned
 # steps (known_hosts, sshd, root's own files) come first, their old trust dropped before any
 # step in another mesh user's home, which that user can make fail every run: such a failure
@@ -109,6 +110,10 @@ def ssh_mesh_steps(mesh: SshMeshPlan) -> None:
     for user in root_owned:
         user_joins_the_mesh(
             user, None, no_host_failed if user.moving else None, in_their_home=False
+        )
+    if mesh.moving:
+        ssh_mesh_ops.logins_under_way_finish(
+            name="Logins under way finish before the old trust goes", _if=whole_cluster_healthy
         )
     ssh_mesh_ops.known_hosts(
         name="known_hosts trusts exactly the cluster's hosts (/etc/ssh/ssh_known_hosts)",

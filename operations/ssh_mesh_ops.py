@@ -23,6 +23,7 @@ from trainfleet.blocks import split_block, with_block
 from trainfleet.defaults import (
     HOST_CERT_SUFFIX,
     MESH_KEY_NAME,
+    MESH_MOVE_GRACE_SECONDS,
     REVOKED_KEYS,
     SSH_MESH_CONF,
     SSHD_MESH_CONF,
@@ -125,6 +126,19 @@ def sshd_certificates(
         yield reload_sshd_command()
     if stale:
         yield StringCommand("rm", "-f", "--", *stale)
+
+
+@operation()
+def logins_under_way_finish(seconds: int = MESH_MOVE_GRACE_SECONDS):
+    """
+    Wait before a moving mesh drops its old trust. Every node presents the new identity by
+    now, but a login that began before (its ssh read the old certificate or key, its sshd
+    showed the old host certificate) may still be authenticating; dropping the old trust under
+    it refuses it halfway. Declared only in a run where the mesh moves (``SshMeshPlan.moving``).
+
+    + seconds: how long (``MESH_MOVE_GRACE_SECONDS``)
+    """
+    yield StringCommand("sleep", str(int(seconds)))
 
 
 @operation()

@@ -22,6 +22,10 @@ HOST_CERT_SUFFIX = (
     "-cert.pub"  # /etc/ssh/ssh_host_<type>_key-cert.pub, ~/.ssh/id_trainfleet-cert.pub
 )
 RENEW_FRACTION = 3  # the deploy signs again once less than 1/3 of the validity is left
+# A mesh that moves (keys <-> certificates, a new CA) waits this long once every node presents
+# the new identity, before any node drops the old trust: a login already under way (its ssh
+# read the old certificate, or its sshd still shows the old host certificate) finishes first.
+MESH_MOVE_GRACE_SECONDS = 5
 
 # pdsh
 PDSH_RCMD_DEFAULT = "/etc/pdsh/rcmd_default"  # read by Debian's pdsh wrapper

@@ -39,16 +39,21 @@ MESH_FILES = [
 # only a login that fails twice ("fail") is a broken mesh; the retries are counted too. Rounds
 # are a quarter second apart: jobs log in often, but a hot loop of logins on every node would
 # take the CPU the deploy under test needs (and a login's own handshake takes longer than that).
+# Each line carries when its login began and ended (epoch seconds), to set beside the deploy's
+# steps when one fails. A login under way when the nodes change what they present finishes
+# before the old trust goes (the deploy waits MESH_MOVE_GRACE_SECONDS): without the wait a CI
+# run saw a retry refused halfway, the old trust dropped about 0.6 s after sshd's restart.
 PROBER = r"""
 log=/run/tf-prober.log stop=/run/tf-prober.stop
 rm -f "$stop"; : > "$log"
 login() { ssh -n -o BatchMode=yes -o StrictHostKeyChecking=yes -o ConnectTimeout=5 "$1" true 2>&1; }
 while [ ! -e "$stop" ]; do
   for peer in {peers}; do
-    if out=$(login "$peer"); then echo "ok $peer" >> "$log"
+    t0=$(date +%s.%N)
+    if out=$(login "$peer"); then echo "ok $peer $t0 $(date +%s.%N)" >> "$log"
     elif sleep 0.2; again=$(login "$peer")
-    then echo "again $peer $(echo "$out" | tr '\r\n' '  ')" >> "$log"
-    else echo "fail $peer $(echo "$out $again" | tr '\r\n' '  ')" >> "$log"
+    then echo "again $peer $t0 $(date +%s.%N) $(echo "$out" | tr '\r\n' '  ')" >> "$log"
+    else echo "fail $peer $t0 $(date +%s.%N) $(echo "$out $again" | tr '\r\n' '  ')" >> "$log"
     fi
   done
   sleep 0.25
@@ -56,6 +61,7 @@ done
 echo done >> "$log"
 """
 SSHD_RESTART = "Received SIGHUP; restarting."
+GRACE = "Logins under way finish before the old trust goes"
 
 
 def start_probers(lab) -> None:
@@ -171,6 +177,7 @@ def test_a_key_mesh_moves_to_certificates_in_one_deploy_with_every_login_working
     assert move.returncode == 0, move.describe()
     again = pyinfra(LAB_INVENTORY, DEPLOY)
     assert again.returncode == 0 and again.changed() == {}, again.describe()
+    assert set(move.changed()[GRACE]) == set(NODES)
 
     # Every login of every prober worked, before, during and after the move; each pair was tried.
     assert_every_login_worked(logs, restarts)
@@ -439,6 +446,7 @@ def test_a_new_cluster_ca_takes_over_in_one_deploy_with_every_login_working_thro
     assert again.returncode == 0 and again.changed() == {}, again.describe()
 
     assert_every_login_worked(logs, restarts)
+    assert set(move.changed()[GRACE]) == set(NODES)  # the moving run waited; the re-run did not
     # The move's run put the old CA in the KRL (no node failed): every sshd and ssh refuses
     # whatever it signed, and the re-run above, the store settled, changed nothing.
     assert set(

@@ -1749,6 +1749,22 @@ def simulate_run(monkeypatch, cluster: Cluster, plan: ClusterPlan, fails: set[tu
 
 
 WITH_BOB = MIXED.replace("[root, alice]", "[root, alice, bob]")
+GRACE = "Logins under way finish before the old trust goes"
+
+
+def test_a_mesh_that_does_not_move_does_not_wait(tmp_path, monkeypatch):
+    """The wait before old trust goes is declared only in a run where the mesh moves: a
+    converged mesh's deploy has no such step (a re-run changes nothing, and costs no time)."""
+    from tests.unit.test_plan import deploy_order
+
+    cluster = parse_cluster(WITH_BOB)
+    old = plan_of(cluster, tmp_path / "keys")
+    plan = planned(
+        cluster, converged_gathered(cluster, old), KeyStore("mix", root=tmp_path / "keys")
+    )
+    assert not plan.nodes["gpu-a01"].ssh_mesh.moving
+    ops = [op for op, _ in deploy_order(monkeypatch, cluster, "gpu-a01", plan)]
+    assert "ssh_mesh.mesh_user" in ops and "ssh_mesh.logins_under_way_finish" not in ops
 
 
 def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowhere_else(
@@ -1783,6 +1799,12 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
         assert sorted(ran[name]) == every, name  # gpu-a02's root files too
     assert sorted(ran["alice trusts exactly the mesh"]) == others
     assert sorted(ran["bob trusts exactly the mesh"]) == every
+    # Between presenting the new CA and dropping the old one, every node waits once: a login
+    # under way finishes under the old trust (MESH_MOVE_GRACE_SECONDS).
+    order = list(ran)
+    assert sorted(ran[GRACE]) == every
+    assert order.index("SSH mesh for root") < order.index(GRACE)
+    assert order.index(GRACE) < min(order.index(n) for n in order if "exactly" in n)
     # gpu-a02's KRL takes the old CA too, and gpu-a02 alone is failed, after it.
     settled = "Revoked mesh keys and the old CA (/etc/ssh/trainfleet_revoked_keys)"
     assert sorted(ran[settled]) == every
@@ -1808,6 +1830,7 @@ def test_after_rotate_ca_a_mesh_user_failing_on_one_node_keeps_the_old_ca_nowher
         {("gpu-a02", "sshd presents its host certificates, refuses revoked keys")},
     )
     assert not [name for name in held if "exactly" in name or name.startswith("SSH mesh for")]
+    assert GRACE not in held  # nothing old is dropped: nothing to wait for
     assert sorted(held["Revoked mesh keys (/etc/ssh/trainfleet_revoked_keys)"]) == others
     assert failed == {"gpu-a02"}
 

@@ -145,6 +145,7 @@ def deploy_order(
                 "sshd_certificates",
                 "revoked_keys",
                 "mesh_users_failed",
+                "logins_under_way_finish",
             ],
         ),
         (pdsh_ops, ["pdsh"]),

@@ -281,6 +281,11 @@ class SshMeshPlan:
     users: list[MeshUserPlan]  # empty in a plan made without the key store
     sshd: SshdPlan | None  # None in a plan made without the key store
 
+    @property
+    def moving(self) -> bool:
+        """Some node trusts another way now (a host or a user): this run drops the old trust."""
+        return bool(self.sshd and self.sshd.moving) or any(user.moving for user in self.users)
+
 
 def _known_hosts(
     ctx: PlanContext, keys: KeyMaterial | None, certs: mesh.Certificates | None
