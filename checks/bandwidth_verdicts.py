@@ -139,6 +139,51 @@ def busbw_median(measured: dict[tuple[str, ...], float]) -> float | None:
     return statistics.median(best.values()) if best else None
 
 
+def slow_pairs(
+    measured: dict[tuple[str, ...], float], floor: float | None, fraction: float
+) -> list[tuple[str, ...]]:
+    """The pairs a measurement finds slow: a node pair under ``fraction`` of the median or the
+    floor, a lone node (intra-node) under the floor. Each is measured once more before it is
+    judged (``confirmed_rounds``)."""
+    median = busbw_median({pair: bw for pair, bw in measured.items() if len(pair) == 2})
+    return [
+        pair
+        for pair, bw in measured.items()
+        if (
+            _slow(bw, median, floor, fraction)
+            if len(pair) == 2
+            else floor is not None and bw < floor
+        )
+    ]
+
+
+def confirmed_rounds(
+    rounds: list[list[tuple[str, ...]]], again: list[tuple[str, ...]]
+) -> list[list[tuple[str, ...]]]:
+    """The stage's rounds with only the pairs to measure again (a node still in one pair per
+    round), empty rounds dropped."""
+    wanted = set(again)
+    return [kept for pairs in rounds if (kept := [pair for pair in pairs if pair in wanted])]
+
+
+def better_of_two(first: dict[str, Any], second: dict[str, Any] | None) -> dict[str, Any]:
+    """A pair's figures once measured twice: the better measurement (noise on a shared host
+    only ever slows a pair; a slow link or node is slow both times), with both busbw figures
+    (``measured_gbps``; None where the second gave no figure)."""
+    both = [first["busbw_gbps"], second["busbw_gbps"] if second else None]
+    better = second if second and second["busbw_gbps"] > first["busbw_gbps"] else {}
+    return {**first, **better, "measured_gbps": both}
+
+
+def twice_text(figures: dict[str, Any]) -> str:
+    """ " (measured twice: 0.23, 0.75 GB/s)" for a pair measured again, else ""."""
+    both = figures.get("measured_gbps")
+    if not both:
+        return ""
+    shown = ", ".join("no figure" if bw is None else f"{bw:.2f}" for bw in both)
+    return f" (measured twice: {shown} GB/s, the better judged)"
+
+
 def node_figures(details: dict[str, Any]) -> dict[str, dict[str, float | None]]:
     """Each measured node's best pair's bus bandwidth and the cluster's median (GB/s), from the
     bandwidth stage's details: what the stamps keep."""
@@ -156,8 +201,10 @@ def bandwidth_problems(
     floor: float | None,
     fraction: float = BUSBW_FRACTION,
     nodes: list[str] | None = None,
+    median: float | None = None,
 ) -> list[Problem]:
-    """Each pair against the cluster's median (``busbw_median``): under ``fraction`` of it, or
+    """Each pair against the cluster's median (``busbw_median``; ``median``: the one the first
+    measurement gave, where slow pairs were measured again): under ``fraction`` of it, or
     under the spec's ``floor`` (GB/s, None: none), it is slow. The slow pairs are judged by
     their pattern (checks.attribution): a node slow with every partner (each fast elsewhere) is
     the slow node, named alone with its figure and the median; a pair slow only together is a
@@ -175,7 +222,7 @@ def bandwidth_problems(
         if len(pair) == 1 and floor is not None and bw < floor
     ]
     pairs = {pair: bw for pair, bw in measured.items() if len(pair) == 2}
-    median = busbw_median(pairs)
+    median = busbw_median(pairs) if median is None else median
     slow = {pair: bw for pair, bw in pairs.items() if _slow(bw, median, floor, fraction)}
     if not slow or median is None:
         return problems
@@ -248,12 +295,13 @@ def retest_pairs(
     floor: float | None,
     fraction: float,
     nodes: list[str],
+    median: float | None = None,
 ) -> list[tuple[str, str]]:
     """(a partner known good, the suspect) for each node the ring could not tell from its slow
     partners (slow only with nodes slow themselves), each partner a node in no slow pair, one
     pair per partner (the pairs run at once): the re-test tells whether it is slow itself."""
     pairs = {pair: bw for pair, bw in measured.items() if len(pair) == 2}
-    median = busbw_median(pairs)
+    median = busbw_median(pairs) if median is None else median
     slow = [pair for pair, bw in pairs.items() if _slow(bw, median, floor, fraction)]
     if not slow or median is None:
         return []

@@ -31,7 +31,9 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     failed, when no pair runs, so the longer of the two counts. From RETEST_MIN_NODES nodes the
     bandwidth stage may re-test suspects with partners known good: one more round. Where nodes
     may have several rails (a GPU node's HCAs, the spec's ``preflight.rails``), the same rounds
-    of pairs rail by rail follow, in a command of their own."""
+    of pairs rail by rail follow, in a command of their own. The pairs (and rail pairs) the
+    first measurement finds slow are measured once more, in their rounds: at worst every
+    round again."""
     nodes = len(cluster.nodes)
     rounds, _ = bandwidth_plan(cluster)
     retest = rounds and nodes >= RETEST_MIN_NODES  # a suspect re-tested: one more round
@@ -50,9 +52,12 @@ def worst_case(cluster: Cluster, smoke: str | None = None) -> dict[str, int]:
     steps["collective and bandwidth"] = max(
         collective + WAIT, BOUNDS["collective"] + WAIT + 2 * (BOUNDS["isolation"] + WAIT)
     )
+    if rounds:  # the slow pairs measured again (checks.bandwidth_stage.measure_again)
+        steps["slow pairs again"] = BOUNDS["bandwidth"] * len(rounds) + WAIT
     if rounds and len(cluster.nodes) > 1 and rail_bound(cluster):
-        # the rail pairs (checks.rail_stage): the node pairs' rounds again, one command after
-        steps["rails"] = BOUNDS["bandwidth"] * len(rounds) + WAIT
+        # the rail pairs (checks.rail_stage): the node pairs' rounds again, one command after,
+        # and the slow ones once more
+        steps["rails"] = 2 * (BOUNDS["bandwidth"] * len(rounds) + WAIT)
     if smoke:
         steps["smoke"] = BOUNDS["smoke"] + WAIT
     return steps

@@ -118,18 +118,36 @@ def rail_medians(measured: dict[RailPair, float]) -> dict[int, float]:
     return {r: m for r, pairs in by_rail.items() if (m := busbw_median(pairs)) is not None}
 
 
+def slow_rail_pairs(measured: dict[RailPair, float], fraction: float) -> list[RailPair]:
+    """The rail pairs a measurement finds slow as ``rail_problems`` judges them: every pair of
+    a rail whose median is under ``fraction`` of the best rail's, and each pair under
+    ``fraction`` of its own rail's median. Each is measured once more before it is judged."""
+    medians = rail_medians(measured)
+    best = max(medians.values(), default=None)
+    slow = []
+    for (pair, r), bw in measured.items():
+        median = medians.get(r)
+        if median is None or best is None:
+            continue
+        if (len(medians) > 1 and median < fraction * best) or bw < fraction * median:
+            slow.append((pair, r))
+    return slow
+
+
 def rail_problems(
     measured: dict[RailPair, float],
     rails: dict[str, list[str]],
     fraction: float,
     nodes: list[str],
+    medians: dict[int, float] | None = None,
 ) -> list[Problem]:
     """Each rail judged alone: a rail whose median is under ``fraction`` of the best rail's is
     slow on every node (named on each of them: the rail's fabric, no one node); else its pairs
     against its own median, by their pattern (checks.attribution): a node's rail slow with every
     partner is named on that node with its rail, a rail pair slow only together is a link on
-    that rail, a pattern nothing explains names every node of the rail alike."""
-    medians = rail_medians(measured)
+    that rail, a pattern nothing explains names every node of the rail alike. ``medians``:
+    the first measurement's, where slow rail pairs were measured again."""
+    medians = rail_medians(measured) if medians is None else medians
     best = max(medians.values(), default=None)
     problems: list[Problem] = []
     for r, pairs in sorted(_by_rail(measured).items()):

@@ -1201,8 +1201,16 @@ def test_the_pairs_run_after_the_collective_in_the_same_command_and_the_slow_nod
     calls, report = _preflight_collective(
         monkeypatch, lab, lambda port: 0.2 if port in slow_ports else 0.02
     )
-    ((raw, seconds),) = calls  # one command per node: the collective, then its three rounds
+    # one command per node: the collective, then its three rounds; then node3's two slow pairs
+    # measured again, each on its own port, in two rounds (they share node3)
+    (raw, seconds), (again, again_seconds) = calls
     assert seconds == 25 + 3 * 30 and sorted(raw) == ["node1", "node2", "node3"]
+    assert again_seconds == 2 * 30 and sorted(again) == ["node1", "node2", "node3"]
+    assert again["node2"].endswith(" 1 gloo 30,0,2,198.18.0.12,29502,16777216")
+    assert again["node1"].endswith(" 1 gloo 60,0,2,198.18.0.11,29503,16777216")
+    assert again["node3"].endswith(
+        " 1 gloo 30,1,2,198.18.0.12,29502,16777216 60,1,2,198.18.0.11,29503,16777216"
+    )
     assert " trainfleet /opt/trainfleet/venv/bin/python 120 " in raw["node3"]  # python's bound
     # the collective (world 3, on the master's port), then each pair: 1 rank per CPU node,
     # world 2, its rendezvous on its lower node, 16 MiB, a port of its own (master_port + 1 +
@@ -1236,6 +1244,7 @@ def test_the_pairs_run_after_the_collective_in_the_same_command_and_the_slow_nod
     # every pair as a fraction of the median, in the JSON
     assert report.details["bandwidth"]["median_gbps"] == round((16 << 20) / 0.02 / 1e9, 4)
     assert [p["of_median"] for p in pairs.values()] == [1.0, 0.1, 0.1]
+    assert [p.get("measured_gbps") for p in pairs.values()] == [None] + 2 * [[0.0839, 0.0839]]
     assert report.stages["bandwidth"] == "failed"
 
 
@@ -2032,6 +2041,34 @@ def test_a_collective_that_cannot_succeed_is_not_run_a_failed_probe_or_a_missing
     assert missing_interfaces(seen, {}, "nccl") == {}  # interfaces not read: not judged here
 
 
+def test_a_pair_slow_once_but_not_when_measured_again_names_nothing(monkeypatch):
+    """A busy host slows one pair's second of measurement (node1-node3, port 29503): the pair
+    is measured again on its own port, judged by its better figure, and nothing is named; both
+    figures stay in the JSON and the text."""
+    lab = parse_cluster(
+        "nodes:\n  - {name: node1, address: 198.18.0.11}\n"
+        "  - {name: node2, address: 198.18.0.12}\n  - {name: node3, address: 198.18.0.13}\n"
+    )
+    sent: list[dict] = []
+
+    def answer(commands, seconds_of):
+        sent.append(commands)
+        return _ranks_run(commands, lambda port: 0.2 if len(sent) == 1 and port == 29503 else 0.02)
+
+    calls, report = _preflight_collective(monkeypatch, lab, answer=answer)
+    assert len(calls) == 2 and sorted(calls[1][0]) == ["node1", "node3"]
+    assert calls[1][0]["node1"].endswith(" 1 gloo 30,0,2,198.18.0.11,29503,16777216")
+    assert report.problems == [] and report.stages["bandwidth"] == "ok"
+    pair = report.details["bandwidth"]["pairs"]["node1-node3"]
+    fast, slow = round((16 << 20) / 0.02 / 1e9, 4), round((16 << 20) / 0.2 / 1e9, 4)
+    assert pair["measured_gbps"] == [slow, fast] and pair["busbw_gbps"] == fast
+    assert pair["of_median"] == 1.0
+    lines = bandwidth_stage.bandwidth_lines(report.details["bandwidth"])
+    (line,) = [line for line in lines if "twice" in line]
+    assert line.startswith("busbw node1-node3: 0.84 GB/s (1.00 of the median)")
+    assert line.endswith("(measured twice: 0.08, 0.84 GB/s, the better judged)")
+
+
 @pytest.mark.parametrize("suspect_is_slow", [False, True])
 def test_a_node_slow_only_with_slow_partners_is_retested_with_a_partner_known_good(
     monkeypatch, suspect_is_slow
@@ -2051,13 +2088,18 @@ def test_a_node_slow_only_with_slow_partners_is_retested_with_a_partner_known_go
 
     def answer(commands, seconds_of):
         sent.append(commands)
-        if len(sent) == 1:
+        if len(sent) <= 2:  # the stage, then its slow pairs measured again: slow both times
             return _ranks_run(commands, lambda port: 0.2 if port in slow_ring else 0.02)
         return _ranks_run(commands, lambda port: 0.2 if suspect_is_slow else 0.02)
 
     calls, report = _preflight_collective(monkeypatch, eight, answer=answer)
-    assert len(calls) == 2  # the collective's command, then the re-test's round
-    retest, seconds = calls[1]
+    assert len(calls) == 3  # the collective's command, the slow pairs again, the re-test's round
+    again, _ = calls[1]
+    assert sorted(again) == ["node1", "node2", "node3", "node4", "node5"]
+    assert {int(p) for raw in again.values() for p in re.findall(r",(\d+),16777216", raw)} == (
+        slow_ring
+    )  # each slow pair on its own port
+    retest, seconds = calls[2]
     assert sorted(retest) == ["node3", "node6"] and seconds == 30
     assert retest["node6"].endswith(" 1 gloo 30,0,2,198.18.0.16,29501,16777216")
     assert retest["node3"].endswith(" 1 gloo 30,1,2,198.18.0.16,29501,16777216")

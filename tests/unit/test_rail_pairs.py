@@ -229,3 +229,71 @@ def test_a_rail_pair_without_a_figure_fails_its_failing_end_in_its_words_or_both
         "rail eth1: the timed all_reduce of node1-node2 rail 1 (eth1-eth1) reported no usable "
         "figure"
     )
+
+
+# -- a slow rail pair is measured twice -----------------------------------------------------------
+
+
+def rail_ranks_run(commands: dict, seconds_of) -> dict[str, list[str]]:
+    """What each node's ranks print for their rail jobs ("END,FIRST,WORLD,MASTER,PORT,BYTES,
+    RAIL,LOCAL": local rank LOCAL runs it), ``seconds_of(port)`` per all_reduce."""
+    import json
+    import re
+
+    out = {}
+    for node, command in commands.items():
+        jobs = re.split(r" (?:gloo|nccl) ", command.get_raw_value())[-1].split()
+        out[node] = [
+            f"{local} {json.dumps({**step, 'job': index})}"
+            for index, job in enumerate(jobs)
+            for _, first, world, _, port, nbytes, _, local in [job.split(",")]
+            for step in (
+                {"step": "start", "rank": int(first)},
+                {"step": "joined"},
+                {"step": "bandwidth", "bytes": int(nbytes), "seconds": seconds_of(int(port))},
+                {"step": "done"},
+            )
+        ]
+    return out
+
+
+@pytest.mark.parametrize("slow_twice", [False, True])
+def test_a_rail_pair_slow_once_is_measured_again_and_judged_by_its_better_figure(
+    monkeypatch, slow_twice
+):
+    """node1-node2's rail 2 (port 29502) is slow in the first command: it alone is measured
+    again, on its own port; fast the second time it names nothing, slow again it is a link on
+    rail 2. Both figures are kept for people and the JSON."""
+    from checks import rail_stage
+    from checks.preflight_report import PreflightReport
+
+    lab = cluster(3)
+    sent: list[dict[str, str]] = []
+
+    def run_everywhere(state, commands, seconds, stdin=None):
+        sent.append({node: c.get_raw_value() for node, c in commands.items()})
+        slow = len(sent) == 1 or slow_twice
+        return rail_ranks_run(commands, lambda port: 0.2 if slow and port == 29502 else 0.02)
+
+    monkeypatch.setattr(rail_stage, "run_everywhere", run_everywhere)
+    report = PreflightReport(cluster="lab", nodes=["node1", "node2", "node3"])
+    report.details["bandwidth"] = {}
+    rail_stage.run_rails(None, lab, report, bandwidth_plan(lab)[0], 0.33)
+
+    assert len(sent) == 2 and sorted(sent[1]) == ["node1", "node2"]
+    assert sent[1]["node1"].endswith(" 2 gloo 30,0,2,198.18.0.11,29502,4194304,if:eth2,1")
+    assert sent[1]["node2"].endswith(" 2 gloo 30,1,2,198.18.0.11,29502,4194304,if:eth2,1")
+    pair = report.details["bandwidth"]["rails"]["pairs"]["node1-node2 rail 2 (eth2-eth2)"]
+    fast, slow = round((4 << 20) / 0.02 / 1e9, 4), round((4 << 20) / 0.2 / 1e9, 4)
+    assert pair["measured_gbps"] == [slow, slow if slow_twice else fast]
+    assert pair["busbw_gbps"] == (slow if slow_twice else fast)
+    (line,) = [line for line in rail_lines(report.details["bandwidth"]) if "twice" in line]
+    assert line.startswith("busbw node1-node2 rail 2 (eth2-eth2): ")
+    assert line.endswith(" GB/s, the better judged)")
+    if slow_twice:
+        assert [p.node for p in report.problems] == ["node1", "node2"]
+        assert report.problems[0].cause.startswith(
+            "the rail 2 (eth2) link node1 eth2-node2 eth2 is"
+        )
+    else:
+        assert report.problems == []
