@@ -13,12 +13,13 @@ PROPERTY = "trainfleet"
 def not_managed(fp: dict[str, Any], users: list[str]) -> bool:
     """No trace of trainfleet in the node's fingerprint: no block in /etc/hosts or the system
     known_hosts, none in any mesh user's authorized_keys or ~/.ssh/config, no launcher file.
-    A section that was not read is no proof of absence: the node counts as managed."""
+    A section that was not read is no proof of absence, nor is a block the parser refuses (a
+    lone marker: the file remove refuses to touch): the node counts as managed."""
     blocks = [fp.get("hosts"), fp.get("known_hosts")]
     for user in users:
         mesh = fp.get(f"mesh_user:{user}")
         blocks += [mesh and mesh["authorized"], mesh and mesh["config"]]
-    if any(block is None or block["block"] is not None for block in blocks):
+    if any(block is None or block["block"] is not None or block["broken"] for block in blocks):
         return False
     return fp.get("launchers") == {}
 

@@ -32,7 +32,8 @@ for user in cluster.mesh_users:
 remove_ops.system_files(
     name="trainfleet's blocks, files, units and holds out of the system",
     purge_venv=purge_venv,
-    holding=tuple(step for step in ("stack", "gpu_node") if cluster.manages(step)),
+    pinned=sorted(remove_ops.stack_packages(cluster.stack)) if cluster.manages("stack") else [],
+    fabric_manager=cluster.manages("gpu_node"),
 )
 # The certificate mesh's drop-ins first, sshd reloaded (only if its drop-in was there), then
 # the host certificates trainfleet signed and the KRL: the deploy's own step for a key mesh.

@@ -126,7 +126,9 @@ LEFT = ("/etc/hostname", *CUDA_REPO_FILES, CUDA_KEYRING, RUN_DIR, VENV_DIR)
 # Paths trainfleet reads and never writes.
 READ_ONLY = (SSHD_MAIN_CONF, SSH_MAIN_CONF, *SETPCI)
 # Packages trainfleet installs exactly and holds: the stack's pins and the fabric manager.
-FABRIC_MANAGER = re.compile(r"^nvidia-fabricmanager")  # held by gpu_node, the rest by stack
+# held by gpu_node (nvidia-fabricmanager-550 on Debian/Ubuntu, nvidia-fabric-manager on RHEL),
+# the rest by stack
+FABRIC_MANAGER = re.compile(r"^nvidia-fabric-?manager")
 HELD_PACKAGES = re.compile(rf"{PINNED_PACKAGES}|{FABRIC_MANAGER.pattern}")
 
 _SCRIPT = FILE_FN + script("remove.sh")

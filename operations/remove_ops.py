@@ -11,6 +11,7 @@ user's home everything runs as that user. Each function returns its commands; []
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Collection, Mapping
 
 from pyinfra import host, logger
 from pyinfra.api import QuoteString, StringCommand, operation
@@ -41,6 +42,7 @@ from trainfleet.defaults import (
     MESH_KEY_NAME,
     VENV_DIR,
 )
+from trainfleet.pins import package_pins
 
 # Deletes one regular file (never through a link) if it still has the bytes read; as root only
 # in a directory nobody else can write.
@@ -103,10 +105,13 @@ def launch_dir_out(entries: list[tuple[str, str]] | None, link: bool) -> list[St
     if entries is None:
         return []
     ours = sorted(path for kind, path in entries if kind == "f" and path in KEPT_NAMES)
-    folders = {path for kind, path in entries if kind == "d"}
-    others = [path for kind, path in entries if path not in ours and path not in folders]
+    # what stays: anything but trainfleet's files and its healthy/ folder (a user's own folder,
+    # empty or not, keeps the launcher folder; healthy/ stays while it holds a file of theirs)
+    others = [
+        path for kind, path in entries if path not in ours and (kind, path) != ("d", "healthy")
+    ]
     if not ours and others:
-        return []  # only the user's files are left: so is the folder
+        return []  # only the user's entries are left: so is the folder
     parent = LAUNCH_DIR.rsplit("/", 1)[0]
     return [as_user_command(None, _REMOVE_TREE, LAUNCH_DIR, parent, *ours)]
 
@@ -121,12 +126,25 @@ def acs_unit_out(delete: list[PyinfraCommand], enabled: str | None) -> list[Pyin
     return [*(disable if enabled.startswith("enabled") else []), *delete, *reload]
 
 
-def held_by(steps: tuple[str, ...], names: list[str]) -> list[str]:
-    """The held packages the managed ``steps`` hold: the stack's pins (``stack``), the
-    fabric manager (``gpu_node``). A step the spec does not manage held nothing: a hold on its
-    packages is the cluster's own, and stays."""
+def stack_packages(stack: Mapping[str, str | None]) -> frozenset[str]:
+    """The packages the stack step pins and holds for the spec's ``stack``, under either OS
+    family's names (a node holds its own family's only). A component the spec leaves out is
+    pinned by nobody: a hold on it is the cluster's own."""
+    names: set[str] = set()
+    for family in ("debian", "rhel"):
+        try:
+            names |= set(package_pins(stack, family))
+        except ValueError:  # refused by the spec check already; nothing of it was pinned
+            continue
+    return frozenset(names)
+
+
+def held_by(pinned: Collection[str], fabric_manager: bool, names: list[str]) -> list[str]:
+    """The held packages trainfleet holds: those the stack step pins (``pinned``, empty where
+    the spec does not manage the stack: ``stack_packages``), the fabric manager where the spec
+    manages the GPU node (``fabric_manager``). Any other hold is the cluster's own, and stays."""
     return [
-        name for name in names if ("gpu_node" if FABRIC_MANAGER.search(name) else "stack") in steps
+        name for name in names if name in pinned or (fabric_manager and FABRIC_MANAGER.search(name))
     ]
 
 
@@ -156,10 +174,10 @@ def _read(files: dict[str, FileRead], path: str) -> FileRead:
 
 
 def system_files_out(
-    found: dict, purge_venv: bool, holding: tuple[str, ...] = ("stack", "gpu_node")
+    found: dict, purge_venv: bool, pinned: Collection[str] = (), fabric_manager: bool = False
 ) -> list[PyinfraCommand]:
-    """Every root-owned change: blocks, whole files, the ACS unit, launcher files, the holds
-    of the ``holding`` steps, the venv (``found``: the RemoveFiles fact)."""
+    """Every root-owned change: blocks, whole files, the ACS unit, launcher files, trainfleet's
+    holds (``held_by``), the venv (``found``: the RemoveFiles fact)."""
     files = found["files"]
     commands: list[PyinfraCommand] = []
     for block in BLOCK_FILES:
@@ -169,7 +187,10 @@ def system_files_out(
         out = owned_file_out(owned.path, _read(files, owned.path), owned.content)
         commands += acs_unit_out(out, found["unit"]) if owned.path == ACS_UNIT_PATH else out
     commands += launch_dir_out(found["launch"], found["launch_link"])
-    commands += holds_out(held_by(holding, found["held"]), held_by(holding, found["locked"]))
+    commands += holds_out(
+        held_by(pinned, fabric_manager, found["held"]),
+        held_by(pinned, fabric_manager, found["locked"]),
+    )
     commands += venv_out(found["venv"], purge_venv)
     return commands
 
@@ -214,7 +235,9 @@ def _home_block_out(
 
 
 @operation()
-def system_files(purge_venv: bool = False, holding: tuple[str, ...] = ("stack", "gpu_node")):
+def system_files(
+    purge_venv: bool = False, pinned: Collection[str] = (), fabric_manager: bool = False
+):
     """
     trainfleet's root-owned files off the node: its blocks out of /etc/hosts, /etc/environment,
     /etc/nccl.conf, the system known_hosts and pdsh's lists (the rest of each file kept byte for
@@ -222,9 +245,10 @@ def system_files(purge_venv: bool = False, holding: tuple[str, ...] = ("stack", 
     trainfleet's), the ACS boot unit and the launcher files deleted; its package holds released.
 
     + purge_venv: also delete trainfleet's venv (``/opt/trainfleet/venv``)
-    + holding: the steps whose holds are trainfleet's (those the spec manages)
+    + pinned: the packages the stack step pins (``stack_packages``; none: stack not managed)
+    + fabric_manager: the spec manages the GPU node (its fabric manager's hold is trainfleet's)
     """
-    commands = system_files_out(fact(RemoveFiles), purge_venv, holding)
+    commands = system_files_out(fact(RemoveFiles), purge_venv, pinned, fabric_manager)
     if not commands:
         host.noop("no trainfleet block, file, unit or hold in the system's files")
         return

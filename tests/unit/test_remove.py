@@ -197,10 +197,37 @@ def test_holds_are_released_packages_stay_and_the_venv_goes_only_when_asked():
 
 def test_a_step_the_spec_does_not_manage_keeps_its_holds_they_are_the_clusters_own():
     held = ["cuda-toolkit-12-4", "libnccl2", "nvidia-fabricmanager-550"]
-    assert remove_ops.held_by(("stack", "gpu_node"), held) == held
-    assert remove_ops.held_by(("gpu_node",), held) == ["nvidia-fabricmanager-550"]
-    assert remove_ops.held_by(("stack",), held) == ["cuda-toolkit-12-4", "libnccl2"]
-    assert remove_ops.held_by((), held) == []
+    pinned = remove_ops.stack_packages({"cuda": "12.4", "nccl": "2.21.5-1"})
+    assert remove_ops.held_by(pinned, True, held) == held
+    assert remove_ops.held_by((), True, held) == ["nvidia-fabricmanager-550"]
+    assert remove_ops.held_by(pinned, False, held) == ["cuda-toolkit-12-4", "libnccl2"]
+    assert remove_ops.held_by((), False, held) == []
+    # RHEL's fabric manager and its stack names are trainfleet's as well
+    locked = ["cuda-toolkit-12-4", "libnccl", "nvidia-fabric-manager"]
+    assert remove_ops.held_by(pinned, True, locked) == locked
+
+
+def test_a_component_the_spec_leaves_out_keeps_the_clusters_own_hold():
+    """The spec pins CUDA and NCCL, no cuDNN: the admin's hold on cuDNN is not trainfleet's."""
+    held = ["cuda-toolkit-12-4", "libcudnn9-cuda-12", "libnccl-dev", "libnccl2"]
+    pinned = remove_ops.stack_packages({"cuda": "12.4", "cudnn": None, "nccl": "2.21.5-1"})
+    assert remove_ops.held_by(pinned, False, held) == [
+        "cuda-toolkit-12-4",
+        "libnccl-dev",
+        "libnccl2",
+    ]
+    with_cudnn = remove_ops.stack_packages(
+        {"cuda": "12.4", "cudnn": "9.1.0.70", "nccl": "2.21.5-1"}
+    )
+    assert remove_ops.held_by(with_cudnn, False, held) == held
+
+
+def test_a_users_empty_folder_in_the_launcher_folder_keeps_it_and_a_rerun_changes_nothing():
+    assert remove_ops.launch_dir_out([("d", "mine")], link=False) == []
+    assert remove_ops.launch_dir_out([("d", "healthy"), ("d", "healthy/mine")], link=False) == []
+    assert remove_ops.launch_dir_out([("d", "healthy"), ("f", "healthy/x.txt")], link=False) == []
+    (command,) = remove_ops.launch_dir_out([("d", "healthy")], link=False)  # trainfleet's own
+    assert command.get_raw_value().endswith(" /etc/trainfleet/launch /etc/trainfleet")
 
 
 def test_the_acs_unit_is_disabled_deleted_and_systemd_told():
@@ -286,6 +313,11 @@ def test_drift_says_not_managed_once_instead_of_each_missing_block():
     assert not not_managed(dict(bare, hosts=with_block), users)
     assert not not_managed(dict(bare, launchers={"hostfile": {}}), users)
     assert not not_managed({k: v for k, v in bare.items() if k != "known_hosts"}, users)
+    # a lone BEGIN marker is trainfleet's trace too (the file remove refuses to touch)
+    lone_begin = f"{markers('x')[0]}\nmine\n".encode()
+    lone = block_state({"state": "regular", "link": False, "data": lone_begin}, "x")
+    assert lone["broken"] and lone["block"] is None
+    assert not not_managed(dict(bare, hosts=lone), users)
     findings = [
         Finding("n1", "hosts block", "spec", "absent", "3 lines"),
         Finding("n1", "ssh mesh keys", "spec", "absent", "3 lines"),
