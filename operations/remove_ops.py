@@ -31,6 +31,7 @@ from facts.shell import shell
 from facts.ssh_mesh_facts import SshMeshUser
 from operations.managed_block_ops import block_change
 from operations.remote import ANY, as_user_command, fail_command, script
+from operations.ssh_mesh_ops import home_problem, home_writer
 from runtime.gather import fact
 from trainfleet.blocks import split_block, with_block
 from trainfleet.capabilities.launchers import KEPT_NAMES
@@ -199,8 +200,10 @@ def home_files_out(user: str, mesh: dict, mpi: dict | None) -> list[PyinfraComma
     """A mesh user's blocks (authorized_keys, ~/.ssh/config, mca-params.conf) out and its
     cluster key, public key and certificate deleted, all as the user (root: in root's home)."""
     if not mesh["exists"] or not mesh["home"]:
-        return []
-    writer = None if mesh["uid"] == "0" else user
+        return []  # no such user here: nothing of trainfleet's in a home
+    if problem := home_problem(user, mesh):  # a ~/.ssh of another user's: the deploy's refusal
+        return [fail_command(problem)]
+    writer = home_writer(user, mesh)
     home = mesh["home"]
     states: dict[str, BlockState] = {
         ".ssh/authorized_keys": mesh["authorized"],

@@ -255,7 +255,7 @@ def mesh_user(
         yield fail_command(f"{user}: " + "; ".join(problems) + "; nothing was changed")
         return
     current = fact(SshMeshUser, user=user)
-    problem = _home_problem(user, current)
+    problem = home_problem(user, current)
     if problem:
         yield fail_command(problem)
         return
@@ -284,13 +284,13 @@ def _key_of(line: str) -> str:
     return line
 
 
-def _writer(user: str, current) -> str | None:
+def home_writer(user: str, current) -> str | None:
     """Who writes in the user's home: the user (root's own home: root, where root-safe rules
     apply), so a link or a race the user planted gives the user nothing new."""
     return None if current["uid"] == "0" else user
 
 
-def _home_problem(user: str, current) -> str | None:
+def home_problem(user: str, current) -> str | None:
     if not current["exists"]:
         return f"mesh user {user!r} does not exist on this node"
     if current["ssh_dir"] is not None and current["ssh_dir"]["owner"] != user:
@@ -302,7 +302,7 @@ def _home_problem(user: str, current) -> str | None:
 
 
 def _mesh_user_changes(user, current, identity, config, certificate=None):
-    writer = _writer(user, current)
+    writer = home_writer(user, current)
     ssh_dir = f"{current['home']}/.ssh"
     if current["ssh_dir"] is not None and current["ssh_dir"]["mode"] != "700":
         yield as_user_command(writer, 'chmod 700 -- "$1"', ssh_dir)
@@ -390,11 +390,11 @@ def mesh_trust(
             authorized=['cert-authority,principals="root" ssh-ed25519 AAAA... trainfleet:prod:ca'])
     """
     current = fact(SshMeshUser, user=user)
-    problem = _home_problem(user, current)
+    problem = home_problem(user, current)
     if problem:
         yield fail_command(problem)
         return
-    writer = _writer(user, current)
+    writer = home_writer(user, current)
     ssh_dir = f"{current['home']}/.ssh"
     block = current["authorized"]
     lines = trusting(block, authorized, refused)

@@ -241,7 +241,7 @@ def test_the_acs_unit_is_disabled_deleted_and_systemd_told():
 
 def mesh_user(uid: str, home: str, **files) -> dict:
     begin, end = markers(HOME_BLOCK_FILES[0].purpose)
-    key = {"mode": "600", "owner": "x", "sha256": "0" * 64}
+    key = {"mode": "600", "owner": home.rsplit("/", 1)[-1], "sha256": "0" * 64}
     return {
         "exists": True, "home": home, "group": "g", "uid": uid, "ssh_dir": key,
         "identity": key, "identity_pub": key, "certificate": files.get("certificate"),
@@ -262,6 +262,10 @@ def test_a_mesh_users_key_and_blocks_go_as_that_user_roots_as_root():
     assert all("TF_AS= " in c.get_raw_value() for c in root) and len(root) == 4
     gone = dict(mesh_user("1000", "/home/bob"), exists=False)
     assert remove_ops.home_files_out("bob", gone, None) == []
+    # a ~/.ssh that another user owns: refused as the deploy refuses it, nothing changed
+    theirs = dict(mesh_user("1000", "/home/bob"), ssh_dir={"mode": "700", "owner": "eve"})
+    (refused,) = remove_ops.home_files_out("bob", theirs, None)
+    assert isinstance(refused, FailCommand) and "belongs to eve, not bob" in refused.get_raw_value()
 
 
 def test_the_fact_reads_this_machine_and_keeps_only_trainfleets_holds():
