@@ -30,7 +30,7 @@ from facts.remove_facts import (
 from facts.shell import shell
 from facts.ssh_mesh_facts import SshMeshUser
 from operations.managed_block_ops import block_change
-from operations.remote import ANY, as_user_command, fail_command, script
+from operations.remote import ANY, FailCommand, as_user_command, fail_command, script
 from operations.ssh_mesh_ops import home_problem, home_writer
 from runtime.gather import fact
 from trainfleet.blocks import split_block, with_block
@@ -193,7 +193,7 @@ def system_files_out(
         held_by(pinned, fabric_manager, found["locked"]),
     )
     commands += venv_out(found["venv"], purge_venv)
-    return commands
+    return refused_or_all(commands)
 
 
 def home_files_out(user: str, mesh: dict, mpi: dict | None) -> list[PyinfraCommand]:
@@ -222,7 +222,14 @@ def home_files_out(user: str, mesh: dict, mpi: dict | None) -> list[PyinfraComma
         f"{key}{HOST_CERT_SUFFIX}": mesh["certificate"] is not None,
     }
     commands += [delete_command(path, ANY, writer) for path, there in present.items() if there]
-    return commands
+    return refused_or_all(commands)
+
+
+def refused_or_all(commands: list[PyinfraCommand]) -> list[PyinfraCommand]:
+    """``commands``, or where one refuses (a block with ambiguous markers, a link, a file that is
+    not regular) the refusals alone: the step changes nothing until the file is fixed, so no
+    half-removed node hides its leftovers behind drift's "not managed"."""
+    return [c for c in commands if isinstance(c, FailCommand)] or commands
 
 
 def _home_block_out(

@@ -268,6 +268,23 @@ def test_a_mesh_users_key_and_blocks_go_as_that_user_roots_as_root():
     assert isinstance(refused, FailCommand) and "belongs to eve, not bob" in refused.get_raw_value()
 
 
+def test_one_file_that_cannot_be_split_holds_back_the_whole_step_naming_it():
+    """/etc/hosts has a lone BEGIN marker; the node also holds a launcher file and a hold: the
+    step refuses, naming the file, and changes nothing else (drift still sees every trace)."""
+    begin, _ = markers(BLOCK_FILES[0].purpose)
+    files = {
+        f.path: {"state": "missing", "link": False, "data": None}
+        for f in (*BLOCK_FILES, *OWNED_FILES)
+    }
+    files[BLOCK_FILES[0].path] = {"state": "regular", "link": False, "data": f"{begin}\n".encode()}
+    found = {"files": files, "launch": [("f", "hostfile")], "launch_link": False, "venv": "yes",
+             "unit": None, "held": ["libnccl2"], "locked": []}  # fmt: skip
+    (refused,) = remove_ops.system_files_out(found, False, ["libnccl2"])
+    assert isinstance(refused, FailCommand) and BLOCK_FILES[0].path in refused.get_raw_value()
+    files[BLOCK_FILES[0].path] = {"state": "missing", "link": False, "data": None}
+    assert len(remove_ops.system_files_out(found, False, ["libnccl2"])) == 2  # fixed: both go
+
+
 def test_the_fact_reads_this_machine_and_keeps_only_trainfleets_holds():
     fact = RemoveFiles()
     out = subprocess.run(
