@@ -9,6 +9,7 @@ module imports none of the spec's schema, so a capability can use it and declare
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -44,6 +45,12 @@ class Node:
 
 
 CLUSTER_ONLY_SSH = ("mesh", "certificate_days")  # ssh keys that are the cluster's, not a node's
+
+
+def step_managed(manage: Mapping[str, bool], step: str) -> bool:
+    """Whether the spec's ``manage`` map leaves ``step`` to the deploy: every step is managed
+    unless turned off."""
+    return manage.get(step, True)
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ class Cluster:
 
     def manages(self, step: str) -> bool:
         """Whether the deploy manages ``step`` (a ``manage`` key: ``hostname``, ``stack``...)."""
-        return self.manage.get(step, True)
+        return step_managed(self.manage, step)
 
     @property
     def unmanaged(self) -> tuple[str, ...]:
