@@ -30,7 +30,7 @@ from checks.stage_runner import (
     run_everywhere,
     stage_script,
 )
-from trainfleet.defaults import VENV_DIR
+from trainfleet.defaults import VENV_PYTHON
 from trainfleet.model import Cluster
 
 COLLECTIVE = stage_script("collective.py")
@@ -67,7 +67,7 @@ def jobs_command(
     end = max(job[0] for job in jobs)
     return python_stage(
         _COLLECTIVE_RUN,
-        python or f"{VENV_DIR}/bin/python",  # None: trainfleet's venv
+        python or VENV_PYTHON,  # None: trainfleet's venv
         end + 5,
         COLLECTIVE,
         count,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainfleet.defaults import VENV_DIR
+from trainfleet.defaults import VENV_PYTHON
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ class Cluster:
     def job_python(self) -> str:
         """The python the preflight's ranks run: ``preflight.python`` (an existing env, where
         the stack is not managed), else trainfleet's venv."""
-        return self.preflight.get("python") or f"{VENV_DIR}/bin/python"
+        return self.preflight.get("python") or VENV_PYTHON
 
     @property
     def job_env(self) -> str:
