@@ -30,8 +30,7 @@ from checks.stage_runner import (
     run_everywhere,
     stage_script,
 )
-from trainfleet.defaults import VENV_PYTHON
-from trainfleet.model import Cluster
+from trainfleet.model import VENV_PYTHON, Cluster
 
 COLLECTIVE = stage_script("collective.py")
 

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from trainfleet.defaults import VENV_PYTHON
+from trainfleet.model import VENV_PYTHON
 from trainfleet.text import printable
 
 

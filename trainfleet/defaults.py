@@ -35,7 +35,6 @@ PDSH_PROFILE = (
 LAUNCH_DIR = "/etc/trainfleet/launch"
 MCA_FILE = ".openmpi/mca-params.conf"  # each mesh user's OpenMPI parameters, under its home
 VENV_DIR = "/opt/trainfleet/venv"  # the pinned PyTorch environment on every node
-VENV_PYTHON = f"{VENV_DIR}/bin/python"  # its python: the ranks' unless the spec names one
 
 # NCCL network environment: written where every kind of process sees it
 NCCL_PROFILE = "/etc/profile.d/trainfleet-nccl.sh"  # login shells

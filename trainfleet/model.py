@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainfleet.defaults import VENV_PYTHON
+from trainfleet.defaults import VENV_DIR
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Node:
         return [self.fqdn, self.name] if self.fqdn else [self.name]
 
 
+VENV_PYTHON = f"{VENV_DIR}/bin/python"  # the venv's python: the ranks' unless the spec names one
 CLUSTER_ONLY_SSH = ("mesh", "certificate_days")  # ssh keys that are the cluster's, not a node's
 
 
