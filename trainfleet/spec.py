@@ -29,10 +29,11 @@ from trainfleet.grammar import (
     cluster_name_problem,
     keys_grammar,
     normalized_dist,
+    preflight_python_problem,
     type_name,
 )
 from trainfleet.model import Cluster
-from trainfleet.schema import CLUSTER, NODE, SPEC, preflight_python_problem
+from trainfleet.schema import CLUSTER, NODE, SPEC
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
