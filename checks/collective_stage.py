@@ -30,8 +30,7 @@ from checks.stage_runner import (
     run_everywhere,
     stage_script,
 )
-from trainfleet.defaults import VENV_DIR
-from trainfleet.model import Cluster
+from trainfleet.model import VENV_PYTHON, Cluster
 
 COLLECTIVE = stage_script("collective.py")
 
@@ -67,7 +66,7 @@ def jobs_command(
     end = max(job[0] for job in jobs)
     return python_stage(
         _COLLECTIVE_RUN,
-        python or f"{VENV_DIR}/bin/python",  # None: trainfleet's venv
+        python or VENV_PYTHON,  # None: trainfleet's venv
         end + 5,
         COLLECTIVE,
         count,

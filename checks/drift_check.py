@@ -79,10 +79,7 @@ def expect(plan: NodePlan) -> dict[str, str]:
     """What the node's properties must be: the plan's values, digested as ``observe`` digests
     what the node holds. A part the plan could not make (it has problems, so the deploy fails
     that step and writes nothing) is expected nothing of."""
-    props: dict[str, str] = {}
-    for capability in CAPABILITIES:
-        props.update(capability.expect(plan))
-    return props
+    return {prop: value for prop, (value, _) in expected_steps(plan).items()}
 
 
 def found_contents(fp: dict[str, Any], users: list[str]) -> Contents:
@@ -157,8 +154,9 @@ def compare_fingerprints(
     observed = {name: observe(fp, plan.nodes[name], cluster) for name, fp in fingerprints.items()}
     for prefix in RULES.absent_elsewhere:
         absent_everywhere_else(observed, prefix)
+    node_steps = {name: expected_steps(plan.nodes[name]) for name in fingerprints}
     expected = {
-        name: pins_met(observed[name], managed_expectations(plan.nodes[name], cluster.manage))
+        name: pins_met(observed[name], managed_expectations(node_steps[name], cluster.manage))
         for name in fingerprints
     }
     report = compare(
@@ -167,8 +165,7 @@ def compare_fingerprints(
     _explain(report, plan, fingerprints, cluster.mesh_users, read_launchers)
     # Before a first deploy (adopting a running cluster) this is what the deploy would do.
     steps = {
-        name: {prop: step for prop, (_, step) in expected_steps(plan.nodes[name]).items()}
-        for name in fingerprints
+        name: {prop: step for prop, (_, step) in node_steps[name].items()} for name in fingerprints
     }
     report.not_managed = cluster.unmanaged
     report.would_change = deploy_changes(report.findings, steps)

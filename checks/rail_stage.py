@@ -8,7 +8,7 @@ use one), the same rounds, bounds and rendezvous as the node pairs'."""
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyinfra.api import State
 
@@ -36,9 +36,19 @@ from trainfleet.model import Cluster
 # a CPU node's extra NICs needs less to tell a rail at 1/8 of the others (seconds matter there).
 RAIL_BYTES = MappingProxyType({"nccl": 256 << 20, "gloo": 4 << 20})
 
-# A rail job: a Job (checks.collective_stage) and the rail ("if:eth2", "hca:mlx5_4") with the
-# local rank that runs it.
-RailJob = tuple[int, int, int, str, int, int, str, int]
+
+class RailJob(NamedTuple):
+    """A rail job: a Job (checks.collective_stage) and the rail with the local rank that runs
+    it; passed to the ranks field by field, in this order."""
+
+    end: int  # seconds after the ranks start
+    first: int  # the node's first rank in it: 0 on the pair's first node, 1 on the other
+    world: int
+    master: str  # the pair's first node's cluster address: the rendezvous
+    port: int
+    size: int  # the bytes of its timed all_reduce
+    rail: str  # "if:eth2", "hca:mlx5_4"
+    local_rank: int  # the rank that runs it: rail r's pairs run on local rank r
 
 
 def rail_plan(
@@ -77,7 +87,7 @@ def rail_jobs(
             host = cluster.node(pair[0]).address
             for first, node in enumerate(pair):
                 jobs.setdefault(node, []).append(
-                    (
+                    RailJob(
                         (k + 1) * seconds,
                         first,
                         2,
@@ -150,7 +160,7 @@ def measure_rails(
     seconds = BOUNDS["bandwidth"]
     jobs = rail_jobs(cluster, rails, plan, ports, seconds)
     backend = backend_of(cluster)
-    ranks_on = {node: 1 + max(job[7] for job in mine) for node, mine in jobs.items()}
+    ranks_on = {node: 1 + max(job.local_rank for job in mine) for node, mine in jobs.items()}
     out = run_everywhere(
         state,
         {
@@ -180,14 +190,17 @@ def _judged(
     measured: dict[RailPair, float] = {}
     found: list[Problem] = []
     intruded: list[str] = []
+    # each job's place among its node's jobs, by its port and local rank (a rail pair's own)
+    places = {
+        node: {(job.port, job.local_rank): i for i, job in enumerate(mine)}
+        for node, mine in jobs.items()
+    }
     for items in plan:
         for pair, r in items:
             port = ports[(pair, r)]
             steps = {}
             for node in pair:
-                place = next(
-                    i for i, job in enumerate(jobs[node]) if job[4] == port and job[7] == r
-                )
+                place = places[node][(port, r)]
                 node_ranks = ranks.get(node) or []
                 steps[node] = node_ranks[r][place] if r < len(node_ranks) else []
             figures = pair_figures([steps[node] for node in pair])

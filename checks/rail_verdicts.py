@@ -19,6 +19,7 @@ from checks.bandwidth_verdicts import attributed_problems, busbw_median, pair_na
 from checks.collective_verdicts import rank_failure
 from checks.preflight_report import Problem
 from trainfleet.model import Cluster
+from trainfleet.nccl import hca_list
 from trainfleet.text import printable
 
 RAIL_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")  # an interface or an HCA (mlx5_4, mlx5_4:1)
@@ -32,7 +33,7 @@ def hca_entries(value: str) -> list[str]:
     list ('^'), which names the HCAs not used, or for a list with a name that is no name."""
     if value.startswith("^"):
         return []
-    names = [n for n in value.removeprefix("=").split(",") if n]
+    names = hca_list(value)
     return names if all(RAIL_NAME.fullmatch(n) for n in names) else []
 
 

@@ -6,14 +6,14 @@ import json
 import re
 from typing import Any
 
-from trainfleet.defaults import VENV_DIR
+from trainfleet.model import VENV_PYTHON
 from trainfleet.text import printable
 
 
 def _no_python(line: str) -> str:
     """collective.sh's word for a python that is not there (its path after it: the spec's)."""
-    python = printable(line[len("nopython ") :]) or f"{VENV_DIR}/bin/python"
-    if python == f"{VENV_DIR}/bin/python":
+    python = printable(line[len("nopython ") :]) or VENV_PYTHON
+    if python == VENV_PYTHON:
         return f"no python at {python}: the node has no venv (pin stack.torch and deploy)"
     return f"no python at {python} (preflight.python): the node lacks that env"
 

@@ -212,7 +212,7 @@ def _door(args: argparse.Namespace) -> int:
     """``trainfleet deploy|drift|preflight|capture|remediate SPEC``: the flags checked and the
     spec validated, then pyinfra on the inventory it describes; its status passed on (0 ok,
     1 a node failed or a finding)."""
-    if problems := front_door.problems(args.command, args):
+    if problems := front_door.problems(args):
         print("\n".join(f"{_prog()} {args.command}: {p}" for p in problems), file=sys.stderr)
         return EXIT_USAGE
     try:

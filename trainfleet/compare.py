@@ -120,11 +120,10 @@ class Report:
         if self.would_change:
             lines.append("a deploy would change:")
         for step, nodes in self.would_change.items():
-            alike: dict[str, list[str]] = {}
-            for node, changes in nodes.items():
-                for change in changes:
-                    alike.setdefault(change, []).append(node)
-            lines += [printable(f"  {step}: {fold(on)}: {text}") for text, on in alike.items()]
+            lines += folded.grouped(
+                ((node, printable(text)) for node, changes in nodes.items() for text in changes),
+                indent=printable(f"  {step}: "),
+            )
         return lines
 
     def table(self, all_rows: bool = False, wide: bool = False, width: int = WIDTH) -> str:

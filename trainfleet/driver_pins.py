@@ -37,6 +37,23 @@ def min_driver(cuda: str) -> str | None:
     return MIN_DRIVER_FOR_CUDA.get(int(cuda.split(".")[0]))
 
 
+def driver_older(driver: str, needed: str) -> bool:
+    """``driver`` is older than ``needed``; a branch pin (``550``) installs its newest release,
+    so it is older only by branch."""
+    have, want = driver_key(driver), driver_key(needed)
+    return have[:1] < want[:1] if len(have) == 1 else have < want
+
+
+_VARIANT = re.compile(r"cu([0-9]{2,3})([0-9])", re.ASCII)  # cu124: CUDA 12.4, cu130: 13.0
+
+
+def variant_cuda(variant: str) -> str | None:
+    """The CUDA major.minor a torch build's wheels are built for (``cu124`` -> ``12.4``);
+    None for one that names none (``cpu``)."""
+    match = _VARIANT.fullmatch(variant)
+    return f"{int(match[1])}.{match[2]}" if match else None
+
+
 def driver_for_cuda_problem(driver: str, cuda: str) -> str | None:
     """Why ``driver`` cannot run CUDA ``cuda`` (both named), or None. A branch pin is
     judged by the branch: its newest release is what gets installed."""
@@ -48,9 +65,6 @@ def driver_for_cuda_problem(driver: str, cuda: str) -> str | None:
             f"CUDA {cuda}: no known minimum driver (trainfleet knows CUDA "
             f"{', '.join(map(str, MIN_DRIVER_FOR_CUDA))})"
         )
-    have = driver_key(driver)
-    want = driver_key(needed)
-    older = have[:1] < want[:1] if len(have) == 1 else have < want
-    if older:
+    if driver_older(driver, needed):
         return f"driver {driver} is older than CUDA {cuda} needs ({needed} or newer)"
     return None

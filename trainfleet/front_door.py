@@ -72,7 +72,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-a
             )
 
 
-def problems(name: str, args: argparse.Namespace) -> list[str]:
+def problems(args: argparse.Namespace) -> list[str]:
     """The flags' values that cannot be right, before anything runs (a usage error)."""
     found = []
     if getattr(args, "metrics", None) and (problem := metrics.path_problem(args.metrics)):

@@ -172,6 +172,23 @@ def node_path_problem(value: str) -> str | None:
     return None
 
 
+def rail_interface_problem(value: Any) -> str | None:
+    """One rail interface's name: what `ip link` may hold, no comma (one interface per rail)."""
+    if isinstance(value, str) and _IFNAME.fullmatch(value):
+        return None
+    return f"{value!r} is not an interface name (`{_IFNAME.pattern}`)"
+
+
+def preflight_python_problem(value: Any) -> str | None:
+    """An existing env's python on the nodes: ``<env>/bin/python[3[.N]]``, an absolute path of
+    safe characters (the launchers' files use ``<env>/bin``)."""
+    if problem := node_path_problem(value):
+        return problem
+    if not re.fullmatch(r"(/[^/]+)+/bin/python(3(\.[0-9]{1,2})?)?", value, re.ASCII):
+        return f"{value!r} is not an env's python (<env>/bin/python, python3 or python3.N)"
+    return None
+
+
 def url_problem(value: str, file_ok: bool = False) -> str | None:
     """An https:// (or http://, see stack.insecure) URL of a mirror: host, optional port and path;
     with ``file_ok`` also ``file:///path``, a copy on every node.

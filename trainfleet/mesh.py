@@ -84,11 +84,12 @@ def controller_known_keys(
         files[path] = _known_hosts(path)
     if files[path] is None:
         return []
-    entry = files[path].lookup(_host_name(address, port))
+    entry = files[path].lookup(host_name(address, port))
     return sorted(f"{k.get_name()} {k.get_base64()}" for k in (entry or {}).values())
 
 
-def _host_name(address: str, port: int) -> str:
+def host_name(address: str, port: int) -> str:
+    """A host as known_hosts and ssh name it: ``[address]:port`` off port 22."""
     return address if port == 22 else f"[{address}]:{port}"
 
 
@@ -107,7 +108,7 @@ def every_listed_key(address: str, port: int, known_hosts: str | None) -> list[s
     keys = _known_hosts(Path(known_hosts or "~/.ssh/known_hosts").expanduser())
     if keys is None:
         return []
-    name = _host_name(address, port)
+    name = host_name(address, port)
     found = set()
     # the one way to see a second key of a type: paramiko's own list of lines
     for entry in keys._entries:  # type: ignore[attr-defined]

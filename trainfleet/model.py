@@ -9,6 +9,7 @@ module imports none of the spec's schema, so a capability can use it and declare
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -43,7 +44,14 @@ class Node:
         return [self.fqdn, self.name] if self.fqdn else [self.name]
 
 
+VENV_PYTHON = f"{VENV_DIR}/bin/python"  # the venv's python: the ranks' unless the spec names one
 CLUSTER_ONLY_SSH = ("mesh", "certificate_days")  # ssh keys that are the cluster's, not a node's
+
+
+def step_managed(manage: Mapping[str, bool], step: str) -> bool:
+    """Whether the spec's ``manage`` map leaves ``step`` to the deploy: every step is managed
+    unless turned off."""
+    return manage.get(step, True)
 
 
 @dataclass(frozen=True)
@@ -120,7 +128,7 @@ class Cluster:
 
     def manages(self, step: str) -> bool:
         """Whether the deploy manages ``step`` (a ``manage`` key: ``hostname``, ``stack``...)."""
-        return self.manage.get(step, True)
+        return step_managed(self.manage, step)
 
     @property
     def unmanaged(self) -> tuple[str, ...]:
@@ -131,7 +139,7 @@ class Cluster:
     def job_python(self) -> str:
         """The python the preflight's ranks run: ``preflight.python`` (an existing env, where
         the stack is not managed), else trainfleet's venv."""
-        return self.preflight.get("python") or f"{VENV_DIR}/bin/python"
+        return self.preflight.get("python") or VENV_PYTHON
 
     @property
     def job_env(self) -> str:

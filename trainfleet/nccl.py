@@ -143,6 +143,12 @@ def network_rails(network: Mapping[str, Any]) -> Rails | None:
         return Rails((), {}, (f"nvidia-smi topo -m refused: {exc}",), by_affinity=True)
 
 
+def hca_list(value: str) -> list[str]:
+    """NCCL_IB_HCA's entries in order (``mlx5_4``, ``mlx5_4:1``), without the ``=`` that makes
+    them exact names rather than prefixes; a ``^`` (an exclusion list) stays on the first."""
+    return [entry for entry in value.removeprefix("=").split(",") if entry]
+
+
 def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:
     """Why the spec's NCCL_IB_HCA (``=`` exact names, else name prefixes, as NCCL reads it)
     names a device or port this node does not have, if it does."""
@@ -156,7 +162,7 @@ def hca_unknown(spec_hca: str, ports: list[IbPort]) -> str | None:
             for p in ports
         )
 
-    missing = [e for e in spec_hca.lstrip("=").split(",") if e and not present(e)]
+    missing = [e for e in hca_list(spec_hca) if not present(e)]
     if not missing:
         return None
     have = ", ".join(f"{p['device']}:{p['port']}" for p in ports) or "no InfiniBand/RoCE port"

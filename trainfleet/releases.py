@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from trainfleet.driver_pins import driver_key  # dotted versions compared as numbers
+
 # CUDA toolkit releases, major.minor
 CUDA: tuple[str, ...] = (
     "9.0", "9.1", "9.2", "10.0", "10.1", "10.2",
@@ -29,17 +31,17 @@ TORCH: Mapping[str, tuple[int, ...]] = MappingProxyType(
 )  # fmt: skip
 
 
-def _key(version: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in version.split("."))
-
-
 def cuda_problem(value: str) -> str | None:
     """A CUDA major.minor inside the known releases that is not one of them."""
     minor = ".".join(value.split(".")[:2])
-    if minor in CUDA or _key(minor) > _key(CUDA[-1]) or _key(minor) < _key(CUDA[0]):
+    if (
+        minor in CUDA
+        or driver_key(minor) > driver_key(CUDA[-1])
+        or driver_key(minor) < driver_key(CUDA[0])
+    ):
         return None
-    before = max((v for v in CUDA if _key(v) < _key(minor)), key=_key)
-    after = min((v for v in CUDA if _key(v) > _key(minor)), key=_key)
+    before = max((v for v in CUDA if driver_key(v) < driver_key(minor)), key=driver_key)
+    after = min((v for v in CUDA if driver_key(v) > driver_key(minor)), key=driver_key)
     return f"CUDA {minor} was never released ({before} is followed by {after})"
 
 

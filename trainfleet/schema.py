@@ -10,7 +10,6 @@ grammar, an allowlist, is in ``grammar.py``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from trainfleet.capabilities.gpu_node import GPU
@@ -25,9 +24,10 @@ from trainfleet.grammar import (
     address_problem,
     cluster_name_problem,
     hostname_problem,
-    node_path_problem,
     non_negative,
     positive_number,
+    preflight_python_problem,
+    rail_interface_problem,
     rendezvous_port_problem,
     short_name_problem,
     type_name,
@@ -92,23 +92,6 @@ BUSBW_FRACTION = 0.33
 
 def fraction_problem(value: Any) -> str | None:
     return None if 0 < value <= 1 else f"must be above 0 and at most 1, got {value}"
-
-
-def rail_interface_problem(value: Any) -> str | None:
-    """One rail interface's name: what `ip link` may hold, no comma (one interface per rail)."""
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", value):
-        return None
-    return f"{value!r} is not an interface name (`[A-Za-z0-9_.:@-]{{1,15}}`)"
-
-
-def preflight_python_problem(value: Any) -> str | None:
-    """An existing env's python on the nodes: ``<env>/bin/python[3[.N]]``, an absolute path of
-    safe characters (the launchers' files use ``<env>/bin``)."""
-    if problem := node_path_problem(value):
-        return problem
-    if not re.fullmatch(r"(/[^/]+)+/bin/python(3(\.[0-9]{1,2})?)?", value, re.ASCII):
-        return f"{value!r} is not an env's python (<env>/bin/python, python3 or python3.N)"
-    return None
 
 
 PREFLIGHT = Section(

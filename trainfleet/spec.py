@@ -20,7 +20,7 @@ import yaml
 
 from trainfleet import node_sets
 from trainfleet.capabilities.stack import STACK
-from trainfleet.driver_pins import driver_for_cuda_problem
+from trainfleet.driver_pins import driver_for_cuda_problem, variant_cuda
 from trainfleet.grammar import (
     Check,
     Key,
@@ -29,10 +29,11 @@ from trainfleet.grammar import (
     cluster_name_problem,
     keys_grammar,
     normalized_dist,
+    preflight_python_problem,
     type_name,
 )
 from trainfleet.model import Cluster
-from trainfleet.schema import CLUSTER, NODE, SPEC, preflight_python_problem
+from trainfleet.schema import CLUSTER, NODE, SPEC
 
 EXIT_BAD_SPEC = 2
 DEFAULT_SOURCE = "<spec>"  # spec text that comes from no file
@@ -544,8 +545,8 @@ def _driver_rules(stack: dict[str, Any], ctx: _Ctx) -> None:
         return
     cuda = stack["cuda"]
     variant = stack["torch_cuda"]
-    if not cuda and isinstance(variant, str) and re.fullmatch(r"cu[0-9]{3,4}", variant, re.ASCII):
-        cuda = f"{variant[2:-1]}.{variant[-1]}"
+    if not cuda and isinstance(variant, str):
+        cuda = variant_cuda(variant)
     if cuda and stack["driver"] and (problem := driver_for_cuda_problem(stack["driver"], cuda)):
         ctx.add(
             ("stack", "driver"), problem + ("" if stack["cuda"] else f" (torch_cuda: {variant})")

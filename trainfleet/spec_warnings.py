@@ -21,8 +21,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from trainfleet.driver_pins import driver_branch, driver_key
-from trainfleet.mesh import KnownHostsError, controller_known_keys
+from trainfleet.driver_pins import driver_branch, driver_older, variant_cuda
+from trainfleet.mesh import KnownHostsError, controller_known_keys, host_name
 from trainfleet.model import Cluster, Node
 from trainfleet.node_sets import fold
 
@@ -56,7 +56,6 @@ TOOLKIT_DRIVER: Mapping[str, str] = MappingProxyType(
 )  # fmt: skip
 
 UNSUPPORTED_PTX = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"  # what a JIT of too new PTX fails with
-_VARIANT = re.compile(r"cu([0-9]{2,3})([0-9])", re.ASCII)  # cu124: CUDA 12.4, cu130: 13.0
 
 
 def spec_warnings(cluster: Cluster) -> list[SpecWarning]:
@@ -76,7 +75,7 @@ def driver_warnings(cluster: Cluster) -> list[SpecWarning]:
     found = []
     for key, cuda in _cudas(cluster.stack):
         needed = TOOLKIT_DRIVER.get(cuda)
-        if needed is None or not _older(driver, needed):
+        if needed is None or not driver_older(driver, needed):
             continue
         found.append(
             SpecWarning(
@@ -97,16 +96,9 @@ def _cudas(stack: Mapping[str, object]) -> list[tuple[str, str]]:
     if isinstance(cuda, str):
         found.setdefault(".".join(cuda.split(".")[:2]), f"stack.cuda: {cuda}")
     variant = stack.get("torch_cuda")
-    if isinstance(variant, str) and (match := _VARIANT.fullmatch(variant)):
-        found.setdefault(f"{int(match[1])}.{match[2]}", f"stack.torch_cuda: {variant}")
+    if isinstance(variant, str) and (minor := variant_cuda(variant)):
+        found.setdefault(minor, f"stack.torch_cuda: {variant}")
     return [(key, minor) for minor, key in found.items()]
-
-
-def _older(driver: str, needed: str) -> bool:
-    """A branch pin (``550``) installs its newest release: older only by branch."""
-    if "." not in driver:
-        return int(driver) < int(driver_branch(needed))
-    return driver_key(driver) < driver_key(needed)
 
 
 def torch_warnings(cluster: Cluster) -> list[SpecWarning]:
@@ -185,11 +177,11 @@ def port_warnings(cluster: Cluster) -> list[SpecWarning]:
                 "cannot listen there",
             )
         )
-    if (last := port + preflight_ports(cluster)) > 65535:
+    if (last := port + (pair_ports := preflight_ports(cluster))) > 65535:
         found.append(
             SpecWarning(
                 "cluster.master_port",
-                f"the preflight's pair jobs take the {preflight_ports(cluster)} ports after "
+                f"the preflight's pair jobs take the {pair_ports} ports after "
                 f"{port}, up to {last}, past 65535: pick a lower master_port",
             )
         )
@@ -304,7 +296,7 @@ def _known_hosts_problems(path: str, nodes: list[Node]) -> list[str]:
         return [f"cannot be read ({exc.strerror})"]
     if not lacking:
         return []
-    listed = [f"{n.name} ({_host(n)})" for n in lacking[:5]]
+    listed = [f"{n.name} ({host_name(n.address, n.ssh['port'])})" for n in lacking[:5]]
     more = f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
     problem = (
         f"lists no host key for {', '.join(listed)}{more}: pyinfra refuses a host it has no "
@@ -316,11 +308,6 @@ def _known_hosts_problems(path: str, nodes: list[Node]) -> list[str]:
             f"; {fold(n.name for n in by_name)} listed by name only: pyinfra looks up the address"
         )
     return [problem]
-
-
-def _host(node: Node) -> str:
-    port = node.ssh["port"]
-    return node.address if port == 22 else f"[{node.address}]:{port}"
 
 
 CHECKS: tuple[Callable[[Cluster], list[SpecWarning]], ...] = (

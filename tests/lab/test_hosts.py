@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from facts.hosts_facts import HOSTS_PURPOSE
 from tests.lab.harness import (
     LAB_INVENTORY,
     adopted_spec,
@@ -22,14 +23,16 @@ from tests.lab.harness import (
     pyinfra,
     readmit,
 )
+from trainfleet.blocks import markers, split_block
+from trainfleet.nccl import ENV_PURPOSE
 
 DEPLOY = "deploy/cluster.py"
-BEGIN = "# BEGIN trainfleet managed block: cluster hosts (do not edit)"
-END = "# END trainfleet managed block: cluster hosts"
+_, END = markers(HOSTS_PURPOSE)
 NODES = {"node1": "198.18.0.11", "node2": "198.18.0.12", "node3": "198.18.0.13"}
 USER_LINES = "192.0.2.7 fileserver # the user's own entry\n198.18.0.99 node3\n"
 USER_ENVIRONMENT = 'TEAM_DATA="/data/team"  # the user\'s own line\n'
 ADOPTED = ("/etc/hostname", "/etc/hosts", "/etc/environment")
+BLOCKS = {"/etc/hosts": HOSTS_PURPOSE, "/etc/environment": ENV_PURPOSE}  # file -> its block
 # pyinfra's results table: an operation's name, then its hosts, successes (changes), errors and
 # no-change counts ("-" for none)
 RESULT_ROW = re.compile(r" {4}(.+?) +([0-9]+) +([0-9]+|-) +([0-9]+|-) +([0-9]+|-) *")
@@ -88,10 +91,10 @@ def expected_block(nodes: dict[str, str]) -> list[str]:
     return [f"{addr:<15} {name}.lab.trainfleet.test {name}" for name, addr in nodes.items()]
 
 
-def split(text: str) -> tuple[list[str], list[str]]:
-    lines = text.splitlines()
-    start, stop = lines.index(BEGIN), lines.index(END)
-    return lines[start + 1 : stop], lines[:start] + lines[stop + 1 :]
+def split(text: str) -> tuple[list[str] | None, list[str]]:
+    """/etc/hosts as the deploy parses it: the cluster's block and the user's lines."""
+    hosts = split_block(text, HOSTS_PURPOSE)
+    return hosts.block, [line for _, line in hosts.outside]
 
 
 @pytest.fixture(scope="module")
@@ -116,17 +119,9 @@ def named(lab, tmp_path_factory):
     )
 
 
-def user_lines(text: str | None) -> list[str]:
-    """A file's lines outside trainfleet's managed blocks (the user's)."""
-    lines, inside = [], False
-    for line in (text or "").splitlines():
-        if line.startswith("# BEGIN trainfleet managed block"):
-            inside = True
-        elif line.startswith("# END trainfleet managed block"):
-            inside = False
-        elif not inside:
-            lines.append(line)
-    return lines
+def user_lines(text: str | None, purpose: str) -> list[str]:
+    """A file's lines outside trainfleet's block for ``purpose`` (the user's)."""
+    return [line for _, line in split_block(text or "", purpose).outside]
 
 
 def test_drift_before_the_first_deploy_says_per_step_and_node_what_it_would_change(named):
@@ -159,8 +154,10 @@ def test_the_adopting_deploy_keeps_each_hostname_converges_and_a_rerun_changes_n
     for node in NODES:
         own, kept = named.own[node], named.kept[node]
         assert kept["hostname"] == own["hostname"] and kept["/etc/hostname"] == own["/etc/hostname"]
-        for path in ("/etc/hosts", "/etc/environment"):  # the user's bytes, each kept
-            assert user_lines(kept[path]) == user_lines(own[path]), f"{node}: {path}"
+        for path, purpose in BLOCKS.items():  # the user's bytes, each kept
+            assert user_lines(kept[path], purpose) == user_lines(own[path], purpose), (
+                f"{node}: {path}"
+            )
         assert USER_ENVIRONMENT.strip() in kept["/etc/environment"].splitlines()
         assert kept["/etc/hosts"] != own["/etc/hosts"]  # the cluster's block was added
     drift = adopted.after

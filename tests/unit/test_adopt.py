@@ -21,7 +21,12 @@ from bench.controller.measure import pyinfra_args
 from bench.controller.record import load
 from bench.run import PYINFRA, REPO, parse_results
 from checks.drift_check import compare_fingerprints
-from trainfleet.capabilities import MANAGE_STEPS, managed_expectations, ssh_mesh
+from trainfleet.capabilities import (
+    MANAGE_STEPS,
+    expected_steps,
+    managed_expectations,
+    ssh_mesh,
+)
 from trainfleet.compare import ABSENT, Finding, change_text, deploy_changes
 from trainfleet.keystore import KeyStore
 from trainfleet.plan import cluster_blocks
@@ -255,11 +260,12 @@ def test_an_unmanaged_steps_files_are_not_compared(fleet):
 
 def test_managed_expectations_leave_out_each_unmanaged_steps_properties_only(fleet):
     plan = fleet.plan.nodes[fleet.cluster.nodes[0].name]
-    every = managed_expectations(plan, {})
-    adopted = managed_expectations(plan, {"hostname": False, "hosts": False})
+    steps = expected_steps(plan)
+    every = managed_expectations(steps, {})
+    adopted = managed_expectations(steps, {"hostname": False, "hosts": False})
     assert set(every) - set(adopted) == {"hostname", "hostname (persistent)", "hosts block"}
     assert "stale /etc/hosts lines" in adopted  # the job's: a name resolving elsewhere
-    no_mesh = managed_expectations(plan, {"ssh_mesh": False})
+    no_mesh = managed_expectations(steps, {"ssh_mesh": False})
     mesh = set(ssh_mesh.expect(plan))
     assert mesh and not mesh & set(no_mesh) and set(every) - set(no_mesh) == mesh
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.cli_run import run_cli
 from trainfleet.__main__ import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,14 +51,8 @@ def _installed() -> Path:
 
 
 def _run(*argv: str | Path, home: Path | None = None) -> subprocess.CompletedProcess[str]:
-    # This checkout's package, whichever checkout the venv was installed from; ``home``: the
-    # controller's TRAINFLEET_HOME (its key store) for this run.
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    if home is not None:
-        env["TRAINFLEET_HOME"] = str(home)
-    return subprocess.run(
-        [str(a) for a in argv], capture_output=True, text=True, cwd=REPO, env=env, timeout=120
-    )
+    # ``home``: the controller's TRAINFLEET_HOME (its key store) for this run.
+    return run_cli(*argv, env=None if home is None else {"TRAINFLEET_HOME": str(home)})
 
 
 EXAMPLE_OK = "inventories/prod.yml: ok: 2 nodes (gpu-a[01-02]), 16 GPUs, master gpu-a01\n"

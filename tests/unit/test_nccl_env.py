@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from facts.nccl_env_facts import NcclNetwork
-from trainfleet.nccl import derive, gid_disagreement, uniform_variables
+from trainfleet.nccl import derive, gid_disagreement, hca_list, uniform_variables
 
 SYSFS = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 AUTO = {"socket_ifname": "auto", "ib": "auto", "env": {}}
@@ -106,3 +106,10 @@ def test_cross_node_rules():
     assert uniform_variables({"a": {"X": "1", "IF": "=eth0"}, "b": {"X": "1", "IF": "=ens1"}}) == [
         "X"
     ]
+
+
+def test_hca_list_reads_nccl_ib_hca_as_nccl_does():
+    assert hca_list("=mlx5_0:1,mlx5_3") == ["mlx5_0:1", "mlx5_3"]  # exact names, '=' gone
+    assert hca_list("mlx5,,ibp") == ["mlx5", "ibp"]  # prefixes; an empty entry is none
+    assert hca_list("==mlx5_0") == ["=mlx5_0"]  # one '=' is the mark, a second is the name's
+    assert hca_list("^mlx5_1") == ["^mlx5_1"] and hca_list("") == []

@@ -513,7 +513,7 @@ def _use_run_dir(monkeypatch, path: str) -> None:
 def _use_venv(monkeypatch, path: str) -> None:
     """Point the collective's command and its output's parser at the venv ``path``."""
     for module in (collective_stage, rank_output):
-        monkeypatch.setattr(module, "VENV_DIR", path)
+        monkeypatch.setattr(module, "VENV_PYTHON", f"{path}/bin/python")
 
 
 def _run_stage(command, cwd, stdin: str | None = None, **env) -> subprocess.CompletedProcess:

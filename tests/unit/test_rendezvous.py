@@ -294,7 +294,7 @@ def test_the_secret_on_stdin_becomes_a_0600_file_only_the_ranks_read(tmp_path, m
     monkeypatch.setattr(stage_runner, "RUN_DIR", str(base))
     venv = _stand_in_python(tmp_path)
     for module in (collective_stage, rank_output):
-        monkeypatch.setattr(module, "VENV_DIR", venv)
+        monkeypatch.setattr(module, "VENV_PYTHON", f"{venv}/bin/python")
     command = collective_stage.collective_command(0, 2, 2, "127.0.0.1", 1, "gloo", 5)
     secret = secrets.token_hex(32)
 

@@ -5,7 +5,6 @@ the front door prints them before pyinfra runs. A good spec has none."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from checks.pair_ports import hosted_ports
+from tests.unit.cli_run import run_cli
 from trainfleet import parse_cluster
 from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
 from trainfleet.releases import CUDA
@@ -301,15 +301,7 @@ def test_the_example_spec_is_warning_free_where_its_files_are_in_place(keys, mon
 
 
 def run(*argv: str, home: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "trainfleet", *argv],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=120,
-    )
+    return run_cli(sys.executable, "-m", "trainfleet", *argv, env={"HOME": str(home)})
 
 
 @pytest.fixture

@@ -45,7 +45,7 @@ from trainfleet.capabilities import (
     stack,
 )
 from trainfleet.compare import ABSENT, Content, Rules
-from trainfleet.model import Cluster, Node
+from trainfleet.model import Cluster, Node, step_managed
 from trainfleet.plan_types import NodePlan, PlanContext, Sections, WantedBlocks
 
 Contents = dict[str, dict[str, Content]]
@@ -158,13 +158,16 @@ def expected_steps(plan: NodePlan) -> dict[str, tuple[str, str | None]]:
     }
 
 
-def managed_expectations(plan: NodePlan, manage: Mapping[str, bool]) -> dict[str, str]:
-    """What drift expects of the node: every capability's ``expect`` less the properties of the
-    steps ``manage`` turned off (observed and voted on, never compared with the spec)."""
+def managed_expectations(
+    steps: Mapping[str, tuple[str, str | None]], manage: Mapping[str, bool]
+) -> dict[str, str]:
+    """What drift expects of the node, from its ``expected_steps``: every capability's
+    ``expect`` less the properties of the steps ``manage`` turned off (observed and voted on,
+    never compared with the spec)."""
     return {
         prop: value
-        for prop, (value, step) in expected_steps(plan).items()
-        if step is None or manage.get(step, True)
+        for prop, (value, step) in steps.items()
+        if step is None or step_managed(manage, step)
     }
 
 
