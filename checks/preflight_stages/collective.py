@@ -573,6 +573,8 @@ def main():
         host=socket.gethostname(),
         gpu=gpu if backend == "nccl" else None,
     )
+    if all(len(fields) == 8 and int(fields[7]) != local for fields in jobs):
+        sys.exit(0)  # every job is another local rank's rail (a re-measure): no torch, no GPU
     # A pair NCCL gives up on (its timeout: the job's end) raises in this process instead of
     # ending it, so the jobs after it still run: the watchdog bounds what never returns.
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"

@@ -159,6 +159,29 @@ def test_a_rank_takes_its_rails_interface_or_hca_and_refuses_anything_else(monke
             module.use_rail(bad)
 
 
+def test_a_rank_with_only_other_ranks_rails_exits_at_once_without_torch():
+    """A re-measure of rail 2 alone still starts local rank 0 on each node (ranks are counted up
+    to the highest rail): it says its start and ends, importing nothing (torch, a GPU's
+    context); a rank with a job of its own goes on to import torch."""
+    import subprocess
+    import sys
+
+    path = Path(stage_runner.STAGES) / "collective.py"
+    job = "30,0,2,127.0.0.1,29502,4194304,if:eth2,1"
+    env = {"PATH": os.environ["PATH"], "PYTHONNOUSERSITE": "1"}
+    idle = subprocess.run(
+        [sys.executable, "-S", str(path), "0", "gloo", job],
+        capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert idle.returncode == 0 and '"step": "start"' in idle.stdout
+    assert "import" not in idle.stdout and idle.stdout.count("\n") == 1
+    busy = subprocess.run(
+        [sys.executable, "-S", str(path), "1", "gloo", job],
+        capture_output=True, text=True, timeout=30, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert busy.returncode == 2 and '"stage": "import"' in busy.stdout  # -S: no torch to import
+
+
 # -- the verdicts ---------------------------------------------------------------------------------
 
 
