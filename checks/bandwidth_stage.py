@@ -255,43 +255,16 @@ def run_retest(
     state: State, cluster: Cluster, pairs: list[tuple[str, str]]
 ) -> dict[str, tuple[str, float | None]]:
     """Each (partner known good, suspect) pair's timed all_reduce, all at once in one round of
-    the stage's bound (the partner hosts the pair's rendezvous on an isolation pair's port,
-    which hygiene checked): ``{suspect: (partner, busbw, None where no figure)}``."""
-    backend = backend_of(cluster)
-    seconds = BOUNDS["bandwidth"]
-    jobs: dict[str, Job] = {}
-    for index, (good, suspect) in enumerate(pairs):
-        nodes = [cluster.node(good), cluster.node(suspect)]
-        layout = rank_layout(nodes)
-        world = sum(n.slots for n in nodes)
-        for node in nodes:
-            jobs[node.name] = (
-                seconds,
-                layout[node.name][0],
-                world,
-                nodes[0].address,
-                pair_port(cluster, index),
-                BANDWIDTH_BYTES[backend],
-            )
-    out = run_everywhere(
-        state,
-        {
-            node: jobs_command(cluster.node(node).slots, backend, [job], cluster.job_python)
-            for node, job in jobs.items()
-        },
-        seconds,
-        stdin=rendezvous_secret(),
-    )
-    figures: dict[str, tuple[str, float | None]] = {}
-    for good, suspect in pairs:
-        ranks = [
-            job_steps(rank, 1)[0]
-            for node in (good, suspect)
-            for rank in node_steps(out.get(node, []), cluster.node(node).slots)
-        ]
-        measured = pair_figures(ranks)
-        figures[suspect] = (good, measured["busbw_gbps"] if measured else None)
-    return figures
+    the stage's bound (``run_pairs``; the partner hosts the pair's rendezvous on an isolation
+    pair's port, which hygiene checked): ``{suspect: (partner, busbw, None where no figure)}``."""
+    ports: dict[tuple[str, ...], int] = {
+        pair: pair_port(cluster, index) for index, pair in enumerate(pairs)
+    }
+    figures = run_pairs(state, cluster, [list(pairs)], ports)
+    return {
+        suspect: (good, found["busbw_gbps"] if (found := figures[(good, suspect)]) else None)
+        for good, suspect in pairs
+    }
 
 
 COUNTERS = stage_script("counters.sh")
