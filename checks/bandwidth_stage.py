@@ -176,7 +176,7 @@ def judge_bandwidth(
     if intruded_pairs:
         report.problems += intruded_problems(cluster, "bandwidth", intruded_pairs)
     details["median_gbps"] = median = busbw_median(measured)
-    if slow := slow_pairs(measured, floor, fraction):  # slow once is not yet slow
+    if slow := slow_pairs(measured, floor, fraction, median):  # slow once is not yet slow
         measure_again(state, cluster, confirmed_rounds(rounds, slow), ports, measured, details)
     for pair in details["pairs"].values():  # every pair as a fraction of the median
         pair["of_median"] = round(pair["busbw_gbps"] / median, 3) if median else None

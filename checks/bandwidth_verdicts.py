@@ -140,12 +140,14 @@ def busbw_median(measured: dict[tuple[str, ...], float]) -> float | None:
 
 
 def slow_pairs(
-    measured: dict[tuple[str, ...], float], floor: float | None, fraction: float
+    measured: dict[tuple[str, ...], float],
+    floor: float | None,
+    fraction: float,
+    median: float | None,
 ) -> list[tuple[str, ...]]:
-    """The pairs a measurement finds slow: a node pair under ``fraction`` of the median or the
-    floor, a lone node (intra-node) under the floor. Each is measured once more before it is
-    judged (``confirmed_rounds``)."""
-    median = busbw_median({pair: bw for pair, bw in measured.items() if len(pair) == 2})
+    """The pairs a measurement finds slow (``median``: ``busbw_median`` of it): a node pair
+    under ``fraction`` of the median or the floor, a lone node (intra-node) under the floor.
+    Each is measured once more before it is judged (``confirmed_rounds``)."""
     return [
         pair
         for pair, bw in measured.items()
@@ -171,8 +173,14 @@ def better_of_two(first: dict[str, Any], second: dict[str, Any] | None) -> dict[
     only ever slows a pair; a slow link or node is slow both times), with both busbw figures
     (``measured_gbps``; None where the second gave no figure)."""
     both = [first["busbw_gbps"], second["busbw_gbps"] if second else None]
-    better = second if second and second["busbw_gbps"] > first["busbw_gbps"] else {}
-    return {**first, **better, "measured_gbps": both}
+    taken = second if second and second["busbw_gbps"] > first["busbw_gbps"] else {}
+    return {**first, **taken, "measured_gbps": both}
+
+
+def better(first: float, second: float | None) -> float:
+    """The better of a rail pair's two figures, as ``better_of_two`` takes a node pair's (None:
+    the second gave none, the first stands)."""
+    return first if second is None else max(first, second)
 
 
 def twice_text(figures: dict[str, Any]) -> str:

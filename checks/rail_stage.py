@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from pyinfra.api import State
 
-from checks.bandwidth_verdicts import intruded_problems, pair_figures, twice_text
+from checks.bandwidth_verdicts import better, intruded_problems, pair_figures, twice_text
 from checks.collective_stage import backend_of, jobs_command, rendezvous_secret
 from checks.collective_verdicts import rendezvous_tampered
 from checks.pair_ports import rail_bound, rail_port
@@ -120,12 +120,12 @@ def run_rails(
     measured, found, intruded = measure_rails(state, cluster, rails, plan, ports)
     medians = rail_medians(measured)
     twice: dict[RailPair, list[float | None]] = {}
-    if again := set(slow_rail_pairs(measured, fraction)):  # slow once is not yet slow
+    if again := set(slow_rail_pairs(measured, fraction, medians)):  # slow once: not yet slow
         kept = [mine for items in plan if (mine := [item for item in items if item in again])]
         second, _, _ = measure_rails(state, cluster, rails, kept, ports)
         for item in again:
             twice[item] = [measured[item], second.get(item)]
-            measured[item] = max(measured[item], second.get(item) or 0.0)
+            measured[item] = better(measured[item], second.get(item))
     details["rails"] = {
         "rails": {node: [rail_label(r) for r in mine] for node, mine in rails.items() if mine},
         "bytes": RAIL_BYTES[backend_of(cluster)],

@@ -119,20 +119,23 @@ def rail_medians(measured: dict[RailPair, float]) -> dict[int, float]:
     return {r: m for r, pairs in by_rail.items() if (m := busbw_median(pairs)) is not None}
 
 
-def slow_rail_pairs(measured: dict[RailPair, float], fraction: float) -> list[RailPair]:
-    """The rail pairs a measurement finds slow as ``rail_problems`` judges them: every pair of
-    a rail whose median is under ``fraction`` of the best rail's, and each pair under
+def slow_rail_pairs(
+    measured: dict[RailPair, float], fraction: float, medians: dict[int, float]
+) -> list[RailPair]:
+    """The rail pairs a measurement finds slow as ``rail_problems`` judges them (``medians``:
+    ``rail_medians`` of it): every pair of a rail slow on every node, and each pair under
     ``fraction`` of its own rail's median. Each is measured once more before it is judged."""
-    medians = rail_medians(measured)
-    best = max(medians.values(), default=None)
-    slow = []
-    for (pair, r), bw in measured.items():
-        median = medians.get(r)
-        if median is None or best is None:
-            continue
-        if (len(medians) > 1 and median < fraction * best) or bw < fraction * median:
-            slow.append((pair, r))
-    return slow
+    return [
+        (pair, r)
+        for (pair, r), bw in measured.items()
+        if r in medians and (fabric_slow(medians, r, fraction) or bw < fraction * medians[r])
+    ]
+
+
+def fabric_slow(medians: dict[int, float], r: int, fraction: float) -> bool:
+    """Rail ``r`` is slow on every node: its median under ``fraction`` of the best rail's (with
+    two rails or more: one rail alone has nothing to be slower than)."""
+    return len(medians) > 1 and medians[r] < fraction * max(medians.values())
 
 
 def rail_problems(
@@ -158,7 +161,7 @@ def rail_problems(
         label = f"rail {r + 1} ({'/'.join(dict.fromkeys(names.values()))})"
         if median is None or best is None:
             continue
-        if len(medians) > 1 and median < fraction * best:
+        if fabric_slow(medians, r, fraction):
             cause = (
                 f"{label} is slow on every node: its median {median:.2f} GB/s is under "
                 f"{fraction:g} of the best rail's {best:.2f} GB/s: the rail's fabric (its "
