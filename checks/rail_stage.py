@@ -19,6 +19,7 @@ from checks.pair_ports import rail_bound, rail_port
 from checks.preflight_report import PreflightReport, Problem
 from checks.rail_verdicts import (
     RailPair,
+    judged_medians,
     node_rails,
     rail_failures,
     rail_label,
@@ -126,6 +127,7 @@ def run_rails(
         for item in again:
             twice[item] = [measured[item], second.get(item)]
             measured[item] = better(measured[item], second.get(item))
+        medians = judged_medians(medians, measured, again)
     details["rails"] = {
         "rails": {node: [rail_label(r) for r in mine] for node, mine in rails.items() if mine},
         "bytes": RAIL_BYTES[backend_of(cluster)],

@@ -132,6 +132,23 @@ def slow_rail_pairs(
     ]
 
 
+def judged_medians(
+    medians: dict[int, float], measured: dict[RailPair, float], again: set[RailPair]
+) -> dict[int, float]:
+    """The rail medians to judge by once the slow rail pairs were measured again (``medians``:
+    the first measurement's; ``measured``: each pair's better figure; ``again``: the pairs
+    measured twice). A rail whose every pair was measured again (slow on every node the first
+    time: the rail itself on trial) takes the median of its better figures, as each of its
+    pairs is judged by its better figure: one healthy pair slowed by noise the first time made
+    that median, and with it the whole rail, look slow. Every other rail keeps the first
+    median: a pair measured once is judged against the median it was measured with."""
+    judged = dict(medians)
+    for r, pairs in _by_rail(measured).items():
+        if r in medians and all((pair, r) in again for pair in pairs):
+            judged[r] = busbw_median(pairs) or medians[r]
+    return judged
+
+
 def fabric_slow(medians: dict[int, float], r: int, fraction: float) -> bool:
     """Rail ``r`` is slow on every node: its median under ``fraction`` of the best rail's (with
     two rails or more: one rail alone has nothing to be slower than)."""
@@ -150,7 +167,7 @@ def rail_problems(
     against its own median, by their pattern (checks.attribution): a node's rail slow with every
     partner is named on that node with its rail, a rail pair slow only together is a link on
     that rail, a pattern nothing explains names every node of the rail alike. ``medians``:
-    the first measurement's, where slow rail pairs were measured again."""
+    ``judged_medians``, where slow rail pairs were measured again."""
     medians = rail_medians(measured) if medians is None else medians
     best = max(medians.values(), default=None)
     problems: list[Problem] = []
