@@ -31,7 +31,7 @@ from checks.counters_verdicts import (
     roce_figures,
     roce_lines,
 )
-from checks.pair_ports import bandwidth_rounds, pair_port
+from checks.pair_ports import bandwidth_rounds, pair_ports
 from checks.preflight_report import PreflightReport
 from checks.rail_stage import rail_lines, run_rails
 from checks.rank_output import job_steps, node_steps
@@ -53,13 +53,6 @@ def node_pairs(rounds: list[list[tuple[str, ...]]]) -> dict[str, list[tuple[str,
             for node in pair:
                 mine.setdefault(node, []).append(pair)
     return mine
-
-
-def pair_ports(cluster: Cluster, rounds: list[list[tuple[str, ...]]]) -> dict[tuple[str, ...], int]:
-    """Each pair's rendezvous port: master_port + 1 + its index among all pairs of ``rounds``
-    (the ports hygiene checked); a pair measured again keeps its own."""
-    flat = [pair for pairs in rounds for pair in pairs]
-    return {pair: pair_port(cluster, index) for index, pair in enumerate(flat)}
 
 
 def bandwidth_jobs(
@@ -257,10 +250,7 @@ def run_retest(
     """Each (partner known good, suspect) pair's timed all_reduce, all at once in one round of
     the stage's bound (``run_pairs``; the partner hosts the pair's rendezvous on an isolation
     pair's port, which hygiene checked): ``{suspect: (partner, busbw, None where no figure)}``."""
-    ports: dict[tuple[str, ...], int] = {
-        pair: pair_port(cluster, index) for index, pair in enumerate(pairs)
-    }
-    figures = run_pairs(state, cluster, [list(pairs)], ports)
+    figures = run_pairs(state, cluster, [list(pairs)], pair_ports(cluster, [list(pairs)]))
     return {
         suspect: (good, found["busbw_gbps"] if (found := figures[(good, suspect)]) else None)
         for good, suspect in pairs

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Collection, Hashable
+from typing import Any, TypeVar
 
 from checks.attribution import Attribution, attribute, few
 from checks.collective_verdicts import node_causes, rank_failure, ranks_of
@@ -12,6 +12,8 @@ from checks.preflight_report import Problem
 from trainfleet.model import Cluster
 from trainfleet.schema import BUSBW_FRACTION
 from trainfleet.text import printable
+
+Item = TypeVar("Item", bound=Hashable)  # a node pair, or a rail pair
 
 
 def busbw(algbw: float, ranks: int) -> float:
@@ -159,11 +161,9 @@ def slow_pairs(
     ]
 
 
-def confirmed_rounds(
-    rounds: list[list[tuple[str, ...]]], again: list[tuple[str, ...]]
-) -> list[list[tuple[str, ...]]]:
-    """The stage's rounds with only the pairs to measure again (a node still in one pair per
-    round), empty rounds dropped."""
+def confirmed_rounds(rounds: list[list[Item]], again: Collection[Item]) -> list[list[Item]]:
+    """The stage's rounds with only the pairs (or rail pairs) to measure again (a node still in
+    one pair per round), empty rounds dropped."""
     wanted = set(again)
     return [kept for pairs in rounds if (kept := [pair for pair in pairs if pair in wanted])]
 

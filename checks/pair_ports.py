@@ -29,6 +29,28 @@ def rail_port(cluster: Cluster, pair_index: int, rail: int) -> int:
     return pair_port(cluster, pair_index * rail_bound(cluster) + rail)
 
 
+def pair_ports(cluster: Cluster, rounds: list[list[tuple[str, ...]]]) -> dict[tuple[str, ...], int]:
+    """Each pair's rendezvous port (``pair_port``): by its index among all pairs of ``rounds``;
+    a pair measured again keeps its own."""
+    flat = [pair for pairs in rounds for pair in pairs]
+    return {pair: pair_port(cluster, index) for index, pair in enumerate(flat)}
+
+
+def rail_ports(
+    cluster: Cluster, rounds: list[list[tuple[str, ...]]]
+) -> dict[tuple[tuple[str, ...], int], int]:
+    """Each node pair's rendezvous port on each rail it may have (``rail_port``), by the pair's
+    index among all pairs of ``rounds``: ``{(pair, rail): port}`` (a lone node has no rails)."""
+    flat = [pair for pairs in rounds for pair in pairs]
+    bound = rail_bound(cluster)
+    return {
+        (pair, r): rail_port(cluster, index, r)
+        for index, pair in enumerate(flat)
+        if len(pair) == 2
+        for r in range(bound)
+    }
+
+
 def bandwidth_rounds(cluster: Cluster) -> list[list[tuple[str, ...]]]:
     """The bandwidth stage's rounds of pairs (a single node with several GPUs: itself alone)."""
     names = [n.name for n in cluster.nodes]
@@ -43,16 +65,11 @@ def hosted_ports(cluster: Cluster) -> dict[str, dict[int, str]]:
     on the master; its second pass (a suspect with a node known good, known only then) on any
     other node, so each of them may host any of its ports; a rail pair on its first node."""
     hosted: dict[str, dict[int, str]] = {n.name: {} for n in cluster.nodes}
-    pairs = [pair for pairs in bandwidth_rounds(cluster) for pair in pairs]
-    for index, pair in enumerate(pairs):
-        hosted[pair[0]].setdefault(
-            pair_port(cluster, index), f"the bandwidth pair {pair_name(pair)}"
-        )
-    for index, pair in enumerate(pairs):
-        for rail in range(rail_bound(cluster) if len(pair) == 2 else 0):
-            hosted[pair[0]].setdefault(
-                rail_port(cluster, index, rail), f"the bandwidth pair {pair_name(pair)}'s rails"
-            )
+    rounds = bandwidth_rounds(cluster)
+    for pair, port in pair_ports(cluster, rounds).items():
+        hosted[pair[0]].setdefault(port, f"the bandwidth pair {pair_name(pair)}")
+    for (pair, _), port in rail_ports(cluster, rounds).items():
+        hosted[pair[0]].setdefault(port, f"the bandwidth pair {pair_name(pair)}'s rails")
     if len(cluster.nodes) > 2:  # the isolation runs on three nodes or more
         master, *others = [n.name for n in cluster.nodes]
         for index, node in enumerate(others):

@@ -12,10 +12,16 @@ from typing import Any, NamedTuple
 
 from pyinfra.api import State
 
-from checks.bandwidth_verdicts import better, intruded_problems, pair_figures, twice_text
+from checks.bandwidth_verdicts import (
+    better,
+    confirmed_rounds,
+    intruded_problems,
+    pair_figures,
+    twice_text,
+)
 from checks.collective_stage import backend_of, jobs_command, rendezvous_secret
 from checks.collective_verdicts import rendezvous_tampered
-from checks.pair_ports import rail_bound, rail_port
+from checks.pair_ports import rail_ports
 from checks.preflight_report import PreflightReport, Problem
 from checks.rail_verdicts import (
     RailPair,
@@ -59,15 +65,6 @@ def rail_plan(
     ``envs``: each node's environment as its ranks get it (the hygiene stage's reading)."""
     rails = node_rails(cluster, envs)
     return rails, rail_rounds(rounds, rails)
-
-
-def rail_ports(cluster: Cluster, rounds: list[list[tuple[str, ...]]]) -> dict[RailPair, int]:
-    """Each rail pair's rendezvous port (checks.pair_ports.rail_port, which hygiene checked)."""
-    flat = [pair for pairs in rounds for pair in pairs]
-    bound = rail_bound(cluster)
-    return {
-        (pair, r): rail_port(cluster, i, r) for i, pair in enumerate(flat) for r in range(bound)
-    }
 
 
 def rail_jobs(
@@ -122,7 +119,7 @@ def run_rails(
     medians = rail_medians(measured)
     twice: dict[RailPair, list[float | None]] = {}
     if again := set(slow_rail_pairs(measured, fraction, medians)):  # slow once: not yet slow
-        kept = [mine for items in plan if (mine := [item for item in items if item in again])]
+        kept = confirmed_rounds(plan, again)
         second, _, _ = measure_rails(state, cluster, rails, kept, ports)
         for item in again:
             twice[item] = [measured[item], second.get(item)]

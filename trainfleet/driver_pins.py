@@ -18,8 +18,9 @@ MIN_DRIVER_FOR_CUDA = MappingProxyType({11: "450.80.02", 12: "525.60.13", 13: "5
 _VERSION = re.compile(r"[0-9]{3}(\.[0-9]{1,3}){0,2}", re.ASCII)
 
 
-def driver_key(version: str) -> tuple[int, ...]:
-    """``550.54.15`` -> (550, 54, 15): compared part by part, as numbers."""
+def version_key(version: str) -> tuple[int, ...]:
+    """A dotted version as numbers, compared part by part: ``550.54.15`` -> (550, 54, 15) (a
+    driver), ``12.4`` -> (12, 4) (CUDA)."""
     return tuple(int(part) for part in version.split("."))
 
 
@@ -40,7 +41,7 @@ def min_driver(cuda: str) -> str | None:
 def driver_older(driver: str, needed: str) -> bool:
     """``driver`` is older than ``needed``; a branch pin (``550``) installs its newest release,
     so it is older only by branch."""
-    have, want = driver_key(driver), driver_key(needed)
+    have, want = version_key(driver), version_key(needed)
     return have[:1] < want[:1] if len(have) == 1 else have < want
 
 

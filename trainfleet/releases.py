@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from trainfleet.driver_pins import driver_key  # dotted versions compared as numbers
+from trainfleet.driver_pins import version_key
 
 # CUDA toolkit releases, major.minor
 CUDA: tuple[str, ...] = (
@@ -34,14 +34,11 @@ TORCH: Mapping[str, tuple[int, ...]] = MappingProxyType(
 def cuda_problem(value: str) -> str | None:
     """A CUDA major.minor inside the known releases that is not one of them."""
     minor = ".".join(value.split(".")[:2])
-    if (
-        minor in CUDA
-        or driver_key(minor) > driver_key(CUDA[-1])
-        or driver_key(minor) < driver_key(CUDA[0])
-    ):
+    key = version_key(minor)
+    if minor in CUDA or not version_key(CUDA[0]) < key < version_key(CUDA[-1]):
         return None
-    before = max((v for v in CUDA if driver_key(v) < driver_key(minor)), key=driver_key)
-    after = min((v for v in CUDA if driver_key(v) > driver_key(minor)), key=driver_key)
+    before = max((v for v in CUDA if version_key(v) < key), key=version_key)
+    after = min((v for v in CUDA if version_key(v) > key), key=version_key)
     return f"CUDA {minor} was never released ({before} is followed by {after})"
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from checks import stage_runner
 from checks.bandwidth_stage import bandwidth_plan
-from checks.pair_ports import hosted_ports, rail_bound
+from checks.pair_ports import hosted_ports, rail_bound, rail_ports
 from checks.preflight_scope import WAIT, worst_case
-from checks.rail_stage import rail_jobs, rail_lines, rail_plan, rail_ports
+from checks.rail_stage import rail_jobs, rail_lines, rail_plan
 from checks.rail_verdicts import (
     hca_entries,
     node_rails,
@@ -337,7 +337,7 @@ def test_a_rail_slow_everywhere_once_is_measured_again_and_judged_by_its_better_
 
     lab = cluster(3)
     rounds = bandwidth_plan(lab)[0]
-    by_port = {port: item for item, port in rail_stage.rail_ports(lab, rounds).items()}
+    by_port = {port: item for item, port in rail_ports(lab, rounds).items()}
     sent: list[dict[str, str]] = []
 
     def seconds_of(port: int) -> float:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from trainfleet import SpecError, parse_spec
-from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
+from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, version_key
 from trainfleet.grammar import Key, Section, type_name
 from trainfleet.schema import NODE, SPEC
 from trainfleet.spec import dotted, load_cluster, parse_cluster
@@ -477,8 +477,8 @@ def test_a_driver_at_or_above_what_cuda_needs_is_accepted(driver, cuda):
 
     # The case is what it claims: at or above the minimum (a branch judged by its branch).
     needed = MIN_DRIVER_FOR_CUDA[int(cuda.split(".")[0])]
-    have = driver_key(driver)
-    assert have >= driver_key(needed)[: len(have) if len(have) == 1 else None]
+    have = version_key(driver)
+    assert have >= version_key(needed)[: len(have) if len(have) == 1 else None]
     spec = parse_spec(stack(driver))
     assert (spec["stack"]["driver"], spec["stack"]["cuda"]) == (driver, cuda)
     # Accepted at the boundary, not for want of a check: the release and the branch just below

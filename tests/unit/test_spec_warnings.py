@@ -15,7 +15,7 @@ import pytest
 from checks.pair_ports import hosted_ports
 from tests.unit.cli_run import run_cli
 from trainfleet import parse_cluster
-from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, driver_key
+from trainfleet.driver_pins import MIN_DRIVER_FOR_CUDA, version_key
 from trainfleet.releases import CUDA
 from trainfleet.spec import load_cluster
 from trainfleet.spec_warnings import (
@@ -43,12 +43,12 @@ def stack(values: str, nodes: str = TWO) -> list[str]:
 
 def test_every_cuda_release_with_minor_version_compatibility_has_its_toolkit_driver():
     assert [v for v in CUDA if int(v.split(".")[0]) >= 11] == list(TOOLKIT_DRIVER)
-    keys = [driver_key(d) for d in TOOLKIT_DRIVER.values()]
+    keys = [version_key(d) for d in TOOLKIT_DRIVER.values()]
     assert keys == sorted(keys)  # each toolkit ships a newer driver than the one before
     for cuda, driver in TOOLKIT_DRIVER.items():  # never below the major's floor (refused)
         if cuda == "11.0":  # NVIDIA's exception: 11.x runs on 450.80.02, newer than 11.0's own
             continue
-        assert driver_key(driver) >= driver_key(MIN_DRIVER_FOR_CUDA[int(cuda.split(".")[0])])
+        assert version_key(driver) >= version_key(MIN_DRIVER_FOR_CUDA[int(cuda.split(".")[0])])
     assert TOOLKIT_DRIVER["13.0"] == MIN_DRIVER_FOR_CUDA[13]  # a major's first minor: the same
 
 
